@@ -1,0 +1,183 @@
+#include "backends/comm/communicator.hpp"
+
+#include <sstream>
+
+#include "backends/comm/error.hpp"
+
+namespace accel {
+
+std::string format_ranks(const std::vector<int>& ranks) {
+  std::ostringstream out;
+  out << '[';
+  for (std::size_t i = 0; i < ranks.size(); ++i) out << (i ? ", " : "") << ranks[i];
+  out << ']';
+  return out.str();
+}
+
+namespace {
+std::string describe(const Buffer& b) {
+  return std::to_string(b.count) + " x " + std::string(dtype_name(b.dtype));
+}
+}  // namespace
+
+Communicator::Communicator(int rank, int world_size, Milliseconds timeout)
+    : rank_(rank), world_size_(world_size), timeout_(timeout) {
+  ACCEL_CHECK_ARG(world_size >= 1, "world size must be at least 1, got " +
+                                       std::to_string(world_size));
+  ACCEL_CHECK_ARG(rank >= 0 && rank < world_size,
+                  "rank " + std::to_string(rank) + " outside world of " +
+                      std::to_string(world_size));
+  ACCEL_CHECK_ARG(timeout.count() > 0, "communicator timeout must be positive");
+  worker_ = std::thread([this] { worker_loop(); });
+}
+
+Communicator::~Communicator() { stop_worker(); }
+
+void Communicator::stop_worker() noexcept {
+  {
+    std::lock_guard lock(mutex_);
+    if (stopping_ && !worker_.joinable()) return;
+    stopping_ = true;
+  }
+  queue_cv_.notify_all();
+  if (worker_.joinable()) worker_.join();
+}
+
+std::uint64_t Communicator::next_sequence() const {
+  std::lock_guard lock(mutex_);
+  return next_seq_;
+}
+
+void Communicator::finish_average(Buffer data) const {
+  divide_elements(data.data, data.count, data.dtype, world_size_);
+}
+
+void Communicator::worker_loop() {
+  for (;;) {
+    std::function<void()> task;
+    {
+      std::unique_lock lock(mutex_);
+      queue_cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopping and drained
+      task = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    task();
+  }
+}
+
+WorkPtr Communicator::enqueue(std::string what, std::function<void(Milliseconds)> run) {
+  std::lock_guard lock(mutex_);
+  const std::uint64_t seq = next_seq_++;
+  const std::string name = "rank " + std::to_string(rank_) + ": " + what + " #" +
+                           std::to_string(seq);
+  auto work = std::make_shared<Work>(name);
+  if (stopping_) {
+    work->finish(std::make_exception_ptr(CommError(name + ": communicator is shut down")));
+    return work;
+  }
+  queue_.push_back([this, work, run = std::move(run), seq, name] {
+    std::string broken;
+    {
+      std::lock_guard lock(mutex_);
+      broken = broken_;
+    }
+    if (!broken.empty()) {
+      work->finish(std::make_exception_ptr(
+          CommError(name + " not started: the communicator is unusable since " + broken)));
+      return;
+    }
+    std::exception_ptr error;
+    try {
+      run(timeout_);
+    } catch (const TimeoutError& e) {
+      const std::vector<int> missing = ranks_not_heard_from(seq);
+      std::string msg = name + " timed out after " + std::to_string(timeout_.count()) + " ms";
+      if (!missing.empty()) msg += "; ranks not heard from: " + format_ranks(missing);
+      error = std::make_exception_ptr(TimeoutError(msg + " (" + e.what() + ")"));
+    } catch (const std::exception& e) {
+      error = std::make_exception_ptr(CommError(name + " failed: " + e.what()));
+    }
+    if (error) {
+      // Ranks are now out of step: refuse later collectives instead of mismatching them.
+      std::lock_guard lock(mutex_);
+      if (broken_.empty()) broken_ = name + " failed";
+    }
+    work->finish(error);
+  });
+  queue_cv_.notify_one();
+  return work;
+}
+
+WorkPtr Communicator::all_reduce(Buffer data, ReduceOp op) {
+  return enqueue("all_reduce(" + std::string(reduce_op_name(op)) + ", " + describe(data) + ")",
+                 [=, this](Milliseconds t) {
+                   if (data.count > 0) run_all_reduce(data, op, t);
+                 });
+}
+
+WorkPtr Communicator::broadcast(Buffer data, int root) {
+  ACCEL_CHECK_ARG(root >= 0 && root < world_size_,
+                  "broadcast root " + std::to_string(root) + " outside world of " +
+                      std::to_string(world_size_));
+  return enqueue("broadcast(root " + std::to_string(root) + ", " + describe(data) + ")",
+                 [=, this](Milliseconds t) {
+                   if (data.count > 0) run_broadcast(data, root, t);
+                 });
+}
+
+WorkPtr Communicator::all_gather(Buffer input, Buffer output) {
+  ACCEL_CHECK_ARG(input.dtype == output.dtype, "all_gather: input is " +
+                                                   std::string(dtype_name(input.dtype)) +
+                                                   " but output is " +
+                                                   std::string(dtype_name(output.dtype)));
+  const Shard mine = shard_of(output.count, world_size_, rank_);
+  ACCEL_CHECK_ARG(input.count == mine.count,
+                  "all_gather: rank " + std::to_string(rank_) + " must contribute " +
+                      std::to_string(mine.count) + " of " + std::to_string(output.count) +
+                      " elements, got " + std::to_string(input.count));
+  return enqueue("all_gather(" + describe(output) + ")", [=, this](Milliseconds t) {
+    if (output.count > 0) run_all_gather(input, output, t);
+  });
+}
+
+WorkPtr Communicator::reduce_scatter(Buffer input, Buffer output, ReduceOp op) {
+  ACCEL_CHECK_ARG(input.dtype == output.dtype, "reduce_scatter: input is " +
+                                                   std::string(dtype_name(input.dtype)) +
+                                                   " but output is " +
+                                                   std::string(dtype_name(output.dtype)));
+  const Shard mine = shard_of(input.count, world_size_, rank_);
+  ACCEL_CHECK_ARG(output.count == mine.count,
+                  "reduce_scatter: rank " + std::to_string(rank_) + " receives " +
+                      std::to_string(mine.count) + " of " + std::to_string(input.count) +
+                      " elements, but its output holds " + std::to_string(output.count));
+  return enqueue("reduce_scatter(" + std::string(reduce_op_name(op)) + ", " + describe(input) +
+                     ")",
+                 [=, this](Milliseconds t) {
+                   if (input.count > 0) run_reduce_scatter(input, output, op, t);
+                 });
+}
+
+WorkPtr Communicator::barrier() {
+  return enqueue("barrier", [this](Milliseconds t) { run_barrier(t); });
+}
+
+WorkPtr Communicator::send(Buffer data, int dst, std::uint32_t tag) {
+  ACCEL_CHECK_ARG(dst >= 0 && dst < world_size_ && dst != rank_,
+                  "send: destination rank " + std::to_string(dst) + " is not another rank of " +
+                      std::to_string(world_size_));
+  return enqueue("send(to " + std::to_string(dst) + ", tag " + std::to_string(tag) + ", " +
+                     describe(data) + ")",
+                 [=, this](Milliseconds t) { run_send(data, dst, tag, t); });
+}
+
+WorkPtr Communicator::recv(Buffer data, int src, std::uint32_t tag) {
+  ACCEL_CHECK_ARG(src >= 0 && src < world_size_ && src != rank_,
+                  "recv: source rank " + std::to_string(src) + " is not another rank of " +
+                      std::to_string(world_size_));
+  return enqueue("recv(from " + std::to_string(src) + ", tag " + std::to_string(tag) + ", " +
+                     describe(data) + ")",
+                 [=, this](Milliseconds t) { run_recv(data, src, tag, t); });
+}
+
+}  // namespace accel

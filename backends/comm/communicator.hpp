@@ -1,0 +1,125 @@
+#pragma once
+// The one interface every strategy talks to, whatever moves the bytes (Gloo, MPI, NCCL, or
+// the world of one). Calls are asynchronous: each returns a Work handle. Operations run on
+// one background thread per communicator, strictly in call order, so ranks that make the
+// same calls issue the same collective sequence; each gets a sequence number (#1, #2, ...)
+// that error messages name.
+//
+// Shapes:
+//   all_reduce(data, op)           in place, any count (0 included)
+//   broadcast(data, root)          in place
+//   all_gather(input, output)      output holds all ranks' parts in rank order; this rank's
+//                                  part is shard_of(output.count, world, rank) and input has
+//                                  exactly that many elements (counts need not divide)
+//   reduce_scatter(input, output)  output gets this rank's part shard_of(input.count, ...)
+//                                  of the element-wise reduction of every rank's input
+//   barrier(), send(data, dst, tag), recv(data, src, tag)
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include "backends/comm/dtype.hpp"
+#include "backends/comm/reduce.hpp"
+#include "backends/comm/store.hpp"
+#include "backends/comm/work.hpp"
+
+namespace accel {
+
+inline constexpr Milliseconds kDefaultCommTimeout = std::chrono::minutes(30);
+
+// What every backend needs to join a group. Backends that bring their own world (MPI) check
+// rank and world_size against it when they are set (>= 0).
+struct CommOptions {
+  int rank = 0;
+  int world_size = 1;
+  StorePtr store;                           // rendezvous; Gloo and NCCL need it
+  Milliseconds timeout = kDefaultCommTimeout;  // per operation, and for joining
+  std::string hostname = "127.0.0.1";       // address this rank listens on (Gloo)
+  int cuda_device = -1;                     // NCCL: device index; -1 = LOCAL_RANK
+  // Store keys of this group live under "<backend>/<group_name>/", so several groups (or a
+  // benchmark's baseline) can rendezvous through one store.
+  std::string group_name = "world";
+};
+
+class Communicator {
+ public:
+  Communicator(int rank, int world_size, Milliseconds timeout);
+  virtual ~Communicator();
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  int rank() const { return rank_; }
+  int world_size() const { return world_size_; }
+  Milliseconds timeout() const { return timeout_; }
+  virtual std::string_view backend_name() const = 0;
+  // Where buffers must live for this communicator.
+  virtual DeviceKind device() const { return DeviceKind::cpu; }
+
+  WorkPtr all_reduce(Buffer data, ReduceOp op);
+  WorkPtr broadcast(Buffer data, int root);
+  WorkPtr all_gather(Buffer input, Buffer output);
+  WorkPtr reduce_scatter(Buffer input, Buffer output, ReduceOp op);
+  WorkPtr barrier();
+  WorkPtr send(Buffer data, int dst, std::uint32_t tag = 0);
+  WorkPtr recv(Buffer data, int src, std::uint32_t tag = 0);
+
+  // Sequence number the next call will get.
+  std::uint64_t next_sequence() const;
+
+ protected:
+  // Backends implement these synchronously; they run on the worker thread. Each must give
+  // up after `timeout`, throwing TimeoutError. avg arrives as avg: a backend without a native
+  // average reduces with wire_op(op) and calls finish_average().
+  virtual void run_all_reduce(Buffer data, ReduceOp op, Milliseconds timeout) = 0;
+  virtual void run_broadcast(Buffer data, int root, Milliseconds timeout) = 0;
+  virtual void run_all_gather(Buffer input, Buffer output, Milliseconds timeout) = 0;
+  virtual void run_reduce_scatter(Buffer input, Buffer output, ReduceOp op,
+                                  Milliseconds timeout) = 0;
+  virtual void run_barrier(Milliseconds timeout) = 0;
+  virtual void run_send(Buffer data, int dst, std::uint32_t tag, Milliseconds timeout) = 0;
+  virtual void run_recv(Buffer data, int src, std::uint32_t tag, Milliseconds timeout) = 0;
+
+  // After operation `seq` timed out: the ranks known not to have reached it (empty when
+  // unknowable). Runs on the worker thread.
+  virtual std::vector<int> ranks_not_heard_from(std::uint64_t seq) {
+    (void)seq;
+    return {};
+  }
+
+  // Divides a CPU buffer that holds a sum by the world size.
+  void finish_average(Buffer data) const;
+
+  // Derived destructors call this first, so no operation runs on a half-destroyed object.
+  void stop_worker() noexcept;
+
+ private:
+  WorkPtr enqueue(std::string what, std::function<void(Milliseconds)> run);
+  void worker_loop();
+
+  const int rank_;
+  const int world_size_;
+  const Milliseconds timeout_;
+
+  mutable std::mutex mutex_;
+  std::condition_variable queue_cv_;
+  std::deque<std::function<void()>> queue_;
+  std::uint64_t next_seq_ = 1;
+  bool stopping_ = false;
+  std::string broken_;  // first failure; later operations fail fast with it
+  std::thread worker_;
+};
+
+using CommunicatorPtr = std::unique_ptr<Communicator>;
+
+// "[0, 2]"
+std::string format_ranks(const std::vector<int>& ranks);
+
+}  // namespace accel

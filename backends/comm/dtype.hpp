@@ -1,0 +1,68 @@
+#pragma once
+// Element types the communicators move and reduce, and the typed buffer view every
+// strategy and communicator passes around (pointer + element count + dtype + device),
+// so no interface ever takes a bare byte count.
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <type_traits>
+
+namespace accel {
+
+enum class DType : std::uint8_t { f32, f64, f16, bf16, i32, i64 };
+
+inline constexpr DType kAllDTypes[] = {DType::f32, DType::f64, DType::f16,
+                                       DType::bf16, DType::i32, DType::i64};
+
+std::size_t element_size(DType dtype);
+std::string_view dtype_name(DType dtype);  // "f32", "bf16", ...
+DType parse_dtype(std::string_view name);  // throws InvalidArgument naming the value
+bool is_floating(DType dtype);
+
+// IEEE binary16 and bfloat16 stored as their bit patterns; arithmetic goes through float.
+struct Half {
+  std::uint16_t bits = 0;
+};
+struct BFloat16 {
+  std::uint16_t bits = 0;
+};
+float to_float(Half h);
+float to_float(BFloat16 b);
+Half to_half(float f);       // round to nearest even
+BFloat16 to_bf16(float f);   // round to nearest even
+
+template <typename T>
+constexpr DType dtype_of() {
+  if constexpr (std::is_same_v<T, float>) return DType::f32;
+  else if constexpr (std::is_same_v<T, double>) return DType::f64;
+  else if constexpr (std::is_same_v<T, Half>) return DType::f16;
+  else if constexpr (std::is_same_v<T, BFloat16>) return DType::bf16;
+  else if constexpr (std::is_same_v<T, std::int32_t>) return DType::i32;
+  else if constexpr (std::is_same_v<T, std::int64_t>) return DType::i64;
+  else static_assert(sizeof(T) == 0, "unsupported element type");
+}
+
+enum class DeviceKind : std::uint8_t { cpu, cuda };
+
+// A non-owning view of `count` elements of `dtype` at `data` on a device.
+struct Buffer {
+  void* data = nullptr;
+  std::size_t count = 0;
+  DType dtype = DType::f32;
+  DeviceKind device = DeviceKind::cpu;
+
+  std::size_t bytes() const { return count * element_size(dtype); }
+  // Elements [offset, offset + n) of this buffer.
+  Buffer slice(std::size_t offset, std::size_t n) const;
+};
+
+template <typename T>
+Buffer buffer_of(std::span<T> s, DeviceKind device = DeviceKind::cpu) {
+  return Buffer{const_cast<std::remove_const_t<T>*>(s.data()), s.size(),
+                dtype_of<std::remove_const_t<T>>(), device};
+}
+
+}  // namespace accel

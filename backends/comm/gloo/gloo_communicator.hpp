@@ -1,0 +1,45 @@
+#pragma once
+// Collectives over Gloo's TCP transport (Debian's libgloo), rendezvous through our Store.
+// all_reduce, broadcast, all_gather(v) and barrier are Gloo's own algorithms; reduce_scatter
+// is a ring over Gloo's unbound buffers (Gloo has no general one), and send/recv use them
+// directly.
+
+#include <memory>
+
+#include "backends/comm/communicator.hpp"
+
+namespace gloo {
+class Context;
+}
+
+namespace accel {
+
+class GlooCommunicator final : public Communicator {
+ public:
+  // Joins the group: every rank announces itself in the store, then Gloo connects a full
+  // mesh. Throws TimeoutError naming the ranks that did not join within options.timeout.
+  explicit GlooCommunicator(const CommOptions& options);
+  ~GlooCommunicator() override;
+  std::string_view backend_name() const override { return "gloo"; }
+
+ protected:
+  void run_all_reduce(Buffer data, ReduceOp op, Milliseconds timeout) override;
+  void run_broadcast(Buffer data, int root, Milliseconds timeout) override;
+  void run_all_gather(Buffer input, Buffer output, Milliseconds timeout) override;
+  void run_reduce_scatter(Buffer input, Buffer output, ReduceOp op, Milliseconds timeout) override;
+  void run_barrier(Milliseconds timeout) override;
+  void run_send(Buffer data, int dst, std::uint32_t tag, Milliseconds timeout) override;
+  void run_recv(Buffer data, int src, std::uint32_t tag, Milliseconds timeout) override;
+  std::vector<int> ranks_not_heard_from(std::uint64_t seq) override;
+
+ private:
+  // Gloo tags its collectives; ours follow the operation sequence so a mismatch between
+  // ranks cannot silently pair unrelated operations.
+  std::uint32_t next_tag() { return tag_++; }
+
+  StorePtr store_;  // prefixed with this group's namespace
+  std::shared_ptr<gloo::Context> context_;
+  std::uint32_t tag_ = 0;
+};
+
+}  // namespace accel

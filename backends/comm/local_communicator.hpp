@@ -1,0 +1,25 @@
+#pragma once
+// The world of one: every collective is a copy or nothing, so a single process runs through
+// exactly the same calls as a distributed one instead of a special branch.
+
+#include "backends/comm/communicator.hpp"
+
+namespace accel {
+
+class LocalCommunicator final : public Communicator {
+ public:
+  explicit LocalCommunicator(Milliseconds timeout = kDefaultCommTimeout);
+  ~LocalCommunicator() override;
+  std::string_view backend_name() const override { return "local"; }
+
+ protected:
+  void run_all_reduce(Buffer data, ReduceOp op, Milliseconds timeout) override;
+  void run_broadcast(Buffer data, int root, Milliseconds timeout) override;
+  void run_all_gather(Buffer input, Buffer output, Milliseconds timeout) override;
+  void run_reduce_scatter(Buffer input, Buffer output, ReduceOp op, Milliseconds timeout) override;
+  void run_barrier(Milliseconds timeout) override;
+  void run_send(Buffer data, int dst, std::uint32_t tag, Milliseconds timeout) override;
+  void run_recv(Buffer data, int src, std::uint32_t tag, Milliseconds timeout) override;
+};
+
+}  // namespace accel

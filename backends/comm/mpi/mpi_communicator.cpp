@@ -1,0 +1,568 @@
+#include "backends/comm/mpi/mpi_communicator.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <climits>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "backends/comm/error.hpp"
+#include "backends/comm/mpi/mpi_check.hpp"
+
+// The most elements one MPI call is given. MPI counts are int, hence INT_MAX; a test may
+// build this file with a tiny value to exercise the chunked paths on small buffers.
+#ifndef ACCEL_MPI_MAX_COUNT
+#define ACCEL_MPI_MAX_COUNT INT_MAX
+#endif
+
+namespace accel {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr std::size_t kMaxCount = ACCEL_MPI_MAX_COUNT;
+static_assert(kMaxCount >= 1 && kMaxCount <= static_cast<std::size_t>(INT_MAX));
+
+// What the whole process shares: MPI is one per process, whatever number of communicators.
+struct Process {
+  // Held around every MPI call we make. We ask for MPI_THREAD_SERIALIZED, which allows calls
+  // from any thread but never two at once; each communicator has its own worker thread.
+  std::mutex mutex;
+  bool ops_created = false;
+  MPI_Op half_ops[2][3] = {};  // [f16, bf16][sum, min, max]: user ops over 16-bit floats
+  // Some operation was given up while MPI still had it in flight: MPI_Finalize (which waits
+  // for peers) and MPI_Comm_free are then skipped, so the process can still exit.
+  std::atomic<bool> abandoned{false};
+};
+
+Process& process() {
+  // Never destroyed: the atexit handler and destructors of late objects still need it.
+  static Process* const p = new Process;
+  return *p;
+}
+
+// The process-wide MPI lock, refusing once MPI is finalised (by the application, or by our
+// atexit handler while a leaked communicator's worker still runs).
+class MpiLock {
+ public:
+  MpiLock() : lock_(process().mutex) {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (finalized) throw CommError("MPI has already been finalised in this process");
+  }
+
+ private:
+  std::unique_lock<std::mutex> lock_;
+};
+
+void finalize_at_exit() {
+  Process& p = process();
+  std::lock_guard lock(p.mutex);
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (finalized || p.abandoned) return;
+  MPI_Finalize();
+}
+
+const char* thread_level_name(int level) {
+  switch (level) {
+    case MPI_THREAD_SINGLE: return "MPI_THREAD_SINGLE";
+    case MPI_THREAD_FUNNELED: return "MPI_THREAD_FUNNELED";
+    case MPI_THREAD_SERIALIZED: return "MPI_THREAD_SERIALIZED";
+    case MPI_THREAD_MULTIPLE: return "MPI_THREAD_MULTIPLE";
+  }
+  return "an unknown thread level";
+}
+
+// MPI has no 16-bit float types: f16 and bf16 travel as MPI_UINT16_T and reduce through
+// these user ops, which widen to float like every other CPU backend (reduce_kernel).
+// MPI's contract: inout[i] = in[i] (op) inout[i].
+template <DType D, ReduceOp Op>
+void half_reduce(void* in, void* inout, int* len, MPI_Datatype*) {
+  reduce_kernel(D, Op)(inout, in, inout, static_cast<std::size_t>(*len));
+}
+
+// Caller holds the process lock.
+void initialise_mpi(Process& p) {
+  int initialized = 0;
+  int finalized = 0;
+  ACCEL_MPI_CHECK(MPI_Initialized(&initialized));
+  ACCEL_MPI_CHECK(MPI_Finalized(&finalized));
+  if (finalized)
+    throw CommError("MpiCommunicator: MPI has already been finalised in this process and "
+                    "cannot be initialised again");
+  int provided = MPI_THREAD_SINGLE;
+  if (!initialized) {
+    ACCEL_MPI_CHECK(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided));
+    // At exit rather than in a destructor: MPI cannot be initialised twice, so finalising
+    // when one communicator goes would make every later one in this process impossible.
+    std::atexit(&finalize_at_exit);
+    if (provided < MPI_THREAD_SERIALIZED)
+      throw CommError(std::string("MpiCommunicator: this MPI library provides only ") +
+                      thread_level_name(provided) +
+                      "; MpiCommunicator calls MPI from a background thread and needs "
+                      "MPI_THREAD_SERIALIZED");
+  } else {
+    ACCEL_MPI_CHECK(MPI_Query_thread(&provided));
+    if (provided < MPI_THREAD_SERIALIZED)
+      throw CommError(std::string("MpiCommunicator: MPI was initialised by the application "
+                                  "with ") +
+                      thread_level_name(provided) +
+                      ", but MpiCommunicator calls MPI from a background thread; initialise "
+                      "with MPI_Init_thread(..., MPI_THREAD_SERIALIZED, ...) or higher, or let "
+                      "MpiCommunicator initialise MPI");
+  }
+  if (!p.ops_created) {
+    ACCEL_MPI_CHECK(MPI_Op_create(&half_reduce<DType::f16, ReduceOp::sum>, 1, &p.half_ops[0][0]));
+    ACCEL_MPI_CHECK(MPI_Op_create(&half_reduce<DType::f16, ReduceOp::min>, 1, &p.half_ops[0][1]));
+    ACCEL_MPI_CHECK(MPI_Op_create(&half_reduce<DType::f16, ReduceOp::max>, 1, &p.half_ops[0][2]));
+    ACCEL_MPI_CHECK(MPI_Op_create(&half_reduce<DType::bf16, ReduceOp::sum>, 1, &p.half_ops[1][0]));
+    ACCEL_MPI_CHECK(MPI_Op_create(&half_reduce<DType::bf16, ReduceOp::min>, 1, &p.half_ops[1][1]));
+    ACCEL_MPI_CHECK(MPI_Op_create(&half_reduce<DType::bf16, ReduceOp::max>, 1, &p.half_ops[1][2]));
+    p.ops_created = true;
+  }
+}
+
+MPI_Datatype mpi_type(DType dtype) {
+  switch (dtype) {
+    case DType::f32: return MPI_FLOAT;
+    case DType::f64: return MPI_DOUBLE;
+    case DType::f16:
+    case DType::bf16: return MPI_UINT16_T;
+    case DType::i32: return MPI_INT32_T;
+    case DType::i64: return MPI_INT64_T;
+  }
+  throw InvalidArgument("MpiCommunicator: unsupported dtype");
+}
+
+// `op` is a wire op (avg already turned into sum).
+MPI_Op mpi_op(DType dtype, ReduceOp op) {
+  int index = 0;
+  MPI_Op native = MPI_SUM;
+  switch (op) {
+    case ReduceOp::sum: index = 0; native = MPI_SUM; break;
+    case ReduceOp::min: index = 1; native = MPI_MIN; break;
+    case ReduceOp::max: index = 2; native = MPI_MAX; break;
+    case ReduceOp::avg: throw InvalidArgument("MpiCommunicator: avg is not a wire op");
+  }
+  if (dtype == DType::f16) return process().half_ops[0][index];
+  if (dtype == DType::bf16) return process().half_ops[1][index];
+  return native;
+}
+
+// Calls f(offset, n) for consecutive pieces of at most kMaxCount elements; once with n = 0
+// for an empty buffer, so an empty send still pairs with its recv.
+template <typename F>
+void for_each_chunk(std::size_t count, F&& f) {
+  std::size_t offset = 0;
+  do {
+    const std::size_t n = std::min(kMaxCount, count - offset);
+    f(offset, static_cast<int>(n));
+    offset += n;
+  } while (offset < count);
+}
+
+bool overlaps(const Buffer& a, const Buffer& b) {
+  if (a.count == 0 || b.count == 0) return false;
+  const auto a0 = reinterpret_cast<std::uintptr_t>(a.data);
+  const auto b0 = reinterpret_cast<std::uintptr_t>(b.data);
+  return a0 < b0 + b.bytes() && b0 < a0 + a.bytes();
+}
+
+// Waiting means calling MPI_Test*: without a progress thread MPI advances only inside its
+// own calls. Spin for a moment (most operations finish within it), then sleep with growing
+// pauses so a long wait does not burn a core. Completing any request starts over, since the
+// rest is probably close behind.
+class Backoff {
+ public:
+  explicit Backoff(Clock::time_point deadline) : deadline_(deadline) { reset(); }
+  void reset() {
+    spin_until_ = Clock::now() + kSpin;
+    pause_ = Clock::duration::zero();
+  }
+  void pause() {
+    const auto now = Clock::now();
+    if (now < spin_until_) return;
+    pause_ = pause_ == Clock::duration::zero() ? Clock::duration(kMinPause)
+                                               : std::min<Clock::duration>(pause_ * 2, kMaxPause);
+    std::this_thread::sleep_for(std::min<Clock::duration>(pause_, deadline_ - now));
+  }
+
+ private:
+  static constexpr auto kSpin = std::chrono::microseconds(500);
+  static constexpr auto kMinPause = std::chrono::microseconds(50);
+  static constexpr auto kMaxPause = std::chrono::microseconds(1000);
+  Clock::time_point deadline_;
+  Clock::time_point spin_until_;
+  Clock::duration pause_{};
+};
+
+// What MPI may still touch while requests are in flight, besides the caller's buffers.
+struct Scratch {
+  std::vector<int> counts;
+  std::vector<int> displs;
+  std::vector<std::byte> staging;
+  MPI_Comm new_comm = MPI_COMM_NULL;
+};
+
+// The requests of one operation, polled to completion against a deadline. If it is given up
+// (timeout or error) while MPI still has requests in flight, the scratch is leaked on purpose:
+// MPI may write into it later, and a little leaked memory beats corrupted memory.
+class Pending {
+ public:
+  using OnDone = std::function<void(std::size_t index, const MPI_Status& status)>;
+
+  Pending() : scratch_(std::make_unique<Scratch>()) {}
+  Pending(const Pending&) = delete;
+  Pending& operator=(const Pending&) = delete;
+  ~Pending() {
+    if (!in_flight()) return;
+    process().abandoned = true;
+    (void)scratch_.release();
+  }
+
+  // A slot for the next request; the pointer is valid until the next call.
+  MPI_Request* next() {
+    requests_.push_back(MPI_REQUEST_NULL);
+    return &requests_.back();
+  }
+  Scratch& scratch() { return *scratch_; }
+
+  // Polls until every request completed; on_done sees each completion's status. Throws
+  // TimeoutError naming `what` after `timeout`, CommError when MPI reports an error.
+  void wait(const std::string& what, Milliseconds timeout, bool point_to_point = false,
+            const OnDone& on_done = {}) {
+    const int n = static_cast<int>(requests_.size());
+    std::vector<int> indices(requests_.size());
+    std::vector<MPI_Status> statuses(requests_.size());
+    const auto deadline = Clock::now() + timeout;
+    Backoff backoff(deadline);
+    while (in_flight()) {
+      int done = 0;
+      int rc = MPI_SUCCESS;
+      {
+        MpiLock lock;
+        rc = MPI_Testsome(n, requests_.data(), &done, indices.data(), statuses.data());
+      }
+      if (rc == MPI_ERR_IN_STATUS) {
+        for (int i = 0; i < done; ++i)
+          if (statuses[i].MPI_ERROR != MPI_SUCCESS)
+            detail::throw_mpi_error(statuses[i].MPI_ERROR, what.c_str(), __FILE__, __LINE__);
+      }
+      if (rc != MPI_SUCCESS) detail::throw_mpi_error(rc, what.c_str(), __FILE__, __LINE__);
+      if (done == MPI_UNDEFINED) break;  // no active request left
+      if (on_done)
+        for (int i = 0; i < done; ++i) on_done(static_cast<std::size_t>(indices[i]), statuses[i]);
+      if (done > 0) {
+        backoff.reset();
+        continue;
+      }
+      if (Clock::now() >= deadline) {
+        if (point_to_point) try_cancel();
+        throw TimeoutError(what + " did not complete within " + std::to_string(timeout.count()) +
+                           " ms");
+      }
+      backoff.pause();
+    }
+  }
+
+ private:
+  bool in_flight() const {
+    return std::any_of(requests_.begin(), requests_.end(),
+                       [](MPI_Request r) { return r != MPI_REQUEST_NULL; });
+  }
+
+  // Unlike collectives, point-to-point requests can be cancelled; a cancelled request
+  // completes locally, so its buffer is ours again. Whatever does not complete within a short
+  // grace period (MPI may refuse to cancel a send) stays abandoned.
+  void try_cancel() noexcept {
+    try {
+      {
+        MpiLock lock;
+        for (MPI_Request& r : requests_)
+          if (r != MPI_REQUEST_NULL) MPI_Cancel(&r);
+      }
+      const auto until = Clock::now() + std::chrono::milliseconds(100);
+      while (in_flight() && Clock::now() < until) {
+        {
+          MpiLock lock;
+          int flag = 0;
+          MPI_Testall(static_cast<int>(requests_.size()), requests_.data(), &flag,
+                      MPI_STATUSES_IGNORE);
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+    } catch (...) {
+      // Best effort: the destructor marks whatever is left as abandoned.
+    }
+  }
+
+  std::vector<MPI_Request> requests_;
+  std::unique_ptr<Scratch> scratch_;
+};
+
+}  // namespace
+
+struct MpiCommunicator::State {
+  MPI_Comm comm = MPI_COMM_NULL;
+  int tag_ub = 32767;  // the least MPI guarantees; replaced by the library's MPI_TAG_UB
+};
+
+MpiCommunicator::World MpiCommunicator::join_world(const CommOptions& options) {
+  Process& p = process();
+  World world;
+  {
+    std::lock_guard lock(p.mutex);
+    initialise_mpi(p);
+    ACCEL_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &world.rank));
+    ACCEL_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &world.size));
+  }
+  const bool rank_ok = options.rank < 0 || options.rank == world.rank;
+  const bool size_ok = options.world_size < 0 || options.world_size == world.size;
+  if (!rank_ok || !size_ok)
+    throw InvalidArgument("MpiCommunicator: the options say rank " + std::to_string(options.rank) +
+                          " of world size " + std::to_string(options.world_size) +
+                          ", but MPI_COMM_WORLD has this process as rank " +
+                          std::to_string(world.rank) + " of " + std::to_string(world.size) +
+                          " (pass -1 to take MPI's)");
+  return world;
+}
+
+MpiCommunicator::MpiCommunicator(const CommOptions& options)
+    : MpiCommunicator(options, join_world(options)) {}
+
+MpiCommunicator::MpiCommunicator(const CommOptions& options, World world)
+    : Communicator(world.rank, world.size, options.timeout), state_(std::make_unique<State>()) {
+  // A communicator of our own, so our traffic never matches the application's own messages on
+  // MPI_COMM_WORLD. MPI_Comm_idup rather than MPI_Comm_dup: duplicating is collective, and a
+  // rank that never arrives must become a timeout, not a hang.
+  Pending pending;
+  {
+    MpiLock lock;
+    ACCEL_MPI_CHECK(MPI_Comm_idup(MPI_COMM_WORLD, &pending.scratch().new_comm, pending.next()));
+  }
+  try {
+    pending.wait("MPI_Comm_idup(MPI_COMM_WORLD)", timeout());
+  } catch (const TimeoutError& e) {
+    throw TimeoutError("MpiCommunicator: rank " + std::to_string(rank()) + " of " +
+                       std::to_string(world_size()) + " could not join: " + e.what() +
+                       "; does every rank construct an MpiCommunicator?");
+  }
+  MPI_Comm comm = pending.scratch().new_comm;
+  try {
+    MpiLock lock;
+    // Errors come back as codes (and so as exceptions) instead of aborting the job.
+    ACCEL_MPI_CHECK(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN));
+    ACCEL_MPI_CHECK(MPI_Comm_set_name(comm, "accel"));
+    void* value = nullptr;
+    int flag = 0;
+    ACCEL_MPI_CHECK(MPI_Comm_get_attr(comm, MPI_TAG_UB, &value, &flag));
+    if (flag && value) state_->tag_ub = *static_cast<int*>(value);
+  } catch (...) {
+    std::lock_guard lock(process().mutex);
+    MPI_Comm_free(&comm);
+    throw;
+  }
+  state_->comm = comm;
+}
+
+std::unique_ptr<MpiCommunicator> MpiCommunicator::from_world(Milliseconds timeout) {
+  CommOptions options;
+  options.rank = -1;
+  options.world_size = -1;
+  options.timeout = timeout;
+  return std::make_unique<MpiCommunicator>(options);
+}
+
+MpiCommunicator::~MpiCommunicator() {
+  stop_worker();
+  if (!state_ || state_->comm == MPI_COMM_NULL) return;
+  Process& p = process();
+  std::lock_guard lock(p.mutex);
+  int finalized = 1;
+  MPI_Finalized(&finalized);
+  // After an abandoned operation MPI may still be using this communicator; leave it be.
+  if (!finalized && !p.abandoned) MPI_Comm_free(&state_->comm);
+}
+
+void MpiCommunicator::run_all_reduce(Buffer data, ReduceOp op, Milliseconds timeout) {
+  const MPI_Datatype type = mpi_type(data.dtype);
+  const MPI_Op mop = mpi_op(data.dtype, wire_op(op));
+  Pending pending;
+  {
+    MpiLock lock;
+    for_each_chunk(data.count, [&](std::size_t offset, int n) {
+      ACCEL_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, data.slice(offset, n).data, n, type, mop,
+                                     state_->comm, pending.next()));
+    });
+  }
+  pending.wait("MPI_Iallreduce", timeout);
+  if (op == ReduceOp::avg) finish_average(data);
+}
+
+void MpiCommunicator::run_broadcast(Buffer data, int root, Milliseconds timeout) {
+  const MPI_Datatype type = mpi_type(data.dtype);
+  Pending pending;
+  {
+    MpiLock lock;
+    for_each_chunk(data.count, [&](std::size_t offset, int n) {
+      ACCEL_MPI_CHECK(
+          MPI_Ibcast(data.slice(offset, n).data, n, type, root, state_->comm, pending.next()));
+    });
+  }
+  pending.wait("MPI_Ibcast", timeout);
+}
+
+void MpiCommunicator::run_all_gather(Buffer input, Buffer output, Milliseconds timeout) {
+  const int world = world_size();
+  const Shard mine = shard_of(output.count, world, rank());
+  const Buffer own = output.slice(mine.offset, mine.count);
+  const MPI_Datatype type = mpi_type(output.dtype);
+  bool in_place = input.data == own.data || input.count == 0;
+  if (!in_place && overlaps(input, output)) {
+    // MPI forbids overlapping send and receive buffers. In place, MPI takes this rank's part
+    // from its slot in the output, so move it there first (memmove: they overlap).
+    std::memmove(own.data, input.data, input.bytes());
+    in_place = true;
+  }
+  Pending pending;
+  if (output.count <= kMaxCount) {
+    Scratch& s = pending.scratch();
+    s.counts.resize(static_cast<std::size_t>(world));
+    s.displs.resize(static_cast<std::size_t>(world));
+    for (int r = 0; r < world; ++r) {
+      const Shard part = shard_of(output.count, world, r);
+      s.counts[r] = static_cast<int>(part.count);
+      s.displs[r] = static_cast<int>(part.offset);
+    }
+    MpiLock lock;
+    ACCEL_MPI_CHECK(MPI_Iallgatherv(in_place ? MPI_IN_PLACE : input.data,
+                                    static_cast<int>(input.count), type, output.data,
+                                    s.counts.data(), s.displs.data(), type, state_->comm,
+                                    pending.next()));
+  } else {
+    // Offsets past INT_MAX do not fit MPI_Iallgatherv's int displacements: every rank
+    // broadcasts its own part instead, in chunks.
+    if (!in_place) std::memcpy(own.data, input.data, input.bytes());
+    MpiLock lock;
+    for (int r = 0; r < world; ++r) {
+      const Shard part = shard_of(output.count, world, r);
+      if (part.count == 0) continue;
+      for_each_chunk(part.count, [&](std::size_t offset, int n) {
+        ACCEL_MPI_CHECK(MPI_Ibcast(output.slice(part.offset + offset, n).data, n, type, r,
+                                   state_->comm, pending.next()));
+      });
+    }
+  }
+  pending.wait("MPI_Iallgatherv", timeout);
+}
+
+void MpiCommunicator::run_reduce_scatter(Buffer input, Buffer output, ReduceOp op,
+                                         Milliseconds timeout) {
+  const int world = world_size();
+  const int me = rank();
+  const MPI_Datatype type = mpi_type(input.dtype);
+  const MPI_Op mop = mpi_op(input.dtype, wire_op(op));
+  Pending pending;
+  Scratch& s = pending.scratch();
+  // MPI forbids the result overlapping the input (an in-place reduce-scatter, say): reduce
+  // into staging then, and copy this rank's part over afterwards.
+  Buffer result = output;
+  const bool staged = overlaps(input, output);
+  if (staged) {
+    s.staging.resize(output.bytes());
+    result.data = s.staging.data();
+  }
+  if (input.count <= kMaxCount) {
+    s.counts.resize(static_cast<std::size_t>(world));
+    for (int r = 0; r < world; ++r)
+      s.counts[r] = static_cast<int>(shard_of(input.count, world, r).count);
+    MpiLock lock;
+    ACCEL_MPI_CHECK(MPI_Ireduce_scatter(input.data, result.data, s.counts.data(), type, mop,
+                                        state_->comm, pending.next()));
+  } else {
+    // MPI sums the counts in an int: reduce each rank's part to it instead, in chunks.
+    MpiLock lock;
+    for (int r = 0; r < world; ++r) {
+      const Shard part = shard_of(input.count, world, r);
+      if (part.count == 0) continue;
+      for_each_chunk(part.count, [&](std::size_t offset, int n) {
+        void* out = r == me ? result.slice(offset, n).data : nullptr;
+        ACCEL_MPI_CHECK(MPI_Ireduce(input.slice(part.offset + offset, n).data, out, n, type, mop,
+                                    r, state_->comm, pending.next()));
+      });
+    }
+  }
+  pending.wait("MPI_Ireduce_scatter", timeout);
+  if (staged) std::memcpy(output.data, result.data, output.bytes());
+  if (op == ReduceOp::avg) finish_average(output);
+}
+
+void MpiCommunicator::run_barrier(Milliseconds timeout) {
+  Pending pending;
+  {
+    MpiLock lock;
+    ACCEL_MPI_CHECK(MPI_Ibarrier(state_->comm, pending.next()));
+  }
+  pending.wait("MPI_Ibarrier", timeout);
+}
+
+void MpiCommunicator::run_send(Buffer data, int dst, std::uint32_t tag, Milliseconds timeout) {
+  if (tag > static_cast<std::uint32_t>(state_->tag_ub))
+    throw InvalidArgument("send: tag " + std::to_string(tag) + " exceeds this MPI's MPI_TAG_UB " +
+                          std::to_string(state_->tag_ub));
+  const MPI_Datatype type = mpi_type(data.dtype);
+  Pending pending;
+  {
+    MpiLock lock;
+    // Pieces of one buffer pair up in order: MPI never lets messages with the same source,
+    // tag and communicator overtake each other.
+    for_each_chunk(data.count, [&](std::size_t offset, int n) {
+      ACCEL_MPI_CHECK(MPI_Isend(data.slice(offset, n).data, n, type, dst, static_cast<int>(tag),
+                                state_->comm, pending.next()));
+    });
+  }
+  pending.wait("MPI_Isend to rank " + std::to_string(dst), timeout, /*point_to_point=*/true);
+}
+
+void MpiCommunicator::run_recv(Buffer data, int src, std::uint32_t tag, Milliseconds timeout) {
+  if (tag > static_cast<std::uint32_t>(state_->tag_ub))
+    throw InvalidArgument("recv: tag " + std::to_string(tag) + " exceeds this MPI's MPI_TAG_UB " +
+                          std::to_string(state_->tag_ub));
+  const MPI_Datatype type = mpi_type(data.dtype);
+  std::vector<int> expected;
+  Pending pending;
+  {
+    MpiLock lock;
+    for_each_chunk(data.count, [&](std::size_t offset, int n) {
+      expected.push_back(n);
+      ACCEL_MPI_CHECK(MPI_Irecv(data.slice(offset, n).data, n, type, src, static_cast<int>(tag),
+                                state_->comm, pending.next()));
+    });
+  }
+  const std::string what = "MPI_Irecv from rank " + std::to_string(src);
+  // A longer message fails with MPI_ERR_TRUNCATE; a shorter one completes quietly, so check.
+  pending.wait(what, timeout, /*point_to_point=*/true,
+               [&](std::size_t index, const MPI_Status& status) {
+                 int got = 0;
+                 {
+                   MpiLock lock;
+                   ACCEL_MPI_CHECK(MPI_Get_count(&status, type, &got));
+                 }
+                 if (got != expected[index])
+                   throw CommError(what + " (tag " + std::to_string(tag) + "): expected " +
+                                   std::to_string(expected[index]) + " elements of " +
+                                   std::string(dtype_name(data.dtype)) + ", rank " +
+                                   std::to_string(src) + " sent " + std::to_string(got));
+               });
+}
+
+}  // namespace accel

@@ -1,0 +1,68 @@
+#pragma once
+// The Communicator over MPI (OpenMPI, MPICH), for jobs started with mpirun/srun or any
+// launcher that MPI can wire up. MPI brings its own world and rendezvous, so the store in
+// CommOptions is not used; rank and world size come from MPI_COMM_WORLD.
+//
+// Threading: MPI is initialised (if nobody has) with MPI_THREAD_SERIALIZED on the thread that
+// constructs the first MpiCommunicator -- construct it on the main thread, since MPI wants
+// MPI_Finalize on the thread that initialised it and we finalise from an atexit handler.
+// After that, every MPI call of every MpiCommunicator in the process holds one process-wide
+// lock, so calls from the worker threads never overlap. If the application initialised MPI
+// itself, it must have asked for MPI_THREAD_SERIALIZED or MPI_THREAD_MULTIPLE (our calls run
+// on a background thread), and it stays in charge of MPI_Finalize.
+//
+// Every collective is a non-blocking MPI call polled to completion against the deadline, so a
+// rank that never arrives yields TimeoutError instead of a hang. MPI cannot cancel a started
+// collective: after a timeout its buffers may still be written by MPI if the missing rank
+// turns up later, so keep them alive or end the process (the communicator refuses further
+// operations either way, and MPI_Finalize is then skipped at exit so exit cannot hang).
+//
+// Counts above INT_MAX (MPI's int counts) are split into several MPI calls: all_reduce,
+// broadcast, send and recv chunk; all_gather and reduce_scatter fall back to one broadcast /
+// reduce per rank's part, each chunked. Nothing is rejected for size.
+
+#include <memory>
+
+#include "backends/comm/communicator.hpp"
+
+namespace accel {
+
+class MpiCommunicator final : public Communicator {
+ public:
+  // Joins MPI_COMM_WORLD (a duplicate of it), initialising MPI if needed. options.rank and
+  // options.world_size, when >= 0, must equal this process's rank and size in MPI_COMM_WORLD
+  // (InvalidArgument naming both otherwise); pass -1 to take MPI's. options.timeout bounds
+  // every operation and the join itself. Throws TimeoutError when not every rank joins.
+  explicit MpiCommunicator(const CommOptions& options);
+
+  // Rank and world size taken from MPI_COMM_WORLD.
+  static std::unique_ptr<MpiCommunicator> from_world(Milliseconds timeout = kDefaultCommTimeout);
+
+  ~MpiCommunicator() override;
+
+  std::string_view backend_name() const override { return "mpi"; }
+
+ protected:
+  void run_all_reduce(Buffer data, ReduceOp op, Milliseconds timeout) override;
+  void run_broadcast(Buffer data, int root, Milliseconds timeout) override;
+  void run_all_gather(Buffer input, Buffer output, Milliseconds timeout) override;
+  void run_reduce_scatter(Buffer input, Buffer output, ReduceOp op, Milliseconds timeout) override;
+  void run_barrier(Milliseconds timeout) override;
+  void run_send(Buffer data, int dst, std::uint32_t tag, Milliseconds timeout) override;
+  void run_recv(Buffer data, int src, std::uint32_t tag, Milliseconds timeout) override;
+
+ private:
+  struct World {
+    int rank = 0;
+    int size = 1;
+  };
+  // Initialises MPI if needed and checks options against MPI_COMM_WORLD; runs before the base
+  // class is constructed, which needs rank and size.
+  static World join_world(const CommOptions& options);
+  MpiCommunicator(const CommOptions& options, World world);
+
+  struct State;  // MPI handles; kept out of this header so users need no <mpi.h>
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace accel

@@ -1,0 +1,86 @@
+#include "backends/comm/registry.hpp"
+
+#include "backends/comm/error.hpp"
+#include "backends/comm/local_communicator.hpp"
+#if ACCEL_HAVE_GLOO
+#include "backends/comm/gloo/gloo_communicator.hpp"
+#endif
+#if ACCEL_HAVE_MPI
+#include "backends/comm/mpi/mpi_communicator.hpp"
+#endif
+#if ACCEL_HAVE_NCCL
+#include "backends/comm/nccl/nccl_communicator.hpp"
+#endif
+
+namespace accel {
+namespace {
+
+struct Entry {
+  std::string_view name;
+  bool built;
+  std::string_view option;  // the CMake option that builds it
+  CommunicatorPtr (*make)(const CommOptions&);
+};
+
+template <typename T>
+CommunicatorPtr make(const CommOptions& options) {
+  return std::make_unique<T>(options);
+}
+
+CommunicatorPtr make_local(const CommOptions& options) {
+  ACCEL_CHECK_ARG(options.world_size == 1,
+                  "the 'local' communicator is the world of one; world size " +
+                      std::to_string(options.world_size) + " needs gloo, mpi or nccl");
+  return std::make_unique<LocalCommunicator>(options.timeout);
+}
+
+const Entry kEntries[] = {
+    {"local", true, "", &make_local},
+#if ACCEL_HAVE_GLOO
+    {"gloo", true, "ACCEL_WITH_GLOO", &make<GlooCommunicator>},
+#else
+    {"gloo", false, "ACCEL_WITH_GLOO", nullptr},
+#endif
+#if ACCEL_HAVE_MPI
+    {"mpi", true, "ACCEL_WITH_MPI", &make<MpiCommunicator>},
+#else
+    {"mpi", false, "ACCEL_WITH_MPI", nullptr},
+#endif
+#if ACCEL_HAVE_NCCL
+    {"nccl", true, "ACCEL_WITH_NCCL", &make<NcclCommunicator>},
+#else
+    {"nccl", false, "ACCEL_WITH_NCCL", nullptr},
+#endif
+};
+
+}  // namespace
+
+CommunicatorPtr create_communicator(std::string_view backend, const CommOptions& options) {
+  for (const Entry& e : kEntries) {
+    if (e.name != backend) continue;
+    if (!e.built)
+      throw InvalidArgument("communicator '" + std::string(backend) +
+                            "' is not built into this accelerate-cpp (configure with " +
+                            std::string(e.option) + "=ON and its dependency installed)");
+    return e.make(options);
+  }
+  std::string known;
+  for (const Entry& e : kEntries) known += (known.empty() ? "" : ", ") + std::string(e.name);
+  throw InvalidArgument("unknown communicator '" + std::string(backend) + "' (known: " + known +
+                        ")");
+}
+
+std::vector<std::string> available_communicators() {
+  std::vector<std::string> names;
+  for (const Entry& e : kEntries)
+    if (e.built) names.emplace_back(e.name);
+  return names;
+}
+
+bool communicator_available(std::string_view backend) {
+  for (const Entry& e : kEntries)
+    if (e.name == backend) return e.built;
+  return false;
+}
+
+}  // namespace accel

@@ -1,0 +1,21 @@
+#pragma once
+// The one place communicators are registered by name. A backend compiled out (its
+// ACCEL_WITH_* option off) is still known by name, so asking for it gives a clear error
+// saying how it was built, not "unknown".
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "backends/comm/communicator.hpp"
+
+namespace accel {
+
+// "local" (the world of one), "gloo", "mpi", "nccl".
+CommunicatorPtr create_communicator(std::string_view backend, const CommOptions& options);
+
+// Names of the communicators built into this library.
+std::vector<std::string> available_communicators();
+bool communicator_available(std::string_view backend);
+
+}  // namespace accel

@@ -1,0 +1,176 @@
+// One rank of the collective test matrix: every collective x dtype x reduce op x count,
+// checked element by element against a reference this rank computes for the whole world.
+// Started as a real process by comm_collectives_test (or mpirun); prints each mismatch and
+// exits 1 when there is any.
+//
+// Values are small integers, so sums over up to 4 ranks are exact in every dtype (f16 and
+// bf16 included) and ring order cannot change a result; avg's division is rounded the way
+// the communicator rounds it.
+
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "accelerate/process_group.hpp"
+#include "backends/comm/error.hpp"
+#include "tests/support/typed_values.hpp"
+
+using namespace accel;
+using accel::test::get_value;
+using accel::test::OwnedBuffer;
+using accel::test::set_value;
+
+namespace {
+
+int g_checks = 0, g_failures = 0;
+
+void expect_equal(const std::string& what, const Buffer& got, std::size_t i, double want) {
+  ++g_checks;
+  const double v = get_value(got, i);
+  if (v == want) return;
+  if (++g_failures <= 20)
+    std::printf("FAIL %s: element %zu is %.9g, expected %.9g\n", what.c_str(), i, v, want);
+}
+
+// The value rank r contributes at element i: an integer in [-8, 8].
+double input_value(int r, std::size_t i) { return double(int((r * 31 + i * 7) % 17) - 8); }
+
+// What the communicator's avg produces from an exact sum: division in the dtype's arithmetic.
+double average_as_dtype(double sum, int world, DType dtype) {
+  OwnedBuffer tmp(dtype, 1);
+  set_value(tmp.view, 0, sum);
+  divide_elements(tmp.view.data, 1, dtype, world);
+  return get_value(tmp.view, 0);
+}
+
+double reference_reduce(ReduceOp op, int world, std::size_t i, DType dtype) {
+  double acc = input_value(0, i);
+  for (int r = 1; r < world; ++r) {
+    const double v = input_value(r, i);
+    if (op == ReduceOp::min) acc = std::min(acc, v);
+    else if (op == ReduceOp::max) acc = std::max(acc, v);
+    else acc += v;
+  }
+  return op == ReduceOp::avg ? average_as_dtype(acc, world, dtype) : acc;
+}
+
+std::string label(const char* op_name, DType dtype, std::size_t count, const std::string& extra) {
+  return std::string(op_name) + "(" + std::string(dtype_name(dtype)) + ", count " +
+         std::to_string(count) + (extra.empty() ? "" : ", " + extra) + ")";
+}
+
+void check_all_reduce(Communicator& comm, DType dtype, ReduceOp op, std::size_t count) {
+  OwnedBuffer buf(dtype, count);
+  for (std::size_t i = 0; i < count; ++i) set_value(buf.view, i, input_value(comm.rank(), i));
+  comm.all_reduce(buf.view, op)->wait();
+  const std::string what = label("all_reduce", dtype, count, std::string(reduce_op_name(op)));
+  for (std::size_t i = 0; i < count; ++i)
+    expect_equal(what, buf.view, i, reference_reduce(op, comm.world_size(), i, dtype));
+}
+
+void check_broadcast(Communicator& comm, DType dtype, int root, std::size_t count) {
+  OwnedBuffer buf(dtype, count);
+  for (std::size_t i = 0; i < count; ++i) set_value(buf.view, i, input_value(comm.rank(), i));
+  comm.broadcast(buf.view, root)->wait();
+  const std::string what = label("broadcast", dtype, count, "root " + std::to_string(root));
+  for (std::size_t i = 0; i < count; ++i) expect_equal(what, buf.view, i, input_value(root, i));
+}
+
+void check_all_gather(Communicator& comm, DType dtype, std::size_t total) {
+  const Shard mine = shard_of(total, comm.world_size(), comm.rank());
+  OwnedBuffer in(dtype, mine.count), out(dtype, total);
+  // Element j of the result belongs to the rank whose shard holds it.
+  for (std::size_t k = 0; k < mine.count; ++k)
+    set_value(in.view, k, input_value(comm.rank(), mine.offset + k));
+  for (std::size_t j = 0; j < total; ++j) set_value(out.view, j, -99);
+  comm.all_gather(in.view, out.view)->wait();
+  const std::string what = label("all_gather", dtype, total, "");
+  for (int r = 0; r < comm.world_size(); ++r) {
+    const Shard s = shard_of(total, comm.world_size(), r);
+    for (std::size_t k = 0; k < s.count; ++k)
+      expect_equal(what, out.view, s.offset + k, input_value(r, s.offset + k));
+  }
+}
+
+void check_reduce_scatter(Communicator& comm, DType dtype, ReduceOp op, std::size_t total) {
+  const Shard mine = shard_of(total, comm.world_size(), comm.rank());
+  OwnedBuffer in(dtype, total), out(dtype, mine.count);
+  for (std::size_t i = 0; i < total; ++i) set_value(in.view, i, input_value(comm.rank(), i));
+  comm.reduce_scatter(in.view, out.view, op)->wait();
+  const std::string what = label("reduce_scatter", dtype, total, std::string(reduce_op_name(op)));
+  for (std::size_t k = 0; k < mine.count; ++k)
+    expect_equal(what, out.view, k,
+                 reference_reduce(op, comm.world_size(), mine.offset + k, dtype));
+  // The input is left as it was.
+  for (std::size_t i = 0; i < total; ++i)
+    expect_equal(what + " input", in.view, i, input_value(comm.rank(), i));
+}
+
+// Ring exchange: every rank sends to its right neighbour and receives from its left.
+void check_send_recv(Communicator& comm, std::size_t count) {
+  if (comm.world_size() == 1) return;
+  const int right = (comm.rank() + 1) % comm.world_size();
+  const int left = (comm.rank() + comm.world_size() - 1) % comm.world_size();
+  OwnedBuffer out(DType::f32, count), in(DType::f32, count);
+  for (std::size_t i = 0; i < count; ++i) set_value(out.view, i, input_value(comm.rank(), i));
+  // Operations run in call order, so even ranks send first and odd ranks receive first.
+  if (comm.rank() % 2 == 0) {
+    comm.send(out.view, right, 7)->wait();
+    comm.recv(in.view, left, 7)->wait();
+  } else {
+    comm.recv(in.view, left, 7)->wait();
+    comm.send(out.view, right, 7)->wait();
+  }
+  const std::string what = label("send/recv", DType::f32, count, "");
+  for (std::size_t i = 0; i < count; ++i) expect_equal(what, in.view, i, input_value(left, i));
+}
+
+// Several operations in flight at once complete in order with the right results.
+void check_async(Communicator& comm) {
+  std::vector<OwnedBuffer> bufs;
+  for (int k = 0; k < 8; ++k) {
+    bufs.emplace_back(DType::f32, 1000 + k);
+    for (std::size_t i = 0; i < bufs.back().view.count; ++i)
+      set_value(bufs.back().view, i, input_value(comm.rank(), i));
+  }
+  std::vector<WorkPtr> works;
+  for (auto& b : bufs) works.push_back(comm.all_reduce(b.view, ReduceOp::sum));
+  for (auto& w : works) w->wait();
+  for (auto& b : bufs)
+    for (std::size_t i = 0; i < b.view.count; ++i)
+      expect_equal("async all_reduce", b.view, i,
+                   reference_reduce(ReduceOp::sum, comm.world_size(), i, DType::f32));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  ProcessGroupOptions options;
+  for (int i = 1; i + 1 < argc; ++i)
+    if (std::strcmp(argv[i], "--backend") == 0) options.backend = argv[i + 1];
+  try {
+    auto group = init_process_group(options);
+    Communicator& comm = group->comm();
+    const int world = comm.world_size();
+    // Odd sizes, sizes smaller than the world, 0 and 1, and one past Gloo's 1 MiB segment.
+    const std::vector<std::size_t> counts = {0, 1, 2, 3, 7, 1023, std::size_t(262144 + 3)};
+    for (DType dtype : kAllDTypes) {
+      for (std::size_t count : counts) {
+        for (ReduceOp op : kAllReduceOps) check_all_reduce(comm, dtype, op, count);
+        for (ReduceOp op : kAllReduceOps) check_reduce_scatter(comm, dtype, op, count);
+        check_all_gather(comm, dtype, count);
+        for (int root = 0; root < world; ++root) check_broadcast(comm, dtype, root, count);
+      }
+    }
+    for (std::size_t count : {std::size_t(1), std::size_t(4097)}) check_send_recv(comm, count);
+    check_async(comm);
+    comm.barrier()->wait();
+    std::printf("rank %d of %d (%s): %d checks, %d failed\n", comm.rank(), world,
+                std::string(comm.backend_name()).c_str(), g_checks, g_failures);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 2;
+  }
+  return g_failures == 0 ? 0 : 1;
+}

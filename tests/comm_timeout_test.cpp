@@ -1,0 +1,137 @@
+// Nothing waits forever: a rank that never joins, and a rank that never enters a collective,
+// make the others fail with a TimeoutError that names them, the operation and its sequence
+// number. Ranks are threads here, joined through an in-memory store.
+
+#include <doctest/doctest.h>
+
+#include <future>
+#include <thread>
+#include <vector>
+
+#include "backends/comm/error.hpp"
+#include "backends/comm/memory_store.hpp"
+#include "backends/comm/registry.hpp"
+#include "tests/support/skip.hpp"
+
+using namespace accel;
+using namespace std::chrono_literals;
+
+namespace {
+
+CommOptions options_for(int rank, int world, StorePtr store, Milliseconds timeout) {
+  CommOptions o;
+  o.rank = rank;
+  o.world_size = world;
+  o.store = std::move(store);
+  o.timeout = timeout;
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("a rank that never joins gives a timeout naming it") {
+  if (test::skip_unless(communicator_available("gloo"), "gloo communicator not built")) return;
+  auto store = std::make_shared<MemoryStore>();
+  // Ranks 0 and 2 of 3 come; rank 1 never does.
+  auto join = [&](int rank) {
+    return std::async(std::launch::async, [&, rank] {
+      try {
+        create_communicator("gloo", options_for(rank, 3, store, 1500ms));
+        return std::string("joined");
+      } catch (const TimeoutError& e) {
+        return std::string(e.what());
+      }
+    });
+  };
+  auto r0 = join(0), r2 = join(2);
+  const std::string m0 = r0.get(), m2 = r2.get();
+  INFO(m0);
+  CHECK(m0.find("rank 0") != std::string::npos);
+  CHECK(m0.find("ranks [1] of 3") != std::string::npos);
+  CHECK(m0.find("to join") != std::string::npos);
+  CHECK(m2.find("ranks [1] of 3") != std::string::npos);
+}
+
+TEST_CASE("a collective one rank never enters times out naming the op, its number and the rank") {
+  if (test::skip_unless(communicator_available("gloo"), "gloo communicator not built")) return;
+  auto store = std::make_shared<MemoryStore>();
+  std::promise<void> rank0_done;
+  auto rank1 = std::async(std::launch::async, [&] {
+    auto comm = create_communicator("gloo", options_for(1, 2, store, 1000ms));
+    std::vector<float> v(16, 1.0f);
+    comm->all_reduce(buffer_of(std::span(v)), ReduceOp::sum)->wait();  // #1 together
+    // ... then stays busy elsewhere and never enters #2, but stays alive.
+    rank0_done.get_future().wait();
+  });
+  auto comm = create_communicator("gloo", options_for(0, 2, store, 1000ms));
+  std::vector<float> v(16, 1.0f);
+  comm->all_reduce(buffer_of(std::span(v)), ReduceOp::sum)->wait();
+  CHECK(v[0] == 2.0f);
+  std::string message;
+  try {
+    comm->all_reduce(buffer_of(std::span(v)), ReduceOp::sum)->wait();
+  } catch (const TimeoutError& e) {
+    message = e.what();
+  }
+  rank0_done.set_value();
+  rank1.get();
+  INFO(message);
+  CHECK(message.find("rank 0: all_reduce(sum, 16 x f32) #2 timed out") != std::string::npos);
+  CHECK(message.find("ranks not heard from: [1]") != std::string::npos);
+
+  // The communicator refuses later collectives instead of pairing them with the wrong ones.
+  std::string after;
+  try {
+    comm->barrier()->wait();
+  } catch (const CommError& e) {
+    after = e.what();
+  }
+  CHECK(after.find("unusable since rank 0: all_reduce") != std::string::npos);
+}
+
+TEST_CASE("Work::wait with a short timeout names the operation") {
+  if (test::skip_unless(communicator_available("gloo"), "gloo communicator not built")) return;
+  auto store = std::make_shared<MemoryStore>();
+  std::promise<void> release;
+  auto rank1 = std::async(std::launch::async, [&] {
+    auto comm = create_communicator("gloo", options_for(1, 2, store, 5000ms));
+    release.get_future().wait();
+    comm->barrier()->wait();
+  });
+  auto comm = create_communicator("gloo", options_for(0, 2, store, 5000ms));
+  auto work = comm->barrier();
+  std::string message;
+  try {
+    work->wait(200ms);
+  } catch (const TimeoutError& e) {
+    message = e.what();
+  }
+  CHECK(message.find("rank 0: barrier #1 did not complete within 200 ms") != std::string::npos);
+  release.set_value();
+  work->wait();  // completes once rank 1 arrives
+  rank1.get();
+}
+
+TEST_CASE("the world of one completes every operation through the same interface") {
+  auto comm = create_communicator("local", CommOptions{});
+  std::vector<float> in = {1, 2, 3}, out(3);
+  comm->all_reduce(buffer_of(std::span(in)), ReduceOp::avg)->wait();
+  CHECK(in == std::vector<float>{1, 2, 3});
+  comm->all_gather(buffer_of(std::span(in)), buffer_of(std::span(out)))->wait();
+  CHECK(out == in);
+  comm->reduce_scatter(buffer_of(std::span(in)), buffer_of(std::span(out)), ReduceOp::max)->wait();
+  CHECK(out == in);
+  comm->barrier()->wait();
+  CHECK(comm->next_sequence() == 5);
+  CHECK_THROWS_AS(comm->send(buffer_of(std::span(in)), 0), InvalidArgument);
+}
+
+TEST_CASE("mismatched shapes are rejected at the call, naming what was wrong") {
+  auto comm = create_communicator("local", CommOptions{});
+  std::vector<float> in(3), out(4);
+  CHECK_THROWS_WITH_AS(comm->all_gather(buffer_of(std::span(in)), buffer_of(std::span(out))),
+                       doctest::Contains("must contribute 4 of 4 elements, got 3"),
+                       InvalidArgument);
+  CHECK_THROWS_WITH_AS(create_communicator("nope", CommOptions{}),
+                       doctest::Contains("unknown communicator 'nope'"), InvalidArgument);
+}

@@ -1,0 +1,241 @@
+// dtypes and the element kernels: 16-bit float conversions (exhaustively over every bit
+// pattern, plus the rounding and range edges), the shard split, reduce_elements for every
+// dtype and op, and the name parsers' errors.
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "backends/comm/dtype.hpp"
+#include "backends/comm/error.hpp"
+#include "backends/comm/reduce.hpp"
+
+namespace accel {
+namespace {
+
+float bits_to_float(std::uint32_t u) { return std::bit_cast<float>(u); }
+
+TEST_CASE("half: every bit pattern survives half -> float -> half") {
+  for (std::uint32_t b = 0; b <= 0xffff; ++b) {
+    const Half h{std::uint16_t(b)};
+    const float f = to_float(h);
+    const bool is_nan = ((b >> 10) & 0x1f) == 0x1f && (b & 0x3ff) != 0;
+    if (is_nan) {
+      REQUIRE(std::isnan(f));
+      REQUIRE(std::isnan(to_float(to_half(f))));
+    } else {
+      REQUIRE(to_half(f).bits == b);
+    }
+  }
+}
+
+TEST_CASE("half: known values, range edges and round-to-nearest-even") {
+  CHECK(to_half(1.0f).bits == 0x3c00);
+  CHECK(to_half(-2.0f).bits == 0xc000);
+  CHECK(to_half(0.0f).bits == 0x0000);
+  CHECK(to_half(-0.0f).bits == 0x8000);
+  CHECK(to_half(65504.0f).bits == 0x7bff);  // largest finite
+  CHECK(to_float(Half{0x7bff}) == 65504.0f);
+  // 65520 is exactly halfway between 65504 and 65536 (= inf): ties go to even, i.e. inf.
+  CHECK(to_half(65520.0f).bits == 0x7c00);
+  CHECK(to_half(65519.0f).bits == 0x7bff);
+  CHECK(to_half(1e9f).bits == 0x7c00);
+  CHECK(to_half(-1e9f).bits == 0xfc00);
+  CHECK(to_half(std::numeric_limits<float>::infinity()).bits == 0x7c00);
+  CHECK(to_half(-std::numeric_limits<float>::infinity()).bits == 0xfc00);
+  CHECK(std::isinf(to_float(Half{0x7c00})));
+  CHECK(std::isnan(to_float(to_half(std::numeric_limits<float>::quiet_NaN()))));
+
+  // Subnormals: the smallest is 2^-24, the largest 1023 * 2^-24; 2^-14 is the smallest normal.
+  CHECK(to_half(std::ldexp(1.0f, -24)).bits == 0x0001);
+  CHECK(to_float(Half{0x0001}) == std::ldexp(1.0f, -24));
+  CHECK(to_float(Half{0x03ff}) == std::ldexp(1023.0f, -24));
+  CHECK(to_half(std::ldexp(1.0f, -14)).bits == 0x0400);
+  CHECK(to_half(-std::ldexp(1.0f, -24)).bits == 0x8001);
+  // Half of the smallest subnormal ties to even (0); 1.5 and 2.5 units round to 2.
+  CHECK(to_half(std::ldexp(1.0f, -25)).bits == 0x0000);
+  CHECK(to_half(std::ldexp(3.0f, -25)).bits == 0x0002);
+  CHECK(to_half(std::ldexp(5.0f, -25)).bits == 0x0002);
+  CHECK(to_half(std::ldexp(1.0f, -30)).bits == 0x0000);  // underflow to zero
+
+  // Normal range: 1 + 2^-11 is halfway between 1 and the next half (1 + 2^-10).
+  CHECK(to_half(1.0f + std::ldexp(1.0f, -11)).bits == 0x3c00);  // tie -> even
+  CHECK(to_half(1.0f + std::ldexp(3.0f, -11)).bits == 0x3c02);  // tie -> even (up)
+  CHECK(to_half(1.0f + std::ldexp(1.0f, -11) + std::ldexp(1.0f, -20)).bits == 0x3c01);
+  // Rounding that carries into the exponent: just below 2 rounds up to 2.
+  CHECK(to_half(2.0f - std::ldexp(1.0f, -12)).bits == 0x4000);
+}
+
+TEST_CASE("bf16: every bit pattern survives bf16 -> float -> bf16") {
+  for (std::uint32_t b = 0; b <= 0xffff; ++b) {
+    const BFloat16 v{std::uint16_t(b)};
+    const float f = to_float(v);
+    REQUIRE(std::bit_cast<std::uint32_t>(f) == b << 16);
+    if (std::isnan(f)) {
+      REQUIRE(std::isnan(to_float(to_bf16(f))));
+    } else {
+      REQUIRE(to_bf16(f).bits == b);  // includes the float subnormals bf16 can hold
+    }
+  }
+}
+
+TEST_CASE("bf16: known values, range edges and round-to-nearest-even") {
+  CHECK(to_bf16(1.0f).bits == 0x3f80);
+  CHECK(to_bf16(-0.0f).bits == 0x8000);
+  CHECK(to_bf16(1.0f + std::ldexp(1.0f, -8)).bits == 0x3f80);  // tie -> even (down)
+  CHECK(to_bf16(1.0f + std::ldexp(3.0f, -8)).bits == 0x3f82);  // tie -> even (up)
+  CHECK(to_bf16(1.0f + std::ldexp(1.0f, -8) + std::ldexp(1.0f, -20)).bits == 0x3f81);
+  CHECK(to_bf16(std::numeric_limits<float>::max()).bits == 0x7f80);  // rounds past the top: inf
+  CHECK(to_bf16(std::numeric_limits<float>::infinity()).bits == 0x7f80);
+  CHECK(to_bf16(-std::numeric_limits<float>::infinity()).bits == 0xff80);
+  // A NaN whose payload sits only in the low bits must not truncate to infinity.
+  const float low_payload_nan = bits_to_float(0x7f800001u);
+  REQUIRE(std::isnan(low_payload_nan));
+  CHECK(std::isnan(to_float(to_bf16(low_payload_nan))));
+  // Float subnormals: the smallest bf16 subnormal and a tie below it.
+  CHECK(to_bf16(bits_to_float(0x00010000u)).bits == 0x0001);
+  CHECK(to_bf16(bits_to_float(0x00008000u)).bits == 0x0000);  // tie -> even (zero)
+  CHECK(to_bf16(bits_to_float(0x00018000u)).bits == 0x0002);  // tie -> even (up)
+}
+
+TEST_CASE("dtype names, sizes and parse errors") {
+  for (DType d : kAllDTypes) CHECK(parse_dtype(dtype_name(d)) == d);
+  CHECK(element_size(DType::f16) == 2);
+  CHECK(element_size(DType::bf16) == 2);
+  CHECK(element_size(DType::f64) == 8);
+  CHECK(element_size(DType::i32) == 4);
+  CHECK(is_floating(DType::bf16));
+  CHECK_FALSE(is_floating(DType::i64));
+  try {
+    parse_dtype("float");
+    FAIL("parse_dtype accepted 'float'");
+  } catch (const InvalidArgument& e) {
+    CHECK(std::string(e.what()).find("'float'") != std::string::npos);
+  }
+  CHECK_THROWS_AS(parse_dtype(""), InvalidArgument);
+  for (ReduceOp op : kAllReduceOps) CHECK(parse_reduce_op(reduce_op_name(op)) == op);
+  CHECK_THROWS_AS(parse_reduce_op("prod"), InvalidArgument);
+}
+
+TEST_CASE("shard_of: shards tile the buffer in rank order and differ by at most one") {
+  for (std::size_t total : {0u, 1u, 2u, 7u, 10u, 64u, 1001u}) {
+    for (int world = 1; world <= 9; ++world) {
+      std::size_t sum = 0, next_offset = 0, smallest = total, largest = 0;
+      for (int rank = 0; rank < world; ++rank) {
+        const Shard s = shard_of(total, world, rank);
+        CHECK(s.offset == next_offset);
+        next_offset = s.offset + s.count;
+        sum += s.count;
+        smallest = std::min(smallest, s.count);
+        largest = std::max(largest, s.count);
+        // The first total % world ranks carry the extra element.
+        CHECK(s.count == total / world + (std::size_t(rank) < total % world ? 1 : 0));
+      }
+      CHECK(sum == total);
+      CHECK(largest - smallest <= 1);
+    }
+  }
+  CHECK_THROWS_AS(shard_of(10, 4, 4), InvalidArgument);
+  CHECK_THROWS_AS(shard_of(10, 4, -1), InvalidArgument);
+  CHECK_THROWS_AS(shard_of(10, 0, 0), InvalidArgument);
+}
+
+// Values every dtype holds exactly, so one expectation serves all six.
+const std::vector<double> kA = {1, -2, 3, 0, 100, -7};
+const std::vector<double> kB = {4, -5, 1, 0, -100, -7};
+
+template <typename T>
+T from_double(double v) {
+  if constexpr (std::is_same_v<T, Half>)
+    return to_half(float(v));
+  else if constexpr (std::is_same_v<T, BFloat16>)
+    return to_bf16(float(v));
+  else
+    return T(v);
+}
+
+template <typename T>
+double to_double(T v) {
+  if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>)
+    return to_float(v);
+  else
+    return double(v);
+}
+
+double expected(ReduceOp op, double a, double b) {
+  switch (op) {
+    case ReduceOp::sum:
+      return a + b;
+    case ReduceOp::min:
+      return std::min(a, b);
+    case ReduceOp::max:
+      return std::max(a, b);
+    case ReduceOp::avg:
+      break;
+  }
+  return 0;
+}
+
+template <typename T>
+void check_reduce() {
+  const DType dtype = dtype_of<T>();
+  for (ReduceOp op : {ReduceOp::sum, ReduceOp::min, ReduceOp::max}) {
+    INFO("dtype ", std::string(dtype_name(dtype)), ", op ", std::string(reduce_op_name(op)));
+    std::vector<T> a, b, out(kA.size());
+    for (double v : kA) a.push_back(from_double<T>(v));
+    for (double v : kB) b.push_back(from_double<T>(v));
+    reduce_elements(out.data(), a.data(), b.data(), a.size(), dtype, op);
+    for (std::size_t i = 0; i < kA.size(); ++i)
+      CHECK(to_double(out[i]) == expected(op, kA[i], kB[i]));
+    // In place (out aliases a), as the ring algorithms use it.
+    reduce_elements(a.data(), a.data(), b.data(), a.size(), dtype, op);
+    for (std::size_t i = 0; i < kA.size(); ++i)
+      CHECK(to_double(a[i]) == expected(op, kA[i], kB[i]));
+  }
+  std::vector<T> x(2);
+  CHECK_THROWS_AS(reduce_elements(x.data(), x.data(), x.data(), 1, dtype, ReduceOp::avg),
+                  InvalidArgument);
+  CHECK(wire_op(ReduceOp::avg) == ReduceOp::sum);
+}
+
+TEST_CASE("reduce_elements: sum, min and max for every dtype; avg has no kernel") {
+  check_reduce<float>();
+  check_reduce<double>();
+  check_reduce<Half>();
+  check_reduce<BFloat16>();
+  check_reduce<std::int32_t>();
+  check_reduce<std::int64_t>();
+}
+
+TEST_CASE("reduce_elements: 16-bit sums round to nearest even") {
+  // 2048 + 1 is not a half: the sum ties between 2048 and 2050 and rounds to even (2048).
+  std::vector<Half> a = {to_half(2048.0f)}, b = {to_half(1.0f)}, out(1);
+  reduce_elements(out.data(), a.data(), b.data(), 1, DType::f16, ReduceOp::sum);
+  CHECK(to_float(out[0]) == 2048.0f);
+  std::vector<BFloat16> c = {to_bf16(256.0f)}, d = {to_bf16(1.0f)}, out2(1);
+  reduce_elements(out2.data(), c.data(), d.data(), 1, DType::bf16, ReduceOp::sum);
+  CHECK(to_float(out2[0]) == 256.0f);
+}
+
+TEST_CASE("divide_elements: the avg step in each dtype's arithmetic") {
+  std::vector<float> f = {3.0f, -9.0f};
+  divide_elements(f.data(), f.size(), DType::f32, 2);
+  CHECK(f[0] == 1.5f);
+  CHECK(f[1] == -4.5f);
+  std::vector<std::int32_t> i = {7, -7};
+  divide_elements(i.data(), i.size(), DType::i32, 2);
+  CHECK(i[0] == 3);
+  CHECK(i[1] == -3);  // truncates toward zero
+  std::vector<Half> h = {to_half(3.0f)};
+  divide_elements(h.data(), h.size(), DType::f16, 4);
+  CHECK(to_float(h[0]) == 0.75f);
+}
+
+}  // namespace
+}  // namespace accel

@@ -1,0 +1,84 @@
+#include "tests/support/ranks.hpp"
+
+#include <unistd.h>
+
+#include <filesystem>
+
+#include "backends/comm/tcp_store.hpp"
+
+namespace accel::test {
+
+std::string bin_path(const std::string& program) {
+  return (std::filesystem::path(ACCEL_BIN_DIR) / program).string();
+}
+
+launch::GroupResult run_ranks(int world, const std::string& program,
+                              const std::vector<std::string>& args, const RanksOptions& options) {
+  // The store lives here, on a free port, as the launcher would host it.
+  TcpStoreServer server("127.0.0.1", 0, options.store_token);
+  std::vector<launch::WorkerSpec> specs;
+  for (int r = 0; r < world; ++r) {
+    launch::WorkerSpec spec;
+    spec.argv = {bin_path(program)};
+    spec.argv.insert(spec.argv.end(), args.begin(), args.end());
+    spec.label = "rank " + std::to_string(r);
+    spec.env = {{"RANK", std::to_string(r)},
+                {"LOCAL_RANK", std::to_string(r)},
+                {"WORLD_SIZE", std::to_string(world)},
+                {"LOCAL_WORLD_SIZE", std::to_string(world)},
+                {"NODE_RANK", "0"},
+                {"MASTER_ADDR", "127.0.0.1"},
+                {"MASTER_PORT", std::to_string(server.port())},
+                {"ACCEL_LAUNCHER_STORE", "1"},
+                {"ACCEL_STORE_TOKEN", options.store_token},
+                {"OMP_NUM_THREADS", "1"}};
+    spec.env.insert(spec.env.end(), options.env.begin(), options.env.end());
+    specs.push_back(std::move(spec));
+  }
+  launch::WorkerGroupOptions group_options;
+  group_options.capture = true;
+  group_options.echo = false;
+  group_options.timeout = options.timeout;
+  return launch::run_worker_group(specs, group_options);
+}
+
+std::string find_mpirun() {
+  for (const char* dir : {"/usr/bin", "/usr/local/bin"}) {
+    const auto p = std::filesystem::path(dir) / "mpirun";
+    if (std::filesystem::exists(p)) return p.string();
+  }
+  return "";
+}
+
+launch::GroupResult run_under_mpirun(int world, const std::string& program,
+                                     const std::vector<std::string>& args,
+                                     const RanksOptions& options) {
+  launch::WorkerSpec spec;
+  spec.argv = {find_mpirun()};
+  if (geteuid() == 0) spec.argv.push_back("--allow-run-as-root");
+  // This machine may have fewer cores than ranks; shared memory between ranks on one host.
+  for (const char* a : {"--oversubscribe", "--bind-to", "none", "--mca", "btl", "self,vader",
+                        "-np"})
+    spec.argv.push_back(a);
+  spec.argv.push_back(std::to_string(world));
+  spec.argv.push_back(bin_path(program));
+  spec.argv.insert(spec.argv.end(), args.begin(), args.end());
+  spec.label = "mpirun";
+  spec.env = options.env;
+  spec.env.emplace_back("OMP_NUM_THREADS", "1");
+  launch::WorkerGroupOptions group_options;
+  group_options.capture = true;
+  group_options.echo = false;
+  group_options.timeout = options.timeout;
+  return launch::run_worker_group({spec}, group_options);
+}
+
+std::string describe(const launch::GroupResult& result) {
+  std::string out = result.failure_report() + "\n";
+  for (const auto& w : result.workers)
+    out += "--- " + w.label + " (exit " + std::to_string(w.exit_code) + ", signal " +
+           std::to_string(w.signal) + ") ---\n" + w.output;
+  return out;
+}
+
+}  // namespace accel::test

@@ -1,0 +1,38 @@
+#pragma once
+// Runs a test program as the ranks of a real job: separate processes with the launcher's
+// environment and a rendezvous store hosted by this test process (as `accel launch` does),
+// or under mpirun. Output is captured so a failing test shows what every rank said.
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "launch/worker_group.hpp"
+
+namespace accel::test {
+
+struct RanksOptions {
+  std::vector<std::pair<std::string, std::string>> env;  // extra, for every rank
+  std::chrono::milliseconds timeout{120000};             // the whole job
+  std::string store_token;                               // ACCEL_STORE_TOKEN, when set
+};
+
+// `program` is a file name in build/bin; args follow it.
+launch::GroupResult run_ranks(int world, const std::string& program,
+                              const std::vector<std::string>& args,
+                              const RanksOptions& options = {});
+
+// The same job started by `mpirun -np world` (one worker: mpirun itself).
+launch::GroupResult run_under_mpirun(int world, const std::string& program,
+                                     const std::vector<std::string>& args,
+                                     const RanksOptions& options = {});
+
+// The mpirun executable, or "" when MPI is not installed.
+std::string find_mpirun();
+
+// Everything the ranks printed, rank by rank, for a failure message.
+std::string describe(const launch::GroupResult& result);
+
+std::string bin_path(const std::string& program);
+
+}  // namespace accel::test
