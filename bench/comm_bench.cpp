@@ -20,11 +20,12 @@
 // (all_gather's output, reduce_scatter's input). After the timing, one validation run on
 // known values counts the wrong elements over all ranks (#wrong).
 //
-// Iterations are time-budgeted (--budget_ms per row) unless --iters is given, so a full run
-// finishes in minutes while small sizes still get many iterations. Two buffers of max_bytes
-// are allocated and pre-faulted once and every size uses their front: touching fresh pages
-// costs more than the collectives being measured.
+// Iterations are time-budgeted (--budget_ms per row, at least --min_iters) unless --iters is
+// given, so a full run finishes in minutes while small sizes still get many iterations. Two
+// buffers of max_bytes are allocated and pre-faulted once and every size uses their front:
+// touching fresh pages costs more than the collectives being measured.
 
+#include <unistd.h>
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -39,7 +40,6 @@
 #include <string_view>
 #include <tuple>
 #include <type_traits>
-#include <unistd.h>
 #include <vector>
 
 #include "accelerate/process_group.hpp"
@@ -83,10 +83,14 @@ constexpr Op kAllOps[] = {Op::all_reduce, Op::all_gather, Op::reduce_scatter, Op
 
 std::string_view op_name(Op op) {
   switch (op) {
-    case Op::all_reduce: return "all_reduce";
-    case Op::all_gather: return "all_gather";
-    case Op::reduce_scatter: return "reduce_scatter";
-    case Op::broadcast: return "broadcast";
+    case Op::all_reduce:
+      return "all_reduce";
+    case Op::all_gather:
+      return "all_gather";
+    case Op::reduce_scatter:
+      return "reduce_scatter";
+    case Op::broadcast:
+      return "broadcast";
   }
   return "?";
 }
@@ -95,10 +99,13 @@ std::string_view op_name(Op op) {
 // link in an optimal algorithm, relative to the buffer size.
 double bus_factor(Op op, int n) {
   switch (op) {
-    case Op::all_reduce: return 2.0 * (n - 1) / n;
+    case Op::all_reduce:
+      return 2.0 * (n - 1) / n;
     case Op::all_gather:
-    case Op::reduce_scatter: return double(n - 1) / n;
-    case Op::broadcast: return 1.0;
+    case Op::reduce_scatter:
+      return double(n - 1) / n;
+    case Op::broadcast:
+      return 1.0;
   }
   return 1.0;
 }
@@ -109,9 +116,10 @@ constexpr std::string_view kAllTables[] = {"memcpy", "gloo", "raw_gloo", "mpi", 
 struct Flags {
   std::size_t min_bytes = 4 << 10;
   std::size_t max_bytes = 256 << 20;
-  int iters = 0;        // 0: as many as fit in budget_ms (at least 1, at most max_iters)
+  int iters = 0;        // 0: as many as fit in budget_ms, within [min_iters, max_iters]
   int warmup = 2;       // the warm-up operations also calibrate the automatic iteration count
   int budget_ms = 200;  // timed time per row
+  int min_iters = 3;    // one slow iteration alone is too noisy to compare
   int max_iters = 1000;
   std::vector<Op> ops{std::begin(kAllOps), std::end(kAllOps)};
   std::vector<std::string> tables{std::begin(kAllTables), std::end(kAllTables)};
@@ -127,6 +135,7 @@ const char* kUsage =
     "  --max_bytes N     largest size, doubling from min_bytes    (default 256M)\n"
     "  --iters N         timed iterations per row; 0 = time-budgeted (default 0)\n"
     "  --budget_ms N     timed milliseconds per row when --iters 0  (default 200)\n"
+    "  --min_iters N     floor of budgeted iterations               (default 3)\n"
     "  --max_iters N     cap on budgeted iterations                 (default 1000)\n"
     "  --warmup N        warm-up operations per row                 (default 2)\n"
     "  --ops LIST        all_reduce,all_gather,reduce_scatter,broadcast (default all)\n"
@@ -152,9 +161,12 @@ std::size_t parse_bytes(const std::string& flag, const std::string& text) {
   const double value = std::strtod(text.c_str(), &end);
   std::size_t scale = 1;
   const std::string suffix = end ? std::string(end) : "";
-  if (suffix == "K" || suffix == "k") scale = std::size_t(1) << 10;
-  else if (suffix == "M" || suffix == "m") scale = std::size_t(1) << 20;
-  else if (suffix == "G" || suffix == "g") scale = std::size_t(1) << 30;
+  if (suffix == "K" || suffix == "k")
+    scale = std::size_t(1) << 10;
+  else if (suffix == "M" || suffix == "m")
+    scale = std::size_t(1) << 20;
+  else if (suffix == "G" || suffix == "g")
+    scale = std::size_t(1) << 30;
   else if (!suffix.empty() || end == text.c_str())
     throw ConfigError(flag + " '" + text + "' is not a byte count (e.g. 4096, 64K, 256M)");
   if (!(value > 0)) throw ConfigError(flag + " must be positive, got '" + text + "'");
@@ -179,16 +191,28 @@ Flags parse_flags(int argc, char** argv) {
     }
     if (i + 1 >= argc) throw ConfigError(flag + " needs a value (--help lists the flags)");
     const std::string value = argv[++i];
-    if (flag == "--min_bytes") f.min_bytes = parse_bytes(flag, value);
-    else if (flag == "--max_bytes") f.max_bytes = parse_bytes(flag, value);
-    else if (flag == "--iters") f.iters = parse_int(flag, value, 0);
-    else if (flag == "--budget_ms") f.budget_ms = parse_int(flag, value, 1);
-    else if (flag == "--max_iters") f.max_iters = parse_int(flag, value, 1);
-    else if (flag == "--warmup") f.warmup = parse_int(flag, value, 0);
-    else if (flag == "--dtype") f.dtype = parse_dtype(value);
-    else if (flag == "--port") f.port = parse_int(flag, value, 1);
-    else if (flag == "--timeout_s") f.timeout_s = parse_int(flag, value, 1);
-    else if (flag == "--check") f.check = parse_int(flag, value, 0) != 0;
+    if (flag == "--min_bytes")
+      f.min_bytes = parse_bytes(flag, value);
+    else if (flag == "--max_bytes")
+      f.max_bytes = parse_bytes(flag, value);
+    else if (flag == "--iters")
+      f.iters = parse_int(flag, value, 0);
+    else if (flag == "--budget_ms")
+      f.budget_ms = parse_int(flag, value, 1);
+    else if (flag == "--min_iters")
+      f.min_iters = parse_int(flag, value, 1);
+    else if (flag == "--max_iters")
+      f.max_iters = parse_int(flag, value, 1);
+    else if (flag == "--warmup")
+      f.warmup = parse_int(flag, value, 0);
+    else if (flag == "--dtype")
+      f.dtype = parse_dtype(value);
+    else if (flag == "--port")
+      f.port = parse_int(flag, value, 1);
+    else if (flag == "--timeout_s")
+      f.timeout_s = parse_int(flag, value, 1);
+    else if (flag == "--check")
+      f.check = parse_int(flag, value, 0) != 0;
     else if (flag == "--ops") {
       f.ops.clear();
       for (const std::string& name : split_list(value)) {
@@ -207,6 +231,7 @@ Flags parse_flags(int argc, char** argv) {
     }
   }
   if (f.min_bytes > f.max_bytes) throw ConfigError("--min_bytes is larger than --max_bytes");
+  if (f.min_iters > f.max_iters) throw ConfigError("--min_iters is larger than --max_iters");
   // The automatic iteration count is calibrated on the warm-up operations.
   if (f.iters == 0) f.warmup = std::max(f.warmup, 1);
   return f;
@@ -259,27 +284,38 @@ class HostMemory {
 template <typename Fn>
 decltype(auto) with_element(DType dtype, Fn&& fn) {
   switch (dtype) {
-    case DType::f32: return fn(float{});
-    case DType::f64: return fn(double{});
-    case DType::f16: return fn(Half{});
-    case DType::bf16: return fn(BFloat16{});
-    case DType::i32: return fn(std::int32_t{});
-    case DType::i64: return fn(std::int64_t{});
+    case DType::f32:
+      return fn(float{});
+    case DType::f64:
+      return fn(double{});
+    case DType::f16:
+      return fn(Half{});
+    case DType::bf16:
+      return fn(BFloat16{});
+    case DType::i32:
+      return fn(std::int32_t{});
+    case DType::i64:
+      return fn(std::int64_t{});
   }
   throw InvalidArgument("comm_bench: unknown dtype");
 }
 
 template <typename T>
 T from_double(double v) {
-  if constexpr (std::is_same_v<T, Half>) return to_half(float(v));
-  else if constexpr (std::is_same_v<T, BFloat16>) return to_bf16(float(v));
-  else return static_cast<T>(v);
+  if constexpr (std::is_same_v<T, Half>)
+    return to_half(float(v));
+  else if constexpr (std::is_same_v<T, BFloat16>)
+    return to_bf16(float(v));
+  else
+    return static_cast<T>(v);
 }
 
 template <typename T>
 double to_double(T v) {
-  if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) return to_float(v);
-  else return static_cast<double>(v);
+  if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>)
+    return to_float(v);
+  else
+    return static_cast<double>(v);
 }
 
 // What rank r puts at element i: a small integer, so sums over up to 32 ranks are exact in
@@ -323,8 +359,10 @@ void prepare_validation(Op op, const RowBuffers& b, int rank) {
   const auto mine = [rank](std::size_t i) { return pattern(rank, i); };
   const auto unwritten = [](std::size_t) { return kUnwritten; };
   switch (op) {
-    case Op::all_reduce: return fill(b.full, 0, mine);
-    case Op::broadcast: return rank == 0 ? fill(b.full, 0, mine) : fill(b.full, 0, unwritten);
+    case Op::all_reduce:
+      return fill(b.full, 0, mine);
+    case Op::broadcast:
+      return rank == 0 ? fill(b.full, 0, mine) : fill(b.full, 0, unwritten);
     case Op::all_gather:
       fill(b.full, 0, unwritten);
       return fill(b.part, b.shard.offset, mine);
@@ -341,9 +379,12 @@ std::size_t check_validation(Op op, const RowBuffers& b, int world) {
     return s;
   };
   switch (op) {
-    case Op::all_reduce: return count_wrong(b.full, 0, sum);
-    case Op::broadcast: return count_wrong(b.full, 0, [](std::size_t i) { return pattern(0, i); });
-    case Op::reduce_scatter: return count_wrong(b.part, b.shard.offset, sum);
+    case Op::all_reduce:
+      return count_wrong(b.full, 0, sum);
+    case Op::broadcast:
+      return count_wrong(b.full, 0, [](std::size_t i) { return pattern(0, i) + (i == 5); });
+    case Op::reduce_scatter:
+      return count_wrong(b.part, b.shard.offset, sum);
     case Op::all_gather: {
       std::size_t wrong = 0;
       for (int r = 0; r < world; ++r) {
@@ -388,15 +429,20 @@ class CommTarget final : public Target {
   void run(Op op, const RowBuffers& b) override {
     Communicator& c = group_->comm();
     switch (op) {
-      case Op::all_reduce: return c.all_reduce(b.full, ReduceOp::sum)->wait();
-      case Op::broadcast: return c.broadcast(b.full, 0)->wait();
-      case Op::all_gather: return c.all_gather(b.part, b.full)->wait();
-      case Op::reduce_scatter: return c.reduce_scatter(b.full, b.part, ReduceOp::sum)->wait();
+      case Op::all_reduce:
+        return c.all_reduce(b.full, ReduceOp::sum)->wait();
+      case Op::broadcast:
+        return c.broadcast(b.full, 0)->wait();
+      case Op::all_gather:
+        return c.all_gather(b.part, b.full)->wait();
+      case Op::reduce_scatter:
+        return c.reduce_scatter(b.full, b.part, ReduceOp::sum)->wait();
     }
   }
 
   double across_ranks(double v, bool max) override {
-    group_->comm().all_reduce(Buffer{&v, 1, DType::f64}, max ? ReduceOp::max : ReduceOp::sum)
+    group_->comm()
+        .all_reduce(Buffer{&v, 1, DType::f64}, max ? ReduceOp::max : ReduceOp::sum)
         ->wait();
     return v;
   }
@@ -464,14 +510,16 @@ class RawGlooTarget final : public Target {
           opts.setTimeout(timeout_);
           gloo::allgather(opts);
         });
-      case Op::reduce_scatter: break;
+      case Op::reduce_scatter:
+        break;
     }
     throw InvalidArgument("raw gloo: unsupported operation");
   }
 
   double across_ranks(double v, bool max) override {
-    all_reduce(&v, 1, max ? static_cast<ReduceFn>(&gloo::max<double>)
-                          : static_cast<ReduceFn>(&gloo::sum<double>));
+    all_reduce(&v, 1,
+               max ? static_cast<ReduceFn>(&gloo::max<double>)
+                   : static_cast<ReduceFn>(&gloo::sum<double>));
     return v;
   }
   void barrier() override {
@@ -498,12 +546,18 @@ class RawGlooTarget final : public Target {
   template <typename Fn>
   static void with_gloo_type(DType dtype, Fn&& fn) {
     switch (dtype) {
-      case DType::f32: return fn(float{});
-      case DType::f64: return fn(double{});
-      case DType::f16: return fn(gloo::float16{});
-      case DType::i32: return fn(std::int32_t{});
-      case DType::i64: return fn(std::int64_t{});
-      case DType::bf16: break;
+      case DType::f32:
+        return fn(float{});
+      case DType::f64:
+        return fn(double{});
+      case DType::f16:
+        return fn(gloo::float16{});
+      case DType::i32:
+        return fn(std::int32_t{});
+      case DType::i64:
+        return fn(std::int64_t{});
+      case DType::bf16:
+        break;
     }
     throw InvalidArgument("raw gloo: no sum for " + std::string(dtype_name(dtype)));
   }
@@ -512,9 +566,12 @@ class RawGlooTarget final : public Target {
   template <typename Fn>
   static void with_bytes(Buffer b, Fn&& fn) {
     switch (element_size(b.dtype)) {
-      case 2: return fn(static_cast<std::uint16_t*>(b.data), b.count);
-      case 4: return fn(static_cast<std::uint32_t*>(b.data), b.count);
-      case 8: return fn(static_cast<std::uint64_t*>(b.data), b.count);
+      case 2:
+        return fn(static_cast<std::uint16_t*>(b.data), b.count);
+      case 4:
+        return fn(static_cast<std::uint32_t*>(b.data), b.count);
+      case 8:
+        return fn(static_cast<std::uint64_t*>(b.data), b.count);
     }
     throw InvalidArgument("raw gloo: unsupported element size");
   }
@@ -583,7 +640,8 @@ class RawMpiTarget final : public Target {
       case Op::all_reduce:
         return BENCH_MPI(
             MPI_Allreduce(MPI_IN_PLACE, b.full.data, full, type, MPI_SUM, MPI_COMM_WORLD));
-      case Op::broadcast: return BENCH_MPI(MPI_Bcast(b.full.data, full, type, 0, MPI_COMM_WORLD));
+      case Op::broadcast:
+        return BENCH_MPI(MPI_Bcast(b.full.data, full, type, 0, MPI_COMM_WORLD));
       case Op::all_gather:
         return BENCH_MPI(
             MPI_Allgather(b.part.data, part, type, b.full.data, part, type, MPI_COMM_WORLD));
@@ -594,8 +652,8 @@ class RawMpiTarget final : public Target {
   }
 
   double across_ranks(double v, bool max) override {
-    BENCH_MPI(MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_DOUBLE, max ? MPI_MAX : MPI_SUM,
-                            MPI_COMM_WORLD));
+    BENCH_MPI(
+        MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_DOUBLE, max ? MPI_MAX : MPI_SUM, MPI_COMM_WORLD));
     return v;
   }
   void barrier() override { BENCH_MPI(MPI_Barrier(MPI_COMM_WORLD)); }
@@ -603,12 +661,17 @@ class RawMpiTarget final : public Target {
  private:
   static MPI_Datatype mpi_type(DType dtype) {
     switch (dtype) {
-      case DType::f32: return MPI_FLOAT;
-      case DType::f64: return MPI_DOUBLE;
-      case DType::i32: return MPI_INT32_T;
-      case DType::i64: return MPI_INT64_T;
+      case DType::f32:
+        return MPI_FLOAT;
+      case DType::f64:
+        return MPI_DOUBLE;
+      case DType::i32:
+        return MPI_INT32_T;
+      case DType::i64:
+        return MPI_INT64_T;
       case DType::f16:
-      case DType::bf16: break;  // MPI has no half-precision sum
+      case DType::bf16:
+        break;  // MPI has no half-precision sum
     }
     return MPI_DATATYPE_NULL;
   }
@@ -631,11 +694,7 @@ struct Row {
 class Bench {
  public:
   Bench(const Flags& flags, int rank, int world)
-      : flags_(flags),
-        rank_(rank),
-        world_(world),
-        full_(flags.max_bytes),
-        part_(flags.max_bytes) {}
+      : flags_(flags), rank_(rank), world_(world), full_(flags.max_bytes), part_(flags.max_bytes) {}
 
   bool is_root() const { return rank_ == 0; }
 
@@ -653,12 +712,12 @@ class Bench {
     say("# comm_bench: nccl-tests tables for accel communicators, raw baselines and memcpy\n");
     const std::string iters = flags_.iters ? std::to_string(flags_.iters)
                                            : "auto (" + std::to_string(flags_.budget_ms) +
-                                                 " ms/row, max " +
-                                                 std::to_string(flags_.max_iters) + ")";
+                                                 " ms/row, " + std::to_string(flags_.min_iters) +
+                                                 " to " + std::to_string(flags_.max_iters) + ")";
     say("# nranks %d  type %s  minBytes %zu  maxBytes %zu  step: 2(factor)  warmup %d  "
         "iters %s  validation %d\n",
-        world_, std::string(dtype_name(flags_.dtype)).c_str(), flags_.min_bytes,
-        flags_.max_bytes, flags_.warmup, iters.c_str(), int(flags_.check));
+        world_, std::string(dtype_name(flags_.dtype)).c_str(), flags_.min_bytes, flags_.max_bytes,
+        flags_.warmup, iters.c_str(), int(flags_.check));
     say("#  Rank %2d Pid %6d on %s\n", rank_, int(getpid()), host);
   }
 
@@ -692,13 +751,14 @@ class Bench {
     say("#\n# backend %s  op %s  nranks %d\n# %s\n", target.name().c_str(),
         std::string(op_name(op)).c_str(), world_, target.description().c_str());
     if (!target.supports(op, flags_.dtype)) {
-      say("# (not available for %s)\n", dtype.c_str());
+      say("# (%s has no %s for %s)\n", target.name().c_str(), std::string(op_name(op)).c_str(),
+          dtype.c_str());
       return 0;
     }
-    say("#%11s  %12s  %6s  %10s  %8s  %8s  %7s  %6s\n", "size", "count", "type", "time",
-        "algbw", "busbw", "#wrong", "iters");
-    say("#%11s  %12s  %6s  %10s  %8s  %8s  %7s  %6s\n", "(B)", "(elements)", "", "(us)",
-        "(GB/s)", "(GB/s)", "", "");
+    say("#%11s  %12s  %6s  %10s  %8s  %8s  %7s  %6s\n", "size", "count", "type", "time", "algbw",
+        "busbw", "#wrong", "iters");
+    say("#%11s  %12s  %6s  %10s  %8s  %8s  %7s  %6s\n", "(B)", "(elements)", "", "(us)", "(GB/s)",
+        "(GB/s)", "", "");
     long total_wrong = 0;
     double busbw_sum = 0;
     int rows = 0;
@@ -745,7 +805,7 @@ class Bench {
     if (flags_.iters > 0) return flags_.iters;
     const double budget = flags_.budget_ms / 1e3;
     const double n = one_op_seconds > 0 ? budget / one_op_seconds : flags_.max_iters;
-    return int(std::clamp(n, 1.0, double(flags_.max_iters)));
+    return int(std::clamp(n, double(flags_.min_iters), double(flags_.max_iters)));
   }
 
   std::optional<Row> measure(Target& target, Op op, std::size_t bytes) {
@@ -762,7 +822,8 @@ class Bench {
 
     // Warm-up, timed: the fastest warm-up operation (the first pays for one-time setup), the
     // slowest rank's, sets the iteration count all ranks then run. An operation slower than
-    // the whole budget is timed once anyway, so more warm-up would only cost time.
+    // the whole budget gets only min_iters timed iterations, and more warm-up than one would
+    // cost more than it settles.
     double one = 0;
     for (int w = 0; w < flags_.warmup; ++w) {
       const auto t0 = Clock::now();
@@ -872,11 +933,12 @@ int run(int argc, char** argv) {
   Target* control = targets.empty() ? nullptr : targets.front().get();
   if (wanted(flags, "memcpy")) bench.memcpy_table(control);
 
+  // Operation by operation, so ours and the raw library it wraps are measured minutes apart
+  // at most, not a whole run apart, on a machine whose load may drift.
   long wrong = 0;
-  for (const auto& target : targets) {
-    if (!wanted(flags, target->name())) continue;
-    for (Op op : flags.ops) wrong += bench.table(*target, op);
-  }
+  for (Op op : flags.ops)
+    for (const auto& target : targets)
+      if (wanted(flags, target->name())) wrong += bench.table(*target, op);
 
   bench.say("#\n# Summary (all_reduce busbw, ratio = ours / raw)\n");
   bench.memcpy_summary();

@@ -43,9 +43,9 @@ inline std::string mpi_error_text(int code) {
 
 // Runs an MPI call and throws accel::CommError with file:line, the call text, the code and
 // MPI's text for it when the call does not return MPI_SUCCESS.
-#define ACCEL_MPI_CHECK(call)                                                       \
-  do {                                                                              \
-    const int accel_mpi_rc_ = (call);                                               \
-    if (accel_mpi_rc_ != MPI_SUCCESS)                                               \
-      ::accel::detail::throw_mpi_error(accel_mpi_rc_, #call, __FILE__, __LINE__);   \
+#define ACCEL_MPI_CHECK(call)                                                     \
+  do {                                                                            \
+    const int accel_mpi_rc_ = (call);                                             \
+    if (accel_mpi_rc_ != MPI_SUCCESS)                                             \
+      ::accel::detail::throw_mpi_error(accel_mpi_rc_, #call, __FILE__, __LINE__); \
   } while (0)

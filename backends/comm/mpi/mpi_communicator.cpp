@@ -74,10 +74,14 @@ void finalize_at_exit() {
 
 const char* thread_level_name(int level) {
   switch (level) {
-    case MPI_THREAD_SINGLE: return "MPI_THREAD_SINGLE";
-    case MPI_THREAD_FUNNELED: return "MPI_THREAD_FUNNELED";
-    case MPI_THREAD_SERIALIZED: return "MPI_THREAD_SERIALIZED";
-    case MPI_THREAD_MULTIPLE: return "MPI_THREAD_MULTIPLE";
+    case MPI_THREAD_SINGLE:
+      return "MPI_THREAD_SINGLE";
+    case MPI_THREAD_FUNNELED:
+      return "MPI_THREAD_FUNNELED";
+    case MPI_THREAD_SERIALIZED:
+      return "MPI_THREAD_SERIALIZED";
+    case MPI_THREAD_MULTIPLE:
+      return "MPI_THREAD_MULTIPLE";
   }
   return "an unknown thread level";
 }
@@ -97,8 +101,9 @@ void initialise_mpi(Process& p) {
   ACCEL_MPI_CHECK(MPI_Initialized(&initialized));
   ACCEL_MPI_CHECK(MPI_Finalized(&finalized));
   if (finalized)
-    throw CommError("MpiCommunicator: MPI has already been finalised in this process and "
-                    "cannot be initialised again");
+    throw CommError(
+        "MpiCommunicator: MPI has already been finalised in this process and "
+        "cannot be initialised again");
   int provided = MPI_THREAD_SINGLE;
   if (!initialized) {
     ACCEL_MPI_CHECK(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided));
@@ -133,12 +138,17 @@ void initialise_mpi(Process& p) {
 
 MPI_Datatype mpi_type(DType dtype) {
   switch (dtype) {
-    case DType::f32: return MPI_FLOAT;
-    case DType::f64: return MPI_DOUBLE;
+    case DType::f32:
+      return MPI_FLOAT;
+    case DType::f64:
+      return MPI_DOUBLE;
     case DType::f16:
-    case DType::bf16: return MPI_UINT16_T;
-    case DType::i32: return MPI_INT32_T;
-    case DType::i64: return MPI_INT64_T;
+    case DType::bf16:
+      return MPI_UINT16_T;
+    case DType::i32:
+      return MPI_INT32_T;
+    case DType::i64:
+      return MPI_INT64_T;
   }
   throw InvalidArgument("MpiCommunicator: unsupported dtype");
 }
@@ -148,18 +158,28 @@ MPI_Op mpi_op(DType dtype, ReduceOp op) {
   int index = 0;
   MPI_Op native = MPI_SUM;
   switch (op) {
-    case ReduceOp::sum: index = 0; native = MPI_SUM; break;
-    case ReduceOp::min: index = 1; native = MPI_MIN; break;
-    case ReduceOp::max: index = 2; native = MPI_MAX; break;
-    case ReduceOp::avg: throw InvalidArgument("MpiCommunicator: avg is not a wire op");
+    case ReduceOp::sum:
+      index = 0;
+      native = MPI_SUM;
+      break;
+    case ReduceOp::min:
+      index = 1;
+      native = MPI_MIN;
+      break;
+    case ReduceOp::max:
+      index = 2;
+      native = MPI_MAX;
+      break;
+    case ReduceOp::avg:
+      throw InvalidArgument("MpiCommunicator: avg is not a wire op");
   }
   if (dtype == DType::f16) return process().half_ops[0][index];
   if (dtype == DType::bf16) return process().half_ops[1][index];
   return native;
 }
 
-// Calls f(offset, n) for consecutive pieces of at most kMaxCount elements; once with n = 0
-// for an empty buffer, so an empty send still pairs with its recv.
+// Calls f(offset, n) for consecutive pieces of at most kMaxCount elements (once, with n = 0,
+// for an empty buffer).
 template <typename F>
 void for_each_chunk(std::size_t count, F&& f) {
   std::size_t offset = 0;
@@ -175,6 +195,45 @@ bool overlaps(const Buffer& a, const Buffer& b) {
   const auto a0 = reinterpret_cast<std::uintptr_t>(a.data);
   const auto b0 = reinterpret_cast<std::uintptr_t>(b.data);
   return a0 < b0 + b.bytes() && b0 < a0 + a.bytes();
+}
+
+// How one send or recv describes its buffer: as a single message whatever the count, so a
+// receiver always sees a size mismatch (pieces sent separately could pair up wrongly). Up to
+// kMaxCount elements that is the element type itself; beyond, a struct of kMaxCount-element
+// blocks plus the remainder, counted once. The caller frees a derived type.
+struct MessageType {
+  MPI_Datatype type = MPI_DATATYPE_NULL;
+  int count = 0;
+  bool derived = false;
+};
+
+// Caller holds the process lock.
+MessageType message_type(DType dtype, std::size_t count) {
+  const MPI_Datatype base = mpi_type(dtype);
+  if (count <= kMaxCount) return {base, static_cast<int>(count), false};
+  const std::size_t blocks = count / kMaxCount;
+  const std::size_t rest = count % kMaxCount;
+  if (blocks > static_cast<std::size_t>(INT_MAX))
+    throw InvalidArgument("MpiCommunicator: " + std::to_string(count) +
+                          " elements are more than one MPI message can describe");
+  MPI_Datatype block = MPI_DATATYPE_NULL;
+  ACCEL_MPI_CHECK(MPI_Type_contiguous(static_cast<int>(kMaxCount), base, &block));
+  int lengths[2] = {static_cast<int>(blocks), static_cast<int>(rest)};
+  MPI_Aint displacements[2] = {0, static_cast<MPI_Aint>(blocks * kMaxCount * element_size(dtype))};
+  MPI_Datatype types[2] = {block, base};
+  MessageType message{MPI_DATATYPE_NULL, 1, true};
+  const int rc = MPI_Type_create_struct(2, lengths, displacements, types, &message.type);
+  MPI_Type_free(&block);  // the struct keeps what it needs
+  if (rc != MPI_SUCCESS) detail::throw_mpi_error(rc, "MPI_Type_create_struct", __FILE__, __LINE__);
+  ACCEL_MPI_CHECK(MPI_Type_commit(&message.type));
+  return message;
+}
+
+void check_tag(std::uint32_t tag, int tag_ub, const char* op) {
+  if (tag > static_cast<std::uint32_t>(tag_ub))
+    throw InvalidArgument(std::string(op) + ": tag " + std::to_string(tag) +
+                          " exceeds this MPI's largest tag (MPI_TAG_UB " + std::to_string(tag_ub) +
+                          ")");
 }
 
 // Waiting means calling MPI_Test*: without a progress thread MPI advances only inside its
@@ -444,10 +503,9 @@ void MpiCommunicator::run_all_gather(Buffer input, Buffer output, Milliseconds t
       s.displs[r] = static_cast<int>(part.offset);
     }
     MpiLock lock;
-    ACCEL_MPI_CHECK(MPI_Iallgatherv(in_place ? MPI_IN_PLACE : input.data,
-                                    static_cast<int>(input.count), type, output.data,
-                                    s.counts.data(), s.displs.data(), type, state_->comm,
-                                    pending.next()));
+    ACCEL_MPI_CHECK(MPI_Iallgatherv(
+        in_place ? MPI_IN_PLACE : input.data, static_cast<int>(input.count), type, output.data,
+        s.counts.data(), s.displs.data(), type, state_->comm, pending.next()));
   } else {
     // Offsets past INT_MAX do not fit MPI_Iallgatherv's int displacements: every rank
     // broadcasts its own part instead, in chunks.
@@ -496,8 +554,8 @@ void MpiCommunicator::run_reduce_scatter(Buffer input, Buffer output, ReduceOp o
       if (part.count == 0) continue;
       for_each_chunk(part.count, [&](std::size_t offset, int n) {
         void* out = r == me ? result.slice(offset, n).data : nullptr;
-        ACCEL_MPI_CHECK(MPI_Ireduce(input.slice(part.offset + offset, n).data, out, n, type, mop,
-                                    r, state_->comm, pending.next()));
+        ACCEL_MPI_CHECK(MPI_Ireduce(input.slice(part.offset + offset, n).data, out, n, type, mop, r,
+                                    state_->comm, pending.next()));
       });
     }
   }
@@ -516,53 +574,50 @@ void MpiCommunicator::run_barrier(Milliseconds timeout) {
 }
 
 void MpiCommunicator::run_send(Buffer data, int dst, std::uint32_t tag, Milliseconds timeout) {
-  if (tag > static_cast<std::uint32_t>(state_->tag_ub))
-    throw InvalidArgument("send: tag " + std::to_string(tag) + " exceeds this MPI's MPI_TAG_UB " +
-                          std::to_string(state_->tag_ub));
-  const MPI_Datatype type = mpi_type(data.dtype);
+  check_tag(tag, state_->tag_ub, "send");
+  const std::string what =
+      "MPI_Isend to rank " + std::to_string(dst) + " (tag " + std::to_string(tag) + ")";
   Pending pending;
   {
     MpiLock lock;
-    // Pieces of one buffer pair up in order: MPI never lets messages with the same source,
-    // tag and communicator overtake each other.
-    for_each_chunk(data.count, [&](std::size_t offset, int n) {
-      ACCEL_MPI_CHECK(MPI_Isend(data.slice(offset, n).data, n, type, dst, static_cast<int>(tag),
-                                state_->comm, pending.next()));
-    });
+    MessageType message = message_type(data.dtype, data.count);
+    ACCEL_MPI_CHECK(MPI_Isend(data.data, message.count, message.type, dst, static_cast<int>(tag),
+                              state_->comm, pending.next()));
+    // Freeing a datatype in use is allowed: the send completes with it regardless.
+    if (message.derived) MPI_Type_free(&message.type);
   }
-  pending.wait("MPI_Isend to rank " + std::to_string(dst), timeout, /*point_to_point=*/true);
+  pending.wait(what, timeout, /*point_to_point=*/true);
 }
 
 void MpiCommunicator::run_recv(Buffer data, int src, std::uint32_t tag, Milliseconds timeout) {
-  if (tag > static_cast<std::uint32_t>(state_->tag_ub))
-    throw InvalidArgument("recv: tag " + std::to_string(tag) + " exceeds this MPI's MPI_TAG_UB " +
-                          std::to_string(state_->tag_ub));
-  const MPI_Datatype type = mpi_type(data.dtype);
-  std::vector<int> expected;
+  check_tag(tag, state_->tag_ub, "recv");
+  const std::string what =
+      "MPI_Irecv from rank " + std::to_string(src) + " (tag " + std::to_string(tag) + ")";
   Pending pending;
+  MessageType message;
   {
     MpiLock lock;
-    for_each_chunk(data.count, [&](std::size_t offset, int n) {
-      expected.push_back(n);
-      ACCEL_MPI_CHECK(MPI_Irecv(data.slice(offset, n).data, n, type, src, static_cast<int>(tag),
-                                state_->comm, pending.next()));
-    });
+    message = message_type(data.dtype, data.count);
+    ACCEL_MPI_CHECK(MPI_Irecv(data.data, message.count, message.type, src, static_cast<int>(tag),
+                              state_->comm, pending.next()));
   }
-  const std::string what = "MPI_Irecv from rank " + std::to_string(src);
-  // A longer message fails with MPI_ERR_TRUNCATE; a shorter one completes quietly, so check.
-  pending.wait(what, timeout, /*point_to_point=*/true,
-               [&](std::size_t index, const MPI_Status& status) {
-                 int got = 0;
-                 {
-                   MpiLock lock;
-                   ACCEL_MPI_CHECK(MPI_Get_count(&status, type, &got));
-                 }
-                 if (got != expected[index])
-                   throw CommError(what + " (tag " + std::to_string(tag) + "): expected " +
-                                   std::to_string(expected[index]) + " elements of " +
-                                   std::string(dtype_name(data.dtype)) + ", rank " +
-                                   std::to_string(src) + " sent " + std::to_string(got));
-               });
+  // A longer message fails with MPI_ERR_TRUNCATE; a shorter one completes quietly, so count.
+  // (If this throws, a derived type leaks: MPI may still be using it.)
+  pending.wait(what, timeout, /*point_to_point=*/true, [&](std::size_t, const MPI_Status& status) {
+    MPI_Count got = 0;
+    {
+      MpiLock lock;
+      ACCEL_MPI_CHECK(MPI_Get_elements_x(&status, message.type, &got));
+    }
+    if (got != static_cast<MPI_Count>(data.count))
+      throw CommError(what + ": expected " + std::to_string(data.count) + " elements of " +
+                      std::string(dtype_name(data.dtype)) + ", rank " + std::to_string(src) +
+                      " sent " + std::to_string(got));
+  });
+  if (message.derived) {
+    MpiLock lock;
+    MPI_Type_free(&message.type);
+  }
 }
 
 }  // namespace accel

@@ -17,9 +17,10 @@
 // turns up later, so keep them alive or end the process (the communicator refuses further
 // operations either way, and MPI_Finalize is then skipped at exit so exit cannot hang).
 //
-// Counts above INT_MAX (MPI's int counts) are split into several MPI calls: all_reduce,
-// broadcast, send and recv chunk; all_gather and reduce_scatter fall back to one broadcast /
-// reduce per rank's part, each chunked. Nothing is rejected for size.
+// Counts above INT_MAX (MPI counts are int) are not rejected: all_reduce and broadcast run
+// as several MPI calls of at most INT_MAX elements; all_gather and reduce_scatter fall back
+// to one broadcast / reduce per rank's part, chunked alike; send and recv stay one message,
+// described by a derived datatype, so a size mismatch is still detected.
 
 #include <memory>
 

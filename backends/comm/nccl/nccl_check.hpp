@@ -28,8 +28,8 @@ inline std::string nccl_error_text(ncclResult_t code) {
 
 [[noreturn]] inline void throw_nccl_error(ncclResult_t code, const char* call, const char* file,
                                           int line) {
-  throw CommError(with_location(std::string(call) + " failed: " + nccl_error_text(code), file,
-                                line));
+  throw CommError(
+      with_location(std::string(call) + " failed: " + nccl_error_text(code), file, line));
 }
 
 inline std::string cuda_error_text(cudaError_t code) {
@@ -39,35 +39,35 @@ inline std::string cuda_error_text(cudaError_t code) {
 
 [[noreturn]] inline void throw_cuda_error(cudaError_t code, const char* call, const char* file,
                                           int line) {
-  throw CommError(with_location(std::string(call) + " failed: " + cuda_error_text(code), file,
-                                line));
+  throw CommError(
+      with_location(std::string(call) + " failed: " + cuda_error_text(code), file, line));
 }
 
 }  // namespace accel::detail
 
 // Runs an NCCL call; anything but ncclSuccess throws accel::CommError with file:line, the
 // call text, the code, ncclGetErrorString and NCCL's last error message.
-#define ACCEL_NCCL_CHECK(call)                                                        \
-  do {                                                                                \
-    const ncclResult_t accel_nccl_rc_ = (call);                                       \
-    if (accel_nccl_rc_ != ncclSuccess)                                                \
-      ::accel::detail::throw_nccl_error(accel_nccl_rc_, #call, __FILE__, __LINE__);   \
+#define ACCEL_NCCL_CHECK(call)                                                      \
+  do {                                                                              \
+    const ncclResult_t accel_nccl_rc_ = (call);                                     \
+    if (accel_nccl_rc_ != ncclSuccess)                                              \
+      ::accel::detail::throw_nccl_error(accel_nccl_rc_, #call, __FILE__, __LINE__); \
   } while (0)
 
 // The same for calls on a nonblocking communicator, which may also answer ncclInProgress
 // ("accepted, still being carried out"); the caller then polls ncclCommGetAsyncError.
-#define ACCEL_NCCL_CHECK_ASYNC(call)                                                  \
-  do {                                                                                \
-    const ncclResult_t accel_nccl_rc_ = (call);                                       \
-    if (accel_nccl_rc_ != ncclSuccess && accel_nccl_rc_ != ncclInProgress)            \
-      ::accel::detail::throw_nccl_error(accel_nccl_rc_, #call, __FILE__, __LINE__);   \
+#define ACCEL_NCCL_CHECK_ASYNC(call)                                                \
+  do {                                                                              \
+    const ncclResult_t accel_nccl_rc_ = (call);                                     \
+    if (accel_nccl_rc_ != ncclSuccess && accel_nccl_rc_ != ncclInProgress)          \
+      ::accel::detail::throw_nccl_error(accel_nccl_rc_, #call, __FILE__, __LINE__); \
   } while (0)
 
 // Runs a CUDA runtime call; anything but cudaSuccess throws accel::CommError with file:line,
 // the call text, the code and cudaGetErrorName / cudaGetErrorString.
-#define ACCEL_CUDA_CHECK(call)                                                        \
-  do {                                                                                \
-    const cudaError_t accel_cuda_rc_ = (call);                                        \
-    if (accel_cuda_rc_ != cudaSuccess)                                                \
-      ::accel::detail::throw_cuda_error(accel_cuda_rc_, #call, __FILE__, __LINE__);   \
+#define ACCEL_CUDA_CHECK(call)                                                      \
+  do {                                                                              \
+    const cudaError_t accel_cuda_rc_ = (call);                                      \
+    if (accel_cuda_rc_ != cudaSuccess)                                              \
+      ::accel::detail::throw_cuda_error(accel_cuda_rc_, #call, __FILE__, __LINE__); \
   } while (0)

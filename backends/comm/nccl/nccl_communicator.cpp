@@ -66,12 +66,18 @@ int pick_device(const CommOptions& options) {
 
 ncclDataType_t nccl_type(DType dtype) {
   switch (dtype) {
-    case DType::f32: return ncclFloat32;
-    case DType::f64: return ncclFloat64;
-    case DType::f16: return ncclFloat16;
-    case DType::bf16: return ncclBfloat16;
-    case DType::i32: return ncclInt32;
-    case DType::i64: return ncclInt64;
+    case DType::f32:
+      return ncclFloat32;
+    case DType::f64:
+      return ncclFloat64;
+    case DType::f16:
+      return ncclFloat16;
+    case DType::bf16:
+      return ncclBfloat16;
+    case DType::i32:
+      return ncclInt32;
+    case DType::i64:
+      return ncclInt64;
   }
   throw InvalidArgument("NcclCommunicator: unsupported dtype");
 }
@@ -79,10 +85,14 @@ ncclDataType_t nccl_type(DType dtype) {
 // NCCL averages natively (integers: sum, then division truncating toward zero, as ours).
 ncclRedOp_t nccl_op(ReduceOp op) {
   switch (op) {
-    case ReduceOp::sum: return ncclSum;
-    case ReduceOp::avg: return ncclAvg;
-    case ReduceOp::min: return ncclMin;
-    case ReduceOp::max: return ncclMax;
+    case ReduceOp::sum:
+      return ncclSum;
+    case ReduceOp::avg:
+      return ncclAvg;
+    case ReduceOp::min:
+      return ncclMin;
+    case ReduceOp::max:
+      return ncclMax;
   }
   throw InvalidArgument("NcclCommunicator: unsupported reduce op");
 }
@@ -108,8 +118,8 @@ struct NcclCommunicator::State {
   cudaStream_t stream = nullptr;
   cudaEvent_t inputs_ready = nullptr;  // recorded on the legacy default stream before each op
   cudaEvent_t done = nullptr;          // recorded on our stream after each op
-  void* barrier_word = nullptr;  // one zero int: NCCL has no barrier, so we all-reduce this
-  bool failed = false;           // then only ncclCommAbort is safe
+  void* barrier_word = nullptr;        // one zero int: NCCL has no barrier, so we all-reduce this
+  bool failed = false;                 // then only ncclCommAbort is safe
   Milliseconds finalize_wait = kMaxFinalizeWait;
 
   State() = default;
@@ -162,7 +172,8 @@ struct NcclCommunicator::State {
   // deadline passed.
   template <typename Enqueue>
   void run(const std::string& what, Milliseconds timeout, Enqueue&& enqueue) {
-    if (!comm) throw CommError(what + ": the NCCL communicator was aborted after an earlier failure");
+    if (!comm)
+      throw CommError(what + ": the NCCL communicator was aborted after an earlier failure");
     const auto deadline = Clock::now() + timeout;
     try {
       // The current device is per thread, and this is the worker's.
@@ -184,8 +195,8 @@ struct NcclCommunicator::State {
         const cudaError_t query = cudaEventQuery(done);
         if (query == cudaSuccess) return;
         if (query != cudaErrorNotReady)
-          detail::throw_cuda_error(query, "cudaEventQuery (waiting for the NCCL kernels)",
-                                   __FILE__, __LINE__);
+          detail::throw_cuda_error(query, "cudaEventQuery (waiting for the NCCL kernels)", __FILE__,
+                                   __LINE__);
         (void)in_progress(what);  // throws on an asynchronous NCCL error
         if (Clock::now() >= deadline) {
           abort();
@@ -213,8 +224,8 @@ struct NcclCommunicator::State {
         Backoff backoff(deadline);
         while (clean) {
           ncclResult_t state = ncclSuccess;
-          if (ncclCommGetAsyncError(comm, &state) != ncclSuccess || (state != ncclSuccess &&
-                                                                     state != ncclInProgress)) {
+          if (ncclCommGetAsyncError(comm, &state) != ncclSuccess ||
+              (state != ncclSuccess && state != ncclInProgress)) {
             clean = false;
           } else if (state == ncclSuccess) {
             break;
@@ -225,8 +236,10 @@ struct NcclCommunicator::State {
           }
         }
       }
-      if (clean) ncclCommDestroy(comm);
-      else ncclCommAbort(comm);
+      if (clean)
+        ncclCommDestroy(comm);
+      else
+        ncclCommAbort(comm);
       comm = nullptr;
     }
     if (barrier_word) cudaFree(barrier_word);
@@ -335,8 +348,8 @@ void NcclCommunicator::run_all_gather(Buffer input, Buffer output, Milliseconds 
   State& s = *state_;
   if (output.count % static_cast<std::size_t>(world) == 0) {
     s.run("ncclAllGather", timeout, [&] {
-      ACCEL_NCCL_CHECK_ASYNC(ncclAllGather(input.data, output.data, mine.count, type, s.comm,
-                                           s.stream));
+      ACCEL_NCCL_CHECK_ASYNC(
+          ncclAllGather(input.data, output.data, mine.count, type, s.comm, s.stream));
     });
     return;
   }
@@ -348,8 +361,8 @@ void NcclCommunicator::run_all_gather(Buffer input, Buffer output, Milliseconds 
       if (part.count == 0) continue;
       void* const slot = output.slice(part.offset, part.count).data;
       // sendbuff is read on the root only.
-      ACCEL_NCCL_CHECK_ASYNC(ncclBroadcast(r == me ? input.data : slot, slot, part.count, type, r,
-                                           s.comm, s.stream));
+      ACCEL_NCCL_CHECK_ASYNC(
+          ncclBroadcast(r == me ? input.data : slot, slot, part.count, type, r, s.comm, s.stream));
     }
   });
 }
@@ -361,17 +374,17 @@ void NcclCommunicator::run_reduce_scatter(Buffer input, Buffer output, ReduceOp 
   const int world = world_size();
   const int me = rank();
   const Shard mine = shard_of(input.count, world, me);
-  ACCEL_CHECK_ARG(output.data == input.slice(mine.offset, mine.count).data ||
-                      !overlaps(input, output),
-                  "NcclCommunicator reduce_scatter: the output overlaps the input other than as "
-                  "this rank's own part of it");
+  ACCEL_CHECK_ARG(
+      output.data == input.slice(mine.offset, mine.count).data || !overlaps(input, output),
+      "NcclCommunicator reduce_scatter: the output overlaps the input other than as "
+      "this rank's own part of it");
   const ncclDataType_t type = nccl_type(input.dtype);
   const ncclRedOp_t nop = nccl_op(op);
   State& s = *state_;
   if (input.count % static_cast<std::size_t>(world) == 0) {
     s.run("ncclReduceScatter", timeout, [&] {
-      ACCEL_NCCL_CHECK_ASYNC(ncclReduceScatter(input.data, output.data, mine.count, type, nop,
-                                               s.comm, s.stream));
+      ACCEL_NCCL_CHECK_ASYNC(
+          ncclReduceScatter(input.data, output.data, mine.count, type, nop, s.comm, s.stream));
     });
     return;
   }
@@ -396,8 +409,7 @@ void NcclCommunicator::run_barrier(Milliseconds timeout) {
   });
 }
 
-void NcclCommunicator::run_send(Buffer data, int dst, std::uint32_t /*tag*/,
-                                Milliseconds timeout) {
+void NcclCommunicator::run_send(Buffer data, int dst, std::uint32_t /*tag*/, Milliseconds timeout) {
   require_cuda(data, "send");
   State& s = *state_;
   s.run("ncclSend to rank " + std::to_string(dst), timeout, [&] {
@@ -406,8 +418,7 @@ void NcclCommunicator::run_send(Buffer data, int dst, std::uint32_t /*tag*/,
   });
 }
 
-void NcclCommunicator::run_recv(Buffer data, int src, std::uint32_t /*tag*/,
-                                Milliseconds timeout) {
+void NcclCommunicator::run_recv(Buffer data, int src, std::uint32_t /*tag*/, Milliseconds timeout) {
   require_cuda(data, "recv");
   State& s = *state_;
   s.run("ncclRecv from rank " + std::to_string(src), timeout, [&] {
