@@ -7,30 +7,52 @@
 // bf16 included) and ring order cannot change a result; avg's division is rounded the way
 // the communicator rounds it.
 
+#include <cmath>
 #include <cstdio>
+#include <memory>
 #include <cstring>
 #include <string>
 #include <vector>
 
 #include "accelerate/process_group.hpp"
 #include "backends/comm/error.hpp"
+#include "tests/support/staging.hpp"
 #include "tests/support/typed_values.hpp"
 
 using namespace accel;
 using accel::test::get_value;
 using accel::test::OwnedBuffer;
 using accel::test::set_value;
+using accel::test::Staged;
 
 namespace {
 
 int g_checks = 0, g_failures = 0;
 
-void expect_equal(const std::string& what, const Buffer& got, std::size_t i, double want) {
+void expect_near(const std::string& what, const Buffer& got, std::size_t i, double want,
+                 double tolerance) {
   ++g_checks;
   const double v = get_value(got, i);
-  if (v == want) return;
+  if (v == want || std::abs(v - want) <= tolerance * std::max(1.0, std::abs(want))) return;
   if (++g_failures <= 20)
     std::printf("FAIL %s: element %zu is %.9g, expected %.9g\n", what.c_str(), i, v, want);
+}
+
+void expect_equal(const std::string& what, const Buffer& got, std::size_t i, double want) {
+  expect_near(what, got, i, want, 0.0);
+}
+
+// NCCL's native average scales each input by 1/n before summing, so it may round
+// differently from sum-then-divide: allow a few units in the last place of the dtype.
+double avg_tolerance(const Communicator& comm, DType dtype) {
+  if (comm.backend_name() != "nccl" || comm.world_size() == 1) return 0.0;
+  switch (dtype) {
+    case DType::f16: return 4e-3;
+    case DType::bf16: return 3e-2;
+    case DType::f32: return 1e-6;
+    case DType::f64: return 1e-14;
+    default: return 1.0;  // integer average: truncation may differ by one
+  }
 }
 
 // The value rank r contributes at element i: an integer in [-8, 8].
@@ -63,16 +85,23 @@ std::string label(const char* op_name, DType dtype, std::size_t count, const std
 void check_all_reduce(Communicator& comm, DType dtype, ReduceOp op, std::size_t count) {
   OwnedBuffer buf(dtype, count);
   for (std::size_t i = 0; i < count; ++i) set_value(buf.view, i, input_value(comm.rank(), i));
-  comm.all_reduce(buf.view, op)->wait();
+  Staged staged(comm, buf);
+  staged.upload();
+  comm.all_reduce(staged.view(), op)->wait();
+  staged.download();
   const std::string what = label("all_reduce", dtype, count, std::string(reduce_op_name(op)));
+  const double tolerance = op == ReduceOp::avg ? avg_tolerance(comm, dtype) : 0.0;
   for (std::size_t i = 0; i < count; ++i)
-    expect_equal(what, buf.view, i, reference_reduce(op, comm.world_size(), i, dtype));
+    expect_near(what, buf.view, i, reference_reduce(op, comm.world_size(), i, dtype), tolerance);
 }
 
 void check_broadcast(Communicator& comm, DType dtype, int root, std::size_t count) {
   OwnedBuffer buf(dtype, count);
   for (std::size_t i = 0; i < count; ++i) set_value(buf.view, i, input_value(comm.rank(), i));
-  comm.broadcast(buf.view, root)->wait();
+  Staged staged(comm, buf);
+  staged.upload();
+  comm.broadcast(staged.view(), root)->wait();
+  staged.download();
   const std::string what = label("broadcast", dtype, count, "root " + std::to_string(root));
   for (std::size_t i = 0; i < count; ++i) expect_equal(what, buf.view, i, input_value(root, i));
 }
@@ -84,7 +113,11 @@ void check_all_gather(Communicator& comm, DType dtype, std::size_t total) {
   for (std::size_t k = 0; k < mine.count; ++k)
     set_value(in.view, k, input_value(comm.rank(), mine.offset + k));
   for (std::size_t j = 0; j < total; ++j) set_value(out.view, j, -99);
-  comm.all_gather(in.view, out.view)->wait();
+  Staged staged_in(comm, in), staged_out(comm, out);
+  staged_in.upload();
+  staged_out.upload();
+  comm.all_gather(staged_in.view(), staged_out.view())->wait();
+  staged_out.download();
   const std::string what = label("all_gather", dtype, total, "");
   for (int r = 0; r < comm.world_size(); ++r) {
     const Shard s = shard_of(total, comm.world_size(), r);
@@ -97,11 +130,16 @@ void check_reduce_scatter(Communicator& comm, DType dtype, ReduceOp op, std::siz
   const Shard mine = shard_of(total, comm.world_size(), comm.rank());
   OwnedBuffer in(dtype, total), out(dtype, mine.count);
   for (std::size_t i = 0; i < total; ++i) set_value(in.view, i, input_value(comm.rank(), i));
-  comm.reduce_scatter(in.view, out.view, op)->wait();
+  Staged staged_in(comm, in), staged_out(comm, out);
+  staged_in.upload();
+  comm.reduce_scatter(staged_in.view(), staged_out.view(), op)->wait();
+  staged_in.download();
+  staged_out.download();
   const std::string what = label("reduce_scatter", dtype, total, std::string(reduce_op_name(op)));
+  const double tolerance = op == ReduceOp::avg ? avg_tolerance(comm, dtype) : 0.0;
   for (std::size_t k = 0; k < mine.count; ++k)
-    expect_equal(what, out.view, k,
-                 reference_reduce(op, comm.world_size(), mine.offset + k, dtype));
+    expect_near(what, out.view, k,
+                reference_reduce(op, comm.world_size(), mine.offset + k, dtype), tolerance);
   // The input is left as it was.
   for (std::size_t i = 0; i < total; ++i)
     expect_equal(what + " input", in.view, i, input_value(comm.rank(), i));
@@ -114,14 +152,17 @@ void check_send_recv(Communicator& comm, std::size_t count) {
   const int left = (comm.rank() + comm.world_size() - 1) % comm.world_size();
   OwnedBuffer out(DType::f32, count), in(DType::f32, count);
   for (std::size_t i = 0; i < count; ++i) set_value(out.view, i, input_value(comm.rank(), i));
+  Staged staged_out(comm, out), staged_in(comm, in);
+  staged_out.upload();
   // Operations run in call order, so even ranks send first and odd ranks receive first.
   if (comm.rank() % 2 == 0) {
-    comm.send(out.view, right, 7)->wait();
-    comm.recv(in.view, left, 7)->wait();
+    comm.send(staged_out.view(), right, 7)->wait();
+    comm.recv(staged_in.view(), left, 7)->wait();
   } else {
-    comm.recv(in.view, left, 7)->wait();
-    comm.send(out.view, right, 7)->wait();
+    comm.recv(staged_in.view(), left, 7)->wait();
+    comm.send(staged_out.view(), right, 7)->wait();
   }
+  staged_in.download();
   const std::string what = label("send/recv", DType::f32, count, "");
   for (std::size_t i = 0; i < count; ++i) expect_equal(what, in.view, i, input_value(left, i));
 }
@@ -134,9 +175,15 @@ void check_async(Communicator& comm) {
     for (std::size_t i = 0; i < bufs.back().view.count; ++i)
       set_value(bufs.back().view, i, input_value(comm.rank(), i));
   }
+  std::vector<std::unique_ptr<Staged>> staged;
+  for (auto& b : bufs) {
+    staged.push_back(std::make_unique<Staged>(comm, b));
+    staged.back()->upload();
+  }
   std::vector<WorkPtr> works;
-  for (auto& b : bufs) works.push_back(comm.all_reduce(b.view, ReduceOp::sum));
+  for (auto& s : staged) works.push_back(comm.all_reduce(s->view(), ReduceOp::sum));
   for (auto& w : works) w->wait();
+  for (auto& s : staged) s->download();
   for (auto& b : bufs)
     for (std::size_t i = 0; i < b.view.count; ++i)
       expect_equal("async all_reduce", b.view, i,
