@@ -4,5 +4,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 cmake -S . -B build >/dev/null
 cmake --build build -j"$(nproc)"
-# Multi-rank tests start up to 4 processes each; on 2 cores they run one at a time.
-ctest --test-dir build --output-on-failure "$@"
+# Verbose so each test binary's doctest summary (and any skip reason) is printed.
+# Multi-rank tests start up to 4 processes each, so tests run one at a time.
+ctest --test-dir build --output-on-failure --verbose "$@"
