@@ -110,6 +110,24 @@ GlooCommunicator::GlooCommunicator(const CommOptions& options)
 
 GlooCommunicator::~GlooCommunicator() { stop_worker(); }
 
+struct GlooCommunicator::Staging {
+  std::vector<char> send, recv;
+  std::unique_ptr<gloo::transport::UnboundBuffer> send_buf, recv_buf;
+};
+
+GlooCommunicator::Staging& GlooCommunicator::staging(std::size_t bytes) {
+  if (!staging_) staging_ = std::make_unique<Staging>();
+  Staging& s = *staging_;
+  if (s.send.size() < bytes || !s.send_buf) {
+    const std::size_t size = std::max<std::size_t>(bytes, 1);
+    s.send.assign(size, 0);  // assign touches the pages once, here
+    s.recv.assign(size, 0);
+    s.send_buf = context_->createUnboundBuffer(s.send.data(), s.send.size());
+    s.recv_buf = context_->createUnboundBuffer(s.recv.data(), s.recv.size());
+  }
+  return s;
+}
+
 void GlooCommunicator::run_all_reduce(Buffer data, ReduceOp op, Milliseconds timeout) {
   const ReduceKernel kernel = reduce_kernel(data.dtype, wire_op(op));
   with_element_type(data.dtype, [&](auto element) {
@@ -173,17 +191,18 @@ void GlooCommunicator::run_reduce_scatter(Buffer input, Buffer output, ReduceOp 
   for (int i = 0; i < n; ++i) largest = std::max(largest, part(i).count);
 
   // Two staging buffers: the partial sum being sent and the one being received.
-  std::vector<char> send_stage(std::max<std::size_t>(largest * esize, 1));
-  std::vector<char> recv_stage(std::max<std::size_t>(largest * esize, 1));
-  auto send_buf = context_->createUnboundBuffer(send_stage.data(), send_stage.size());
-  auto recv_buf = context_->createUnboundBuffer(recv_stage.data(), recv_stage.size());
+  Staging& stage = staging(largest * esize);
+  char* send_stage = stage.send.data();
+  char* recv_stage = stage.recv.data();
+  auto& send_buf = stage.send_buf;
+  auto& recv_buf = stage.recv_buf;
   const std::uint64_t slot = gloo::Slot::build(kReduceScatterSlotPrefix, next_tag());
   const int right = (r + 1) % n, left = (r - 1 + n) % n;
   const char* in = static_cast<const char*>(input.data);
 
   // Step 0 sends this rank's own input of part r-1.
   const Shard first = part(r - 1);
-  std::memcpy(send_stage.data(), in + first.offset * esize, first.count * esize);
+  std::memcpy(send_stage, in + first.offset * esize, first.count * esize);
   std::size_t send_count = first.count;
 
   for (int step = 0; step < n - 1; ++step) {
@@ -195,9 +214,9 @@ void GlooCommunicator::run_reduce_scatter(Buffer input, Buffer output, ReduceOp 
     if (incoming.count) wait_recv(*recv_buf, timeout);
     if (send_count) wait_send(*send_buf, timeout);
     // Add this rank's own contribution; the last step lands in the output.
-    void* dst = (step == n - 2) ? output.data : send_stage.data();
+    void* dst = (step == n - 2) ? output.data : send_stage;
     if (incoming.count)
-      kernel(dst, recv_stage.data(), in + incoming.offset * esize, incoming.count);
+      kernel(dst, recv_stage, in + incoming.offset * esize, incoming.count);
     send_count = incoming.count;
   }
   if (op == ReduceOp::avg) finish_average(output);

@@ -5,6 +5,7 @@
 // directly.
 
 #include <memory>
+#include <vector>
 
 #include "backends/comm/communicator.hpp"
 
@@ -37,7 +38,13 @@ class GlooCommunicator final : public Communicator {
   // ranks cannot silently pair unrelated operations.
   std::uint32_t next_tag() { return tag_++; }
 
+  // reduce_scatter's two staging buffers, grown on demand and kept: touching fresh memory
+  // costs more than the transfer on this kind of machine. Only the worker thread uses them.
+  struct Staging;
+  Staging& staging(std::size_t bytes);
+
   StorePtr store_;  // prefixed with this group's namespace
+  std::unique_ptr<Staging> staging_;
   std::shared_ptr<gloo::Context> context_;
   std::uint32_t tag_ = 0;
 };
