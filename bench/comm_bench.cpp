@@ -281,42 +281,6 @@ class HostMemory {
   std::byte* data_ = nullptr;
 };
 
-template <typename Fn>
-decltype(auto) with_element(DType dtype, Fn&& fn) {
-  switch (dtype) {
-    case DType::f32:
-      return fn(float{});
-    case DType::f64:
-      return fn(double{});
-    case DType::f16:
-      return fn(Half{});
-    case DType::bf16:
-      return fn(BFloat16{});
-    case DType::i32:
-      return fn(std::int32_t{});
-    case DType::i64:
-      return fn(std::int64_t{});
-  }
-  throw InvalidArgument("comm_bench: unknown dtype");
-}
-
-template <typename T>
-T from_double(double v) {
-  if constexpr (std::is_same_v<T, Half>)
-    return to_half(float(v));
-  else if constexpr (std::is_same_v<T, BFloat16>)
-    return to_bf16(float(v));
-  else
-    return static_cast<T>(v);
-}
-
-template <typename T>
-double to_double(T v) {
-  if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>)
-    return to_float(v);
-  else
-    return static_cast<double>(v);
-}
 
 // What rank r puts at element i: a small integer, so sums over up to 32 ranks are exact in
 // every dtype (bf16 included) whatever order a ring adds them in.
@@ -327,21 +291,21 @@ constexpr double kUnwritten = -1;
 // buf[j] = value(first + j)
 template <typename ValueFn>
 void fill(Buffer buf, std::size_t first, ValueFn value) {
-  with_element(buf.dtype, [&](auto element) {
+  visit_dtype(buf.dtype, [&](auto element) {
     using T = decltype(element);
     T* p = static_cast<T*>(buf.data);
-    for (std::size_t j = 0; j < buf.count; ++j) p[j] = from_double<T>(value(first + j));
+    for (std::size_t j = 0; j < buf.count; ++j) p[j] = element_from_double<T>(value(first + j));
   });
 }
 
 // How many of buf[j] differ from want(first + j).
 template <typename WantFn>
 std::size_t count_wrong(Buffer buf, std::size_t first, WantFn want) {
-  return with_element(buf.dtype, [&](auto element) {
+  return visit_dtype(buf.dtype, [&](auto element) {
     using T = decltype(element);
     const T* p = static_cast<const T*>(buf.data);
     std::size_t wrong = 0;
-    for (std::size_t j = 0; j < buf.count; ++j) wrong += to_double(p[j]) != want(first + j);
+    for (std::size_t j = 0; j < buf.count; ++j) wrong += element_to_double(p[j]) != want(first + j);
     return wrong;
   });
 }

@@ -150,23 +150,6 @@ TEST_CASE("shard_of: shards tile the buffer in rank order and differ by at most 
 const std::vector<double> kA = {1, -2, 3, 0, 100, -7};
 const std::vector<double> kB = {4, -5, 1, 0, -100, -7};
 
-template <typename T>
-T from_double(double v) {
-  if constexpr (std::is_same_v<T, Half>)
-    return to_half(float(v));
-  else if constexpr (std::is_same_v<T, BFloat16>)
-    return to_bf16(float(v));
-  else
-    return T(v);
-}
-
-template <typename T>
-double to_double(T v) {
-  if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>)
-    return to_float(v);
-  else
-    return double(v);
-}
 
 double expected(ReduceOp op, double a, double b) {
   switch (op) {
@@ -188,15 +171,15 @@ void check_reduce() {
   for (ReduceOp op : {ReduceOp::sum, ReduceOp::min, ReduceOp::max}) {
     INFO("dtype ", std::string(dtype_name(dtype)), ", op ", std::string(reduce_op_name(op)));
     std::vector<T> a, b, out(kA.size());
-    for (double v : kA) a.push_back(from_double<T>(v));
-    for (double v : kB) b.push_back(from_double<T>(v));
+    for (double v : kA) a.push_back(element_from_double<T>(v));
+    for (double v : kB) b.push_back(element_from_double<T>(v));
     reduce_elements(out.data(), a.data(), b.data(), a.size(), dtype, op);
     for (std::size_t i = 0; i < kA.size(); ++i)
-      CHECK(to_double(out[i]) == expected(op, kA[i], kB[i]));
+      CHECK(element_to_double(out[i]) == expected(op, kA[i], kB[i]));
     // In place (out aliases a), as the ring algorithms use it.
     reduce_elements(a.data(), a.data(), b.data(), a.size(), dtype, op);
     for (std::size_t i = 0; i < kA.size(); ++i)
-      CHECK(to_double(a[i]) == expected(op, kA[i], kB[i]));
+      CHECK(element_to_double(a[i]) == expected(op, kA[i], kB[i]));
   }
   std::vector<T> x(2);
   CHECK_THROWS_AS(reduce_elements(x.data(), x.data(), x.data(), 1, dtype, ReduceOp::avg),

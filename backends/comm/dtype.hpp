@@ -45,6 +45,35 @@ constexpr DType dtype_of() {
   else static_assert(sizeof(T) == 0, "unsupported element type");
 }
 
+// Calls fn(T{}) with the C++ element type of dtype (float, double, Half, BFloat16,
+// std::int32_t, std::int64_t): the one switch over dtypes that typed code builds on.
+template <typename Fn>
+decltype(auto) visit_dtype(DType dtype, Fn&& fn) {
+  switch (dtype) {
+    case DType::f32: return fn(float{});
+    case DType::f64: return fn(double{});
+    case DType::f16: return fn(Half{});
+    case DType::bf16: return fn(BFloat16{});
+    case DType::i32: return fn(std::int32_t{});
+    case DType::i64: return fn(std::int64_t{});
+  }
+  return fn(float{});  // unreachable: every enumerator is handled above
+}
+
+// Element conversions through double (rounding to nearest even for f16/bf16), for code that
+// fills or checks buffers of any dtype: tests, benchmarks.
+template <typename T>
+T element_from_double(double v) {
+  if constexpr (std::is_same_v<T, Half>) return to_half(float(v));
+  else if constexpr (std::is_same_v<T, BFloat16>) return to_bf16(float(v));
+  else return static_cast<T>(v);
+}
+template <typename T>
+double element_to_double(T v) {
+  if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) return double(to_float(v));
+  else return static_cast<double>(v);
+}
+
 enum class DeviceKind : std::uint8_t { cpu, cuda };
 
 // A non-owning view of `count` elements of `dtype` at `data` on a device.

@@ -64,15 +64,11 @@ void kernel16(void* out, const void* a, const void* b, std::size_t n) {
 
 template <typename Op>
 ReduceKernel kernel_for(DType dtype) {
-  switch (dtype) {
-    case DType::f32: return &kernel<float, Op>;
-    case DType::f64: return &kernel<double, Op>;
-    case DType::f16: return &kernel16<Half, Op>;
-    case DType::bf16: return &kernel16<BFloat16, Op>;
-    case DType::i32: return &kernel<std::int32_t, Op>;
-    case DType::i64: return &kernel<std::int64_t, Op>;
-  }
-  return nullptr;
+  return visit_dtype(dtype, [](auto element) -> ReduceKernel {
+    using T = decltype(element);
+    if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) return &kernel16<T, Op>;
+    else return &kernel<T, Op>;
+  });
 }
 
 }  // namespace
@@ -93,38 +89,17 @@ void reduce_elements(void* out, const void* a, const void* b, std::size_t count,
 }
 
 void divide_elements(void* data, std::size_t count, DType dtype, int divisor) {
-  switch (dtype) {
-    case DType::f32: {
-      auto* p = static_cast<float*>(data);
-      for (std::size_t i = 0; i < count; ++i) p[i] /= float(divisor);
-      return;
+  visit_dtype(dtype, [&](auto element) {
+    using T = decltype(element);
+    T* p = static_cast<T*>(data);
+    if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) {
+      for (std::size_t i = 0; i < count; ++i)
+        p[i] = element_from_double<T>(to_float(p[i]) / float(divisor));
+    } else {
+      // Integer dtypes divide in integers (truncating); floats in their own precision.
+      for (std::size_t i = 0; i < count; ++i) p[i] /= static_cast<T>(divisor);
     }
-    case DType::f64: {
-      auto* p = static_cast<double*>(data);
-      for (std::size_t i = 0; i < count; ++i) p[i] /= double(divisor);
-      return;
-    }
-    case DType::f16: {
-      auto* p = static_cast<Half*>(data);
-      for (std::size_t i = 0; i < count; ++i) p[i] = to_half(to_float(p[i]) / float(divisor));
-      return;
-    }
-    case DType::bf16: {
-      auto* p = static_cast<BFloat16*>(data);
-      for (std::size_t i = 0; i < count; ++i) p[i] = to_bf16(to_float(p[i]) / float(divisor));
-      return;
-    }
-    case DType::i32: {
-      auto* p = static_cast<std::int32_t*>(data);
-      for (std::size_t i = 0; i < count; ++i) p[i] /= divisor;
-      return;
-    }
-    case DType::i64: {
-      auto* p = static_cast<std::int64_t*>(data);
-      for (std::size_t i = 0; i < count; ++i) p[i] /= divisor;
-      return;
-    }
-  }
+  });
 }
 
 Shard shard_of(std::size_t total, int world, int rank) {

@@ -10,26 +10,17 @@
 namespace accel::test {
 
 inline void set_value(const Buffer& b, std::size_t i, double v) {
-  switch (b.dtype) {
-    case DType::f32: static_cast<float*>(b.data)[i] = float(v); return;
-    case DType::f64: static_cast<double*>(b.data)[i] = v; return;
-    case DType::f16: static_cast<Half*>(b.data)[i] = to_half(float(v)); return;
-    case DType::bf16: static_cast<BFloat16*>(b.data)[i] = to_bf16(float(v)); return;
-    case DType::i32: static_cast<std::int32_t*>(b.data)[i] = std::int32_t(v); return;
-    case DType::i64: static_cast<std::int64_t*>(b.data)[i] = std::int64_t(v); return;
-  }
+  visit_dtype(b.dtype, [&](auto element) {
+    using T = decltype(element);
+    static_cast<T*>(b.data)[i] = element_from_double<T>(v);
+  });
 }
 
 inline double get_value(const Buffer& b, std::size_t i) {
-  switch (b.dtype) {
-    case DType::f32: return static_cast<const float*>(b.data)[i];
-    case DType::f64: return static_cast<const double*>(b.data)[i];
-    case DType::f16: return to_float(static_cast<const Half*>(b.data)[i]);
-    case DType::bf16: return to_float(static_cast<const BFloat16*>(b.data)[i]);
-    case DType::i32: return double(static_cast<const std::int32_t*>(b.data)[i]);
-    case DType::i64: return double(static_cast<const std::int64_t*>(b.data)[i]);
-  }
-  return 0;
+  return visit_dtype(b.dtype, [&](auto element) {
+    using T = decltype(element);
+    return element_to_double(static_cast<const T*>(b.data)[i]);
+  });
 }
 
 // Owns storage for `count` elements of `dtype` and views it as a Buffer.
