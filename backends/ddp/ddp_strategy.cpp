@@ -1,0 +1,163 @@
+#include "backends/ddp/ddp_strategy.hpp"
+
+#include <cstring>
+
+#include "backends/comm/error.hpp"
+
+namespace accel {
+
+struct DdpStrategy::Bucket {
+  DType dtype;
+  std::vector<std::size_t> params;
+  std::size_t count = 0;               // elements
+  std::vector<std::uint64_t> storage;  // 8-byte aligned for every dtype
+  Buffer flat;
+  std::size_t pending = 0;             // gradients not yet ready this iteration
+  WorkPtr work;
+};
+
+DdpStrategy::DdpStrategy(Communicator& comm, std::vector<ParamRef> params,
+                         std::vector<Buffer> buffers, DdpOptions options)
+    : comm_(comm),
+      params_(std::move(params)),
+      buffers_(std::move(buffers)),
+      options_(options),
+      bucket_of_(params_.size()),
+      offset_of_(params_.size()),
+      ready_(params_.size(), false) {
+  ACCEL_CHECK_ARG(options_.bucket_cap_bytes > 0 && options_.first_bucket_bytes > 0,
+                  "DDP bucket sizes must be positive");
+  ACCEL_CHECK_ARG(comm_.device() == DeviceKind::cpu,
+                  "DDP buckets live in CPU memory so far; a CUDA communicator needs device buckets");
+  for (const ParamRef& p : params_) {
+    ACCEL_CHECK_ARG(p.data.dtype == p.grad.dtype && p.data.count == p.grad.count,
+                    "DDP: parameter '" + p.name + "' has a gradient of another shape or dtype");
+    ACCEL_CHECK_ARG(p.data.device == comm_.device(),
+                    "DDP: parameter '" + p.name + "' is not on the communicator's device");
+  }
+  // Reverse parameter order: backward produces the last layers' gradients first. Each dtype
+  // fills its own open bucket; the very first bucket is capped smaller so the first
+  // all-reduce starts early in backward.
+  constexpr std::size_t kNone = std::size_t(-1);
+  std::vector<std::size_t> open(std::size(kAllDTypes), kNone);  // dtype -> open bucket index
+  for (std::size_t k = params_.size(); k-- > 0;) {
+    const ParamRef& p = params_[k];
+    std::size_t& b = open[std::size_t(p.data.dtype)];
+    if (b != kNone) {
+      const std::size_t cap = b == 0 ? options_.first_bucket_bytes : options_.bucket_cap_bytes;
+      if ((buckets_[b]->count + p.data.count) * element_size(p.data.dtype) > cap) b = kNone;
+    }
+    if (b == kNone) {
+      buckets_.push_back(std::make_unique<Bucket>());
+      buckets_.back()->dtype = p.data.dtype;
+      b = buckets_.size() - 1;
+    }
+    bucket_of_[k] = b;
+    offset_of_[k] = buckets_[b]->count;
+    buckets_[b]->params.push_back(k);
+    buckets_[b]->count += p.data.count;
+  }
+  for (auto& b : buckets_) {
+    // Allocated and touched once here: fresh pages cost more than the all-reduce itself.
+    b->storage.assign((b->count * element_size(b->dtype) + 7) / 8 + 1, 0);
+    b->flat = Buffer{b->storage.data(), b->count, b->dtype, DeviceKind::cpu};
+    b->pending = b->params.size();
+  }
+}
+
+DdpStrategy::~DdpStrategy() {
+  // Operations still in flight write into our buckets: let them finish first.
+  for (auto& b : buckets_)
+    if (b->work) try {
+        b->work->wait();
+      } catch (...) {
+      }
+}
+
+Buffer DdpStrategy::grad_view(std::size_t index) const {
+  ACCEL_CHECK_ARG(index < params_.size(), "DDP: no parameter " + std::to_string(index));
+  return buckets_[bucket_of_[index]]->flat.slice(offset_of_[index], params_[index].data.count);
+}
+
+std::vector<std::vector<std::size_t>> DdpStrategy::bucket_layout() const {
+  std::vector<std::vector<std::size_t>> out;
+  for (const auto& b : buckets_) out.push_back(b->params);
+  return out;
+}
+
+void DdpStrategy::prepare() {
+  std::vector<WorkPtr> works;
+  for (const ParamRef& p : params_) works.push_back(comm_.broadcast(p.data, 0));
+  for (const Buffer& b : buffers_) works.push_back(comm_.broadcast(b, 0));
+  for (auto& w : works) w->wait();
+}
+
+void DdpStrategy::sync_buffers() {
+  if (!options_.broadcast_buffers || comm_.world_size() == 1) return;
+  std::vector<WorkPtr> works;
+  for (const Buffer& b : buffers_) works.push_back(comm_.broadcast(b, 0));
+  for (auto& w : works) w->wait();
+}
+
+void DdpStrategy::copy_into_bucket(std::size_t index) {
+  const Buffer slot = grad_view(index);
+  const Buffer& grad = params_[index].grad;
+  if (grad.data != slot.data) std::memcpy(slot.data, grad.data, slot.bytes());
+}
+
+void DdpStrategy::grad_ready(std::size_t index) {
+  if (!sync_enabled_) return;
+  ACCEL_CHECK_ARG(index < params_.size(), "DDP: no parameter " + std::to_string(index));
+  copy_into_bucket(index);
+  std::lock_guard lock(mutex_);
+  if (ready_[index])
+    throw InvalidArgument("DDP: the gradient of '" + params_[index].name +
+                          "' was reported ready twice in one iteration");
+  ready_[index] = true;
+  --buckets_[bucket_of_[index]]->pending;
+  launch_ready_buckets();
+}
+
+void DdpStrategy::launch_ready_buckets() {
+  while (next_launch_ < buckets_.size() && buckets_[next_launch_]->pending == 0) {
+    Bucket& b = *buckets_[next_launch_++];
+    b.work = comm_.all_reduce(b.flat, ReduceOp::avg);
+  }
+}
+
+void DdpStrategy::sync_gradients() {
+  if (!sync_enabled_) return;
+  {
+    std::lock_guard lock(mutex_);
+    // Gradients that never arrived count as zero, so no rank waits for them.
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      if (ready_[i]) continue;
+      const Buffer slot = grad_view(i);
+      std::memset(slot.data, 0, slot.bytes());
+      ready_[i] = true;
+      --buckets_[bucket_of_[i]]->pending;
+    }
+    launch_ready_buckets();
+  }
+  std::exception_ptr error;
+  for (auto& b : buckets_) {
+    try {
+      if (b->work) b->work->wait();
+    } catch (...) {
+      if (!error) error = std::current_exception();
+    }
+    b->work.reset();
+    b->pending = b->params.size();
+  }
+  std::fill(ready_.begin(), ready_.end(), false);
+  next_launch_ = 0;
+  if (error) std::rethrow_exception(error);
+  for (auto& b : buckets_)
+    for (std::size_t k : b->params) {
+      const Buffer slot = grad_view(k);
+      if (params_[k].grad.data != slot.data)
+        std::memcpy(params_[k].grad.data, slot.data, slot.bytes());
+    }
+}
+
+}  // namespace accel

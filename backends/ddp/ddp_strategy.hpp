@@ -1,0 +1,76 @@
+#pragma once
+// DDP: every rank holds a full replica; gradients are averaged over ranks in buckets while
+// backward is still running, as PyTorch's DistributedDataParallel reducer does.
+//
+// Buckets: parameters in reverse order (the order backward produces their gradients), one
+// dtype per bucket, the first bucket small (first_bucket_bytes) so communication starts early,
+// the rest up to bucket_cap_bytes. Each bucket is one flat buffer allocated (and touched) once.
+// A bucket is all-reduced as soon as all its gradients are ready, but strictly in bucket order,
+// so every rank issues the same collective sequence whatever order its hooks fire in.
+//
+// A parameter whose gradient never arrives in an iteration (not used by this forward) counts
+// as a zero gradient: sync_gradients() fills it in and launches what is left, so the job never
+// waits for it (PyTorch needs find_unused_parameters=True for that; here it is always on, and
+// costs nothing when every parameter is used).
+//
+// Gradient storage: grad_view(i) is the parameter's slot inside its bucket. A front end that
+// makes the gradient live there (PyTorch's gradient_as_bucket_view) saves both copies; any
+// other gradient buffer is copied into the bucket when ready and back after the all-reduce.
+
+#include <cstddef>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "backends/backend.hpp"
+
+namespace accel {
+
+struct DdpOptions {
+  std::size_t bucket_cap_bytes = 25u << 20;
+  std::size_t first_bucket_bytes = 1u << 20;
+  bool broadcast_buffers = true;  // re-broadcast buffers (e.g. BatchNorm statistics) each step
+};
+
+class DdpStrategy final : public Strategy {
+ public:
+  // `buffers` are non-trainable state kept equal to rank 0's (see sync_buffers).
+  DdpStrategy(Communicator& comm, std::vector<ParamRef> params, std::vector<Buffer> buffers = {},
+              DdpOptions options = {});
+  ~DdpStrategy() override;
+
+  std::string_view name() const override { return "ddp"; }
+  void prepare() override;
+  void grad_ready(std::size_t index) override;
+  void sync_gradients() override;
+  void set_sync_enabled(bool enabled) override { sync_enabled_ = enabled; }
+  bool sync_enabled() const override { return sync_enabled_; }
+
+  // Broadcasts the buffers from rank 0 (before each forward, when broadcast_buffers is on).
+  void sync_buffers();
+
+  // The slot of parameter i's gradient inside its bucket (same dtype and count).
+  Buffer grad_view(std::size_t index) const;
+  // Parameter indices per bucket, in launch order (for tests and benchmarks).
+  std::vector<std::vector<std::size_t>> bucket_layout() const;
+  const std::vector<ParamRef>& params() const { return params_; }
+
+ private:
+  struct Bucket;
+  void launch_ready_buckets();  // with mutex_ held
+  void copy_into_bucket(std::size_t index);
+
+  Communicator& comm_;
+  std::vector<ParamRef> params_;
+  std::vector<Buffer> buffers_;
+  DdpOptions options_;
+  std::vector<std::unique_ptr<Bucket>> buckets_;
+  std::vector<std::size_t> bucket_of_;   // param index -> bucket index
+  std::vector<std::size_t> offset_of_;   // param index -> element offset in its bucket
+  std::vector<bool> ready_;              // this iteration
+  std::size_t next_launch_ = 0;
+  bool sync_enabled_ = true;
+  std::mutex mutex_;  // hooks may fire on autograd's threads
+};
+
+}  // namespace accel

@@ -1,0 +1,127 @@
+// One rank of the DDP equivalence check: trains the raw MLP for some steps with DdpStrategy
+// on its slice of each global batch, and trains a single-process reference on the whole
+// global batches itself; exits 0 when the parameters agree within 1e-5.
+//   ddp_worker --backend gloo|mpi|local [--accumulation K] [--steps N]
+//
+// Buckets are made tiny so the model spans several of them and their order matters; rank
+// != 0 starts from different weights, so prepare()'s broadcast is checked too; one parameter
+// never gets a gradient, so the unused-parameter path runs every step.
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+
+#include "accelerate/process_group.hpp"
+#include "backends/ddp/ddp_strategy.hpp"
+#include "examples/raw_mlp/mlp.hpp"
+
+using namespace accel;
+
+namespace {
+
+constexpr int kGlobalBatch = 24;  // divides by 1, 2, 3 and 4 ranks
+const std::vector<int> kSizes = {32, 64, 48, 10};
+
+struct Batch {
+  std::vector<float> x;
+  std::vector<int> labels;
+};
+
+// Global micro-batch `index`: the same on every rank.
+Batch global_batch(int index) {
+  std::mt19937 rng(1000 + index);
+  std::normal_distribution<float> g(0.0f, 1.0f);
+  Batch b;
+  b.x.resize(std::size_t(kGlobalBatch) * kSizes.front());
+  for (float& v : b.x) v = g(rng);
+  for (int n = 0; n < kGlobalBatch; ++n) b.labels.push_back(int(rng() % kSizes.back()));
+  return b;
+}
+
+Batch slice(const Batch& b, int rank, int world) {
+  const int per = kGlobalBatch / world, in = kSizes.front();
+  Batch s;
+  s.x.assign(b.x.begin() + std::ptrdiff_t(rank) * per * in,
+             b.x.begin() + std::ptrdiff_t(rank + 1) * per * in);
+  s.labels.assign(b.labels.begin() + rank * per, b.labels.begin() + (rank + 1) * per);
+  return s;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  ProcessGroupOptions pg;
+  int accumulation = 1, steps = 20;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string flag = argv[i];
+    if (flag == "--backend") pg.backend = argv[i + 1];
+    else if (flag == "--accumulation") accumulation = std::stoi(argv[i + 1]);
+    else if (flag == "--steps") steps = std::stoi(argv[i + 1]);
+  }
+  try {
+    auto group = init_process_group(pg);
+    Communicator& comm = group->comm();
+    const int rank = comm.rank(), world = comm.world_size();
+
+    raw_mlp::Mlp model(kSizes, 7), reference(kSizes, 7);
+    if (rank != 0)  // a different start that prepare() must overwrite with rank 0's
+      for (float& w : model.layers()[0].weight) w += 0.5f;
+
+    std::vector<float> unused(5, 1.0f), unused_grad(5, 123.0f);
+    std::vector<ParamRef> params;
+    for (std::size_t l = 0; l < model.layers().size(); ++l) {
+      raw_mlp::Layer& L = model.layers()[l];
+      params.push_back({"layers." + std::to_string(l) + ".weight", buffer_of(std::span(L.weight)),
+                        buffer_of(std::span(L.weight_grad))});
+      params.push_back({"layers." + std::to_string(l) + ".bias", buffer_of(std::span(L.bias)),
+                        buffer_of(std::span(L.bias_grad))});
+    }
+    params.push_back({"unused", buffer_of(std::span(unused)), buffer_of(std::span(unused_grad))});
+    DdpOptions options;
+    options.first_bucket_bytes = 1024;
+    options.bucket_cap_bytes = 8 * 1024;
+    DdpStrategy ddp(comm, params, {}, options);
+    ddp.prepare();
+
+    int micro = 0;
+    for (int step = 0; step < steps; ++step) {
+      model.zero_grad();
+      reference.zero_grad();
+      for (int k = 0; k < accumulation; ++k, ++micro) {
+        const Batch global = global_batch(micro);
+        const Batch mine = slice(global, rank, world);
+        ddp.set_sync_enabled(k == accumulation - 1);  // no_sync until the boundary
+        const float scale = 1.0f / float(accumulation);
+        model.forward_backward(mine.x, mine.labels, scale, [&](std::size_t l) {
+          ddp.grad_ready(2 * l);
+          ddp.grad_ready(2 * l + 1);
+        });
+        reference.forward_backward(global.x, global.labels, scale, [](std::size_t) {});
+      }
+      ddp.sync_gradients();
+      model.sgd_step(0.1f);
+      reference.sgd_step(0.1f);
+    }
+
+    double max_diff = 0;
+    for (std::size_t l = 0; l < model.layers().size(); ++l) {
+      const auto& a = model.layers()[l];
+      const auto& b = reference.layers()[l];
+      for (std::size_t i = 0; i < a.weight.size(); ++i)
+        max_diff = std::max(max_diff, double(std::abs(a.weight[i] - b.weight[i])));
+      for (std::size_t i = 0; i < a.bias.size(); ++i)
+        max_diff = std::max(max_diff, double(std::abs(a.bias[i] - b.bias[i])));
+    }
+    // The unused parameter's gradient is the average of zeros.
+    const bool unused_ok = unused_grad == std::vector<float>(5, 0.0f);
+    std::printf("rank %d of %d (%s): %d steps, accumulation %d, %zu buckets, max |ddp - single| = %.3g%s\n",
+                rank, world, std::string(comm.backend_name()).c_str(), steps, accumulation,
+                ddp.bucket_layout().size(), max_diff, unused_ok ? "" : ", unused gradient not zero");
+    return (max_diff <= 1e-5 && unused_ok) ? 0 : 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ddp_worker: %s\n", e.what());
+    return 2;
+  }
+}
