@@ -50,12 +50,18 @@ ProcessEnv read_process_env() {
   ProcessEnv env;
   // Our launcher and torchrun first, then what mpirun, PMI launchers and srun set.
   read_family(env, "RANK", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK") ||
+      // Not OMPI_COMM_WORLD_NODE_RANK: despite its name that is a process's rank among those
+      // on its node (like the local rank), not the node's index. See below.
       read_family(env, "OMPI", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
-                  "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE", "OMPI_COMM_WORLD_NODE_RANK") ||
+                  "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE", nullptr) ||
       read_family(env, "PMI", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS",
                   nullptr) ||
       read_family(env, "SLURM", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID",
                   "SLURM_NTASKS_PER_NODE", "SLURM_NODEID");
+
+  // Open MPI names no node index; with its default by-slot mapping of equally many processes
+  // per node, it is the rank divided by the processes per node.
+  if (env.source == "OMPI" && env.local_world_size > 0) env.node_rank = env.rank / env.local_world_size;
 
   if (env.world_size < 1)
     throw ConfigError("world size from " + env.source + " variables is " +

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "backends/comm/error.hpp"
+#include "backends/comm/prefix_store.hpp"
 #include "backends/comm/registry.hpp"
 #include "backends/comm/tcp_store.hpp"
 
@@ -74,6 +75,11 @@ std::unique_ptr<ProcessGroup> init_process_group(const ProcessGroupOptions& opti
     store_options.connect_timeout = timeout;
     store_options.timeout = timeout;
     store = std::make_shared<TcpStore>(env.master_addr, env.master_port, store_options);
+    // `accel launch` keeps one store across restarts: each attempt rendezvouses in its own
+    // namespace, so keys a failed attempt left behind cannot pair this one with dead peers.
+    const std::string attempt = env_string("ACCEL_RESTART_COUNT", "");
+    if (env.launcher_hosts_store && !attempt.empty())
+      store = std::make_shared<PrefixStore>("attempt/" + attempt, std::move(store));
   }
 
   CommOptions comm_options;

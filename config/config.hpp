@@ -1,42 +1,61 @@
 #pragma once
 // The run configuration `accel config` writes and `accel launch` reads: YAML with Hugging
 // Face Accelerate's key names wherever a key means the same thing, so an Accelerate user's
-// config is understood. One struct, one place that knows every key (config.cpp).
+// config is understood. One struct, and one table that knows every key (config.cpp): its
+// type, allowed values, default and help. The file loader, the environment and command-line
+// overrides, the wizard and `accel config show` all parse and check values through it.
 //
-// Precedence, lowest to highest: detected default < config file < environment (ACCEL_<KEY>,
-// e.g. ACCEL_NUM_PROCESSES) < command line. resolve_config() applies it and records where
-// each value came from, for `accel config show` and the launcher's summary.
+// Precedence, lowest to highest: default (built in, or detected from this machine) < config
+// file < environment (ACCEL_<KEY>, e.g. ACCEL_NUM_PROCESSES) < command line (--<key>).
+// resolve_config() (config/resolve.hpp) applies it and records where each value came from.
 
 #include <map>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace accel::config {
 
 enum class DistributedType { NO, DATA_PARALLEL, MULTI_CPU, MULTI_GPU, ZERO };
 enum class MixedPrecision { no, fp16, bf16 };
-enum class Source { detected, config_file, environment, command_line };
+// default_value: built in (main_process_port 29500); detected: derived from this machine's
+// GPUs and cores (num_processes); the others: given by the user.
+enum class Source { default_value, detected, config_file, environment, command_line };
 
 std::string to_string(DistributedType);
 std::string to_string(MixedPrecision);
-std::string to_string(Source);  // "detected", "config file", "environment", "command line"
+std::string to_string(
+    Source);  // "default", "detected", "config file", "environment", "command line"
 
 struct Config {
   std::string compute_environment = "LOCAL_MACHINE";
   DistributedType distributed_type = DistributedType::NO;
-  int num_processes = 1;  // over all machines, as in Accelerate: each runs num_processes / num_machines
+  int num_processes =
+      1;  // over all machines, as in Accelerate: each runs num_processes / num_machines
   int num_machines = 1;
   int machine_rank = 0;
   std::string main_process_ip = "127.0.0.1";
   int main_process_port = 29500;  // 0 = pick a free port
-  std::string gpu_ids = "all";    // "all" or a comma-separated list "0,1"
+  // Run on CPU although GPUs exist. Implied by MULTI_CPU (true) and MULTI_GPU/DATA_PARALLEL
+  // (false); it decides the device for NO and ZERO.
+  bool use_cpu = false;
+  std::string gpu_ids = "all";  // "all" or a comma-separated list "0,1"
   MixedPrecision mixed_precision = MixedPrecision::no;
-  int zero_stage = 0;                               // 1, 2 or 3 when distributed_type ZERO
-  std::string offload_optimizer_device = "none";    // "none" or "cpu"
-  std::string cpu_communicator = "gloo";            // "gloo" or "mpi" for CPU work
+  int zero_stage = 0;                             // 1, 2 or 3 with ZERO; 0 otherwise
+  std::string offload_optimizer_device = "none";  // "none" or "cpu" (ZERO only)
+  std::string cpu_communicator = "gloo";          // "gloo" or "mpi" for CPU work
   int gradient_accumulation_steps = 1;
 };
+
+// What a config implies, so every consumer derives it the same way.
+int processes_per_machine(const Config&);  // num_processes / num_machines
+bool uses_gpu(const Config&);              // MULTI_GPU, DATA_PARALLEL, or NO/ZERO without use_cpu
+// The communicator the workers use: "nccl" for GPU work across processes, cpu_communicator
+// for CPU work across processes, "local" for one process (NO, DATA_PARALLEL).
+std::string comm_backend(const Config&);
+// GPU ids as numbers; empty for "all".
+std::vector<int> gpu_id_list(const Config&);
 
 // A value given on the command line or in the environment, as text, keyed by YAML key name
 // ("num_processes"). Parsed and validated exactly like the same key in a file.
@@ -45,8 +64,67 @@ using Overrides = std::map<std::string, std::string>;
 struct ResolvedConfig {
   Config config;
   std::map<std::string, Source> sources;  // every key -> where its value came from
-  std::optional<std::string> file;        // the config file read, if any
-  std::vector<std::string> guesses;       // values that were detected, for the launcher's warnings
+  // every key -> the same in words: "/home/u/.config/accelerate-cpp/default_config.yaml:3",
+  // "environment variable ACCEL_NUM_PROCESSES", "command line --num_processes",
+  // "detected: 16 CPU cores, no GPU", "default".
+  std::map<std::string, std::string> origins;
+  std::optional<std::string> file;   // the config file read, if any
+  // Keys whose value was detected from this machine, for warnings: "KEY = VALUE (WHY)", e.g.
+  // "num_processes = 16 (detected: 16 CPU cores, no GPU)"; the key is the first word.
+  std::vector<std::string> guesses;
+  std::vector<std::string> notes;    // Accelerate keys that were read and ignored
 };
+
+// ---- The schema: one entry per key, in the order files and `accel config show` list them.
+
+enum class ValueKind { text, integer, boolean, choice };
+
+struct KeySpec {
+  std::string name;  // YAML key: "num_processes"
+  ValueKind kind;
+  std::vector<std::string> choices;  // for choice: the canonical spellings
+  int min_value = 0;                 // for integer
+  int max_value = 0;
+  std::string range_text;    // "a TCP port (0-65535)": the end of "70000 is not ..."
+  std::string default_text;  // "29500", or how it is derived
+  std::string help;
+};
+
+const std::vector<KeySpec>& schema();
+const KeySpec* find_key(std::string_view name);  // nullptr when unknown
+std::string env_var_for(std::string_view key);   // "ACCEL_NUM_PROCESSES"
+std::string flag_for(std::string_view key);      // "--num_processes"
+
+// Parses `text` as a value of `key` (case-insensitive choices, DEEPSPEED as ZERO, yes/no
+// for booleans) and returns its canonical spelling, or the problem in words.
+struct Parsed {
+  std::optional<std::string> value;
+  std::string problem;  // set when value is empty: "70000 is not a TCP port (0-65535)"
+};
+Parsed parse_value(std::string_view key, std::string_view text);
+// The same, throwing ConfigError "WHERE: key 'KEY': PROBLEM".
+std::string parse_value_or_throw(std::string_view key, std::string_view text,
+                                 std::string_view where);
+
+// Reads and writes one key of a Config as canonical text ("true", "MULTI_CPU", "29500").
+// set_value expects a value parse_value accepted.
+std::string get_value(const Config&, std::string_view key);
+void set_value(Config&, std::string_view key, std::string_view canonical);
+
+// Whether a key belongs in a written file or a worker's environment for this config: the
+// ZeRO keys only with distributed_type ZERO; everything else always.
+bool is_written(const Config&, std::string_view key);
+
+// Checks one key against the others (machine_rank below num_machines, zero_stage only with
+// ZERO, ...); the problem in words, or nullopt. Errors are reported against the key named
+// here, so a message points at the line (or variable, or flag) that set it.
+std::optional<std::string> consistency_problem(const Config&, std::string_view key);
+
+// "unknown key (did you mean 'num_processes'?)": the problem for a key not in the schema.
+std::string unknown_key_problem(std::string_view key);
+
+// Accelerate keys that mean nothing here: read, ignored, noted. The note for `key`, or
+// nullopt when the key is not one of them. `section` is "" or "deepspeed_config".
+std::optional<std::string> ignored_key_note(std::string_view section, std::string_view key);
 
 }  // namespace accel::config

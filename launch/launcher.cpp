@@ -2,22 +2,40 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/random.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 
 #include "backends/comm/error.hpp"
 #include "backends/comm/tcp_store.hpp"
-#include "launch/worker_group.hpp"
+#include "config/resolve.hpp"
+#include "launch/mpirun.hpp"
+#include "launch/node_rendezvous.hpp"
+#include "launch/reaper.hpp"
+#include "launch/restart_loop.hpp"
+#include "launch/summary.hpp"
+#include "launch/worker_env.hpp"
 
 namespace accel::launch {
 namespace {
 
+std::string getenv_or(const char* name, const std::string& fallback) {
+  const char* v = std::getenv(name);
+  return (v && *v) ? std::string(v) : fallback;
+}
+
 // SIGINT/SIGTERM to the launcher are turned into a readable pipe the worker group polls,
 // so the workers are stopped the same orderly way as after a failure.
 int g_signal_pipe[2] = {-1, -1};
+std::atomic<int> g_signal{0};
 
-void on_signal(int) {
+void on_signal(int sig) {
+  int expected = 0;
+  g_signal.compare_exchange_strong(expected, sig);
   const char c = 1;
   (void)!write(g_signal_pipe[1], &c, 1);
 }
@@ -26,52 +44,227 @@ void install_signal_forwarding() {
   if (g_signal_pipe[0] >= 0) return;
   if (pipe2(g_signal_pipe, O_CLOEXEC | O_NONBLOCK) != 0)
     throw Error("launch: pipe failed: " + errno_text(errno));
-  struct sigaction sa{};
+  struct sigaction sa {};
   sa.sa_handler = on_signal;
   sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGHUP, &sa, nullptr);  // the terminal went away: stop the job the same way
+  // A console that went away must not kill the launcher while its workers run on.
+  signal(SIGPIPE, SIG_IGN);
+}
+
+void say(const std::string& text) { std::fprintf(stderr, "accel launch: %s\n", text.c_str()); }
+
+// A secret only this launcher and its workers know, so no other local user can join or
+// poison a single-machine job's store. Machines of a multi-machine job share ACCEL_STORE_TOKEN.
+std::string random_token() {
+  unsigned char bytes[16];
+  if (getrandom(bytes, sizeof(bytes), 0) != ssize_t(sizeof(bytes))) return "";
+  static const char hex[] = "0123456789abcdef";
+  std::string out;
+  for (unsigned char b : bytes) {
+    out += hex[b >> 4];
+    out += hex[b & 15];
+  }
+  return out;
+}
+
+struct Rendezvous {
+  std::unique_ptr<TcpStoreServer> server;  // machine 0 only
+  StorePtr store;                          // the launchers' own client
+  int port = 0;
+  std::string token;
+};
+
+Rendezvous open_rendezvous(const config::Config& cfg, const LaunchOptions& options) {
+  Rendezvous r;
+  const bool one_machine = cfg.num_machines == 1;
+  r.token = getenv_or("ACCEL_STORE_TOKEN", one_machine ? random_token() : "");
+  r.port = cfg.main_process_port;
+  std::string connect_host = cfg.main_process_ip;
+  if (cfg.machine_rank == 0) {
+    // One machine: listen only where the workers look (loopback by default). Several: on
+    // every interface, as torchrun does, since main_process_ip may be an address that is
+    // not this machine's own (NAT, a load balancer) while the others still reach us.
+    const std::string bind = one_machine ? cfg.main_process_ip : "0.0.0.0";
+    try {
+      r.server = std::make_unique<TcpStoreServer>(bind, cfg.main_process_port, r.token);
+    } catch (const Error& e) {
+      throw Error("cannot host the rendezvous store on " + bind + ":" +
+                  std::to_string(cfg.main_process_port) + ": " + e.what() +
+                  "\n(is another job using that port? choose one with --main_process_port, or 0 "
+                  "for a free one on a single machine)");
+    }
+    r.port = r.server->port();
+    if (!one_machine) connect_host = "127.0.0.1";
+  }
+  TcpStoreOptions client;
+  client.token = r.token;
+  client.connect_timeout = options.rdzv_timeout;
+  client.timeout = std::chrono::seconds(60);
+  try {
+    r.store = std::make_shared<TcpStore>(connect_host, r.port, client);
+  } catch (const Error& e) {
+    throw Error("cannot reach machine 0's rendezvous store: " + std::string(e.what()));
+  }
+  return r;
+}
+
+// A program that cannot be started would fail every rank the same way (exit 127), and every
+// restart again: say so before starting anything.
+void check_program(const std::string& program) {
+  auto runnable = [](const std::string& path) { return access(path.c_str(), X_OK) == 0; };
+  if (program.find('/') != std::string::npos) {
+    if (!runnable(program))
+      throw ConfigError("accel launch: cannot run '" + program + "': " +
+                        (access(program.c_str(), F_OK) == 0 ? "not executable" : "no such file"));
+    return;
+  }
+  const std::string path = getenv_or("PATH", "/usr/local/bin:/usr/bin:/bin");
+  std::size_t start = 0;
+  for (;;) {
+    const auto end = path.find(':', start);
+    const std::string dir = path.substr(start, end == std::string::npos ? end : end - start);
+    if (runnable((dir.empty() ? std::string(".") : dir) + "/" + program)) return;
+    if (end == std::string::npos) break;
+    start = end + 1;
+  }
+  throw ConfigError("accel launch: cannot run '" + program + "': not found in PATH");
+}
+
+std::string plural(int n, const char* word) {
+  return std::to_string(n) + " " + word +
+         (n == 1 ? "" : (std::string(word).ends_with("s") ? "es" : "s"));
 }
 
 }  // namespace
 
 int launch(const LaunchOptions& options) {
   if (options.program.empty()) throw ConfigError("accel launch: no program to launch");
-  if (options.num_processes < 1)
-    throw ConfigError("accel launch: --num_processes must be at least 1, got " +
-                      std::to_string(options.num_processes));
-  install_signal_forwarding();
-
-  TcpStoreServer store(options.main_process_ip, options.main_process_port,
-                       std::getenv("ACCEL_STORE_TOKEN") ? std::getenv("ACCEL_STORE_TOKEN") : "");
-  const int world = options.num_processes;
-  if (!options.quiet)
-    std::fprintf(stderr, "accel launch: %d process%s, rendezvous at %s:%d%s\n", world,
-                 world == 1 ? "" : "es", options.main_process_ip.c_str(), store.port(),
-                 options.comm_backend.empty() ? "" : (", communicator " + options.comm_backend).c_str());
-
-  std::vector<WorkerSpec> specs;
-  for (int r = 0; r < world; ++r) {
-    WorkerSpec spec;
-    spec.argv = options.program;
-    spec.label = "rank " + std::to_string(r);
-    spec.env = {{"RANK", std::to_string(r)},
-                {"LOCAL_RANK", std::to_string(r)},
-                {"WORLD_SIZE", std::to_string(world)},
-                {"LOCAL_WORLD_SIZE", std::to_string(world)},
-                {"NODE_RANK", "0"},
-                {"MASTER_ADDR", options.main_process_ip},
-                {"MASTER_PORT", std::to_string(store.port())},
-                {"ACCEL_LAUNCHER_STORE", "1"}};
-    if (!options.comm_backend.empty()) spec.env.emplace_back("ACCEL_COMM_BACKEND", options.comm_backend);
-    specs.push_back(std::move(spec));
+  // With a hostfile the program may live only on the other hosts.
+  if (!(options.use_mpi && !options.mpi_hostfile.empty())) check_program(options.program.front());
+  config::ResolvedConfig resolved = config::resolve_config(options.config_file, options.overrides);
+  if (options.nproc_per_node) {
+    // Per machine, as torchrun counts; the config counts over all machines.
+    config::Overrides overrides = options.overrides;
+    overrides["num_processes"] =
+        std::to_string(*options.nproc_per_node * resolved.config.num_machines);
+    resolved = config::resolve_config(options.config_file, overrides);
   }
-  WorkerGroupOptions group_options;
-  group_options.stop_fd = g_signal_pipe[0];
-  const GroupResult result = run_worker_group(specs, group_options);
-  if (result.exit_code() != 0)
-    std::fprintf(stderr, "accel launch: %s\n", result.failure_report().c_str());
-  return result.exit_code();
+  const config::Config& cfg = resolved.config;
+  if (options.use_mpi && cfg.machine_rank != 0)
+    throw ConfigError(
+        "accel launch: with --use_mpi only machine 0 runs accel launch; mpirun "
+        "starts the processes on the other machines (--mpi_hostfile)");
+
+  JobLayout layout;
+  layout.world_size = cfg.num_processes;
+  layout.local_world_size = config::processes_per_machine(cfg);
+  layout.node_rank = cfg.machine_rank;
+  layout.master_addr = cfg.main_process_ip;
+
+  std::string mpirun;
+  if (options.use_mpi) {
+    mpirun = find_mpirun_executable();
+    if (mpirun.empty()) throw ConfigError("accel launch: --use_mpi but no mpirun in PATH");
+  }
+
+  install_signal_forwarding();
+  // Orphaned descendants of the workers are reparented to us, so they can be ended too.
+  const bool subreaper = become_child_subreaper();
+
+  Rendezvous rdzv_store = open_rendezvous(cfg, options);
+  layout.master_port = rdzv_store.port;
+  layout.store_token = rdzv_store.token;
+  const WorkerEnvPlan env = plan_worker_env(cfg, options, layout);
+
+  if (!options.quiet) {
+    std::string text =
+        "accel launch: settings (command line > environment > config file > default):\n" +
+        describe_settings(resolved);
+    for (const auto& w : guess_warnings(resolved)) text += "accel launch: " + w + "\n";
+    if (!env.defaults.empty())
+      text += "accel launch: worker environment defaults:\n" + describe_env_defaults(env.defaults);
+    for (const auto& w : env.warnings) text += "accel launch: warning: " + w + "\n";
+    if (!subreaper)
+      text +=
+          "accel launch: warning: cannot become a child subreaper; processes that leave "
+          "their worker's process group may outlive the job\n";
+    if (cfg.num_machines > 1 && rdzv_store.token.empty() && cfg.machine_rank == 0)
+      text +=
+          "accel launch: warning: the rendezvous store listens on every interface without a "
+          "token; set the same ACCEL_STORE_TOKEN on every machine to keep others out\n";
+    if (options.log_dir.empty() && options.tee)
+      text += "accel launch: warning: --tee only matters with --log_dir; ignored\n";
+    text += "accel launch: " + plural(layout.world_size, "process") + " on " +
+            plural(cfg.num_machines, "machine") + " (this is machine " +
+            std::to_string(cfg.machine_rank) + ", " + std::to_string(layout.local_world_size) +
+            " here" + (options.use_mpi ? ", started by mpirun" : "") + "); rendezvous store at " +
+            cfg.main_process_ip + ":" + std::to_string(layout.master_port) + "\n";
+    std::fputs(text.c_str(), stderr);
+    std::fflush(stderr);
+  }
+
+  auto log_file = [&](const std::string& name) {
+    return options.log_dir.empty()
+               ? std::string()
+               : (std::filesystem::path(options.log_dir) / (name + ".log")).string();
+  };
+  AttemptPlan plan;
+  plan.options = &options;
+  plan.machine_rank = cfg.machine_rank;
+  plan.num_machines = cfg.num_machines;
+  plan.stop_fd = g_signal_pipe[0];
+  plan.interrupt_signal = [] { return g_signal.load(); };
+  plan.prefix_output = !options.use_mpi;  // mpirun --tag-output names the rank itself
+  plan.workers = [&](int restart) {
+    std::vector<WorkerSpec> specs;
+    EnvList common = env.common;
+    const EnvList restarts = restart_env(restart, options.max_restarts);
+    common.insert(common.end(), restarts.begin(), restarts.end());
+    if (options.use_mpi) {
+      MpirunPlan mp;
+      mp.mpirun = mpirun;
+      mp.num_processes = layout.world_size;
+      mp.local_processes = layout.local_world_size;
+      mp.env = common;
+      mp.options = options;
+      WorkerSpec spec;
+      spec.argv = mpirun_command(mp);
+      spec.env = common;
+      spec.label = "mpirun";
+      spec.log_file = log_file("mpirun");
+      specs.push_back(std::move(spec));
+      return specs;
+    }
+    for (int local = 0; local < layout.local_world_size; ++local) {
+      WorkerSpec spec;
+      spec.argv = options.program;
+      spec.env = common;
+      const EnvList ranks = rank_env(layout, local);
+      spec.env.insert(spec.env.end(), ranks.begin(), ranks.end());
+      const std::string rank = ranks.front().second;
+      spec.label = "rank " + rank;
+      spec.log_file = log_file("rank_" + rank);
+      specs.push_back(std::move(spec));
+    }
+    return specs;
+  };
+
+  NodeRendezvousOptions nro;
+  nro.num_machines = cfg.num_machines;
+  nro.machine_rank = cfg.machine_rank;
+  nro.join_timeout = options.rdzv_timeout;
+  nro.poll_interval = std::min(options.monitor_interval, std::chrono::milliseconds(500));
+  // A launcher checks in every monitor interval while its workers run.
+  nro.silence_limit =
+      std::max<std::chrono::milliseconds>(std::chrono::seconds(60), 10 * options.monitor_interval);
+  nro.interrupt_signal = [] { return g_signal.load(); };
+  NodeRendezvous node_rdzv(rdzv_store.store, nro);
+  plan.rendezvous = &node_rdzv;
+  return run_attempts(plan);
 }
 
 }  // namespace accel::launch

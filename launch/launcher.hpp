@@ -1,24 +1,19 @@
 #pragma once
-// `accel launch` on one machine: hosts the rendezvous store, starts one worker per process
-// with the torchrun-style environment, forwards SIGINT/SIGTERM to them, and reports the root
-// cause when one fails. The command-line front end (tools/) only parses into LaunchOptions.
+// `accel launch`: resolves the settings (command line > environment > config file > detected
+// default) and prints them, hosts the rendezvous store on machine 0 (or joins machine 0's),
+// starts this machine's workers with the torchrun-style environment, forwards SIGINT/SIGTERM
+// to them, restarts the whole group after a failure while --max_restarts allows, and reports
+// the root cause when it gives up. The command-line front end (tools/) only parses into
+// LaunchOptions.
 
-#include <string>
-#include <vector>
+#include "launch/launch_options.hpp"
 
 namespace accel::launch {
 
-struct LaunchOptions {
-  int num_processes = 1;
-  std::string main_process_ip = "127.0.0.1";
-  int main_process_port = 29500;  // 0 = pick a free port
-  std::string comm_backend;       // ACCEL_COMM_BACKEND for the workers; empty = their default
-  bool quiet = false;
-  std::vector<std::string> program;  // the training program and its arguments
-};
-
-// Runs the job; returns the exit status `accel launch` exits with (0, or the failed
-// worker's status).
+// Runs the job; returns the exit status `accel launch` exits with: 0, the failed worker's
+// status (128 + signal when it was killed), 128 + signal when the launcher was interrupted,
+// or 1 when the machines could not meet. Throws ConfigError for bad settings (exit 2) and
+// Error naming host:port when the store cannot be hosted (a busy port).
 int launch(const LaunchOptions& options);
 
 }  // namespace accel::launch

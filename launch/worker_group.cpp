@@ -3,9 +3,11 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <deque>
@@ -13,8 +15,10 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <set>
 
 #include "backends/comm/error.hpp"
+#include "launch/reaper.hpp"
 
 extern char** environ;
 
@@ -47,16 +51,31 @@ std::vector<std::string> build_environment(const WorkerSpec& spec) {
     const auto eq = kv.find('=');
     if (eq != std::string::npos) env[kv.substr(0, eq)] = kv.substr(eq + 1);
   }
+  for (const auto& name : spec.unset_env) env.erase(name);
   for (const auto& [k, v] : spec.env) env[k] = v;
   std::vector<std::string> out;
   for (const auto& [k, v] : env) out.push_back(k + "=" + v);
   return out;
 }
 
+void write_all(int fd, const std::string& text) {
+  std::size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;  // our own output is gone (closed pipe): nothing better to do
+    done += std::size_t(n);
+  }
+}
+
 void start(Worker& w) {
   int out_pipe[2], err_pipe[2];
-  if (pipe2(out_pipe, O_CLOEXEC) != 0 || pipe2(err_pipe, O_CLOEXEC) != 0)
+  if (pipe2(out_pipe, O_CLOEXEC) != 0) throw Error("launch: pipe failed: " + errno_text(errno));
+  if (pipe2(err_pipe, O_CLOEXEC) != 0) {
+    close(out_pipe[0]);
+    close(out_pipe[1]);
     throw Error("launch: pipe failed: " + errno_text(errno));
+  }
   // Everything the child needs is prepared before fork: after it, only async-signal-safe
   // calls are allowed.
   std::vector<std::string> env_strings = build_environment(*w.spec);
@@ -66,16 +85,33 @@ void start(Worker& w) {
   std::vector<std::string> args = w.spec->argv;
   for (auto& s : args) argv.push_back(s.data());
   argv.push_back(nullptr);
+  const pid_t parent = getpid();
 
   const pid_t pid = fork();
-  if (pid < 0) throw Error("launch: fork failed: " + errno_text(errno));
+  if (pid < 0) {
+    for (int fd : {out_pipe[0], out_pipe[1], err_pipe[0], err_pipe[1]}) close(fd);
+    throw Error("launch: fork failed: " + errno_text(errno));
+  }
   if (pid == 0) {
     setpgid(0, 0);  // own process group: signals reach the worker's children too
+    // If the launcher itself is killed outright (SIGKILL, OOM killer), its workers must not
+    // run on unsupervised. (The signal fires when the forking *thread* exits: we fork from
+    // the thread that runs the group.)
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(126);  // it died before prctl took effect
+    // Handlers are reset by exec, but a blocked mask is inherited: give the program a clean one.
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, nullptr);
+    signal(SIGPIPE, SIG_DFL);
     dup2(out_pipe[1], STDOUT_FILENO);
     dup2(err_pipe[1], STDERR_FILENO);
     execvpe(argv[0], argv.data(), envp.data());
-    const char msg[] = "launch: could not execute the worker program\n";
+    const char msg[] = "launch: could not execute the worker program: ";
     (void)!write(STDERR_FILENO, msg, sizeof(msg) - 1);
+    const char* why = strerror(errno);
+    (void)!write(STDERR_FILENO, why, strlen(why));
+    (void)!write(STDERR_FILENO, "\n", 1);
     _exit(127);
   }
   setpgid(pid, pid);  // also from the parent, so kill(-pid) works before the child runs
@@ -88,9 +124,10 @@ void start(Worker& w) {
 }
 
 void emit_line(Worker& w, const WorkerGroupOptions& opt, const std::string& line, bool is_err) {
-  if (opt.echo) {
-    std::string text = (opt.prefix_output ? "[" + w.spec->label + "] " : "") + line + "\n";
-    (void)!write(is_err ? STDERR_FILENO : STDOUT_FILENO, text.data(), text.size());
+  const unsigned wanted = is_err ? unsigned(Streams::err) : unsigned(Streams::out);
+  if (opt.echo && (unsigned(opt.echo_streams) & wanted)) {
+    write_all(is_err ? STDERR_FILENO : STDOUT_FILENO,
+              (opt.prefix_output ? "[" + w.spec->label + "] " : "") + line + "\n");
   }
   if (w.log) *w.log << line << '\n' << std::flush;
   if (opt.capture) w.exit.output += line + "\n";
@@ -122,6 +159,21 @@ bool pump(Worker& w, Stream& s, const WorkerGroupOptions& opt) {
   return true;
 }
 
+// Reads whatever is still buffered in a stream without waiting for more, then closes it.
+void drain(Worker& w, Stream& s, const WorkerGroupOptions& opt) {
+  if (s.fd < 0) return;
+  fcntl(s.fd, F_SETFL, fcntl(s.fd, F_GETFL) | O_NONBLOCK);
+  for (int i = 0; i < 1024 && s.fd >= 0; ++i) {
+    pollfd p{s.fd, POLLIN, 0};
+    if (poll(&p, 1, 0) <= 0) break;
+    pump(w, s, opt);
+  }
+  if (!s.partial.empty()) emit_line(w, opt, s.partial, s.is_stderr);
+  s.partial.clear();
+  if (s.fd >= 0) close(s.fd);
+  s.fd = -1;
+}
+
 void signal_all(std::vector<Worker>& workers, int sig) {
   for (auto& w : workers)
     if (w.running) {
@@ -130,19 +182,67 @@ void signal_all(std::vector<Worker>& workers, int sig) {
     }
 }
 
-bool reap(Worker& w) {
-  int status = 0;
-  const pid_t r = waitpid(w.pid, &status, WNOHANG);
-  if (r != w.pid) return false;
+void record_status(Worker& w, int status) {
   w.running = false;
-  if (WIFSIGNALED(status)) w.exit.signal = WTERMSIG(status);
-  else w.exit.exit_code = WEXITSTATUS(status);
-  return true;
+  if (WIFSIGNALED(status))
+    w.exit.signal = WTERMSIG(status);
+  else
+    w.exit.exit_code = WEXITSTATUS(status);
+}
+
+// Collects exited workers. With own_all_children every child is reaped, orphans included
+// (reparented to us as a subreaper, they would otherwise stay zombies until we exit).
+void reap(std::vector<Worker>& workers, bool own_all_children) {
+  if (!own_all_children) {
+    for (auto& w : workers) {
+      int status = 0;
+      if (w.running && waitpid(w.pid, &status, WNOHANG) == w.pid) record_status(w, status);
+    }
+    return;
+  }
+  int status = 0;
+  pid_t pid;
+  while ((pid = waitpid(-1, &status, WNOHANG)) > 0)
+    for (auto& w : workers)
+      if (w.running && w.pid == pid) record_status(w, status);
 }
 
 bool failed(const WorkerExit& e) { return e.signal != 0 || e.exit_code != 0; }
 
+std::vector<pid_t> process_groups(const std::vector<Worker>& workers) {
+  std::vector<pid_t> groups;
+  for (const auto& w : workers)
+    if (w.pid > 0) groups.push_back(w.pid);
+  return groups;
+}
+
+// Last resort when something threw while workers run: nothing may be left behind.
+void kill_everything(std::vector<Worker>& workers, const WorkerGroupOptions& opt) noexcept {
+  try {
+    signal_all(workers, SIGKILL);
+    for (auto& w : workers)
+      if (w.running) {
+        int status = 0;
+        if (waitpid(w.pid, &status, 0) == w.pid) record_status(w, status);
+      }
+    end_leftovers(process_groups(workers), opt.own_all_children, std::chrono::milliseconds(0));
+    for (auto& w : workers)
+      for (Stream* s : {&w.out, &w.err})
+        if (s->fd >= 0) {
+          close(s->fd);
+          s->fd = -1;
+        }
+  } catch (...) {
+  }
+}
+
 }  // namespace
+
+std::string describe_exit(int exit_code, int signal) {
+  if (signal)
+    return "was killed by signal " + std::to_string(signal) + " (" + strsignal(signal) + ")";
+  return "exited with code " + std::to_string(exit_code);
+}
 
 int GroupResult::exit_code() const {
   if (!first_failure) return (timed_out || stopped) ? 1 : 0;
@@ -157,88 +257,123 @@ std::string GroupResult::failure_report() const {
     return "";
   }
   const WorkerExit& e = workers[*first_failure];
-  std::string report = e.label + (e.signal ? " was killed by signal " + std::to_string(e.signal) +
-                                                 " (" + strsignal(e.signal) + ")"
-                                           : " exited with code " + std::to_string(e.exit_code));
+  std::string report = e.label + " " + describe_exit(e.exit_code, e.signal);
   if (!e.stderr_tail.empty()) report += "; last lines of its stderr:\n" + e.stderr_tail;
   return report;
 }
 
-GroupResult run_worker_group(const std::vector<WorkerSpec>& specs,
-                             const WorkerGroupOptions& opt) {
+GroupResult run_worker_group(const std::vector<WorkerSpec>& specs, const WorkerGroupOptions& opt) {
   std::vector<Worker> workers(specs.size());
-  if (!opt.log_dir.empty()) std::filesystem::create_directories(opt.log_dir);
   GroupResult result;
   for (std::size_t i = 0; i < specs.size(); ++i) {
     workers[i].spec = &specs[i];
     workers[i].exit.label = specs[i].label;
-    if (!opt.log_dir.empty())
-      workers[i].log = std::make_unique<std::ofstream>(
-          std::filesystem::path(opt.log_dir) / (specs[i].label + ".log"));
+    if (!specs[i].log_file.empty()) {
+      const std::filesystem::path path(specs[i].log_file);
+      if (path.has_parent_path()) std::filesystem::create_directories(path.parent_path());
+      workers[i].log =
+          std::make_unique<std::ofstream>(path, opt.log_append ? std::ios::app : std::ios::trunc);
+      if (!*workers[i].log) throw Error("launch: cannot write the log file " + path.string());
+      if (!opt.log_header.empty()) *workers[i].log << opt.log_header << '\n' << std::flush;
+    }
   }
+
   try {
     for (auto& w : workers) start(w);
-  } catch (...) {
-    signal_all(workers, SIGKILL);
-    for (auto& w : workers)
-      if (w.running) waitpid(w.pid, nullptr, 0);
-    throw;
-  }
 
-  const auto started = Clock::now();
-  std::optional<Clock::time_point> kill_at;  // set once we asked everyone to stop
-  std::optional<Clock::time_point> all_exited_at;
-  auto stop_group = [&] {
-    if (kill_at) return;
-    signal_all(workers, SIGTERM);
-    kill_at = Clock::now() + opt.grace;
-  };
+    const auto started = Clock::now();
+    const auto interval = std::max(opt.monitor_interval, std::chrono::milliseconds(1));
+    auto next_check = started + interval;
+    std::optional<Clock::time_point> kill_at;  // set once we asked everyone to stop
+    bool killed = false;
+    std::optional<Clock::time_point> all_exited_at;
+    auto stop_group = [&](int sig = SIGTERM) {
+      if (kill_at) return;
+      signal_all(workers, sig);
+      kill_at = Clock::now() + opt.grace;
+    };
 
-  for (;;) {
-    std::vector<pollfd> fds;
-    std::vector<std::pair<Worker*, Stream*>> owners;
-    for (auto& w : workers)
-      for (Stream* s : {&w.out, &w.err})
-        if (s->fd >= 0) {
-          fds.push_back({s->fd, POLLIN, 0});
-          owners.emplace_back(&w, s);
+    for (;;) {
+      std::vector<pollfd> fds;
+      std::vector<std::pair<Worker*, Stream*>> owners;
+      for (auto& w : workers)
+        for (Stream* s : {&w.out, &w.err})
+          if (s->fd >= 0) {
+            fds.push_back({s->fd, POLLIN, 0});
+            owners.emplace_back(&w, s);
+          }
+      const bool watch_stop = opt.stop_fd >= 0 && !killed;
+      if (watch_stop) fds.push_back({opt.stop_fd, POLLIN, 0});
+      auto wake = next_check;
+      if (kill_at && !killed) wake = std::min(wake, *kill_at);
+      const auto wait_ms =
+          std::chrono::duration_cast<std::chrono::milliseconds>(wake - Clock::now()).count();
+      poll(fds.data(), fds.size(), int(std::clamp<long long>(wait_ms, 0, interval.count())));
+      for (std::size_t i = 0; i < owners.size(); ++i)
+        if (fds[i].revents) pump(*owners[i].first, *owners[i].second, opt);
+      if (watch_stop && fds.back().revents) {
+        char requests[64];
+        (void)!read(opt.stop_fd, requests, sizeof(requests));  // one byte per request
+        if (!kill_at) {
+          result.stopped = true;
+          const int sig = opt.stop_signal ? opt.stop_signal() : 0;
+          stop_group(sig > 0 ? sig : SIGTERM);
+        } else {
+          // Asked again while the workers are being stopped (a second Ctrl-C): no more grace.
+          result.stopped = true;
+          signal_all(workers, SIGKILL);
+          killed = true;
         }
-    if (opt.stop_fd >= 0) fds.push_back({opt.stop_fd, POLLIN, 0});
-    poll(fds.data(), fds.size(), 50);
-    for (std::size_t i = 0; i < owners.size(); ++i)
-      if (fds[i].revents) pump(*owners[i].first, *owners[i].second, opt);
-    if (opt.stop_fd >= 0 && fds.back().revents && !result.stopped) {
-      result.stopped = true;
-      stop_group();
-    }
-
-    bool any_running = false;
-    for (std::size_t i = 0; i < workers.size(); ++i) {
-      Worker& w = workers[i];
-      if (w.running && reap(w) && failed(w.exit) && !result.first_failure && !kill_at) {
-        result.first_failure = i;  // the root cause; the others are collateral
+      }
+      const auto now = Clock::now();
+      const bool check_now = now >= next_check;
+      if (check_now) next_check = now + interval;
+      if (check_now && opt.should_stop && !kill_at && opt.should_stop()) {
+        result.stopped = true;
         stop_group();
       }
-      any_running |= w.running;
-    }
-    bool streams_open = false;
-    for (auto& w : workers) streams_open |= (w.out.fd >= 0 || w.err.fd >= 0);
-    if (!any_running && !streams_open) break;
-    // A worker that exited may leave a grandchild holding its pipes: drain briefly, then go.
-    if (!any_running) {
-      if (!all_exited_at) all_exited_at = Clock::now();
-      if (Clock::now() - *all_exited_at > std::chrono::seconds(2)) break;
-    }
 
-    if (opt.timeout.count() > 0 && !kill_at && Clock::now() - started > opt.timeout) {
-      result.timed_out = true;
-      stop_group();
+      reap(workers, opt.own_all_children);
+      bool any_running = false;
+      for (std::size_t i = 0; i < workers.size(); ++i) {
+        Worker& w = workers[i];
+        if (!w.running && failed(w.exit) && !result.first_failure && !kill_at) {
+          result.first_failure = i;  // the root cause; the others are collateral
+          if (opt.on_failure) opt.on_failure(w.exit.label, w.exit.exit_code, w.exit.signal);
+          if (opt.stop_on_failure) stop_group();
+        }
+        any_running |= w.running;
+      }
+      bool streams_open = false;
+      for (auto& w : workers) streams_open |= (w.out.fd >= 0 || w.err.fd >= 0);
+      if (!any_running && !streams_open) break;
+      // A worker that exited may leave a child holding its pipes: it is ended below.
+      if (!any_running) {
+        if (!all_exited_at) all_exited_at = now;
+        if (now - *all_exited_at > std::chrono::milliseconds(200)) break;
+      }
+
+      if (opt.timeout.count() > 0 && !kill_at && now - started > opt.timeout) {
+        result.timed_out = true;
+        stop_group();
+      }
+      if (kill_at && !killed && now >= *kill_at) {
+        signal_all(workers, SIGKILL);
+        killed = true;
+      }
     }
-    if (kill_at && Clock::now() > *kill_at) signal_all(workers, SIGKILL);
+    // Whatever the workers left running (a child holding their output, a daemon that left the
+    // process group) is part of the job, and the job is over.
+    result.leftovers_killed =
+        leftover_processes(process_groups(workers), opt.own_all_children).size();
+    end_leftovers(process_groups(workers), opt.own_all_children, opt.grace);
+  } catch (...) {
+    kill_everything(workers, opt);
+    throw;
   }
   for (auto& w : workers) {
-    for (Stream* s : {&w.out, &w.err})
-      if (s->fd >= 0) close(s->fd);
+    drain(w, w.out, opt);
+    drain(w, w.err, opt);
     for (const auto& line : w.tail) w.exit.stderr_tail += line + "\n";
     result.workers.push_back(std::move(w.exit));
   }

@@ -77,6 +77,18 @@ std::vector<std::string> available_communicators() {
   return names;
 }
 
+std::vector<std::pair<std::string, std::string>> communicator_library_versions() {
+  std::vector<std::pair<std::string, std::string>> out;
+#if ACCEL_HAVE_MPI
+  out.emplace_back("MPI library", mpi_library_version());
+#endif
+#if ACCEL_HAVE_NCCL
+  out.emplace_back("NCCL library", nccl_library_version());
+  out.emplace_back("CUDA", cuda_summary());
+#endif
+  return out;
+}
+
 bool communicator_available(std::string_view backend) {
   for (const Entry& e : kEntries)
     if (e.name == backend) return e.built;

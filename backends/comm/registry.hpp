@@ -5,6 +5,7 @@
 
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "backends/comm/communicator.hpp"
@@ -17,5 +18,9 @@ CommunicatorPtr create_communicator(std::string_view backend, const CommOptions&
 // Names of the communicators built into this library.
 std::vector<std::string> available_communicators();
 bool communicator_available(std::string_view backend);
+
+// What the built communicators' libraries say about themselves at run time, for `accel env`:
+// {"MPI library", "Open MPI v4.1.4, ..."}, {"NCCL", "2.21.5"}, {"CUDA", "runtime 13.0, ..."}.
+std::vector<std::pair<std::string, std::string>> communicator_library_versions();
 
 }  // namespace accel

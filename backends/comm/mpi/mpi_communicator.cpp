@@ -639,4 +639,15 @@ void MpiCommunicator::run_recv(Buffer data, int src, std::uint32_t tag, Millisec
   }
 }
 
+std::string mpi_library_version() {
+  char text[MPI_MAX_LIBRARY_VERSION_STRING] = {};
+  int length = 0;
+  if (MPI_Get_library_version(text, &length) != MPI_SUCCESS) return "unknown";
+  std::string out(text, std::size_t(std::max(0, length)));
+  // Open MPI's string runs over several lines; the first names the library and version.
+  out = out.substr(0, out.find('\n'));
+  while (!out.empty() && (out.back() == '\0' || out.back() == ' ')) out.pop_back();
+  return out;
+}
+
 }  // namespace accel

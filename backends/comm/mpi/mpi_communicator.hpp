@@ -23,6 +23,7 @@
 // described by a derived datatype, so a size mismatch is still detected.
 
 #include <memory>
+#include <string>
 
 #include "backends/comm/communicator.hpp"
 
@@ -65,5 +66,9 @@ class MpiCommunicator final : public Communicator {
   struct State;  // MPI handles; kept out of this header so users need no <mpi.h>
   std::unique_ptr<State> state_;
 };
+
+// The MPI library's own description of itself (MPI_Get_library_version, which MPI allows
+// before MPI_Init): "Open MPI v4.1.4, package: ...". For `accel env`.
+std::string mpi_library_version();
 
 }  // namespace accel

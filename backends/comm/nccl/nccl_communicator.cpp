@@ -427,4 +427,32 @@ void NcclCommunicator::run_recv(Buffer data, int src, std::uint32_t /*tag*/, Mil
   });
 }
 
+std::string nccl_library_version() {
+  int v = 0;
+  if (ncclGetVersion(&v) != ncclSuccess) return "unknown";
+  // NCCL_VERSION(X,Y,Z) is X*10000 + Y*100 + Z since 2.9 (X*1000 + Y*100 + Z before).
+  const int major = v >= 10000 ? v / 10000 : v / 1000;
+  const int minor = v >= 10000 ? (v / 100) % 100 : (v / 100) % 10;
+  return std::to_string(major) + "." + std::to_string(minor) + "." + std::to_string(v % 100);
+}
+
+std::string cuda_summary() {
+  auto version = [](int v) { return std::to_string(v / 1000) + "." + std::to_string((v % 1000) / 10); };
+  int runtime = 0, driver = 0, devices = 0;
+  cudaRuntimeGetVersion(&runtime);
+  std::string out = "runtime " + version(runtime);
+  if (cudaDriverGetVersion(&driver) != cudaSuccess || driver == 0) return out + ", no driver";
+  out += ", driver " + version(driver);
+  const cudaError_t rc = cudaGetDeviceCount(&devices);
+  if (rc != cudaSuccess) return out + ", no device usable: " + cudaGetErrorString(rc);
+  out += ", " + std::to_string(devices) + (devices == 1 ? " device" : " devices");
+  for (int d = 0; d < devices; ++d) {
+    cudaDeviceProp prop{};
+    if (cudaGetDeviceProperties(&prop, d) == cudaSuccess)
+      out += std::string(d == 0 ? ": " : ", ") + std::to_string(d) + " " + prop.name + " (" +
+             std::to_string(prop.totalGlobalMem >> 30) + " GiB)";
+  }
+  return out;
+}
+
 }  // namespace accel

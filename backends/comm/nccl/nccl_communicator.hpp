@@ -23,6 +23,7 @@
 // up in issue order, which the in-order worker keeps, so the tag is accepted and ignored.
 
 #include <memory>
+#include <string>
 
 #include "backends/comm/communicator.hpp"
 
@@ -55,5 +56,10 @@ class NcclCommunicator final : public Communicator {
   struct State;  // CUDA and NCCL handles; kept out of this header so users need neither SDK
   std::unique_ptr<State> state_;
 };
+
+// For `accel env`: the NCCL library's version ("2.21.5"), and what the CUDA runtime sees
+// ("runtime 13.0, driver 12.8, 1 device" or "no driver: ...").
+std::string nccl_library_version();
+std::string cuda_summary();
 
 }  // namespace accel

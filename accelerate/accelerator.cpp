@@ -1,0 +1,177 @@
+#include "accelerate/accelerator.hpp"
+
+#include <cmath>
+
+#include "accelerate/process_group.hpp"
+#include "backends/comm/error.hpp"
+#include "config/resolve.hpp"
+
+namespace accel {
+namespace {
+
+// The settings the Accelerator takes from the config, with code arguments as the top layer.
+config::ResolvedConfig resolve_settings(const AcceleratorOptions& options) {
+  config::Overrides from_code;
+  if (options.gradient_accumulation_steps)
+    from_code["gradient_accumulation_steps"] = std::to_string(*options.gradient_accumulation_steps);
+  if (options.mixed_precision) from_code["mixed_precision"] = *options.mixed_precision;
+  return config::resolve_config(options.config_file, from_code);
+}
+
+template <typename T>
+std::vector<T> gather_values(Communicator& comm, const std::vector<T>& local) {
+  std::vector<T> out(local.size() * std::size_t(comm.world_size()));
+  comm.all_gather(buffer_of(std::span(local)), buffer_of(std::span(out)))->wait();
+  return out;
+}
+
+// The global order of a gathered batch is rank after rank; the sampler's padding sits at the
+// very end of the epoch, i.e. at the end of the last batch's concatenation.
+template <typename T>
+std::vector<T> drop_padding(std::vector<T> gathered, const ShardedSampler& sampler,
+                            std::size_t batch_index) {
+  if (batch_index + 1 == sampler.num_batches() && sampler.padding() <= gathered.size())
+    gathered.resize(gathered.size() - sampler.padding());
+  return gathered;
+}
+
+}  // namespace
+
+Accelerator::Accelerator(AcceleratorOptions options) : options_(std::move(options)) {
+  const config::ResolvedConfig settings = resolve_settings(options_);
+  accumulation_steps_ = settings.config.gradient_accumulation_steps;
+  mixed_precision_ = config::to_string(settings.config.mixed_precision);
+
+  ProcessGroupOptions pg;
+  if (options_.communicator) pg.backend = *options_.communicator;
+  pg.timeout = options_.timeout;
+  group_ = init_process_group(pg);
+  env_ = group_->env();
+}
+
+Accelerator::~Accelerator() = default;
+
+DeviceKind Accelerator::device() const { return group_->comm().device(); }
+
+Communicator& Accelerator::comm() { return group_->comm(); }
+
+void Accelerator::prepare_parameters(std::vector<ParamRef> params, std::vector<Buffer> buffers) {
+  ACCEL_CHECK_ARG(!strategy_, "prepare_parameters: parameters were already prepared");
+  strategy_ = std::make_unique<DdpStrategy>(comm(), std::move(params), std::move(buffers),
+                                            options_.ddp);
+  strategy_->prepare();
+  strategy_->set_sync_enabled(is_accumulation_boundary());
+}
+
+Strategy& Accelerator::strategy() {
+  ACCEL_CHECK_ARG(strategy_ != nullptr, "no parameters prepared yet (prepare_parameters)");
+  return *strategy_;
+}
+
+bool Accelerator::is_accumulation_boundary() const {
+  return last_batch_ || micro_since_sync_ + 1 >= accumulation_steps_;
+}
+
+void Accelerator::begin_batch(std::size_t batch_index, std::size_t num_batches) {
+  last_batch_ = batch_index + 1 >= num_batches;
+  if (strategy_) strategy_->set_sync_enabled(is_accumulation_boundary());
+}
+
+void Accelerator::grad_ready(std::size_t index) { strategy().grad_ready(index); }
+
+bool Accelerator::sync_gradients() {
+  Strategy& s = strategy();
+  const bool boundary = is_accumulation_boundary();
+  if (boundary) {
+    s.sync_gradients();
+    ++optimizer_steps_;
+    micro_since_sync_ = 0;
+  } else {
+    ++micro_since_sync_;
+  }
+  last_batch_ = false;
+  s.set_sync_enabled(is_accumulation_boundary());  // for the next micro-batch's hooks
+  return boundary;
+}
+
+double Accelerator::clip_grad_norm(double max_norm) {
+  // After DDP's sync every rank holds the same averaged gradients, so the local norm is the
+  // global one; sharded strategies will reduce their partial sums here.
+  double sum_sq = 0;
+  for (const ParamRef& p : strategy_->params())
+    visit_dtype(p.grad.dtype, [&](auto element) {
+      using T = decltype(element);
+      const T* g = static_cast<const T*>(p.grad.data);
+      for (std::size_t i = 0; i < p.grad.count; ++i) {
+        const double v = element_to_double(g[i]);
+        sum_sq += v * v;
+      }
+    });
+  const double norm = std::sqrt(sum_sq);
+  const double coef = max_norm / (norm + 1e-6);  // PyTorch's clip_grad_norm_ epsilon
+  if (coef < 1.0)
+    for (const ParamRef& p : strategy_->params())
+      visit_dtype(p.grad.dtype, [&](auto element) {
+        using T = decltype(element);
+        T* g = static_cast<T*>(p.grad.data);
+        for (std::size_t i = 0; i < p.grad.count; ++i)
+          g[i] = element_from_double<T>(element_to_double(g[i]) * coef);
+      });
+  return norm;
+}
+
+ShardedSampler Accelerator::make_sampler(std::size_t size, SamplerOptions options) const {
+  if (options.seed == 0) options.seed = seed_;
+  return ShardedSampler(size, num_processes(), process_index(), options);
+}
+
+void Accelerator::reduce(Buffer data, ReduceOp op) { comm().all_reduce(data, op)->wait(); }
+
+void Accelerator::broadcast(Buffer data, int root) { comm().broadcast(data, root)->wait(); }
+
+std::vector<float> Accelerator::gather(const std::vector<float>& local) {
+  return gather_values(comm(), local);
+}
+std::vector<std::int64_t> Accelerator::gather(const std::vector<std::int64_t>& local) {
+  return gather_values(comm(), local);
+}
+
+std::vector<float> Accelerator::gather_for_metrics(const std::vector<float>& local,
+                                                   const ShardedSampler& sampler,
+                                                   std::size_t batch_index) {
+  return drop_padding(gather(local), sampler, batch_index);
+}
+std::vector<std::int64_t> Accelerator::gather_for_metrics(const std::vector<std::int64_t>& local,
+                                                          const ShardedSampler& sampler,
+                                                          std::size_t batch_index) {
+  return drop_padding(gather(local), sampler, batch_index);
+}
+
+std::vector<float> Accelerator::pad_across_processes(std::vector<float> local, float pad) {
+  std::int64_t longest = std::int64_t(local.size());
+  comm().all_reduce(buffer_of(std::span(&longest, 1)), ReduceOp::max)->wait();
+  local.resize(std::size_t(longest), pad);
+  return local;
+}
+
+void Accelerator::wait_for_everyone() { comm().barrier()->wait(); }
+
+void Accelerator::main_process_first(const std::function<void()>& fn) {
+  if (is_main_process()) fn();
+  wait_for_everyone();
+  if (!is_main_process()) fn();
+}
+
+std::pair<std::size_t, std::size_t> Accelerator::split_between_processes(std::size_t n) const {
+  const Shard s = shard_of(n, num_processes(), process_index());
+  return {s.offset, s.offset + s.count};
+}
+
+void Accelerator::set_seed(std::uint64_t seed) {
+  // Rank 0's seed is everyone's: a seed drawn from a clock on each rank would diverge.
+  std::uint64_t value = seed;
+  broadcast(Buffer{&value, 1, DType::i64, DeviceKind::cpu});
+  seed_ = value;
+}
+
+}  // namespace accel

@@ -1,0 +1,53 @@
+#include "accelerate/sharded_sampler.hpp"
+
+#include <numeric>
+#include <random>
+
+#include "backends/comm/error.hpp"
+
+namespace accel {
+
+ShardedSampler::ShardedSampler(std::size_t dataset_size, int world_size, int rank,
+                               SamplerOptions options)
+    : dataset_size_(dataset_size), world_size_(world_size), rank_(rank), options_(options) {
+  ACCEL_CHECK_ARG(world_size >= 1 && rank >= 0 && rank < world_size,
+                  "sampler: rank " + std::to_string(rank) + " outside world of " +
+                      std::to_string(world_size));
+  ACCEL_CHECK_ARG(options.batch_size >= 1, "sampler: batch_size must be at least 1");
+  ACCEL_CHECK_ARG(dataset_size > 0 || options.drop_last, "sampler: the dataset is empty");
+}
+
+std::vector<std::size_t> ShardedSampler::permutation() const {
+  std::vector<std::size_t> p(dataset_size_);
+  std::iota(p.begin(), p.end(), std::size_t{0});
+  if (options_.shuffle) {
+    // mt19937_64 and our own Fisher-Yates: std::shuffle's algorithm is unspecified, and
+    // every rank (and a resumed run) must draw the very same permutation.
+    std::mt19937_64 rng(options_.seed + epoch_);
+    for (std::size_t i = p.size(); i > 1; --i) std::swap(p[i - 1], p[rng() % i]);
+  }
+  return p;
+}
+
+std::size_t ShardedSampler::num_batches() const {
+  const std::size_t global = options_.batch_size * std::size_t(world_size_);
+  return options_.drop_last ? dataset_size_ / global : (dataset_size_ + global - 1) / global;
+}
+
+std::size_t ShardedSampler::padding() const {
+  const std::size_t total = num_batches() * options_.batch_size * std::size_t(world_size_);
+  return total > dataset_size_ ? total - dataset_size_ : 0;
+}
+
+std::vector<std::size_t> ShardedSampler::indices() const {
+  const std::vector<std::size_t> p = permutation();
+  const std::size_t b = options_.batch_size, global = b * std::size_t(world_size_);
+  std::vector<std::size_t> out;
+  out.reserve(num_batches() * b);
+  for (std::size_t g = 0; g < num_batches(); ++g)
+    for (std::size_t k = 0; k < b; ++k)
+      out.push_back(p[(g * global + std::size_t(rank_) * b + k) % p.size()]);  // wrap to pad
+  return out;
+}
+
+}  // namespace accel

@@ -1,0 +1,56 @@
+#pragma once
+// Which samples each rank sees in an epoch (PyTorch's DistributedSampler with Accelerate's
+// even batches), framework-free: it deals in dataset indices.
+//
+// The epoch is a sequence of global batches of batch_size * world samples, taken from one
+// permutation of the dataset (shuffled with seed + epoch, the same on every rank). Global
+// batch g gives rank r the batch_size samples starting at g * batch_size * world +
+// r * batch_size. So N ranks together see exactly the global batches one process with
+// batch_size * world would see, which is what makes DDP equal to single-process training.
+//
+// The tail: with drop_last the incomplete last global batch is dropped; otherwise it is
+// filled by wrapping around to the start of the permutation, so every rank gets the same
+// number of batches (no rank waits in a collective for a batch another rank lacks).
+// padding() says how many samples were repeats, so gather_for_metrics can drop them.
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace accel {
+
+struct SamplerOptions {
+  std::size_t batch_size = 1;  // per rank
+  bool shuffle = true;
+  std::uint64_t seed = 0;
+  bool drop_last = false;
+};
+
+class ShardedSampler {
+ public:
+  ShardedSampler(std::size_t dataset_size, int world_size, int rank, SamplerOptions options = {});
+
+  // Reshuffles for this epoch (every rank must use the same epoch).
+  void set_epoch(std::uint64_t epoch) { epoch_ = epoch; }
+  std::uint64_t epoch() const { return epoch_; }
+
+  // This rank's sample indices for the epoch, batch after batch.
+  std::vector<std::size_t> indices() const;
+  // Batches per rank in the epoch: the same on every rank.
+  std::size_t num_batches() const;
+  // Samples of the whole epoch (all ranks) that repeat earlier ones to fill the last batch.
+  std::size_t padding() const;
+  std::size_t dataset_size() const { return dataset_size_; }
+  const SamplerOptions& options() const { return options_; }
+
+ private:
+  std::vector<std::size_t> permutation() const;
+
+  std::size_t dataset_size_;
+  int world_size_;
+  int rank_;
+  SamplerOptions options_;
+  std::uint64_t epoch_ = 0;
+};
+
+}  // namespace accel

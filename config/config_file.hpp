@@ -1,0 +1,39 @@
+#pragma once
+// Config files: where the default one lives, reading one (every problem named by file, line
+// and key), and writing one atomically so an interrupted write leaves the old file intact.
+
+#include <functional>
+#include <string>
+#include <string_view>
+
+#include "config/config.hpp"
+
+namespace accel::config {
+
+// $ACCEL_CONFIG_FILE if set, else $XDG_CONFIG_HOME/accelerate-cpp/default_config.yaml, else
+// ~/.config/accelerate-cpp/default_config.yaml.
+std::string default_config_path();
+
+// The file over the defaults (detected on this machine), checked key by key and across keys.
+// Throws ConfigError "PATH:LINE: key 'KEY': PROBLEM" (or "PATH: ..." when the file cannot be
+// read, "PATH:LINE: invalid YAML: ..." when it does not parse). Accelerate keys without a
+// meaning here land in notes, not errors.
+ResolvedConfig load_config_file(const std::string& path);
+
+// The YAML `save_config` writes: the keys that apply to this config (is_written), in schema
+// order, quoted where YAML 1.1 readers (PyYAML) would otherwise misread them ('NO', 'no').
+std::string to_yaml(const Config&);
+
+// Checks the config (ConfigError if its keys contradict each other), then writes it with
+// write_file_atomically, creating the directory.
+void save_config(const std::string& path, const Config&);
+
+// Writes a temporary file in the same directory, fsyncs it, renames it over `path` and
+// fsyncs the directory: readers see the old file or the new one, never a part. On failure
+// (accel::Error naming the path) the temporary file is removed and `path` is untouched.
+// before_rename runs after the data is on disk and before the rename; tests throw from it to
+// simulate a crash at the last moment.
+void write_file_atomically(const std::string& path, std::string_view content,
+                           const std::function<void()>& before_rename = {});
+
+}  // namespace accel::config

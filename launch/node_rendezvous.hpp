@@ -1,0 +1,94 @@
+#pragma once
+// How the `accel launch` of every machine agrees, attempt by attempt, on starting, on the
+// first failure, and on what comes next (done, restart, stop). They talk through the
+// rendezvous store machine 0 hosts, under "launcher/" (the workers' keys live under
+// "attempt/N/", so neither can confuse the other). One machine is the same code path with a
+// world of one launcher.
+//
+//   launcher/<a>/ready/<m>   machine m is about to start attempt a's workers
+//   launcher/<a>/failure     the first failure of attempt a (first writer wins)
+//   launcher/<a>/done/<m>    machine m's workers of attempt a have all ended
+//   launcher/<a>/decision    machine 0's verdict: success, restart or stop
+//   launcher/<a>/ack/<m>     machine m read the final verdict (machine 0 may now exit)
+//   launcher/alive/<m>       a counter machine m bumps while it waits, so a launcher that
+//                            died is noticed instead of waited for forever
+
+#include <chrono>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+
+#include "backends/comm/store.hpp"
+
+namespace accel::launch {
+
+struct Failure {
+  int machine = 0;
+  int exit_code = 1;        // what every launcher exits with when the job stops on it
+  bool restartable = true;  // false: the user interrupted, or a launcher was lost
+  std::string what;         // "rank 3 exited with code 3"
+
+  std::string encode() const;
+  static Failure decode(const std::string& text);
+};
+
+enum class Decision { success, restart, stop };
+
+struct Outcome {
+  Decision decision = Decision::success;
+  std::optional<Failure> failure;  // set for restart and stop
+};
+
+struct NodeRendezvousOptions {
+  int num_machines = 1;
+  int machine_rank = 0;
+  std::chrono::milliseconds join_timeout{std::chrono::seconds(300)};
+  std::chrono::milliseconds poll_interval{100};
+  // A launcher whose alive counter does not move for this long is taken for dead.
+  std::chrono::milliseconds silence_limit{std::chrono::seconds(60)};
+  // The signal (SIGINT/SIGTERM) that interrupted this launcher, 0 while none did. Waits give
+  // up on it, and the job then stops without a restart.
+  std::function<int()> interrupt_signal;
+};
+
+class NodeRendezvous {
+ public:
+  NodeRendezvous(StorePtr store, NodeRendezvousOptions options);
+
+  // Returns once every machine is ready for attempt `attempt`. Throws TimeoutError naming
+  // the machines that did not come, or Interrupted once this launcher is interrupted.
+  void join(int attempt);
+
+  // Cheap enough to call every monitor interval while workers run: bumps our alive counter
+  // and says whether some machine reported a failure of this attempt.
+  bool failure_reported(int attempt);
+
+  // Publishes a failure unless another was first; returns the one that counts.
+  Failure report_failure(int attempt, const Failure& failure);
+
+  // After this machine's workers of `attempt` ended (local_exit 0 = all succeeded): waits for
+  // machine 0's verdict (machine 0: decides it, once every machine is done or some machine
+  // failed). `restarts_left` only matters on machine 0. Bounded: a silent machine is a failure.
+  Outcome finish(int attempt, int local_exit, int restarts_left);
+
+  struct Interrupted {};
+
+ private:
+  std::string key(int attempt, const std::string& what) const;
+  std::string key(int attempt, const std::string& what, int machine) const;
+  void heartbeat();
+  // Machines (other than us) whose alive counter has not moved for silence_limit.
+  std::optional<int> silent_machine(const std::vector<int>& watched);
+  int interrupted() const;
+
+  StorePtr store_;
+  NodeRendezvousOptions opt_;
+  struct Seen {
+    std::int64_t value = -1;
+    std::chrono::steady_clock::time_point since;
+  };
+  std::map<int, Seen> seen_;
+};
+
+}  // namespace accel::launch

@@ -1,0 +1,131 @@
+#include "launch/restart_loop.hpp"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "backends/comm/error.hpp"
+
+namespace accel::launch {
+namespace {
+
+void say(std::string text) {
+  while (!text.empty() && text.back() == '\n') text.pop_back();
+  const std::string line = "accel launch: " + text + "\n";
+  (void)!write(STDERR_FILENO, line.data(), line.size());
+}
+
+std::string signal_name(int sig) {
+  return sig == SIGINT    ? "SIGINT"
+         : sig == SIGTERM ? "SIGTERM"
+         : sig == SIGHUP  ? "SIGHUP"
+                          : "signal " + std::to_string(sig);
+}
+
+}  // namespace
+
+int run_attempts(const AttemptPlan& plan) {
+  const LaunchOptions& options = *plan.options;
+  NodeRendezvous& rdzv = *plan.rendezvous;
+  const int me = plan.machine_rank;
+  for (int attempt = 0;; ++attempt) {
+    try {
+      rdzv.join(attempt);
+    } catch (const NodeRendezvous::Interrupted&) {
+      say("interrupted by " + signal_name(plan.interrupt_signal()) +
+          " while waiting for the other machines");
+      return 128 + plan.interrupt_signal();
+    } catch (const TimeoutError& e) {
+      say(e.what());
+      return 1;
+    }
+
+    const std::vector<WorkerSpec> specs = plan.workers(attempt);
+    WorkerGroupOptions group;
+    group.grace = options.grace;
+    group.monitor_interval = options.monitor_interval;
+    group.prefix_output = plan.prefix_output;
+    group.log_append = attempt > 0;  // a restart continues each rank's log, marked
+    if (attempt > 0)
+      group.log_header = "=== accel launch: restart " + std::to_string(attempt) + " of " +
+                         std::to_string(options.max_restarts) + " ===";
+    if (!options.log_dir.empty() && options.tee) group.echo_streams = *options.tee;
+    group.stop_fd = plan.stop_fd;
+    group.stop_signal = plan.interrupt_signal;
+    group.own_all_children = true;
+    std::string lost_store;  // set when the store stopped answering mid-run
+    group.should_stop = [&] {
+      try {
+        return rdzv.failure_reported(attempt);
+      } catch (const std::exception& e) {
+        lost_store = e.what();
+        return true;
+      }
+    };
+    group.on_failure = [&](const std::string& label, int code, int sig) {
+      Failure f;
+      f.machine = me;
+      f.exit_code = sig ? 128 + sig : code;
+      f.what = (plan.num_machines > 1 ? "machine " + std::to_string(me) + ": " : std::string()) +
+               label + " " + describe_exit(code, sig);
+      try {
+        rdzv.report_failure(attempt, f);
+      } catch (const std::exception& e) {
+        lost_store = e.what();
+      }
+    };
+
+    const GroupResult result = run_worker_group(specs, group);
+    if (result.first_failure) say(result.failure_report());
+    if (result.leftovers_killed)
+      say("ended " + std::to_string(result.leftovers_killed) +
+          " process(es) the workers left behind");
+    if (!lost_store.empty()) {
+      say("lost the rendezvous store: " + lost_store);
+      return result.first_failure ? result.exit_code() : 1;
+    }
+    if (const int sig = plan.interrupt_signal()) {
+      say("interrupted by " + signal_name(sig) + "; the workers were stopped");
+      Failure f;
+      f.machine = me;
+      f.exit_code = 128 + sig;
+      f.restartable = false;
+      f.what =
+          "machine " + std::to_string(me) + "'s launcher was interrupted by " + signal_name(sig);
+      try {
+        rdzv.report_failure(attempt, f);
+        rdzv.finish(attempt, 128 + sig, 0);
+      } catch (const std::exception&) {
+        // Telling the others is a courtesy; they notice a silent launcher anyway.
+      }
+      return 128 + sig;
+    }
+
+    Outcome outcome;
+    try {
+      outcome = rdzv.finish(attempt, result.exit_code(), options.max_restarts - attempt);
+    } catch (const std::exception& e) {
+      say("lost the other machines: " + std::string(e.what()));
+      return result.exit_code() ? result.exit_code() : 1;
+    }
+    switch (outcome.decision) {
+      case Decision::success:
+        return 0;
+      case Decision::restart:
+        say("restarting every worker (restart " + std::to_string(attempt + 1) + " of " +
+            std::to_string(options.max_restarts) + ") after " + outcome.failure->what);
+        continue;
+      case Decision::stop:
+        break;
+    }
+    const Failure failure = outcome.failure.value_or(Failure{});
+    if (failure.machine != me || !result.first_failure) say("stopped: " + failure.what);
+    if (options.max_restarts > 0 && failure.restartable)
+      say("no restarts left (--max_restarts " + std::to_string(options.max_restarts) + ")");
+    return failure.exit_code != 0 ? failure.exit_code : 1;
+  }
+}
+
+}  // namespace accel::launch

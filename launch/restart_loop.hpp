@@ -1,0 +1,33 @@
+#pragma once
+// The attempts of one job on one machine: join the other machines, run this machine's
+// workers, agree on the outcome, and start over while --max_restarts allows. Each attempt's
+// workers get ACCEL_RESTART_COUNT (and torchrun's TORCHELASTIC_RESTART_COUNT), which also
+// names their rendezvous namespace in the store ("attempt/N/", see init_process_group), so
+// keys a failed attempt left behind cannot confuse the next one.
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "launch/launch_options.hpp"
+#include "launch/node_rendezvous.hpp"
+#include "launch/worker_group.hpp"
+
+namespace accel::launch {
+
+struct AttemptPlan {
+  const LaunchOptions* options = nullptr;
+  int machine_rank = 0;
+  int num_machines = 1;
+  // The workers of attempt `restart` on this machine (their environment already complete).
+  std::function<std::vector<WorkerSpec>(int restart)> workers;
+  NodeRendezvous* rendezvous = nullptr;
+  int stop_fd = -1;                       // readable once the launcher was interrupted
+  std::function<int()> interrupt_signal;  // which signal, 0 = none
+  bool prefix_output = true;              // false when mpirun tags the lines itself
+};
+
+// Returns the exit status of the job (see launch()).
+int run_attempts(const AttemptPlan& plan);
+
+}  // namespace accel::launch

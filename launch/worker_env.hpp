@@ -1,0 +1,59 @@
+#pragma once
+// The environment every worker starts with: torchrun's names for who it is and where to
+// rendezvous, ACCEL_* for what the config chose, and a few defaults that make workers fast
+// on shared machines (thread counts, huge pages), each explained when printed and each
+// switchable off.
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "config/config.hpp"
+#include "launch/launch_options.hpp"
+
+namespace accel::launch {
+
+using EnvList = std::vector<std::pair<std::string, std::string>>;
+
+// Where this machine's workers sit in the job.
+struct JobLayout {
+  int world_size = 1;        // processes over all machines
+  int local_world_size = 1;  // processes on this machine
+  int node_rank = 0;         // this machine's rank
+  std::string master_addr;   // the rendezvous store (machine 0)
+  int master_port = 0;
+  std::string store_token;  // ACCEL_STORE_TOKEN for the workers; "" = none
+};
+
+// A variable the launcher chose on its own, with why and how to stop it: printed once.
+struct EnvDefault {
+  std::string name, value;
+  std::string why;      // "16 cores / 4 workers"
+  std::string opt_out;  // "set OMP_NUM_THREADS yourself, or --no_omp_num_threads"
+};
+
+struct WorkerEnvPlan {
+  EnvList common;                     // the same for every worker on this machine
+  std::vector<EnvDefault> defaults;   // the part of `common` that was a default (for the summary)
+  std::vector<std::string> warnings;  // e.g. no address toward main_process_ip was found
+};
+
+WorkerEnvPlan plan_worker_env(const config::Config& config, const LaunchOptions& options,
+                              const JobLayout& layout);
+
+// RANK and LOCAL_RANK of this machine's local_rank-th worker.
+EnvList rank_env(const JobLayout& layout, int local_rank);
+
+// ACCEL_RESTART_COUNT and its torchrun spelling, for attempt `restart` (0 = the first run).
+EnvList restart_env(int restart, int max_restarts);
+
+// CPUs this process may run on (its affinity mask; the whole machine without one).
+int usable_cpu_count();
+
+// The local address the kernel would use to reach `host` ("" when it has no route): the
+// address Gloo must listen on for the other machines to reach this one.
+std::string local_address_toward(const std::string& host);
+
+bool is_loopback(const std::string& host);
+
+}  // namespace accel::launch
