@@ -76,18 +76,23 @@ std::string local_address_toward(const std::string& host) {
   return out;
 }
 
+EnvList job_env(const JobLayout& layout) {
+  EnvList env = {{"WORLD_SIZE", std::to_string(layout.world_size)},
+                 {"LOCAL_WORLD_SIZE", std::to_string(layout.local_world_size)},
+                 {"NODE_RANK", std::to_string(layout.node_rank)},
+                 {"GROUP_RANK", std::to_string(layout.node_rank)},  // torchrun's name for it
+                 {"MASTER_ADDR", layout.master_addr},
+                 {"MASTER_PORT", std::to_string(layout.master_port)},
+                 {"ACCEL_LAUNCHER_STORE", "1"}};
+  if (!layout.store_token.empty()) env.emplace_back("ACCEL_STORE_TOKEN", layout.store_token);
+  return env;
+}
+
 WorkerEnvPlan plan_worker_env(const config::Config& config, const LaunchOptions& options,
                               const JobLayout& layout) {
   WorkerEnvPlan plan;
   // Who the workers are (RANK and LOCAL_RANK are added per worker) and where to meet.
-  add(plan, "WORLD_SIZE", std::to_string(layout.world_size));
-  add(plan, "LOCAL_WORLD_SIZE", std::to_string(layout.local_world_size));
-  add(plan, "NODE_RANK", std::to_string(layout.node_rank));
-  add(plan, "GROUP_RANK", std::to_string(layout.node_rank));  // torchrun's name for it
-  add(plan, "MASTER_ADDR", layout.master_addr);
-  add(plan, "MASTER_PORT", std::to_string(layout.master_port));
-  add(plan, "ACCEL_LAUNCHER_STORE", "1");
-  if (!layout.store_token.empty()) add(plan, "ACCEL_STORE_TOKEN", layout.store_token);
+  for (const auto& [name, value] : job_env(layout)) add(plan, name, value);
 
   // What the config chose, in the ACCEL_* variables the library reads.
   for (const auto& [name, value] : config::to_environment(config)) add(plan, name, value);

@@ -41,6 +41,10 @@ struct WorkerEnvPlan {
 WorkerEnvPlan plan_worker_env(const config::Config& config, const LaunchOptions& options,
                               const JobLayout& layout);
 
+// Who the job is and where it meets (torchrun's names): WORLD_SIZE, LOCAL_WORLD_SIZE,
+// NODE_RANK, MASTER_ADDR, MASTER_PORT, ACCEL_LAUNCHER_STORE, ACCEL_STORE_TOKEN.
+EnvList job_env(const JobLayout& layout);
+
 // RANK and LOCAL_RANK of this machine's local_rank-th worker.
 EnvList rank_env(const JobLayout& layout, int local_rank);
 

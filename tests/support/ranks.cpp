@@ -5,6 +5,7 @@
 #include <filesystem>
 
 #include "backends/comm/tcp_store.hpp"
+#include "launch/worker_env.hpp"
 
 namespace accel::test {
 
@@ -16,22 +17,22 @@ launch::GroupResult run_ranks(int world, const std::string& program,
                               const std::vector<std::string>& args, const RanksOptions& options) {
   // The store lives here, on a free port, as the launcher would host it.
   TcpStoreServer server("127.0.0.1", 0, options.store_token);
+  launch::JobLayout layout;
+  layout.world_size = layout.local_world_size = world;
+  layout.master_addr = "127.0.0.1";
+  layout.master_port = server.port();
+  layout.store_token = options.store_token;
   std::vector<launch::WorkerSpec> specs;
   for (int r = 0; r < world; ++r) {
     launch::WorkerSpec spec;
     spec.argv = {bin_path(program)};
     spec.argv.insert(spec.argv.end(), args.begin(), args.end());
     spec.label = "rank " + std::to_string(r);
-    spec.env = {{"RANK", std::to_string(r)},
-                {"LOCAL_RANK", std::to_string(r)},
-                {"WORLD_SIZE", std::to_string(world)},
-                {"LOCAL_WORLD_SIZE", std::to_string(world)},
-                {"NODE_RANK", "0"},
-                {"MASTER_ADDR", "127.0.0.1"},
-                {"MASTER_PORT", std::to_string(server.port())},
-                {"ACCEL_LAUNCHER_STORE", "1"},
-                {"ACCEL_STORE_TOKEN", options.store_token},
-                {"OMP_NUM_THREADS", "1"}};
+    // Exactly what `accel launch` gives its workers, with the store hosted here.
+    spec.env = launch::job_env(layout);
+    const auto ranks = launch::rank_env(layout, r);
+    spec.env.insert(spec.env.end(), ranks.begin(), ranks.end());
+    spec.env.emplace_back("OMP_NUM_THREADS", "1");
     spec.env.insert(spec.env.end(), options.env.begin(), options.env.end());
     specs.push_back(std::move(spec));
   }
