@@ -18,6 +18,12 @@ config::ResolvedConfig resolve_settings(const AcceleratorOptions& options) {
   return config::resolve_config(options.config_file, from_code);
 }
 
+// Each rank its own stream, reproducible from (seed, rank).
+std::mt19937_64 rank_rng(std::uint64_t seed, int rank) {
+  std::seed_seq seq{std::uint32_t(seed), std::uint32_t(seed >> 32), std::uint32_t(rank)};
+  return std::mt19937_64(seq);
+}
+
 template <typename T>
 std::vector<T> gather_values(Communicator& comm, const std::vector<T>& local) {
   std::vector<T> out(local.size() * std::size_t(comm.world_size()));
@@ -47,6 +53,7 @@ Accelerator::Accelerator(AcceleratorOptions options) : options_(std::move(option
   pg.timeout = options_.timeout;
   group_ = init_process_group(pg);
   env_ = group_->env();
+  rng_ = rank_rng(seed_, env_.rank);
 }
 
 Accelerator::~Accelerator() = default;
@@ -57,6 +64,8 @@ Communicator& Accelerator::comm() { return group_->comm(); }
 
 void Accelerator::prepare_parameters(std::vector<ParamRef> params, std::vector<Buffer> buffers) {
   ACCEL_CHECK_ARG(!strategy_, "prepare_parameters: parameters were already prepared");
+  params_ = params;  // views, kept for save_state / load_state
+  buffers_ = buffers;
   strategy_ = std::make_unique<DdpStrategy>(comm(), std::move(params), std::move(buffers),
                                             options_.ddp);
   strategy_->prepare();
@@ -74,6 +83,7 @@ bool Accelerator::is_accumulation_boundary() const {
 
 void Accelerator::begin_batch(std::size_t batch_index, std::size_t num_batches) {
   last_batch_ = batch_index + 1 >= num_batches;
+  batch_in_flight_ = {batch_index, num_batches};
   if (strategy_) strategy_->set_sync_enabled(is_accumulation_boundary());
 }
 
@@ -91,6 +101,15 @@ bool Accelerator::sync_gradients() {
   }
   last_batch_ = false;
   s.set_sync_enabled(is_accumulation_boundary());  // for the next micro-batch's hooks
+  if (batch_in_flight_) {  // this batch is done: a checkpoint now resumes at the next one
+    const auto [index, count] = *batch_in_flight_;
+    batch_in_flight_.reset();
+    next_batch_ = index + 1;
+    if (next_batch_ >= count) {
+      ++epoch_;
+      next_batch_ = 0;
+    }
+  }
   return boundary;
 }
 
@@ -172,6 +191,13 @@ void Accelerator::set_seed(std::uint64_t seed) {
   std::uint64_t value = seed;
   broadcast(Buffer{&value, 1, DType::i64, DeviceKind::cpu});
   seed_ = value;
+  rng_ = rank_rng(seed_, process_index());
+}
+
+void Accelerator::set_epoch(std::uint64_t epoch) {
+  if (epoch == epoch_) return;  // keeps a resumed mid-epoch position
+  epoch_ = epoch;
+  next_batch_ = 0;
 }
 
 }  // namespace accel

@@ -13,6 +13,9 @@
 //     }
 //   }
 //
+// Checkpoints (save_state / load_state, see "Checkpoints" below): parameters, counters, the
+// loop's position, the seed, the RNG and every registered state, written atomically.
+//
 // Settings: a value given in AcceleratorOptions wins over the environment (ACCEL_*, set by
 // `accel launch`), which wins over the config file, which wins over the detected default.
 
@@ -21,9 +24,11 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <random>
 #include <string>
 #include <vector>
 
+#include "accelerate/checkpoint.hpp"
 #include "accelerate/process_env.hpp"
 #include "accelerate/sharded_sampler.hpp"
 #include "backends/backend.hpp"
@@ -33,6 +38,12 @@
 namespace accel {
 
 class ProcessGroup;
+
+// Whose copy of a registered state a checkpoint keeps.
+enum class StateScope {
+  shared,    // equal on every rank (DDP's optimizer state): rank 0 saves it, every rank loads it
+  per_rank,  // differs per rank (a shard, a per-rank RNG): each rank saves and loads its own
+};
 
 struct AcceleratorOptions {
   std::optional<std::string> communicator;             // "gloo", "mpi", "nccl", "local"
@@ -120,20 +131,83 @@ class Accelerator {
   std::pair<std::size_t, std::size_t> split_between_processes(std::size_t n) const;
 
   // ---- randomness: the same seed on every rank (and recorded in checkpoints)
+  // Also reseeds rng() from (seed, rank).
   void set_seed(std::uint64_t seed);
   std::uint64_t seed() const { return seed_; }
+  // The loop's own random engine (dropout masks, augmentation): a different stream per rank,
+  // seeded by set_seed, saved per rank in checkpoints, so a resumed run draws what the
+  // uninterrupted run would have drawn.
+  std::mt19937_64& rng() { return rng_; }
+
+  // ---- where the loop is in its data (saved in checkpoints)
+  // The epoch about to run (call it where the sampler's set_epoch is called). A different
+  // epoch than the current one starts at batch 0; the same one keeps the position, so
+  // set_epoch(resume_epoch()) after load_state stays mid-epoch. begin_batch and
+  // sync_gradients then advance the position; after an epoch's last batch it is the next
+  // epoch's batch 0. A loop that does not call begin_batch is only tracked by epoch.
+  void set_epoch(std::uint64_t epoch);
+  std::uint64_t epoch() const { return epoch_; }
+  std::uint64_t batch_in_epoch() const { return next_batch_; }  // batches of epoch() done
+
+  // ---- checkpoints (accelerate/checkpoint.hpp has the directory format and crash rules)
+  // State the Accelerator does not know about (optimizer, LR scheduler, a framework's
+  // model): save() returns its bytes, load() restores them. A shared state's save() is
+  // called on rank 0 only, so it must not communicate. Register in the same order with the
+  // same names on every rank, before save_state / load_state.
+  void register_state(std::string name, std::function<std::string()> save,
+                      std::function<void(const std::string&)> load,
+                      StateScope scope = StateScope::shared);
+  // Every rank calls it, after an optimizer step (between accumulation steps the partly
+  // accumulated gradients would be lost, so that throws). Saves the prepared parameters and
+  // buffers (rank 0's copy: DDP replicas are equal), the step, epoch and batch position,
+  // the seed, each rank's rng() and every registered state.
+  void save_state(const std::string& dir);
+  // Every rank calls it, after set_seed and prepare_parameters. Reads and verifies the whole
+  // checkpoint on every rank before changing anything; throws CheckpointError (naming the
+  // file and the problem) on every rank if any rank found one. Registered states are loaded
+  // first (a load() that throws may leave earlier ones applied: validate before changing
+  // anything), then parameters, counters and rng(). A checkpoint saved by another number of
+  // processes loads when nothing depends on it: not mid-epoch, no per-rank registered state;
+  // rng() is then reseeded from (seed, rank, step) instead of restored.
+  void load_state(const std::string& dir);
+  // Where load_state left the loop: continue with epoch resume_epoch() at batch
+  // resume_batch() (both 0 before any load).
+  std::uint64_t resume_epoch() const { return resume_epoch_; }
+  std::uint64_t resume_batch() const { return resume_batch_; }
+  // A front end that saves the model itself through register_state (the LibTorch adapter,
+  // or parameters living on a GPU) switches off the parameter blob.
+  void set_checkpoint_parameters(bool on) { checkpoint_parameters_ = on; }
 
  private:
   ProcessEnv env_;
   AcceleratorOptions options_;
   std::unique_ptr<ProcessGroup> group_;
   std::unique_ptr<DdpStrategy> strategy_;
+  std::vector<ParamRef> params_;       // as prepared, for checkpoints
+  std::vector<Buffer> buffers_;
   int accumulation_steps_ = 1;
   std::string mixed_precision_ = "no";
   int micro_since_sync_ = 0;           // micro-batches since the last boundary
   bool last_batch_ = false;            // the current batch ends an epoch
   std::uint64_t optimizer_steps_ = 0;  // boundaries reached
   std::uint64_t seed_ = 0;
+  std::mt19937_64 rng_;
+
+  // The loop's position: epoch_ and the batches of it done; begin_batch's batch in flight.
+  std::uint64_t epoch_ = 0;
+  std::uint64_t next_batch_ = 0;
+  std::optional<std::pair<std::uint64_t, std::uint64_t>> batch_in_flight_;  // index, count
+  std::uint64_t resume_epoch_ = 0;
+  std::uint64_t resume_batch_ = 0;
+
+  struct RegisteredState {
+    std::string name;
+    std::function<std::string()> save;
+    std::function<void(const std::string&)> load;
+    StateScope scope;
+  };
+  std::vector<RegisteredState> states_;
+  bool checkpoint_parameters_ = true;
 };
 
 }  // namespace accel

@@ -63,6 +63,9 @@ DdpStrategy::DdpStrategy(Communicator& comm, std::vector<ParamRef> params,
     b->flat = Buffer{b->storage.data(), b->count, b->dtype, DeviceKind::cpu};
     b->pending = b->params.size();
   }
+  // A gradient given without storage lives in its bucket slot (gradient_as_bucket_view).
+  for (std::size_t k = 0; k < params_.size(); ++k)
+    if (params_[k].grad.data == nullptr) params_[k].grad = grad_view(k);
 }
 
 DdpStrategy::~DdpStrategy() {
@@ -129,11 +132,12 @@ void DdpStrategy::sync_gradients() {
   if (!sync_enabled_) return;
   {
     std::lock_guard lock(mutex_);
-    // Gradients that never arrived count as zero, so no rank waits for them.
+    // A gradient not reported this micro-batch (its parameter was not used) contributes what
+    // its buffer holds: what earlier micro-batches accumulated, or the zeros zero_grad left.
+    // Reducing it now means no rank ever waits for it.
     for (std::size_t i = 0; i < params_.size(); ++i) {
       if (ready_[i]) continue;
-      const Buffer slot = grad_view(i);
-      std::memset(slot.data, 0, slot.bytes());
+      copy_into_bucket(i);
       ready_[i] = true;
       --buckets_[bucket_of_[i]]->pending;
     }

@@ -8,14 +8,18 @@
 // A bucket is all-reduced as soon as all its gradients are ready, but strictly in bucket order,
 // so every rank issues the same collective sequence whatever order its hooks fire in.
 //
-// A parameter whose gradient never arrives in an iteration (not used by this forward) counts
-// as a zero gradient: sync_gradients() fills it in and launches what is left, so the job never
+// A parameter whose gradient never arrives in an iteration (not used by this forward)
+// contributes what its gradient buffer holds (zeros after zero_grad, or what earlier
+// micro-batches accumulated): sync_gradients() reduces it with what is left, so the job never
 // waits for it (PyTorch needs find_unused_parameters=True for that; here it is always on, and
 // costs nothing when every parameter is used).
 //
 // Gradient storage: grad_view(i) is the parameter's slot inside its bucket. A front end that
 // makes the gradient live there (PyTorch's gradient_as_bucket_view) saves both copies; any
 // other gradient buffer is copied into the bucket when ready and back after the all-reduce.
+// A ParamRef whose grad.data is null (dtype and count still given) gets its slot as its
+// gradient storage from the start; the front end then points its framework's gradient at
+// grad_view(i) (the LibTorch adapter does).
 
 #include <cstddef>
 #include <memory>

@@ -40,6 +40,7 @@ launch::GroupResult run_ranks(int world, const std::string& program,
   group_options.capture = true;
   group_options.echo = false;
   group_options.timeout = options.timeout;
+  group_options.stop_on_failure = options.stop_on_failure;
   return launch::run_worker_group(specs, group_options);
 }
 

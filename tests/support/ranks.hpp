@@ -15,6 +15,7 @@ struct RanksOptions {
   std::vector<std::pair<std::string, std::string>> env;  // extra, for every rank
   std::chrono::milliseconds timeout{120000};             // the whole job
   std::string store_token;                               // ACCEL_STORE_TOKEN, when set
+  bool stop_on_failure = true;  // false: every rank runs to its end (to see what each says)
 };
 
 // `program` is a file name in build/bin; args follow it.

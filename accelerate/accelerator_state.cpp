@@ -1,0 +1,221 @@
+// Accelerator::save_state / load_state / register_state: what the Accelerator puts into a
+// checkpoint (accelerate/checkpoint.hpp does the directory, atomicity and verification).
+//
+// Blobs: "parameters" (every prepared parameter's values, then every buffer, raw bytes in
+// prepare order) with "parameters.layout" (one line per tensor: kind, index, dtype, count,
+// name) so a model that changed shape is reported by name; "state.NAME" per registered
+// shared state, "state.NAME.rankR" per per-rank one; "rng.rankR", each rank's rng() in the
+// standard library's text form. Step, epoch, batch position and seed are MANIFEST fields.
+
+#include <cstring>
+#include <set>
+#include <sstream>
+
+#include "accelerate/accelerator.hpp"
+#include "backends/comm/error.hpp"
+
+namespace accel {
+namespace {
+
+constexpr const char* kParameters = "parameters";
+constexpr const char* kLayout = "parameters.layout";
+constexpr const char* kRng = "rng";
+
+std::string state_blob(const std::string& name) { return "state." + name; }
+
+std::span<const char> bytes_of(const Buffer& b) {
+  return {static_cast<const char*>(b.data), b.bytes()};
+}
+
+std::span<const char> bytes_of(const std::string& s) { return {s.data(), s.size()}; }
+
+std::string layout_of(const std::vector<ParamRef>& params, const std::vector<Buffer>& buffers) {
+  std::string out;
+  for (std::size_t i = 0; i < params.size(); ++i)
+    out += "param " + std::to_string(i) + " " + std::string(dtype_name(params[i].data.dtype)) +
+           " " + std::to_string(params[i].data.count) + " " + params[i].name + "\n";
+  for (std::size_t i = 0; i < buffers.size(); ++i)
+    out += "buffer " + std::to_string(i) + " " + std::string(dtype_name(buffers[i].dtype)) + " " +
+           std::to_string(buffers[i].count) + "\n";
+  return out;
+}
+
+// The first line where two layouts differ, for the error message.
+std::string first_difference(const std::string& saved, const std::string& ours) {
+  std::istringstream a(saved), b(ours);
+  std::string la, lb;
+  for (;;) {
+    const bool ha = bool(std::getline(a, la)), hb = bool(std::getline(b, lb));
+    if (!ha && !hb) return "";
+    if (!ha) return "this job has '" + lb + "', the checkpoint has nothing more";
+    if (!hb) return "the checkpoint has '" + la + "', this job has nothing more";
+    if (la != lb) return "the checkpoint has '" + la + "', this job has '" + lb + "'";
+  }
+}
+
+void check_on_cpu(const std::vector<ParamRef>& params, const std::vector<Buffer>& buffers) {
+  bool cpu = true;
+  for (const ParamRef& p : params) cpu = cpu && p.data.device == DeviceKind::cpu;
+  for (const Buffer& b : buffers) cpu = cpu && b.device == DeviceKind::cpu;
+  ACCEL_CHECK_ARG(cpu,
+                  "checkpoints: prepared parameters live on a GPU; call "
+                  "set_checkpoint_parameters(false) and register the model's state with "
+                  "register_state (the LibTorch adapter does)");
+}
+
+// Agreement after each rank's own checks: the lowest failing rank, or -1.
+int first_failed_rank(Communicator& comm, bool ok) {
+  std::int64_t v = ok ? comm.world_size() : comm.rank();
+  comm.all_reduce(buffer_of(std::span(&v, 1)), ReduceOp::min)->wait();
+  return v < comm.world_size() ? int(v) : -1;
+}
+
+}  // namespace
+
+void Accelerator::register_state(std::string name, std::function<std::string()> save,
+                                 std::function<void(const std::string&)> load, StateScope scope) {
+  ACCEL_CHECK_ARG(save && load, "register_state('" + name + "'): save and load must be set");
+  check_blob_name(state_blob(name));
+  for (const RegisteredState& s : states_)
+    ACCEL_CHECK_ARG(s.name != name, "register_state: '" + name + "' is already registered");
+  states_.push_back({std::move(name), std::move(save), std::move(load), scope});
+}
+
+void Accelerator::save_state(const std::string& dir) {
+  ACCEL_CHECK_ARG(micro_since_sync_ == 0,
+                  "save_state between accumulation steps would lose the gradients accumulated "
+                  "so far; save after an optimizer step (sync_gradients() returned true)");
+  if (checkpoint_parameters_) check_on_cpu(params_, buffers_);
+
+  CheckpointContents contents;
+  contents.meta.step = optimizer_steps_;
+  contents.meta.epoch = epoch_;
+  contents.meta.batch = next_batch_;
+  contents.meta.seed = seed_;
+
+  // Strings the blob views point into; a deque would do too, but the count is known.
+  std::vector<std::string> owned;
+  owned.reserve(states_.size() + 2);
+  if (is_main_process()) {
+    if (checkpoint_parameters_ && strategy_) {
+      BlobView values{kParameters, {}};
+      for (const ParamRef& p : params_) values.pieces.push_back(bytes_of(p.data));
+      for (const Buffer& b : buffers_) values.pieces.push_back(bytes_of(b));
+      contents.shared.push_back(std::move(values));
+      owned.push_back(layout_of(params_, buffers_));
+      contents.shared.push_back({kLayout, {bytes_of(owned.back())}});
+    }
+  }
+  for (const RegisteredState& s : states_) {
+    const bool mine = s.scope == StateScope::per_rank;
+    if (!mine && !is_main_process()) continue;  // rank 0's copy is the one kept
+    owned.push_back(s.save());
+    (mine ? contents.per_rank : contents.shared)
+        .push_back({state_blob(s.name), {bytes_of(owned.back())}});
+  }
+  std::ostringstream rng_text;
+  rng_text << rng_;
+  owned.push_back(rng_text.str());
+  contents.per_rank.push_back({kRng, {bytes_of(owned.back())}});
+
+  save_checkpoint(comm(), dir, contents);
+}
+
+void Accelerator::load_state(const std::string& dir) {
+  const LoadedCheckpoint ck = load_checkpoint(comm(), dir);
+  const CheckpointMeta& meta = ck.meta;
+  const bool same_world = ck.per_rank_loaded;
+
+  // Everything checked (and parsed) before anything is applied; the ranks agree on it.
+  std::string error;
+  std::mt19937_64 restored_rng;
+  try {
+    auto fail = [&](const std::string& what) { throw CheckpointError(ck.dir + ": " + what); };
+    if (checkpoint_parameters_ && strategy_) {
+      check_on_cpu(params_, buffers_);
+      const std::string difference =
+          first_difference(ck.shared_blob(kLayout), layout_of(params_, buffers_));
+      if (!difference.empty())
+        fail("the parameters differ from the checkpoint's (" + std::string(kLayout) +
+             "): " + difference);
+      std::size_t expected = 0;
+      for (const ParamRef& p : params_) expected += p.data.bytes();
+      for (const Buffer& b : buffers_) expected += b.bytes();
+      const std::size_t size = ck.shared_blob(kParameters).size();
+      if (size != expected)
+        fail(std::string(kParameters) + " has " + std::to_string(size) +
+             " bytes, the parameters need " + std::to_string(expected));
+    } else if (checkpoint_parameters_ && ck.shared.count(kParameters)) {
+      fail("has parameters but none were prepared: call prepare_parameters before load_state");
+    }
+    std::set<std::string> known = {kParameters, kLayout};
+    for (const RegisteredState& s : states_) {
+      known.insert(state_blob(s.name));
+      if (s.scope == StateScope::shared) {
+        ck.shared_blob(state_blob(s.name));  // throws naming the file when absent
+      } else if (!same_world) {
+        fail("saved by " + std::to_string(meta.world_size) + " processes, this job has " +
+             std::to_string(num_processes()) + ": per-rank state '" + s.name +
+             "' cannot be matched to ranks");
+      } else if (!ck.per_rank.count(state_blob(s.name))) {
+        fail("no per-rank state '" + s.name + "' for rank " + std::to_string(process_index()));
+      }
+    }
+    for (const auto& [name, bytes] : ck.shared)
+      if (!known.count(name))
+        fail("has '" + name + "', which nothing registered (register_state before load_state)");
+    if (!same_world && meta.batch != 0)
+      fail("saved mid-epoch (epoch " + std::to_string(meta.epoch) + ", batch " +
+           std::to_string(meta.batch) + ") by " + std::to_string(meta.world_size) +
+           " processes; with " + std::to_string(num_processes()) +
+           " the batches hold other samples: resume with " + std::to_string(meta.world_size) +
+           " processes or from an end-of-epoch checkpoint");
+    if (same_world) {
+      const auto it = ck.per_rank.find(kRng);
+      if (it == ck.per_rank.end()) fail("no RNG state for rank " + std::to_string(process_index()));
+      std::istringstream in(it->second);
+      in >> restored_rng;
+      if (!in) fail("the RNG state of rank " + std::to_string(process_index()) + " does not parse");
+    } else {
+      // No saved stream belongs to this rank; a fresh one that is still reproducible.
+      std::seed_seq seq{std::uint32_t(meta.seed), std::uint32_t(meta.seed >> 32),
+                        std::uint32_t(process_index()), std::uint32_t(meta.step),
+                        std::uint32_t(meta.step >> 32)};
+      restored_rng.seed(seq);
+    }
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  const int failed = first_failed_rank(comm(), error.empty());
+  if (failed >= 0) {
+    if (!error.empty()) throw CheckpointError(error);
+    throw CheckpointError(ck.dir + ": rank " + std::to_string(failed) +
+                          " cannot use this checkpoint (see its error)");
+  }
+
+  // Apply: registered states first (user code that may throw), then what cannot fail.
+  for (const RegisteredState& s : states_)
+    s.load(s.scope == StateScope::shared ? ck.shared_blob(state_blob(s.name))
+                                         : ck.per_rank.at(state_blob(s.name)));
+  if (checkpoint_parameters_ && strategy_) {
+    const std::string& values = ck.shared_blob(kParameters);  // size checked above
+    std::size_t at = 0;
+    auto copy_into = [&](const Buffer& b) {
+      std::memcpy(b.data, values.data() + at, b.bytes());
+      at += b.bytes();
+    };
+    for (const ParamRef& p : params_) copy_into(p.data);
+    for (const Buffer& b : buffers_) copy_into(b);
+  }
+  optimizer_steps_ = meta.step;
+  micro_since_sync_ = 0;
+  last_batch_ = false;
+  batch_in_flight_.reset();
+  epoch_ = resume_epoch_ = meta.epoch;
+  next_batch_ = resume_batch_ = meta.batch;
+  seed_ = meta.seed;
+  rng_ = restored_rng;
+  if (strategy_) strategy_->set_sync_enabled(is_accumulation_boundary());
+}
+
+}  // namespace accel

@@ -1,0 +1,411 @@
+#include "accelerate/checkpoint.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <filesystem>
+#include <set>
+
+namespace accel {
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kManifestName = "MANIFEST";
+constexpr const char* kIndexPrefix = ".index.rank";  // per-rank index, merged by rank 0
+
+std::function<void(std::string_view)>& stage_hook() {
+  static std::function<void(std::string_view)> hook;
+  return hook;
+}
+
+void at_stage(std::string_view stage) {
+  if (stage_hook()) stage_hook()(stage);
+}
+
+// "ckpt/" and "ckpt" name the same directory; the sibling names (ckpt.tmp-*) need the latter.
+fs::path normalized(const std::string& dir) {
+  if (dir.empty()) throw InvalidArgument("checkpoint directory: empty path");
+  std::string s = dir;
+  while (s.size() > 1 && s.back() == '/') s.pop_back();
+  return fs::path(s);
+}
+
+std::string rank_suffix(int rank) { return ".rank" + std::to_string(rank); }
+
+// "NAME.rankR" -> R, or -1 when the name has no rank suffix.
+int rank_of(std::string_view name) {
+  const std::size_t at = name.rfind(".rank");
+  if (at == std::string_view::npos || at + 5 == name.size()) return -1;
+  int r = 0;
+  for (char c : name.substr(at + 5)) {
+    if (c < '0' || c > '9' || r > 1'000'000) return -1;
+    r = r * 10 + (c - '0');
+  }
+  return r;
+}
+
+// Siblings of DIR named DIR<marker><digits> (DIR.tmp-123, DIR.old-123): only names we make,
+// so a user's own "DIR.old-backup" is never read or removed.
+std::vector<fs::path> siblings(const fs::path& dir, const std::string& marker) {
+  std::vector<fs::path> out;
+  const fs::path parent = dir.has_parent_path() ? dir.parent_path() : fs::path(".");
+  const std::string prefix = dir.filename().string() + marker;
+  std::error_code ec;
+  for (fs::directory_iterator it(parent, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (!name.starts_with(prefix) || name.size() == prefix.size()) continue;
+    bool digits = true;
+    for (char c : name.substr(prefix.size())) digits = digits && c >= '0' && c <= '9';
+    if (digits) out.push_back(it->path());
+  }
+  return out;
+}
+
+void write_all(int fd, std::span<const char> bytes, const fs::path& path) {
+  std::size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) throw CheckpointError(path.string() + ": cannot write: " + errno_text(errno));
+    done += std::size_t(n);
+  }
+}
+
+// The file exists with these bytes on disk (fsync'ed) when this returns.
+void write_file_synced(const fs::path& path, const std::vector<std::span<const char>>& pieces) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw CheckpointError(path.string() + ": cannot create: " + errno_text(errno));
+  try {
+    for (const auto& piece : pieces) write_all(fd, piece, path);
+    if (::fsync(fd) != 0)
+      throw CheckpointError(path.string() + ": cannot sync: " + errno_text(errno));
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
+  if (::close(fd) != 0)
+    throw CheckpointError(path.string() + ": cannot close: " + errno_text(errno));
+}
+
+void write_file_synced(const fs::path& path, std::string_view text) {
+  write_file_synced(path, {std::span<const char>(text.data(), text.size())});
+}
+
+// A rename or a new entry is durable once its directory is synced.
+void sync_dir(const fs::path& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) throw CheckpointError(dir.string() + ": cannot open to sync: " + errno_text(errno));
+  const int rc = ::fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  if (rc != 0) throw CheckpointError(dir.string() + ": cannot sync: " + errno_text(err));
+}
+
+std::string read_file(const fs::path& path, const std::string& missing_note) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ENOENT) throw CheckpointError(path.string() + ": missing" + missing_note);
+    throw CheckpointError(path.string() + ": cannot open: " + errno_text(errno));
+  }
+  std::string out;
+  struct stat st {};
+  if (::fstat(fd, &st) == 0 && st.st_size > 0) out.reserve(std::size_t(st.st_size));
+  char buf[1 << 16];
+  for (;;) {
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int err = errno;
+      ::close(fd);
+      throw CheckpointError(path.string() + ": cannot read: " + errno_text(err));
+    }
+    if (n == 0) break;
+    out.append(buf, std::size_t(n));
+  }
+  ::close(fd);
+  return out;
+}
+
+void remove_quietly(const fs::path& p) {
+  std::error_code ec;
+  fs::remove_all(p, ec);  // leftovers are harmless: the next save removes them again
+}
+
+// Every rank says whether its part worked; all learn the lowest failing rank (or -1).
+// Doubles as the barrier between the stages of a save.
+int first_failed_rank(Communicator& comm, bool ok) {
+  std::int64_t v = ok ? comm.world_size() : comm.rank();
+  comm.all_reduce(buffer_of(std::span(&v, 1)), ReduceOp::min)->wait();
+  return v < comm.world_size() ? int(v) : -1;
+}
+
+// Rank 0's part of step 1: a fresh DIR.tmp-<pid>, after checking DIR may be replaced.
+fs::path prepare_tmp_dir(const fs::path& dir) {
+  std::error_code ec;
+  const auto status = fs::status(dir, ec);
+  if (fs::exists(status)) {
+    if (!fs::is_directory(status))
+      throw CheckpointError(dir.string() + ": exists and is not a directory; not replacing it");
+    if (!fs::exists(dir / kManifestName) && !fs::is_empty(dir, ec))
+      throw CheckpointError(dir.string() +
+                            ": exists, is not empty and has no MANIFEST (not a checkpoint); "
+                            "not replacing it");
+  }
+  if (dir.has_parent_path()) {
+    fs::create_directories(dir.parent_path(), ec);
+    if (ec)
+      throw CheckpointError(dir.string() + ": cannot create " + dir.parent_path().string() + ": " +
+                            ec.message());
+  }
+  for (const fs::path& stale : siblings(dir, ".tmp-")) remove_quietly(stale);
+  const fs::path tmp = dir.string() + ".tmp-" + std::to_string(::getpid());
+  if (::mkdir(tmp.c_str(), 0755) != 0)
+    throw CheckpointError(tmp.string() + ": cannot create: " + errno_text(errno));
+  return tmp;
+}
+
+void check_names(const CheckpointContents& contents) {
+  for (const BlobView& b : contents.shared) {
+    check_blob_name(b.name);
+    ACCEL_CHECK_ARG(b.name != kManifestName && rank_of(b.name) < 0,
+                    "checkpoint blob name '" + b.name + "' is reserved (MANIFEST, NAME.rankR)");
+  }
+  for (const BlobView& b : contents.per_rank) check_blob_name(b.name);
+}
+
+// Step 2 on every rank: the blobs, each synced, and the index rank 0 builds MANIFEST from.
+void write_rank_blobs(const fs::path& tmp, int rank, const CheckpointContents& contents) {
+  check_names(contents);
+  std::string index;
+  auto put = [&](const std::string& name, const std::vector<std::span<const char>>& pieces) {
+    write_file_synced(tmp / name, pieces);
+    std::uint64_t size = 0;
+    std::uint32_t crc = 0;
+    for (const auto& piece : pieces) {
+      size += piece.size();
+      crc = crc32(piece, crc);
+    }
+    index += name + " " + std::to_string(size) + " " + std::to_string(crc) + "\n";
+  };
+  if (rank == 0)
+    for (const BlobView& b : contents.shared) put(b.name, b.pieces);
+  for (const BlobView& b : contents.per_rank) put(b.name + rank_suffix(rank), b.pieces);
+  write_file_synced(tmp / (kIndexPrefix + std::to_string(rank)), index);
+}
+
+// Step 3 on rank 0: every rank's index merged into MANIFEST.
+Manifest merge_indexes(const fs::path& tmp, const CheckpointContents& contents, int world) {
+  Manifest m;
+  m.meta = contents.meta;
+  m.meta.world_size = world;
+  m.meta.rank_files = world;
+  std::set<std::string> names;
+  for (int r = 0; r < world; ++r) {
+    const fs::path index_path = tmp / (kIndexPrefix + std::to_string(r));
+    const std::string index = read_file(
+        index_path, " (rank " + std::to_string(r) +
+                        " wrote it; every rank must see the checkpoint directory, e.g. on a "
+                        "shared filesystem)");
+    std::size_t pos = 0;
+    while (pos < index.size()) {
+      const std::size_t nl = index.find('\n', pos);
+      const std::string line = index.substr(pos, nl - pos);
+      pos = nl == std::string::npos ? index.size() : nl + 1;
+      BlobEntry b;
+      const std::size_t s1 = line.find(' '), s2 = line.rfind(' ');
+      b.name = line.substr(0, s1);
+      b.size = std::stoull(line.substr(s1 + 1, s2 - s1 - 1));
+      b.crc32 = std::uint32_t(std::stoul(line.substr(s2 + 1)));
+      if (!names.insert(b.name).second)
+        throw CheckpointError(tmp.string() + ": two blobs named '" + b.name + "'");
+      m.blobs.push_back(std::move(b));
+    }
+    remove_quietly(index_path);
+  }
+  return m;
+}
+
+// Step 3's renames: DIR is absent or complete at every instant.
+void install(const fs::path& tmp, const fs::path& dir) {
+  const fs::path parent = dir.has_parent_path() ? dir.parent_path() : fs::path(".");
+  const fs::path old = dir.string() + ".old-" + std::to_string(::getpid());
+  remove_quietly(old);
+  std::error_code ec;
+  const bool had_old = fs::exists(dir, ec);
+  if (had_old && ::rename(dir.c_str(), old.c_str()) != 0)
+    throw CheckpointError(dir.string() + ": cannot move aside to " + old.string() + ": " +
+                          errno_text(errno));
+  at_stage("moved_aside");
+  if (::rename(tmp.c_str(), dir.c_str()) != 0) {
+    const int err = errno;
+    if (had_old) ::rename(old.c_str(), dir.c_str());  // put the previous one back
+    throw CheckpointError(dir.string() + ": cannot rename " + tmp.string() +
+                          " into place: " + errno_text(err));
+  }
+  sync_dir(parent);
+  at_stage("renamed");
+  for (const fs::path& leftover : siblings(dir, ".old-")) remove_quietly(leftover);
+}
+
+}  // namespace
+
+void save_checkpoint(Communicator& comm, const std::string& dir_name,
+                     const CheckpointContents& contents) {
+  const fs::path dir = normalized(dir_name);
+  const int rank = comm.rank(), world = comm.world_size();
+
+  // Step 1: rank 0 prepares DIR.tmp-<pid> and tells everyone the pid (and whether it worked).
+  std::string error;
+  fs::path tmp;
+  std::int64_t pid = -1;
+  if (rank == 0) {
+    try {
+      tmp = prepare_tmp_dir(dir);
+      pid = ::getpid();
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+  comm.broadcast(buffer_of(std::span(&pid, 1)), 0)->wait();
+  if (pid < 0) {
+    if (rank == 0) throw CheckpointError(error);
+    throw CheckpointError(dir.string() +
+                          ": rank 0 could not prepare the checkpoint (see its error)");
+  }
+  tmp = dir.string() + ".tmp-" + std::to_string(pid);
+
+  // Step 2: every rank's blobs.
+  try {
+    write_rank_blobs(tmp, rank, contents);
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  const int failed = first_failed_rank(comm, error.empty());
+  if (failed >= 0) {
+    if (rank == 0) remove_quietly(tmp);
+    if (!error.empty()) throw CheckpointError(error);
+    throw CheckpointError(dir.string() + ": rank " + std::to_string(failed) +
+                          " could not write its part of the checkpoint (see its error)");
+  }
+
+  // Step 3: rank 0 writes MANIFEST and swaps the directories; step 4: everyone hears how it went.
+  std::int64_t ok = 1;
+  if (rank == 0) {
+    bool installed = false;
+    try {
+      at_stage("blobs_written");
+      const Manifest manifest = merge_indexes(tmp, contents, world);
+      write_file_synced(tmp / kManifestName, format_manifest(manifest));
+      sync_dir(tmp);
+      at_stage("manifest_written");
+      install(tmp, dir);
+      installed = true;
+    } catch (const std::exception& e) {
+      error = e.what();
+      ok = 0;
+      if (!installed) remove_quietly(tmp);
+    }
+  }
+  comm.broadcast(buffer_of(std::span(&ok, 1)), 0)->wait();
+  if (!ok) {
+    if (rank == 0) throw CheckpointError(error);
+    throw CheckpointError(dir.string() +
+                          ": rank 0 could not complete the checkpoint (see its error)");
+  }
+}
+
+std::string resolve_checkpoint_dir(const std::string& dir_name) {
+  const fs::path dir = normalized(dir_name);
+  std::error_code ec;
+  // An empty directory is no checkpoint (e.g. made by `mkdir -p` before the first run).
+  if (fs::exists(dir, ec) && !(fs::is_directory(dir, ec) && fs::is_empty(dir, ec)))
+    return dir.string();
+  // DIR was moved aside and the new one not yet renamed in: the moved one is complete.
+  fs::path best;
+  fs::file_time_type best_time{};
+  for (const fs::path& old : siblings(dir, ".old-")) {
+    if (!fs::exists(old / kManifestName, ec)) continue;
+    const auto t = fs::last_write_time(old, ec);
+    if (!ec && (best.empty() || t > best_time)) {
+      best = old;
+      best_time = t;
+    }
+  }
+  return best.string();
+}
+
+bool checkpoint_exists(const std::string& dir) { return !resolve_checkpoint_dir(dir).empty(); }
+
+const std::string& LoadedCheckpoint::shared_blob(const std::string& name) const {
+  const auto it = shared.find(name);
+  if (it == shared.end())
+    throw CheckpointError((fs::path(dir) / name).string() + ": missing (not in MANIFEST)");
+  return it->second;
+}
+
+LoadedCheckpoint read_checkpoint(const std::string& dir_name, int rank, int world_size) {
+  LoadedCheckpoint out;
+  out.dir = resolve_checkpoint_dir(dir_name);
+  if (out.dir.empty())
+    throw CheckpointError(normalized(dir_name).string() +
+                          ": no checkpoint there (no such directory, or an empty one)");
+  const fs::path dir(out.dir);
+  const fs::path manifest_path = dir / kManifestName;
+  const Manifest manifest = parse_manifest(
+      read_file(manifest_path, " (not a checkpoint, or one whose save never finished)"),
+      manifest_path.string());
+  out.meta = manifest.meta;
+  out.per_rank_loaded = manifest.meta.world_size == world_size;
+
+  for (const BlobEntry& b : manifest.blobs) {
+    const int owner = rank_of(b.name);
+    if (owner >= 0 && (!out.per_rank_loaded || owner != rank)) continue;  // another rank's
+    const fs::path path = dir / b.name;
+    std::string bytes = read_file(path, " (listed in MANIFEST)");
+    if (bytes.size() != b.size)
+      throw CheckpointError(path.string() + ": size " + std::to_string(bytes.size()) +
+                            " bytes, MANIFEST says " + std::to_string(b.size) +
+                            " (truncated or changed after the save)");
+    const std::uint32_t crc = crc32(bytes);
+    if (crc != b.crc32) {
+      char line[96];
+      std::snprintf(line, sizeof line, ": checksum mismatch (crc32 %08x, MANIFEST says %08x)", crc,
+                    b.crc32);
+      throw CheckpointError(path.string() + line + ": the file is damaged");
+    }
+    if (owner >= 0)
+      out.per_rank[b.name.substr(0, b.name.size() - rank_suffix(owner).size())] = std::move(bytes);
+    else
+      out.shared[b.name] = std::move(bytes);
+  }
+  return out;
+}
+
+LoadedCheckpoint load_checkpoint(Communicator& comm, const std::string& dir) {
+  LoadedCheckpoint out;
+  std::string error;
+  try {
+    out = read_checkpoint(dir, comm.rank(), comm.world_size());
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  // Nobody applies a checkpoint another rank could not read.
+  const int failed = first_failed_rank(comm, error.empty());
+  if (failed >= 0) {
+    if (!error.empty()) throw CheckpointError(error);
+    throw CheckpointError(normalized(dir).string() + ": rank " + std::to_string(failed) +
+                          " could not read the checkpoint (see its error)");
+  }
+  return out;
+}
+
+namespace checkpoint_testing {
+void set_stage_hook(std::function<void(std::string_view stage)> hook) {
+  stage_hook() = std::move(hook);
+}
+}  // namespace checkpoint_testing
+
+}  // namespace accel

@@ -1,0 +1,98 @@
+#pragma once
+// Checkpoint directories: named binary blobs plus a MANIFEST (checkpoint_manifest.hpp),
+// written so that a crash at any moment leaves a complete checkpoint, and read back only
+// after every byte was checked.
+//
+// Layout of DIR:
+//   MANIFEST              written last: format, world size, position, seed, each blob's
+//                         name, size and CRC-32
+//   NAME                  a shared blob, written by rank 0 (e.g. parameters: DDP replicas are
+//                         equal, so one copy is enough)
+//   NAME.rankR            a per-rank blob, written by rank R (e.g. its RNG state)
+//
+// Writing (save_checkpoint, every rank calls it):
+//   1. rank 0 removes stale DIR.tmp-* and creates DIR.tmp-<its pid>; the name is broadcast;
+//   2. every rank writes its blobs there, each fsync'ed, plus a small index of their sizes
+//      and checksums; the ranks agree that every rank succeeded (an all-reduce, so a failure
+//      on one rank fails the save on all instead of leaving the others waiting);
+//   3. rank 0 merges the indexes into MANIFEST, fsyncs it and the directory, renames DIR to
+//      DIR.old-<pid>, renames DIR.tmp-<pid> to DIR, fsyncs the parent, removes DIR.old-*;
+//   4. rank 0 broadcasts the outcome (every rank returns, or throws, together).
+// So DIR is only ever absent or complete. All ranks must see the same filesystem at DIR (a
+// shared one across machines): rank 0 reads the other ranks' indexes and says so if it cannot.
+//
+// Recovery rule (resolve_checkpoint_dir): DIR if it exists (and is not an empty directory,
+// which counts as no checkpoint); else the newest DIR.old-<digits> with a MANIFEST (a
+// crash between the two renames of step 3: that is the previous complete checkpoint);
+// DIR.tmp-* is never read, and the next save removes it. A non-empty DIR without a MANIFEST
+// is not ours (or is damaged): saving refuses to replace it, loading reports it.
+//
+// Reading (load_checkpoint): every rank reads the manifest, the shared blobs and its own
+// per-rank blobs into memory and checks each size and CRC-32 before anything is returned;
+// the ranks agree, so either all get the data or all throw. Errors are CheckpointError
+// naming the file and what is wrong with it.
+
+#include <functional>
+#include <map>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "accelerate/checkpoint_manifest.hpp"
+#include "backends/comm/communicator.hpp"
+
+namespace accel {
+
+// A blob to write: views of bytes the caller keeps alive during save_checkpoint, written one
+// after the other into one file (so parameters scattered over many buffers are saved without
+// first copying them together).
+struct BlobView {
+  std::string name;  // see check_blob_name; per-rank blobs get ".rankR" appended
+  std::vector<std::span<const char>> pieces;
+};
+
+struct CheckpointContents {
+  CheckpointMeta meta;             // rank 0's is written; world_size and rank_files are filled in
+  std::vector<BlobView> shared;    // rank 0's are written, other ranks' are ignored
+  std::vector<BlobView> per_rank;  // every rank's, as NAME.rankR
+};
+
+void save_checkpoint(Communicator& comm, const std::string& dir,
+                     const CheckpointContents& contents);
+
+// One rank's view of a verified checkpoint.
+struct LoadedCheckpoint {
+  std::string dir;  // the directory actually read: DIR, or a DIR.old-* after a crash
+  CheckpointMeta meta;
+  std::map<std::string, std::string> shared;    // every shared blob, by name
+  std::map<std::string, std::string> per_rank;  // this rank's blobs, by name without ".rankR"
+  // Empty when the checkpoint was saved by a different number of processes: which rank's
+  // blobs belong to whom is then undefined, and the caller decides whether that matters.
+  bool per_rank_loaded = false;
+
+  // The shared blob, or CheckpointError "DIR: no blob NAME".
+  const std::string& shared_blob(const std::string& name) const;
+};
+
+// Reads and verifies on every rank, then agrees: returns on all ranks or throws on all.
+LoadedCheckpoint load_checkpoint(Communicator& comm, const std::string& dir);
+
+// The same for one process, without communication (tools, tests): `rank` picks the
+// per-rank blobs, loaded when the checkpoint was saved by `world_size` processes.
+LoadedCheckpoint read_checkpoint(const std::string& dir, int rank, int world_size);
+
+// The directory the recovery rule picks for DIR, or "" when there is no checkpoint there.
+std::string resolve_checkpoint_dir(const std::string& dir);
+// True when load_checkpoint(dir) would find a checkpoint (not necessarily a valid one).
+bool checkpoint_exists(const std::string& dir);
+
+namespace checkpoint_testing {
+// Called by rank 0 at each stage of a save: "blobs_written" (before MANIFEST),
+// "manifest_written" (before the renames), "moved_aside" (DIR renamed away, the new one not
+// yet in place), "renamed" (before DIR.old-* is removed). Tests kill the process there to
+// check that every stage leaves a loadable checkpoint. Not for production use.
+void set_stage_hook(std::function<void(std::string_view stage)> hook);
+}  // namespace checkpoint_testing
+
+}  // namespace accel

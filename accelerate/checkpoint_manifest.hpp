@@ -1,0 +1,74 @@
+#pragma once
+// The MANIFEST of a checkpoint directory: plain `key: value` text (no YAML library in
+// accel_core), written last, so a directory with a valid manifest is a complete checkpoint.
+//
+//   accelerate-cpp checkpoint
+//   format_version: 1
+//   world_size: 2
+//   rank_files: 2
+//   step: 14
+//   epoch: 1
+//   batch: 3
+//   seed: 42
+//   blob: parameters 5130 1c291ca3
+//   blob: rng.rank0 6980 0a9b7e21
+//   end: 3f0a11d2
+//
+// Each blob line is "NAME SIZE CRC32" (size in bytes, CRC-32 in hex). The end line carries the
+// CRC-32 of every byte before it: a truncated manifest lacks it, a flipped byte breaks it.
+// Unknown keys are an error rather than ignored: a manifest from a newer format must not be
+// half-understood.
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "backends/comm/error.hpp"
+
+namespace accel {
+
+// A checkpoint that cannot be written, found, read or trusted. The message names the file
+// and what is wrong with it.
+class CheckpointError : public Error {
+ public:
+  using Error::Error;
+};
+
+inline constexpr int kCheckpointFormatVersion = 1;
+
+// Where the training loop was when it saved, and what it needs to continue.
+struct CheckpointMeta {
+  int world_size = 1;       // processes of the job that saved it
+  int rank_files = 1;       // processes that wrote per-rank blobs (NAME.rankR)
+  std::uint64_t step = 0;   // optimizer steps taken
+  std::uint64_t epoch = 0;  // the epoch to continue in...
+  std::uint64_t batch = 0;  // ...at this batch (batches already done in it)
+  std::uint64_t seed = 0;   // the job's seed (set_seed)
+};
+
+struct BlobEntry {
+  std::string name;  // file name inside the checkpoint directory
+  std::uint64_t size = 0;
+  std::uint32_t crc32 = 0;
+};
+
+struct Manifest {
+  int format_version = kCheckpointFormatVersion;
+  CheckpointMeta meta;
+  std::vector<BlobEntry> blobs;
+};
+
+std::string format_manifest(const Manifest& manifest);
+// Throws CheckpointError "PATH: ..." naming the line that is wrong.
+Manifest parse_manifest(std::string_view text, const std::string& path);
+
+// CRC-32 (IEEE 802.3, as zlib and gzip), continuable: crc32(b, crc32(a)) == crc32(a + b).
+std::uint32_t crc32(std::span<const char> bytes, std::uint32_t crc = 0);
+
+// Blob names become file names: letters, digits, '.', '_' and '-', not starting with '.',
+// at most 200 characters. Throws InvalidArgument otherwise.
+void check_blob_name(std::string_view name);
+
+}  // namespace accel

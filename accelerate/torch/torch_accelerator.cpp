@@ -1,0 +1,249 @@
+#include "accelerate/torch/torch_accelerator.hpp"
+
+#include <unordered_set>
+
+#include <ATen/Functions.h>
+#include <ATen/autocast_mode.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/grad_mode.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include "accelerate/torch/tensor_buffer.hpp"
+#include "backends/comm/error.hpp"
+
+namespace accel {
+namespace {
+
+// Collectives need one of the communicators' dtypes: others (bool, uint8 ...) travel as int.
+at::Tensor communicable(const at::Tensor& t) {
+  const at::Tensor c = t.contiguous();
+  return to_dtype(c.scalar_type()) ? c : c.to(at::kInt);
+}
+
+// Turns CPU autocast off for the rest of a scope: backward ops already run in the types their
+// forward ops chose, and autocasting inside backward would only cast again.
+class NoCpuAutocast {
+ public:
+  NoCpuAutocast() : was_(at::autocast::is_cpu_enabled()) { at::autocast::set_cpu_enabled(false); }
+  ~NoCpuAutocast() { at::autocast::set_cpu_enabled(was_); }
+
+ private:
+  bool was_;
+};
+
+}  // namespace
+
+// Runs after AccumulateGrad has added a micro-batch's gradient into param.grad() (PyTorch's
+// DDP reducer hooks the same node): the earliest moment the gradient is final.
+class TorchAccelerator::GradReadyHook final : public torch::autograd::FunctionPostHook {
+ public:
+  GradReadyHook(TorchAccelerator& accelerator, std::size_t index)
+      : accelerator_(accelerator), index_(index) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                            const torch::autograd::variable_list&) override {
+    accelerator_.on_grad_accumulated(index_);
+    return outputs;
+  }
+
+ private:
+  TorchAccelerator& accelerator_;
+  std::size_t index_;
+};
+
+// ---- AcceleratedOptimizer
+
+void AcceleratedOptimizer::step() {
+  step_was_skipped_ = !accelerator_.sync_gradients_happened();
+  if (!step_was_skipped_) optimizer_.step();
+}
+
+void AcceleratedOptimizer::zero_grad() {
+  if (!accelerator_.accumulating()) accelerator_.zero_gradients();
+}
+
+// ---- TorchAccelerator
+
+TorchAccelerator::TorchAccelerator(AcceleratorOptions options) : Accelerator(std::move(options)) {
+  if (mixed_precision() == "fp16")
+    throw InvalidArgument(
+        device() == DeviceKind::cpu
+            ? "mixed_precision fp16 needs a CUDA device; on the CPU use bf16 (LibTorch's CPU "
+              "autocast runs in bfloat16)"
+            : "mixed_precision fp16 (CUDA autocast with dynamic loss scaling) is not supported "
+              "by the LibTorch adapter yet; use bf16");
+}
+
+TorchAccelerator::~TorchAccelerator() {
+  // The hooks point at this object and the gradients into its buckets: detach both so the
+  // model outlives the accelerator safely.
+  for (std::size_t i = 0; i < accumulators_.size(); ++i)
+    accumulators_[i]->del_post_hook(hook_keys_[i]);
+  for (std::size_t i = 0; i < grad_views_.size(); ++i) {
+    at::Tensor& grad = param_tensors_[i].mutable_grad();
+    if (grad.defined() && grad.data_ptr() == grad_views_[i].data_ptr()) grad = grad.clone();
+  }
+}
+
+torch::Device TorchAccelerator::device_for_tensors() const {
+  if (device() == DeviceKind::cuda)
+    return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(local_process_index()));
+  return torch::Device(torch::kCPU);
+}
+
+DdpStrategy& TorchAccelerator::ddp() { return dynamic_cast<DdpStrategy&>(strategy()); }
+
+AcceleratedOptimizer& TorchAccelerator::prepare_module(torch::nn::Module& module,
+                                                       torch::optim::Optimizer& optimizer) {
+  ACCEL_CHECK_ARG(!optimizer_, "prepare: a model was already prepared (one per accelerator)");
+  std::vector<ParamRef> refs;
+  std::unordered_set<const void*> seen;  // tied parameters appear once
+  for (const auto& item : module.named_parameters(/*recurse=*/true)) {
+    const at::Tensor& p = item.value();
+    if (!p.requires_grad() || !seen.insert(p.unsafeGetTensorImpl()).second) continue;
+    const Buffer data = tensor_buffer(p, "parameter '" + item.key() + "'");
+    // No gradient storage: the strategy gives each parameter its bucket slot.
+    refs.push_back({item.key(), data, Buffer{nullptr, data.count, data.dtype, data.device}});
+    param_tensors_.push_back(p);
+  }
+  for (const auto& group : optimizer.param_groups())
+    for (const at::Tensor& p : group.params())
+      ACCEL_CHECK_ARG(seen.count(p.unsafeGetTensorImpl()),
+                      "prepare: the optimizer holds a parameter that is not a trainable "
+                      "parameter of the model, so its gradient would never be synchronised");
+  std::vector<Buffer> buffers;
+  for (const auto& item : module.named_buffers(/*recurse=*/true)) {
+    if (!item.value().defined()) continue;
+    buffers.push_back(tensor_buffer(item.value(), "buffer '" + item.key() + "'"));
+    buffer_tensors_.push_back(item.value());
+    buffer_data_.push_back(buffers.back().data);
+  }
+  prepare_parameters(std::move(refs), std::move(buffers));  // broadcasts from rank 0
+
+  for (std::size_t i = 0; i < param_tensors_.size(); ++i) {
+    const Buffer slot = ddp().grad_view(i);
+    grad_views_.push_back(at::from_blob(slot.data, param_tensors_[i].sizes(),
+                                        at::TensorOptions()
+                                            .dtype(param_tensors_[i].scalar_type())
+                                            .device(param_tensors_[i].device())));
+    adopt_bucket_view(i);
+    // The parameter holds its AccumulateGrad node only weakly: without our reference a new
+    // node (without the hook) would be made for the next graph.
+    std::shared_ptr<torch::autograd::Node> node =
+        torch::autograd::impl::grad_accumulator(param_tensors_[i]);
+    ACCEL_CHECK_ARG(node != nullptr, "prepare: parameter without a gradient accumulator");
+    hook_keys_.push_back(node->add_post_hook(std::make_unique<GradReadyHook>(*this, i)));
+    accumulators_.push_back(std::move(node));
+  }
+  optimizer_.reset(new AcceleratedOptimizer(*this, optimizer));
+  return *optimizer_;
+}
+
+void TorchAccelerator::adopt_bucket_view(std::size_t i) {
+  at::Tensor& grad = param_tensors_[i].mutable_grad();
+  const at::Tensor& view = grad_views_[i];
+  if (grad.defined() && grad.data_ptr() == view.data_ptr()) return;
+  if (grad.defined())
+    view.copy_(grad);
+  else
+    view.zero_();
+  grad = view;
+}
+
+void TorchAccelerator::on_grad_accumulated(std::size_t i) {
+  // Autograd adds into an existing gradient in place; it only replaces the tensor under
+  // create_graph or when the user reset the gradient. Then the new values move into the slot.
+  adopt_bucket_view(i);
+  grad_ready(i);
+}
+
+void TorchAccelerator::zero_gradients() {
+  for (std::size_t i = 0; i < param_tensors_.size(); ++i) {
+    at::Tensor& grad = param_tensors_[i].mutable_grad();
+    if (!grad.defined() || grad.data_ptr() != grad_views_[i].data_ptr()) grad = grad_views_[i];
+    grad_views_[i].zero_();
+  }
+}
+
+void TorchAccelerator::sync_buffers() {
+  if (buffer_tensors_.empty()) return;
+  for (std::size_t i = 0; i < buffer_tensors_.size(); ++i)
+    ACCEL_CHECK_ARG(buffer_tensors_[i].data_ptr() == buffer_data_[i],
+                    "a module buffer was replaced after prepare; update buffers in place");
+  ddp().sync_buffers();
+}
+
+bool TorchAccelerator::backward(const torch::Tensor& loss) {
+  ACCEL_CHECK_ARG(optimizer_ != nullptr, "backward: prepare the model first");
+  sync_buffers();
+  {
+    NoCpuAutocast no_autocast;
+    if (gradient_accumulation_steps() == 1)
+      loss.backward();
+    else
+      (loss * loss_scale()).backward();
+  }
+  synced_ = sync_gradients();
+  accumulating_ = !synced_;
+  return synced_;
+}
+
+TorchAccelerator::DataLoader TorchAccelerator::prepare_data_loader(torch::Tensor data,
+                                                                   torch::Tensor targets,
+                                                                   SamplerOptions options) {
+  ACCEL_CHECK_ARG(data.dim() >= 1, "prepare_data_loader: data needs a sample dimension");
+  ShardedSampler sampler = make_sampler(std::size_t(data.size(0)), options);
+  return DataLoader(*this, std::move(data), std::move(targets), std::move(sampler),
+                    device_for_tensors());
+}
+
+torch::Tensor TorchAccelerator::gather(const torch::Tensor& t) {
+  const at::Tensor local = communicable(t.dim() == 0 ? t.reshape({1}) : t);
+  std::vector<std::int64_t> shape = local.sizes().vec();
+  shape[0] *= num_processes();
+  at::Tensor out = at::empty(shape, local.options());
+  comm().all_gather(tensor_buffer(local, "gather"), tensor_buffer(out, "gather"))->wait();
+  return out.to(t.scalar_type());
+}
+
+torch::Tensor TorchAccelerator::gather_for_metrics(const torch::Tensor& t, const DataLoader& loader,
+                                                   std::size_t batch_index) {
+  at::Tensor all = gather(t);
+  const auto padding = std::int64_t(loader.sampler().padding());
+  if (batch_index + 1 == loader.size() && padding <= all.size(0))
+    all = all.narrow(0, 0, all.size(0) - padding);
+  return all;
+}
+
+torch::Tensor TorchAccelerator::reduce(const torch::Tensor& t, ReduceOp op) {
+  at::Tensor out = communicable(t).clone();
+  comm().all_reduce(tensor_buffer(out, "reduce"), op)->wait();
+  return out.to(t.scalar_type());
+}
+
+void TorchAccelerator::broadcast(torch::Tensor& t, int root) {
+  ACCEL_CHECK_ARG(t.is_contiguous(), "broadcast: the tensor must be contiguous");
+  if (to_dtype(t.scalar_type())) {
+    comm().broadcast(tensor_buffer(t, "broadcast"), root)->wait();
+    return;
+  }
+  at::Tensor staged = communicable(t);
+  comm().broadcast(tensor_buffer(staged, "broadcast"), root)->wait();
+  t.copy_(staged);
+}
+
+torch::Tensor TorchAccelerator::pad_across_processes(const torch::Tensor& t, double value) {
+  ACCEL_CHECK_ARG(t.dim() >= 1, "pad_across_processes: the tensor needs a dimension 0");
+  std::int64_t longest = t.size(0);
+  comm().all_reduce(buffer_of(std::span(&longest, 1)), ReduceOp::max)->wait();
+  if (longest == t.size(0)) return t;
+  std::vector<std::int64_t> shape = t.sizes().vec();
+  shape[0] = longest - t.size(0);
+  return at::cat({t, at::full(shape, value, t.options())}, 0);
+}
+
+AutocastGuard TorchAccelerator::autocast() const {
+  return AutocastGuard(mixed_precision() == "bf16" && device() == DeviceKind::cpu, at::kBFloat16);
+}
+
+}  // namespace accel

@@ -1,0 +1,181 @@
+#pragma once
+// The LibTorch adapter (target accel::torch): the Accelerator for LibTorch modules,
+// optimizers and tensors. A plain LibTorch loop changes in a handful of lines:
+//
+//   accel::TorchAccelerator acc;                              // rank, world, comm from the
+//   launcher auto [model, opt] = acc.prepare(net, optimizer);          // was: net, optimizer auto
+//   loader = acc.prepare_data_loader(images, labels, {.batch_size = 64}); for (std::uint64_t epoch
+//   = 0; epoch < epochs; ++epoch) {
+//     loader.set_epoch(epoch);
+//     for (const auto& batch : loader) {
+//       opt.zero_grad();
+//       auto guard = acc.autocast();                          // bf16 when mixed_precision=bf16
+//       auto loss = torch::nll_loss(model->forward(batch.data), batch.target);
+//       acc.backward(loss);                                   // was: loss.backward()
+//       opt.step();
+//     }
+//   }
+//
+// What prepare does (PyTorch's DistributedDataParallel with gradient_as_bucket_view=True):
+//  - every trainable parameter (requires_grad, all of the module's, whatever the optimizer's
+//    param groups) and every buffer is broadcast from rank 0;
+//  - each parameter's .grad() becomes a tensor aliasing its slot in a DDP bucket, so autograd
+//    accumulates straight into the buckets and nothing is copied;
+//  - a post hook on each parameter's AccumulateGrad node reports the gradient ready as soon
+//    as autograd has accumulated it, so buckets are all-reduced while backward still runs.
+// Buffers (BatchNorm running statistics) are re-broadcast from rank 0 at the start of each
+// backward(): the next forward on every rank starts from rank 0's buffers, as with DDP's
+// broadcast before forward, and after training all ranks hold the same buffers
+// (DdpOptions::broadcast_buffers = false switches it off).
+//
+// The accelerator owns the gradient storage: when it is destroyed, the prepared parameters'
+// gradients are replaced by plain copies, so the model stays usable.
+
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <ATen/Tensor.h>
+#include <c10/core/Device.h>
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+
+#include "accelerate/accelerator.hpp"
+#include "accelerate/torch/autocast.hpp"
+#include "accelerate/torch/data_loader.hpp"
+
+namespace torch::autograd {
+struct Node;
+}
+
+namespace accel {
+
+class TorchAccelerator;
+
+// The user's optimizer, stepped only where gradients are synchronised.
+class AcceleratedOptimizer {
+ public:
+  // A real optimizer step only when the last backward() ended at an accumulation boundary
+  // (its gradients are synchronised); between boundaries a no-op.
+  void step();
+  // Zeroes the gradients in place (they live in the DDP buckets, so they are never freed).
+  // While gradients are accumulating (the last backward() did not end in a sync) it does
+  // nothing, so it may be called before the forward or after step() alike.
+  void zero_grad();
+  // Accelerate's optimizer.step_was_skipped: whether the last step() did not step. Use it to
+  // step an LR scheduler only when the optimizer stepped.
+  bool step_was_skipped() const { return step_was_skipped_; }
+  // The user's object: LR schedulers built on it, param groups, state, options keep working.
+  torch::optim::Optimizer& optimizer() { return optimizer_; }
+  const torch::optim::Optimizer& optimizer() const { return optimizer_; }
+
+ private:
+  friend class TorchAccelerator;
+  AcceleratedOptimizer(TorchAccelerator& accelerator, torch::optim::Optimizer& optimizer)
+      : accelerator_(accelerator), optimizer_(optimizer) {}
+
+  TorchAccelerator& accelerator_;
+  torch::optim::Optimizer& optimizer_;
+  bool step_was_skipped_ = false;
+};
+
+// shared_ptr<SomeModule> or a torch::nn::ModuleHolder (torch::nn::Sequential, TORCH_MODULE types).
+template <typename Model>
+concept TorchModel =
+    std::derived_from<std::remove_cvref_t<decltype(*std::declval<Model&>())>, torch::nn::Module>;
+
+class TorchAccelerator : public Accelerator {
+ public:
+  using Batch = TorchBatch;
+  using DataLoader = TorchDataLoader;
+
+  // mixed_precision fp16 is refused (it needs CUDA and loss scaling); bf16 and no are fine.
+  explicit TorchAccelerator(AcceleratorOptions options = {});
+  ~TorchAccelerator();
+
+  // Where tensors of this rank live: the CPU, or cuda:LOCAL_RANK under a CUDA communicator.
+  torch::Device device_for_tensors() const;
+
+  // ---- model and optimizer
+  // Returns the same model (its parameters now synchronised and hooked) and the wrapped
+  // optimizer. One model per accelerator.
+  template <TorchModel Model>
+  std::pair<Model, AcceleratedOptimizer&> prepare(Model model, torch::optim::Optimizer& optimizer) {
+    AcceleratedOptimizer& wrapped = prepare_module(*model, optimizer);
+    return {std::move(model), wrapped};
+  }
+  AcceleratedOptimizer& prepare_module(torch::nn::Module& module,
+                                       torch::optim::Optimizer& optimizer);
+  // The trainable parameters in the order the strategy knows them (module order).
+  const std::vector<torch::Tensor>& prepared_parameters() const { return param_tensors_; }
+
+  // ---- one micro-batch
+  // Re-broadcasts buffers, runs (loss * loss_scale()).backward() (buckets all-reduce from
+  // the hooks while it runs), then sync_gradients(). Returns sync_gradients_happened().
+  bool backward(const torch::Tensor& loss);
+  // Whether the last backward() ended at an accumulation boundary (gradients synchronised).
+  bool sync_gradients_happened() const { return synced_; }
+  // Whether gradients are accumulating: a backward() happened that did not end in a sync.
+  bool accumulating() const { return accumulating_; }
+  // Broadcasts the module's buffers from rank 0 (backward() does it; also for eval loops).
+  void sync_buffers();
+  // Global L2 norm clipping over the prepared parameters' gradients (returns the norm before
+  // clipping, the same on every rank); call it after a backward() that synchronised.
+  using Accelerator::clip_grad_norm;
+
+  // ---- data
+  DataLoader prepare_data_loader(torch::Tensor data, torch::Tensor targets,
+                                 SamplerOptions options = {});
+
+  // ---- collectives on tensors (blocking; every rank calls them with equal shapes)
+  using Accelerator::broadcast;
+  using Accelerator::gather;
+  using Accelerator::gather_for_metrics;
+  using Accelerator::pad_across_processes;
+  using Accelerator::reduce;
+  // Every rank's tensor concatenated along dim 0, in rank order.
+  torch::Tensor gather(const torch::Tensor& t);
+  // gather() of one batch's per-sample results (dim 0 = samples), dropping the sampler's
+  // padding at the epoch's last batch: an evaluation epoch yields exactly the dataset's size.
+  torch::Tensor gather_for_metrics(const torch::Tensor& t, const DataLoader& loader,
+                                   std::size_t batch_index);
+  // A reduced copy (sum, avg, min, max over ranks).
+  torch::Tensor reduce(const torch::Tensor& t, ReduceOp op);
+  // In place, from `root` (t must be contiguous).
+  void broadcast(torch::Tensor& t, int root = 0);
+  // Pads dim 0 with `value` up to the longest dim 0 on any rank (so gather can follow).
+  torch::Tensor pad_across_processes(const torch::Tensor& t, double value = 0.0);
+
+  // ---- mixed precision
+  // A guard enabling bf16 autocast on the CPU while it lives when mixed_precision is bf16;
+  // a guard that does nothing otherwise.
+  AutocastGuard autocast() const;
+
+ private:
+  friend class AcceleratedOptimizer;
+  class GradReadyHook;
+  DdpStrategy& ddp();
+  // Autograd accumulated parameter i's gradient: make sure it is (still) the bucket slot,
+  // then report it ready.
+  void on_grad_accumulated(std::size_t i);
+  // Points parameter i's .grad() at its bucket slot, keeping the values it had.
+  void adopt_bucket_view(std::size_t i);
+  void zero_gradients();
+
+  std::vector<torch::Tensor> param_tensors_;
+  std::vector<torch::Tensor> grad_views_;  // param_tensors_[i]'s bucket slot, shaped like it
+  std::vector<torch::Tensor> buffer_tensors_;
+  std::vector<void*> buffer_data_;  // to detect buffers replaced after prepare
+  std::vector<std::shared_ptr<torch::autograd::Node>>
+      accumulators_;  // kept alive: hooks live on them
+  std::vector<std::uintptr_t> hook_keys_;
+  std::unique_ptr<AcceleratedOptimizer> optimizer_;
+  bool synced_ = false;
+  bool accumulating_ = false;
+};
+
+}  // namespace accel

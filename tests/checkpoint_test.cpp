@@ -1,0 +1,498 @@
+// Checkpoints: the manifest and CRC-32; save/load of a checkpoint directory in this process
+// (world of one) with every kind of damage; and, over real processes (checkpoint_worker),
+// resume equal bitwise to an uninterrupted run after the job was killed, at world 1 and 2,
+// from end-of-epoch and mid-epoch save points; a job killed at each stage of a save; loading
+// at another world size; and a short run of the Fashion-MNIST raw_mlp example.
+
+#include <doctest/doctest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+
+#include "accelerate/accelerator.hpp"
+#include "accelerate/checkpoint.hpp"
+#include "backends/comm/local_communicator.hpp"
+#include "backends/comm/registry.hpp"
+#include "examples/raw_mlp/mlp.hpp"
+#include "tests/support/ranks.hpp"
+#include "tests/support/skip.hpp"
+
+using namespace accel;
+using namespace accel::test;
+namespace fs = std::filesystem;
+
+namespace {
+
+// A fresh directory under /tmp, removed again (quietly) at the end of the test.
+class TempDir {
+ public:
+  TempDir() {
+    static int n = 0;
+    path_ = fs::temp_directory_path() /
+            ("accel_checkpoint_test_" + std::to_string(::getpid()) + "_" + std::to_string(n++));
+    fs::remove_all(path_);
+    fs::create_directories(path_);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  fs::path operator/(const std::string& name) const { return path_ / name; }
+
+ private:
+  fs::path path_;
+};
+
+std::string read_bytes(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+void write_bytes(const fs::path& p, const std::string& bytes) {
+  std::ofstream(p, std::ios::binary | std::ios::trunc) << bytes;
+}
+
+// The message of the CheckpointError fn throws ("" and a failed check if none).
+template <typename Fn>
+std::string error_of(Fn&& fn) {
+  try {
+    fn();
+  } catch (const CheckpointError& e) {
+    return e.what();
+  }
+  FAIL_CHECK("no CheckpointError");
+  return "";
+}
+
+std::span<const char> view(const std::string& s) { return {s.data(), s.size()}; }
+
+// Shared blobs a and b, per-rank blob r, as a world of one saves them.
+void save_small(const fs::path& dir, std::uint64_t step = 3) {
+  LocalCommunicator comm;
+  const std::string a = "alpha bytes", b1(500, 'b'), b2(500, 'b'), r = "rank state";
+  CheckpointContents c;
+  c.meta.step = step;
+  c.meta.epoch = 1;
+  c.meta.batch = 2;
+  c.meta.seed = 9;
+  c.shared = {{"a", {view(a)}}, {"b", {view(b1), view(b2)}}};
+  c.per_rank = {{"r", {view(r)}}};
+  save_checkpoint(comm, dir.string(), c);
+}
+
+std::vector<fs::path> siblings_of(const fs::path& dir) {
+  std::vector<fs::path> out;
+  for (const auto& e : fs::directory_iterator(dir.parent_path()))
+    if (e.path().filename().string().starts_with(dir.filename().string() + "."))
+      out.push_back(e.path());
+  return out;
+}
+
+bool gloo_available() { return communicator_available("gloo"); }
+
+std::size_t batches_per_epoch(int world) {
+  return (90 + 4 * std::size_t(world) - 1) / (4 * std::size_t(world));
+}
+
+launch::GroupResult run_worker(int world, std::vector<std::string> args,
+                               bool stop_on_failure = true) {
+  RanksOptions options;
+  options.stop_on_failure = stop_on_failure;
+  options.timeout = std::chrono::milliseconds(60000);
+  if (world > 1) options.env = {{"ACCEL_COMM_BACKEND", "gloo"}};
+  return run_ranks(world, "checkpoint_worker", args, options);
+}
+
+std::string output_of(const launch::GroupResult& r) {
+  std::string all;
+  for (const auto& w : r.workers) all += w.output;
+  return all;
+}
+
+void expect_success(const launch::GroupResult& r) {
+  INFO(describe(r));
+  REQUIRE(r.exit_code() == 0);
+}
+
+// A rank SIGKILLed itself (the others may then have failed or been stopped, in either order).
+void expect_killed(const launch::GroupResult& r) {
+  INFO(describe(r));
+  REQUIRE(r.exit_code() != 0);
+  REQUIRE(std::any_of(r.workers.begin(), r.workers.end(),
+                      [](const launch::WorkerExit& w) { return w.signal == SIGKILL; }));
+}
+
+// The "done: ..." line of each rank (micro-batches seen: per-rank state restored).
+std::vector<std::string> done_lines(const launch::GroupResult& r) {
+  std::vector<std::string> out;
+  for (const auto& w : r.workers) {
+    const auto at = w.output.find("done:");
+    out.push_back(at == std::string::npos ? "" : w.output.substr(at, w.output.find('\n', at) - at));
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("crc32 and the manifest") {
+  const std::string check = "123456789";
+  CHECK(crc32(view(check)) == 0xCBF43926u);  // the standard check value
+  CHECK(crc32(view(check.substr(4)), crc32(view(check.substr(0, 4)))) == 0xCBF43926u);
+  const std::string long_text(1001, 'x');  // through the 8-byte loop and the tail
+  std::uint32_t byte_at_a_time = 0;
+  for (char c : long_text) byte_at_a_time = crc32(std::span(&c, 1), byte_at_a_time);
+  CHECK(crc32(view(long_text)) == byte_at_a_time);
+
+  Manifest m;
+  m.meta = {2, 2, 14, 1, 3, 42};
+  m.blobs = {{"parameters", 5130, 0x1c291ca3u}, {"rng.rank0", 6980, 0x0a9b7e21u}};
+  const std::string text = format_manifest(m);
+  const Manifest back = parse_manifest(text, "M");
+  CHECK(back.meta.world_size == 2);
+  CHECK(back.meta.step == 14);
+  CHECK(back.meta.epoch == 1);
+  CHECK(back.meta.batch == 3);
+  CHECK(back.meta.seed == 42);
+  REQUIRE(back.blobs.size() == 2);
+  CHECK(back.blobs[1].name == "rng.rank0");
+  CHECK(back.blobs[1].size == 6980);
+  CHECK(back.blobs[1].crc32 == 0x0a9b7e21u);
+
+  CHECK(error_of([&] {
+          parse_manifest(text.substr(0, text.size() / 2), "M");
+        }).find("M: truncated") == 0);
+  std::string changed = text;
+  changed[changed.find("step: 14") + 6] = '5';
+  CHECK(error_of([&] { parse_manifest(changed, "M"); }).find("M: manifest checksum mismatch") == 0);
+  CHECK_THROWS_AS(check_blob_name("../x"), InvalidArgument);
+  CHECK_THROWS_AS(check_blob_name(".hidden"), InvalidArgument);
+  CHECK_THROWS_AS(check_blob_name("a b"), InvalidArgument);
+}
+
+TEST_CASE("a checkpoint directory round-trips; damage is reported naming the file") {
+  TempDir tmp;
+  const fs::path dir = tmp / "ck";
+  save_small(dir);
+  CHECK(fs::exists(dir / "MANIFEST"));
+  CHECK(siblings_of(dir).empty());  // no DIR.tmp-* or DIR.old-* left
+
+  LoadedCheckpoint ck = read_checkpoint(dir.string() + "/", 0, 1);
+  CHECK(ck.dir == dir.string());
+  CHECK(ck.meta.step == 3);
+  CHECK(ck.meta.batch == 2);
+  CHECK(ck.shared_blob("a") == "alpha bytes");
+  CHECK(ck.shared_blob("b") == std::string(1000, 'b'));
+  CHECK(ck.per_rank_loaded);
+  CHECK(ck.per_rank.at("r") == "rank state");
+  CHECK(error_of([&] { ck.shared_blob("zz"); }).find("zz: missing") != std::string::npos);
+  // Another world size: shared blobs only.
+  ck = read_checkpoint(dir.string(), 1, 2);
+  CHECK(!ck.per_rank_loaded);
+  CHECK(ck.per_rank.empty());
+
+  SUBCASE("a flipped byte") {
+    std::string b = read_bytes(dir / "b");
+    b[700] ^= 0x10;
+    write_bytes(dir / "b", b);
+    const std::string e = error_of([&] { read_checkpoint(dir.string(), 0, 1); });
+    CHECK(e.find((dir / "b").string() + ": checksum mismatch") == 0);
+  }
+  SUBCASE("a missing blob") {
+    fs::remove(dir / "a");
+    const std::string e = error_of([&] { read_checkpoint(dir.string(), 0, 1); });
+    CHECK(e.find((dir / "a").string() + ": missing") == 0);
+  }
+  SUBCASE("a truncated blob") {
+    write_bytes(dir / "b", std::string(999, 'b'));
+    const std::string e = error_of([&] { read_checkpoint(dir.string(), 0, 1); });
+    CHECK(e.find((dir / "b").string() + ": size 999 bytes, MANIFEST says 1000") == 0);
+  }
+  SUBCASE("a truncated manifest") {
+    const std::string m = read_bytes(dir / "MANIFEST");
+    write_bytes(dir / "MANIFEST", m.substr(0, m.size() - 12));
+    const std::string e = error_of([&] { read_checkpoint(dir.string(), 0, 1); });
+    CHECK(e.find((dir / "MANIFEST").string() + ": truncated manifest") == 0);
+  }
+  SUBCASE("a missing manifest") {
+    fs::remove(dir / "MANIFEST");
+    const std::string e = error_of([&] { read_checkpoint(dir.string(), 0, 1); });
+    CHECK(e.find((dir / "MANIFEST").string() + ": missing") == 0);
+  }
+  SUBCASE("no checkpoint at all") {
+    const std::string e = error_of([&] { read_checkpoint((tmp / "nothing").string(), 0, 1); });
+    CHECK(e.find("nothing: no checkpoint there") != std::string::npos);
+    CHECK(!checkpoint_exists((tmp / "nothing").string()));
+    fs::create_directories(tmp / "empty");  // made by `mkdir -p` before the first run
+    CHECK(!checkpoint_exists((tmp / "empty").string()));
+    save_small(tmp / "empty");
+    CHECK(read_checkpoint((tmp / "empty").string(), 0, 1).meta.step == 3);
+  }
+}
+
+TEST_CASE(
+    "the recovery rule: DIR, else DIR.old-*; DIR.tmp-* never read and cleaned by the next save") {
+  TempDir tmp;
+  const fs::path dir = tmp / "ck";
+  save_small(dir, 3);
+  // A crash between the two renames: DIR moved aside, the new one still DIR.tmp-*.
+  fs::rename(dir, tmp / "ck.old-4242");
+  fs::create_directories(tmp / "ck.tmp-777");
+  write_bytes(tmp / "ck.tmp-777" / "MANIFEST", "half");
+  CHECK(checkpoint_exists(dir.string()));
+  CHECK(resolve_checkpoint_dir(dir.string()) == (tmp / "ck.old-4242").string());
+  CHECK(read_checkpoint(dir.string(), 0, 1).meta.step == 3);
+
+  save_small(dir, 4);  // the next save puts a new DIR in place and removes both leftovers
+  CHECK(read_checkpoint(dir.string(), 0, 1).meta.step == 4);
+  CHECK(siblings_of(dir).empty());
+
+  // A directory that is not a checkpoint is never replaced.
+  fs::create_directories(tmp / "mine");
+  write_bytes(tmp / "mine" / "notes.txt", "keep me");
+  const std::string e = error_of([&] { save_small(tmp / "mine"); });
+  CHECK(e.find("not a checkpoint") != std::string::npos);
+  CHECK(read_bytes(tmp / "mine" / "notes.txt") == "keep me");
+}
+
+TEST_CASE("load_state checks the model and the registered states before applying anything") {
+  TempDir tmp;
+  const std::string dir = (tmp / "ck").string();
+  raw_mlp::Mlp saved_model({6, 8, 3}, 1);
+  {
+    Accelerator acc;
+    std::vector<ParamRef> params;
+    for (auto& L : saved_model.layers()) {
+      params.push_back({"w", buffer_of(std::span(L.weight)), buffer_of(std::span(L.weight_grad))});
+      params.push_back({"b", buffer_of(std::span(L.bias)), buffer_of(std::span(L.bias_grad))});
+    }
+    acc.prepare_parameters(params);
+    acc.register_state(
+        "opt", [] { return std::string("O"); }, [](const std::string&) {});
+    acc.set_epoch(2);
+    acc.save_state(dir);
+  }
+  auto try_load = [&](std::vector<int> sizes, bool register_opt, bool register_extra) {
+    raw_mlp::Mlp model(sizes, 2);
+    Accelerator acc;
+    std::vector<ParamRef> params;
+    for (auto& L : model.layers()) {
+      params.push_back({"w", buffer_of(std::span(L.weight)), buffer_of(std::span(L.weight_grad))});
+      params.push_back({"b", buffer_of(std::span(L.bias)), buffer_of(std::span(L.bias_grad))});
+    }
+    acc.prepare_parameters(params);
+    std::string loaded;
+    if (register_opt)
+      acc.register_state(
+          "opt", [] { return std::string(); }, [&](const std::string& s) { loaded = s; });
+    if (register_extra)
+      acc.register_state(
+          "sched", [] { return std::string(); }, [](const std::string&) {});
+    const auto before = model.layers()[0].weight;
+    std::string error;
+    try {
+      acc.load_state(dir);
+    } catch (const CheckpointError& e) {
+      error = e.what();
+      CHECK(model.layers()[0].weight == before);  // nothing applied
+      CHECK(loaded.empty());
+    }
+    if (error.empty()) {
+      CHECK(loaded == "O");
+      CHECK(model.layers()[0].weight == saved_model.layers()[0].weight);
+      CHECK(acc.resume_epoch() == 2);
+      CHECK(acc.resume_batch() == 0);
+    }
+    return error;
+  };
+  CHECK(try_load({6, 8, 3}, true, false) == "");
+  CHECK(try_load({6, 9, 3}, true, false)
+            .find("the parameters differ from the checkpoint's (parameters.layout): the checkpoint "
+                  "has 'param 0 f32 48 w', this job has 'param 0 f32 54 w'") != std::string::npos);
+  CHECK(try_load({6, 8, 3}, false, false).find("has 'state.opt', which nothing registered") !=
+        std::string::npos);
+  CHECK(try_load({6, 8, 3}, true, true).find("state.sched: missing") != std::string::npos);
+}
+
+TEST_CASE("resume after the process was killed equals the uninterrupted run, bitwise") {
+  if (skip_unless(gloo_available(), "gloo communicator not built")) return;
+  for (int world : {1, 2}) {
+    CAPTURE(world);
+    TempDir tmp;
+    const std::string a = (tmp / "a.bin").string(), b = (tmp / "b.bin").string();
+    expect_success(run_worker(world, {"--epochs", "2", "--out", a}));
+    const std::size_t nb = batches_per_epoch(world);
+    // End of epoch 1, in the middle of epoch 1, in the middle of epoch 2.
+    for (std::size_t k : {nb, std::size_t(5), nb + 3}) {
+      CAPTURE(k);
+      const std::string dir = (tmp / ("ck" + std::to_string(k))).string();
+      expect_killed(run_worker(world, {"--epochs", "2", "--checkpoint", dir, "--save_at",
+                                       std::to_string(k), "--die_after_save"}));
+      const auto resumed =
+          run_worker(world, {"--epochs", "2", "--checkpoint", dir, "--resume", "--out", b});
+      expect_success(resumed);
+      const std::string expected_at =
+          "resumed at epoch " + std::to_string(k / nb) + " batch " + std::to_string(k % nb);
+      CHECK(output_of(resumed).find(expected_at) != std::string::npos);
+      const std::string want = read_bytes(a), got = read_bytes(b);
+      CHECK(want.size() > 0);
+      CHECK(got == want);
+    }
+  }
+}
+
+TEST_CASE("resume with gradient accumulation and per-rank state at world 2") {
+  if (skip_unless(gloo_available(), "gloo communicator not built")) return;
+  TempDir tmp;
+  const std::string a = (tmp / "a.bin").string(), b = (tmp / "b.bin").string();
+  const std::string dir = (tmp / "ck").string();
+  const auto straight =
+      run_worker(2, {"--epochs", "2", "--accumulation", "2", "--per_rank_state", "--out", a});
+  expect_success(straight);
+  expect_killed(run_worker(2, {"--epochs", "2", "--accumulation", "2", "--per_rank_state",
+                               "--checkpoint", dir, "--save_at", "4", "--die_after_save"}));
+  const auto resumed = run_worker(2, {"--epochs", "2", "--accumulation", "2", "--per_rank_state",
+                                      "--checkpoint", dir, "--resume", "--out", b});
+  expect_success(resumed);
+  CHECK(read_bytes(b) == read_bytes(a));
+  CHECK(done_lines(resumed) == done_lines(straight));  // each rank's own counter came back
+
+  // Between accumulation steps the partial gradients would be lost: refused.
+  const auto refused = run_worker(2, {"--epochs", "1", "--accumulation", "2", "--checkpoint",
+                                      (tmp / "ck2").string(), "--save_at", "3"});
+  CHECK(refused.exit_code() == 2);
+  CHECK(output_of(refused).find("save_state between accumulation steps") != std::string::npos);
+}
+
+TEST_CASE("a job killed at any stage of a save leaves a loadable checkpoint") {
+  if (skip_unless(gloo_available(), "gloo communicator not built")) return;
+  TempDir tmp;
+  const std::string a = (tmp / "a.bin").string(), b = (tmp / "b.bin").string();
+  expect_success(run_worker(2, {"--epochs", "2", "--out", a}));
+  const std::size_t nb = batches_per_epoch(2);
+  const std::string first = std::to_string(nb), second = std::to_string(nb + 2);
+  for (const char* stage : {"blobs_written", "manifest_written", "moved_aside", "renamed"}) {
+    CAPTURE(stage);
+    const fs::path dir = tmp / (std::string("ck_") + stage);
+    expect_killed(run_worker(2, {"--epochs", "2", "--checkpoint", dir.string(), "--save_at",
+                                 first + "," + second, "--crash_stage", stage}));
+    // The first save is there whole until the second one's rename; after it, the second.
+    const bool new_one = std::string(stage) == "renamed";
+    CHECK(fs::exists(dir) == (std::string(stage) != "moved_aside"));
+    const LoadedCheckpoint ck = read_checkpoint(dir.string(), 0, 2);
+    CHECK(ck.meta.epoch == 1);
+    CHECK(ck.meta.batch == (new_one ? 2u : 0u));
+
+    const auto resumed = run_worker(2, {"--epochs", "2", "--checkpoint", dir.string(), "--resume",
+                                        "--save_epochs", "--out", b});
+    expect_success(resumed);
+    CHECK(read_bytes(b) == read_bytes(a));
+    CHECK(siblings_of(dir).empty());  // the resumed run's save removed the leftovers
+  }
+  // Killed during the very first save: no checkpoint, and a run starts from scratch.
+  const fs::path fresh = tmp / "ck_first";
+  expect_killed(run_worker(2, {"--epochs", "2", "--checkpoint", fresh.string(), "--save_at", first,
+                               "--crash_stage", "manifest_written"}));
+  CHECK(!checkpoint_exists(fresh.string()));
+}
+
+TEST_CASE("loading at another world size works only where nothing depends on it") {
+  if (skip_unless(gloo_available(), "gloo communicator not built")) return;
+  TempDir tmp;
+  const std::string end_of_epoch = (tmp / "end").string(), mid = (tmp / "mid").string(),
+                    per_rank = (tmp / "per_rank").string();
+  const std::string nb = std::to_string(batches_per_epoch(2));
+  expect_killed(run_worker(
+      2, {"--epochs", "2", "--checkpoint", end_of_epoch, "--save_at", nb, "--die_after_save"}));
+  expect_killed(
+      run_worker(2, {"--epochs", "2", "--checkpoint", mid, "--save_at", "5", "--die_after_save"}));
+  expect_killed(run_worker(2, {"--epochs", "2", "--checkpoint", per_rank, "--save_at", nb,
+                               "--per_rank_state", "--die_after_save"}));
+
+  const auto ok = run_worker(1, {"--epochs", "2", "--checkpoint", end_of_epoch, "--resume"});
+  expect_success(ok);
+  CHECK(output_of(ok).find("resumed at epoch 1 batch 0") != std::string::npos);
+
+  const auto mid_epoch = run_worker(1, {"--epochs", "2", "--checkpoint", mid, "--resume"});
+  CHECK(mid_epoch.exit_code() == 2);
+  CHECK(output_of(mid_epoch).find(mid + ": saved mid-epoch (epoch 0, batch 5) by 2 processes") !=
+        std::string::npos);
+
+  const auto ranks =
+      run_worker(1, {"--epochs", "2", "--checkpoint", per_rank, "--resume", "--per_rank_state"});
+  CHECK(ranks.exit_code() == 2);
+  CHECK(output_of(ranks).find("per-rank state 'counter' cannot be matched to ranks") !=
+        std::string::npos);
+}
+
+TEST_CASE("a damaged checkpoint fails on every rank, naming the file") {
+  if (skip_unless(gloo_available(), "gloo communicator not built")) return;
+  TempDir tmp;
+  const fs::path dir = tmp / "ck";
+  expect_killed(run_worker(
+      2, {"--epochs", "2", "--checkpoint", dir.string(), "--save_at", "3", "--die_after_save"}));
+  SUBCASE("a flipped byte in the parameters") {
+    std::string p = read_bytes(dir / "parameters");
+    p[p.size() / 2] ^= 0x01;
+    write_bytes(dir / "parameters", p);
+    const auto r =
+        run_worker(2, {"--epochs", "2", "--checkpoint", dir.string(), "--resume"}, false);
+    INFO(describe(r));
+    CHECK(r.exit_code() == 2);
+    for (const auto& w : r.workers)
+      CHECK(w.output.find((dir / "parameters").string() + ": checksum mismatch") !=
+            std::string::npos);
+  }
+  SUBCASE("rank 1's RNG state missing: rank 0 learns it from rank 1") {
+    fs::remove(dir / "rng.rank1");
+    const auto r =
+        run_worker(2, {"--epochs", "2", "--checkpoint", dir.string(), "--resume"}, false);
+    INFO(describe(r));
+    CHECK(r.exit_code() == 2);
+    CHECK(r.workers[1].output.find((dir / "rng.rank1").string() + ": missing") !=
+          std::string::npos);
+    CHECK(r.workers[0].output.find("rank 1 could not read the checkpoint") != std::string::npos);
+  }
+}
+
+TEST_CASE("examples/raw_mlp trains on Fashion-MNIST and resumes from its checkpoint") {
+  const std::string data = "/usr/share/datasets/fashion-mnist";
+  if (skip_unless(fs::exists(data + "/train-images-idx3-ubyte.gz"),
+                  "Fashion-MNIST not installed at " + data))
+    return;
+  if (skip_unless(fs::exists(bin_path("raw_mlp")), "raw_mlp example not built")) return;
+  if (skip_unless(gloo_available(), "gloo communicator not built")) return;
+  TempDir tmp;
+  const std::string dir = (tmp / "ck").string();
+  RanksOptions options;
+  options.env = {{"ACCEL_COMM_BACKEND", "gloo"}};
+  const std::vector<std::string> common = {
+      "--train_samples", "3000", "--test_samples", "1000", "--hidden",         "32",
+      "--batch_size",    "32",   "--lr",           "0.03", "--checkpoint_dir", dir,
+      "--data_dir",      data};
+  auto args = common;
+  args.insert(args.end(), {"--epochs", "1"});
+  const auto first = run_ranks(2, "raw_mlp", args, options);
+  INFO(describe(first));
+  REQUIRE(first.exit_code() == 0);
+  const std::string out0 = first.workers[0].output;
+  const auto at = out0.find("test accuracy 0.");
+  REQUIRE(at != std::string::npos);
+  CHECK(std::stod(out0.substr(at + 14, 6)) > 0.6);  // 10 classes: chance is 0.1
+  CHECK(first.workers[1].output.find("test accuracy") == std::string::npos);  // main process only
+
+  args = common;
+  args.insert(args.end(), {"--epochs", "2"});
+  const auto second = run_ranks(2, "raw_mlp", args, options);
+  INFO(describe(second));
+  REQUIRE(second.exit_code() == 0);
+  CHECK(second.workers[0].output.find("resumed from " + dir + ": epoch 2, batch 0") !=
+        std::string::npos);
+  CHECK(second.workers[0].output.find("epoch 2/2: loss") != std::string::npos);
+  CHECK(second.workers[0].output.find("epoch 1/2") == std::string::npos);
+}

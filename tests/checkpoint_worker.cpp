@@ -1,0 +1,198 @@
+// One rank of the checkpoint tests (run by checkpoint_test over real processes): the raw MLP
+// on synthetic data with momentum SGD (its velocity a registered state), input noise drawn
+// from acc.rng() (so the per-rank RNG must be restored exactly), and optionally a per-rank
+// registered state. It trains to --epochs, resuming from --checkpoint when --resume finds
+// one there, saves at the listed points, and can die right after a save or in the middle of
+// one, as a crashed job would.
+//
+//   checkpoint_worker --epochs N [--accumulation K] [--checkpoint DIR] [--resume]
+//                     [--save_at B1,B2,...]   save after these batches of this run (1-based)
+//                     [--save_epochs]         save after every epoch
+//                     [--die_after_save]      SIGKILL itself after the last --save_at save
+//                     [--crash_stage STAGE]   rank 0 SIGKILLs itself at STAGE of that save
+//                     [--per_rank_state]      register a per-rank state too
+//                     [--out FILE]            rank 0 writes the final parameters' bytes
+// Exit 0 on success, 2 with the error on stderr.
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <random>
+#include <set>
+#include <string>
+
+#include "accelerate/accelerator.hpp"
+#include "examples/raw_mlp/mlp.hpp"
+#include "examples/raw_mlp/momentum_sgd.hpp"
+
+using namespace accel;
+
+namespace {
+
+const std::vector<int> kSizes = {12, 24, 5};
+constexpr std::size_t kDatasetSize = 90;  // 4 per rank: padded at world 1 and 2
+constexpr std::size_t kPerRank = 4;
+
+struct Dataset {
+  std::vector<float> x;
+  std::vector<int> labels;
+};
+
+Dataset make_dataset() {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> g;
+  Dataset d;
+  d.x.resize(kDatasetSize * kSizes.front());
+  for (float& v : d.x) v = g(rng);
+  for (std::size_t i = 0; i < kDatasetSize; ++i) d.labels.push_back(int(rng() % kSizes.back()));
+  return d;
+}
+
+std::vector<ParamRef> params_of(raw_mlp::Mlp& m) {
+  std::vector<ParamRef> params;
+  for (auto& L : m.layers()) {
+    params.push_back(
+        {"weight", buffer_of(std::span(L.weight)), buffer_of(std::span(L.weight_grad))});
+    params.push_back({"bias", buffer_of(std::span(L.bias)), buffer_of(std::span(L.bias_grad))});
+  }
+  return params;
+}
+
+[[noreturn]] void die() {
+  std::fflush(stdout);
+  ::kill(::getpid(), SIGKILL);
+  ::_exit(99);  // not reached
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int epochs = 2;
+  std::string checkpoint, out_file, crash_stage;
+  bool resume = false, save_epochs = false, die_after_save = false, per_rank_state = false;
+  std::set<std::size_t> save_at;
+  AcceleratorOptions options;
+  for (int i = 1; i < argc; ++i) {
+    const std::string flag = argv[i];
+    auto value = [&]() -> std::string { return i + 1 < argc ? argv[++i] : ""; };
+    if (flag == "--epochs")
+      epochs = std::stoi(value());
+    else if (flag == "--accumulation")
+      options.gradient_accumulation_steps = std::stoi(value());
+    else if (flag == "--checkpoint")
+      checkpoint = value();
+    else if (flag == "--resume")
+      resume = true;
+    else if (flag == "--save_epochs")
+      save_epochs = true;
+    else if (flag == "--die_after_save")
+      die_after_save = true;
+    else if (flag == "--crash_stage")
+      crash_stage = value();
+    else if (flag == "--per_rank_state")
+      per_rank_state = true;
+    else if (flag == "--out")
+      out_file = value();
+    else if (flag == "--save_at") {
+      const std::string list = value();
+      for (std::size_t p = 0; p < list.size();) {
+        const std::size_t comma = list.find(',', p);
+        save_at.insert(std::stoul(list.substr(p, comma - p)));
+        p = comma == std::string::npos ? list.size() : comma + 1;
+      }
+    } else {
+      std::fprintf(stderr, "checkpoint_worker: unknown flag %s\n", flag.c_str());
+      return 2;
+    }
+  }
+  options.ddp.first_bucket_bytes = 256;  // several buckets even for this small model
+  options.ddp.bucket_cap_bytes = 1024;
+  try {
+    Accelerator acc(options);
+    acc.set_seed(7);
+    const Dataset data = make_dataset();
+    raw_mlp::Mlp model(kSizes, 3);
+    raw_mlp::MomentumSgd optimizer(model, 0.9f);
+    acc.prepare_parameters(params_of(model));
+    acc.register_state(
+        "optimizer", [&] { return optimizer.save(); },
+        [&](const std::string& b) { optimizer.load(b); });
+    std::uint64_t micro_batches = 0;  // this rank's, since the start of training
+    if (per_rank_state)
+      acc.register_state(
+          "counter", [&] { return std::to_string(micro_batches); },
+          [&](const std::string& b) { micro_batches = std::stoull(b); }, StateScope::per_rank);
+
+    if (resume && checkpoint_exists(checkpoint)) {
+      acc.load_state(checkpoint);
+      std::printf("resumed at epoch %llu batch %llu step %llu\n",
+                  static_cast<unsigned long long>(acc.resume_epoch()),
+                  static_cast<unsigned long long>(acc.resume_batch()),
+                  static_cast<unsigned long long>(acc.step()));
+    }
+
+    ShardedSampler sampler = acc.make_sampler(kDatasetSize, {kPerRank, true, 0, false});
+    const std::size_t last_save = save_at.empty() ? 0 : *save_at.rbegin();
+    std::size_t batches_run = 0;
+    std::vector<float> x;
+    std::vector<int> labels;
+    std::normal_distribution<float> noise(0.0f, 0.1f);
+    for (std::uint64_t epoch = acc.resume_epoch(); epoch < std::uint64_t(epochs); ++epoch) {
+      acc.set_epoch(epoch);
+      sampler.set_epoch(epoch);
+      const auto idx = sampler.indices();
+      for (std::size_t b = acc.batch_in_epoch(); b < sampler.num_batches(); ++b) {
+        x.clear();
+        labels.clear();
+        for (std::size_t k = 0; k < kPerRank; ++k) {
+          const std::size_t i = idx[b * kPerRank + k];
+          for (int f = 0; f < kSizes.front(); ++f)
+            x.push_back(data.x[i * std::size_t(kSizes.front()) + std::size_t(f)] +
+                        noise(acc.rng()));
+          labels.push_back(data.labels[i]);
+        }
+        acc.begin_batch(b, sampler.num_batches());
+        model.forward_backward(x, labels, acc.loss_scale(), [&](std::size_t l) {
+          acc.grad_ready(2 * l);
+          acc.grad_ready(2 * l + 1);
+        });
+        ++micro_batches;
+        if (acc.sync_gradients()) {
+          acc.clip_grad_norm(2.0);
+          optimizer.step(0.05f);
+          model.zero_grad();
+        }
+        ++batches_run;
+        if (save_at.count(batches_run)) {
+          const bool last = batches_run == last_save;
+          if (last && !crash_stage.empty() && acc.is_main_process())
+            checkpoint_testing::set_stage_hook([&](std::string_view stage) {
+              if (stage == crash_stage) die();
+            });
+          acc.save_state(checkpoint);
+          std::printf("saved after batch %zu (epoch %llu, next batch %llu, step %llu)\n",
+                      batches_run, static_cast<unsigned long long>(acc.epoch()),
+                      static_cast<unsigned long long>(acc.batch_in_epoch()),
+                      static_cast<unsigned long long>(acc.step()));
+          if (last && die_after_save) die();
+        }
+      }
+      if (save_epochs) acc.save_state(checkpoint);
+    }
+    std::printf("done: step %llu, %llu micro-batches on this rank\n",
+                static_cast<unsigned long long>(acc.step()),
+                static_cast<unsigned long long>(micro_batches));
+    if (!out_file.empty() && acc.is_main_process()) {
+      std::ofstream out(out_file, std::ios::binary);
+      for (const ParamRef& p : params_of(model))
+        out.write(static_cast<const char*>(p.data.data), std::streamsize(p.data.bytes()));
+      if (!out) throw std::runtime_error(out_file + ": cannot write");
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "checkpoint_worker: %s\n", e.what());
+    return 2;
+  }
+  return 0;
+}

@@ -1,0 +1,245 @@
+// The LibTorch adapter: in this process (the world of one) the gradient buckets, the optimizer
+// wrapper, the data loader and bf16 autocast; over real processes (torch_worker does the
+// checking) DDP training equal to one process, over Gloo with 2 and 4 ranks and over MPI.
+
+#include <torch/torch.h>
+// LibTorch's logging header defines a CHECK of its own (fatal, uncounted); doctest's is meant.
+#undef CHECK
+#include <doctest/doctest.h>
+
+#include "accelerate/torch/torch_accelerator.hpp"
+#include "backends/comm/registry.hpp"
+#include "tests/support/ranks.hpp"
+#include "tests/support/skip.hpp"
+
+using namespace accel;
+using namespace accel::test;
+
+namespace {
+
+AcceleratorOptions local_options(int accumulation = 1, const char* mixed_precision = "no") {
+  AcceleratorOptions options;
+  options.communicator = "local";
+  options.gradient_accumulation_steps = accumulation;
+  options.mixed_precision = mixed_precision;
+  options.ddp.first_bucket_bytes = 64;  // several buckets
+  options.ddp.bucket_cap_bytes = 512;
+  return options;
+}
+
+torch::nn::Sequential small_net() {
+  torch::manual_seed(1);
+  return torch::nn::Sequential(torch::nn::Linear(6, 8), torch::nn::ReLU(), torch::nn::Linear(8, 3));
+}
+
+void expect_pass(const launch::GroupResult& result, bool equivalence = true) {
+  INFO(describe(result));
+  REQUIRE(result.exit_code() == 0);
+  std::string all;
+  for (const auto& w : result.workers) all += w.output;
+  CHECK(all.find("FAIL") == std::string::npos);
+  if (equivalence) {
+    const auto at = all.find("ok training equals one process");
+    CHECK(at != std::string::npos);
+    if (at != std::string::npos) MESSAGE(all.substr(at, all.find('\n', at) - at));
+  }
+  CHECK(all.find("ok gradients stay views of the DDP buckets") != std::string::npos);
+  CHECK(all.find("ok every rank holds the same parameters and buffers") != std::string::npos);
+  CHECK(all.find("ok gather_for_metrics yields 103 samples, 103 distinct") != std::string::npos);
+}
+
+}  // namespace
+
+TEST_CASE("gradients live in the DDP buckets and accumulate in place") {
+  TorchAccelerator acc(local_options(2));
+  auto net = small_net();
+  torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1));
+  auto [model, opt] = acc.prepare(net, sgd);
+  auto& ddp = dynamic_cast<DdpStrategy&>(acc.strategy());
+  REQUIRE(ddp.bucket_layout().size() > 1);
+  const auto& params = acc.prepared_parameters();
+  REQUIRE(params.size() == 4);
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    REQUIRE(params[i].grad().defined());
+    CHECK(params[i].grad().data_ptr() == ddp.grad_view(i).data);
+  }
+
+  const auto x = torch::randn({5, 6});
+  const auto y = torch::randint(3, {5}, torch::kLong);
+  const auto before = params[0].detach().clone();
+  for (int micro = 0; micro < 6; ++micro) {
+    opt.zero_grad();
+    const bool synced = acc.backward(torch::nn::functional::cross_entropy(model->forward(x), y));
+    CHECK(synced == (micro % 2 == 1));  // accumulation 2: every second micro-batch
+    CHECK(acc.accumulating() == !synced);
+    if (micro == 0) CHECK(params[0].grad().abs().sum().item<double>() > 0);
+    opt.step();
+    CHECK(opt.step_was_skipped() == !synced);
+    if (micro == 0) CHECK(torch::equal(params[0], before));  // skipped: nothing changed
+    for (std::size_t i = 0; i < params.size(); ++i)
+      CHECK(params[i].grad().data_ptr() == ddp.grad_view(i).data);
+  }
+  CHECK(acc.step() == 3);
+  CHECK_FALSE(torch::equal(params[0], before));
+
+  // LibTorch's own zero_grad zeroes in place too: the views survive it.
+  opt.optimizer().zero_grad();
+  CHECK(params[0].grad().data_ptr() == ddp.grad_view(0).data);
+  CHECK(params[0].grad().abs().sum().item<double>() == 0);
+}
+
+TEST_CASE("a gradient the user reset is moved back into its bucket") {
+  TorchAccelerator acc(local_options());
+  auto net = small_net();
+  torch::optim::Adam adam(net->parameters(), torch::optim::AdamOptions(0.01));
+  auto [model, opt] = acc.prepare(net, adam);
+  auto& ddp = dynamic_cast<DdpStrategy&>(acc.strategy());
+  const auto& params = acc.prepared_parameters();
+  params[1].mutable_grad() = torch::Tensor();  // as zero_grad(set_to_none=true) would
+  const auto x = torch::randn({4, 6});
+  acc.backward(model->forward(x).sum());
+  CHECK(params[1].grad().data_ptr() == ddp.grad_view(1).data);
+  CHECK(params[1].grad().abs().sum().item<double>() > 0);
+}
+
+TEST_CASE("a shared_ptr module, and an optimizer holding a foreign parameter") {
+  TorchAccelerator acc(local_options());
+  auto linear = std::make_shared<torch::nn::LinearImpl>(3, 2);
+  auto stranger = torch::zeros({2}, torch::requires_grad());
+  torch::optim::SGD sgd({linear->weight, stranger}, torch::optim::SGDOptions(0.1));
+  CHECK_THROWS_AS(acc.prepare(linear, sgd), InvalidArgument);
+}
+
+TEST_CASE("the model outlives the accelerator") {
+  auto net = small_net();
+  torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1));
+  {
+    TorchAccelerator acc(local_options());
+    acc.prepare(net, sgd);
+    acc.backward(net->forward(torch::randn({2, 6})).sum());
+  }
+  // Gradients are plain tensors again and the hooks are gone: backward works on its own.
+  const auto grad = net->parameters()[0].grad().clone();
+  net->forward(torch::randn({2, 6})).sum().backward();
+  CHECK_FALSE(torch::equal(grad, net->parameters()[0].grad()));
+}
+
+TEST_CASE("the data loader shards, pads and tells the accelerator where it is") {
+  TorchAccelerator acc(local_options(4));
+  auto net = small_net();
+  torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1));
+  auto [model, opt] = acc.prepare(net, sgd);
+  auto loader =
+      acc.prepare_data_loader(torch::randn({10, 6}), torch::arange(10), {4, false, 0, false});
+  CHECK(loader.size() == 3);
+  std::vector<std::size_t> synced_at;
+  std::vector<torch::Tensor> ids;
+  for (const auto& batch : loader) {
+    CHECK(batch.data.size(0) == 4);
+    acc.backward(model->forward(batch.data).sum());
+    if (acc.sync_gradients_happened()) synced_at.push_back(batch.index);
+    ids.push_back(acc.gather_for_metrics(batch.target, loader, batch.index));
+  }
+  // Accumulation 4 but 3 batches: the epoch's last batch forces the sync.
+  CHECK(synced_at == std::vector<std::size_t>{2});
+  const auto all = torch::cat(ids);
+  CHECK(torch::equal(all, torch::arange(10)));  // the 2 padded samples dropped
+
+  loader.skip_first_batches(2);
+  std::size_t count = 0;
+  for (const auto& batch : loader) CHECK(batch.index == 2 + count++);
+  CHECK(count == 1);
+}
+
+TEST_CASE("tensor collectives in the world of one") {
+  TorchAccelerator acc(local_options());
+  const auto t = torch::arange(6, torch::kFloat).reshape({3, 2});
+  CHECK(torch::equal(acc.gather(t), t));
+  CHECK(torch::equal(acc.reduce(t, ReduceOp::sum), t));
+  const auto flags = torch::tensor({true, false});
+  CHECK(torch::equal(acc.gather(flags), flags));  // bool travels as int and comes back bool
+  auto b = t.clone();
+  acc.broadcast(b);
+  CHECK(torch::equal(b, t));
+  CHECK(acc.pad_across_processes(t).size(0) == 3);
+  CHECK((acc.device_for_tensors() == torch::Device(torch::kCPU)));
+}
+
+TEST_CASE("bf16 autocast on the CPU") {
+  const auto a = torch::randn({4, 4}), b = torch::randn({4, 4});
+  {
+    TorchAccelerator acc(local_options(1, "bf16"));
+    {
+      auto guard = acc.autocast();
+      CHECK(guard.enabled());
+      CHECK((torch::matmul(a, b).scalar_type() == torch::kBFloat16));
+      auto linear = torch::nn::Linear(4, 2);
+      CHECK((linear(a).scalar_type() == torch::kBFloat16));
+    }
+    CHECK((torch::matmul(a, b).scalar_type() == torch::kFloat));  // restored
+
+    // Training under autocast: parameters and gradients stay fp32.
+    auto net = small_net();
+    torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1));
+    auto [model, opt] = acc.prepare(net, sgd);
+    torch::Tensor loss;
+    {
+      auto guard = acc.autocast();
+      loss = model->forward(torch::randn({3, 6})).to(torch::kFloat).sum();
+    }
+    acc.backward(loss);
+    opt.step();
+    CHECK((acc.prepared_parameters()[0].grad().scalar_type() == torch::kFloat));
+  }
+  TorchAccelerator plain(local_options(1, "no"));
+  auto guard = plain.autocast();
+  CHECK_FALSE(guard.enabled());
+  CHECK((torch::matmul(a, b).scalar_type() == torch::kFloat));
+}
+
+TEST_CASE("fp16 on the CPU is refused with a reason") {
+  try {
+    TorchAccelerator acc(local_options(1, "fp16"));
+    FAIL("fp16 accepted on the CPU");
+  } catch (const InvalidArgument& e) {
+    CHECK(std::string(e.what()).find("bf16") != std::string::npos);
+  }
+}
+
+TEST_CASE("DDP over gloo equals one process (2 and 4 ranks)") {
+  if (skip_unless(communicator_available("gloo"), "gloo communicator not built")) return;
+  SUBCASE("2 ranks") {
+    expect_pass(run_ranks(2, "torch_worker", {"--model", "mlp", "--optimizer", "sgd"}));
+    expect_pass(run_ranks(
+        2, "torch_worker",
+        {"--model", "mlp", "--optimizer", "sgd", "--accumulation", "4", "--clip", "0.5"}));
+    expect_pass(
+        run_ranks(2, "torch_worker", {"--model", "mlp", "--optimizer", "adam", "--clip", "1"}));
+    expect_pass(
+        run_ranks(2, "torch_worker", {"--model", "cnn", "--optimizer", "adamw", "--scheduler"}));
+    expect_pass(run_ranks(
+        2, "torch_worker",
+        {"--model", "cnn", "--optimizer", "sgd", "--accumulation", "4", "--clip", "0.5"}));
+    expect_pass(run_ranks(2, "torch_worker", {"--model", "cnn", "--bf16"}), false);
+  }
+  SUBCASE("4 ranks") {
+    expect_pass(run_ranks(
+        4, "torch_worker",
+        {"--model", "mlp", "--optimizer", "adamw", "--accumulation", "4", "--clip", "0.5"}));
+    expect_pass(
+        run_ranks(4, "torch_worker", {"--model", "cnn", "--optimizer", "sgd", "--scheduler"}));
+  }
+}
+
+TEST_CASE("DDP over mpi equals one process") {
+  if (skip_unless(communicator_available("mpi") && !find_mpirun().empty(),
+                  "mpi communicator or mpirun not available"))
+    return;
+  RanksOptions options;
+  options.env = {{"ACCEL_COMM_BACKEND", "mpi"}};
+  expect_pass(run_under_mpirun(
+      2, "torch_worker",
+      {"--model", "mlp", "--optimizer", "adam", "--accumulation", "4", "--clip", "0.5"}, options));
+  expect_pass(
+      run_under_mpirun(2, "torch_worker", {"--model", "cnn", "--optimizer", "sgd"}, options));
+}

@@ -1,0 +1,304 @@
+// One rank of the LibTorch adapter checks, run by torch_accelerator_test over real processes:
+//  - training: a LibTorch model prepared by TorchAccelerator and trained on this rank's shard
+//    of every global batch (2 epochs of 10 batches, the last one padded) ends with the
+//    parameters one process gets on the whole global batches, trained in this same program
+//    (max abs difference 1e-5), with or without accumulation, clipping, an LR scheduler;
+//  - every rank ends with bitwise the same parameters (and, for the CNN, BatchNorm buffers);
+//  - gradients stay views of the DDP buckets for the whole run;
+//  - evaluation: gather_for_metrics over an epoch yields exactly the dataset's size.
+// Prints one "ok ..." line per check; exits 1 on any failure.
+//   torch_worker [--model mlp|cnn] [--optimizer sgd|adam|adamw] [--accumulation K]
+//                [--clip MAX_NORM] [--scheduler] [--bf16]
+
+#include <cmath>
+#include <cstdio>
+#include <optional>
+#include <set>
+#include <string>
+
+#include <torch/torch.h>
+
+#include "accelerate/torch/torch_accelerator.hpp"
+
+using namespace accel;
+
+namespace {
+
+// Linear-ReLU-Linear as a TORCH_MODULE type (a ModuleHolder).
+struct MlpImpl : torch::nn::Module {
+  MlpImpl()
+      : fc1(register_module("fc1", torch::nn::Linear(16, 32))),
+        fc2(register_module("fc2", torch::nn::Linear(32, 10))) {}
+  torch::Tensor forward(const torch::Tensor& x) { return fc2(torch::relu(fc1(x))); }
+  torch::nn::Linear fc1, fc2;
+};
+TORCH_MODULE(Mlp);
+
+// A tiny CNN with BatchNorm (running statistics are buffers DDP keeps equal).
+torch::nn::Sequential make_cnn() {
+  namespace nn = torch::nn;
+  return nn::Sequential(nn::Conv2d(nn::Conv2dOptions(1, 4, 3).padding(1)), nn::BatchNorm2d(4),
+                        nn::ReLU(), nn::MaxPool2d(2), nn::Flatten(), nn::Linear(4 * 4 * 4, 10));
+}
+
+struct Model {
+  Mlp mlp{nullptr};
+  torch::nn::Sequential cnn{nullptr};
+  torch::Tensor forward(const torch::Tensor& x) { return mlp ? mlp(x) : cnn->forward(x); }
+  torch::nn::Module& module() { return mlp ? static_cast<torch::nn::Module&>(*mlp) : *cnn; }
+};
+
+Model make_model(const std::string& kind, std::uint64_t seed) {
+  torch::manual_seed(seed);
+  Model m;
+  if (kind == "cnn")
+    m.cnn = make_cnn();
+  else
+    m.mlp = Mlp();
+  return m;
+}
+
+// Two param groups with different settings: weights, and the rest (biases, BatchNorm).
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::string& kind, Model& m) {
+  std::vector<torch::Tensor> weights, others;
+  for (const auto& p : m.module().parameters()) (p.dim() > 1 ? weights : others).push_back(p);
+  using torch::optim::OptimizerParamGroup;
+  std::vector<OptimizerParamGroup> groups;
+  if (kind == "sgd") {
+    groups.emplace_back(weights, std::make_unique<torch::optim::SGDOptions>(
+                                     torch::optim::SGDOptions(0.1).momentum(0.9)));
+    groups.emplace_back(others, std::make_unique<torch::optim::SGDOptions>(
+                                    torch::optim::SGDOptions(0.05).momentum(0.5)));
+    return std::make_unique<torch::optim::SGD>(std::move(groups), torch::optim::SGDOptions(0.1));
+  }
+  if (kind == "adam") {
+    groups.emplace_back(
+        weights, std::make_unique<torch::optim::AdamOptions>(torch::optim::AdamOptions(0.01)));
+    groups.emplace_back(others, std::make_unique<torch::optim::AdamOptions>(
+                                    torch::optim::AdamOptions(0.005).weight_decay(0.01)));
+    return std::make_unique<torch::optim::Adam>(std::move(groups), torch::optim::AdamOptions());
+  }
+  groups.emplace_back(weights, std::make_unique<torch::optim::AdamWOptions>(
+                                   torch::optim::AdamWOptions(0.01).weight_decay(0.1)));
+  groups.emplace_back(others, std::make_unique<torch::optim::AdamWOptions>(
+                                  torch::optim::AdamWOptions(0.005).weight_decay(0.0)));
+  return std::make_unique<torch::optim::AdamW>(std::move(groups), torch::optim::AdamWOptions());
+}
+
+torch::Tensor loss_of(Model& m, const torch::Tensor& x, const torch::Tensor& y) {
+  return torch::nn::functional::cross_entropy(m.forward(x), y);
+}
+
+// The flat parameters (and buffers) of a module, for comparisons.
+torch::Tensor flat_state(torch::nn::Module& m, bool with_buffers) {
+  std::vector<torch::Tensor> parts;
+  for (const auto& p : m.parameters()) parts.push_back(p.detach().flatten().to(torch::kDouble));
+  if (with_buffers)
+    for (const auto& b : m.buffers()) parts.push_back(b.detach().flatten().to(torch::kDouble));
+  return torch::cat(parts);
+}
+
+int failures = 0;
+void report(bool ok, const std::string& what) {
+  std::printf("%s %s\n", ok ? "ok" : "FAIL", what.c_str());
+  std::fflush(stdout);
+  failures += !ok;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string model_kind = "mlp", optimizer_kind = "sgd";
+  double max_norm = 0;
+  bool scheduler = false;
+  AcceleratorOptions options;
+  for (int i = 1; i < argc; ++i) {
+    const std::string flag = argv[i];
+    const std::string value = i + 1 < argc ? argv[i + 1] : "";
+    if (flag == "--model")
+      model_kind = value, ++i;
+    else if (flag == "--optimizer")
+      optimizer_kind = value, ++i;
+    else if (flag == "--accumulation")
+      options.gradient_accumulation_steps = std::stoi(value), ++i;
+    else if (flag == "--clip")
+      max_norm = std::stod(value), ++i;
+    else if (flag == "--scheduler")
+      scheduler = true;
+    else if (flag == "--bf16")
+      options.mixed_precision = "bf16";
+  }
+  options.ddp.first_bucket_bytes = 256;  // several buckets even for these small models
+  options.ddp.bucket_cap_bytes = 2048;
+  torch::set_num_threads(1);
+  try {
+    TorchAccelerator acc(options);
+    const int world = acc.num_processes(), rank = acc.process_index();
+    const auto K = std::size_t(acc.gradient_accumulation_steps());
+    const bool bf16 = acc.mixed_precision() == "bf16";
+    const bool cnn = model_kind == "cnn";
+
+    // Each rank starts from other parameters: prepare must broadcast rank 0's. The reference
+    // starts from rank 0's.
+    Model model = make_model(model_kind, 100 + std::uint64_t(rank));
+    Model reference = make_model(model_kind, 100);
+    auto optimizer = make_optimizer(optimizer_kind, model);
+    auto ref_optimizer = make_optimizer(optimizer_kind, reference);
+    AcceleratedOptimizer* opt = nullptr;
+    if (cnn)
+      opt = &acc.prepare(model.cnn, *optimizer).second;
+    else
+      opt = &acc.prepare(model.mlp, *optimizer).second;
+    std::optional<torch::optim::StepLR> schedule, ref_schedule;
+    const double initial_lr = optimizer->param_groups()[0].options().get_lr();
+    if (scheduler) {
+      schedule.emplace(opt->optimizer(), 2, 0.5);
+      ref_schedule.emplace(*ref_optimizer, 2, 0.5);
+    }
+
+    auto& ddp = dynamic_cast<DdpStrategy&>(acc.strategy());
+    const auto& params = acc.prepared_parameters();
+    std::vector<void*> grad_ptrs;
+    for (const auto& p : params) grad_ptrs.push_back(p.grad().data_ptr());
+    bool views = true;
+    for (std::size_t i = 0; i < params.size(); ++i) views &= grad_ptrs[i] == ddp.grad_view(i).data;
+
+    // The same synthetic dataset on every rank: 10 global batches of 4 per rank, the last
+    // one 3 short (padded by wrapping around).
+    const std::int64_t per_rank = 4, global = per_rank * world;
+    const std::int64_t n = 10 * global - 3;
+    torch::manual_seed(7);
+    const torch::Tensor x = cnn ? torch::randn({n, 1, 8, 8}) : torch::randn({n, 16});
+    const torch::Tensor y = torch::randint(10, {n}, torch::kLong);
+    auto loader = acc.prepare_data_loader(x, y, {std::size_t(per_rank), true, 11, false});
+    ShardedSampler single(std::size_t(n), 1, 0, {std::size_t(global), true, 11, false});
+
+    double norm_diff = 0;
+    std::size_t steps = 0, boundary_errors = 0;
+    for (std::uint64_t epoch = 0; epoch < 2; ++epoch) {
+      loader.set_epoch(epoch);
+      single.set_epoch(epoch);
+      const auto all = single.indices();
+      for (const auto& batch : loader) {
+        const std::size_t b = batch.index;
+        const bool boundary = (b + 1) % K == 0 || b + 1 == loader.size();
+
+        // The reference: one process on the whole global batch. With BatchNorm it runs each
+        // rank's part separately (DDP normalises with each rank's own batch statistics) and
+        // keeps the running statistics rank 0's part produced (those DDP broadcasts).
+        std::vector<std::int64_t> rows(all.begin() + std::ptrdiff_t(b) * global,
+                                       all.begin() + std::ptrdiff_t(b + 1) * global);
+        const auto idx = torch::tensor(rows, torch::kLong);
+        const auto gx = x.index_select(0, idx), gy = y.index_select(0, idx);
+        torch::Tensor ref_loss;
+        std::vector<torch::Tensor> saved;  // rank 0's part's running statistics
+        if (!cnn) {
+          ref_loss = loss_of(reference, gx, gy);
+        } else {
+          ref_loss = torch::zeros({});
+          for (std::int64_t r = 0; r < world; ++r) {
+            ref_loss = ref_loss + loss_of(reference, gx.narrow(0, r * per_rank, per_rank),
+                                          gy.narrow(0, r * per_rank, per_rank));
+            if (r == 0)
+              for (const auto& buf : reference.module().buffers()) saved.push_back(buf.clone());
+          }
+          ref_loss = ref_loss / double(world);
+        }
+        (ref_loss / double(K)).backward();
+        if (!saved.empty()) {  // after backward: BatchNorm's backward holds the buffers
+          torch::NoGradGuard no_grad;
+          auto bufs = reference.module().buffers();
+          for (std::size_t k = 0; k < bufs.size(); ++k) bufs[k].copy_(saved[k]);
+        }
+
+        // The accelerated loop, as a user writes it.
+        opt->zero_grad();  // before the forward: a no-op while accumulating
+        torch::Tensor loss;
+        {
+          auto autocast = acc.autocast();
+          loss = loss_of(model, batch.data, batch.target);
+        }
+        const bool synced = acc.backward(loss);
+        boundary_errors += synced != boundary;
+        if (synced && max_norm > 0) {
+          const double norm = acc.clip_grad_norm(max_norm);
+          const double ref_norm =
+              torch::nn::utils::clip_grad_norm_(reference.module().parameters(), max_norm);
+          norm_diff = std::max(norm_diff, std::abs(norm - ref_norm));
+        }
+        opt->step();
+        if (schedule && !opt->step_was_skipped()) schedule->step();
+        steps += !opt->step_was_skipped();
+
+        if (boundary) {
+          ref_optimizer->step();
+          ref_optimizer->zero_grad();
+          if (ref_schedule) ref_schedule->step();
+        }
+      }
+    }
+    report(boundary_errors == 0, "backward synchronises exactly at the accumulation boundaries");
+
+    for (std::size_t i = 0; i < params.size(); ++i)
+      views &= params[i].grad().data_ptr() == grad_ptrs[i] && grad_ptrs[i] == ddp.grad_view(i).data;
+    report(views, "gradients stay views of the DDP buckets");
+
+    // Bitwise the same state on every rank (parameters and, broadcast, the buffers).
+    const torch::Tensor mine = flat_state(model.module(), true);
+    const torch::Tensor everyone = acc.gather(mine.unsqueeze(0));
+    report(torch::equal(everyone, mine.unsqueeze(0).expand_as(everyone)),
+           "every rank holds the same parameters and buffers");
+
+    char line[240];
+    if (!bf16) {
+      const double diff =
+          (flat_state(model.module(), false) - flat_state(reference.module(), false))
+              .abs()
+              .max()
+              .item<double>();
+      const double buffer_diff =
+          (flat_state(model.module(), true) - flat_state(reference.module(), true))
+              .abs()
+              .max()
+              .item<double>();
+      std::snprintf(line, sizeof line,
+                    "training equals one process: max |diff| %.3g, buffers %.3g, clip norm diff "
+                    "%.3g (%zu optimizer steps)",
+                    diff, buffer_diff, norm_diff, steps);
+      report(diff <= 1e-5 && buffer_diff <= 1e-5 && norm_diff <= 1e-4, line);
+    }
+    if (schedule) {
+      const double lr = opt->optimizer().param_groups()[0].options().get_lr();
+      const double ref_lr = ref_optimizer->param_groups()[0].options().get_lr();
+      std::snprintf(line, sizeof line,
+                    "the LR scheduler on the wrapped optimizer: lr %.6g, one process %.6g", lr,
+                    ref_lr);
+      report(lr == ref_lr && lr < initial_lr, line);
+    }
+
+    // Evaluation: predictions and sample ids of an unshuffled epoch, gathered for metrics.
+    const std::int64_t eval_n = 103;
+    torch::manual_seed(8);
+    const torch::Tensor ex = cnn ? torch::randn({eval_n, 1, 8, 8}) : torch::randn({eval_n, 16});
+    auto eval = acc.prepare_data_loader(ex, torch::arange(eval_n), {5, false, 0, false});
+    model.module().eval();
+    torch::NoGradGuard no_grad;
+    std::vector<torch::Tensor> ids, predictions;
+    for (const auto& batch : eval) {
+      predictions.push_back(
+          acc.gather_for_metrics(model.forward(batch.data).argmax(1), eval, batch.index));
+      ids.push_back(acc.gather_for_metrics(batch.target, eval, batch.index));
+    }
+    const torch::Tensor all_ids = torch::cat(ids);
+    const auto distinct = std::get<0>(at::_unique(all_ids)).numel();
+    report(all_ids.numel() == eval_n && distinct == eval_n &&
+               torch::cat(predictions).numel() == eval_n,
+           "gather_for_metrics yields " + std::to_string(all_ids.numel()) + " samples, " +
+               std::to_string(distinct) + " distinct, of " + std::to_string(eval_n));
+    acc.wait_for_everyone();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "torch_worker: %s\n", e.what());
+    return 2;
+  }
+  return failures == 0 ? 0 : 1;
+}
