@@ -1,0 +1,124 @@
+// The main job: a LibTorch CNN trained on Fashion-MNIST with accelerate-cpp. A plain LibTorch
+// loop (plain.cpp) with a handful of changed lines; the same binary runs as one process or
+// distributed, whatever `accel launch` and the config chose:
+//
+//   build/bin/accel launch --num_processes 2 build/bin/fashion_mnist
+//   build/bin/accel launch build/bin/fashion_mnist --epochs 2 --checkpoint_dir ck
+//
+// Progress on the main process only, per epoch: "epoch 1: loss 0.4123, test accuracy 0.8765,
+// 12.3 s". With --checkpoint_dir it saves after every epoch and, when a checkpoint is there
+// at start, continues from it.
+
+#include <chrono>
+#include <cstdio>
+#include <string>
+
+#include <torch/nn/functional/loss.h>
+#include <torch/optim/sgd.h>
+#include <torch/utils.h>
+
+#include "accelerate/torch/torch_accelerator.hpp"
+#include "examples/fashion_mnist/fashion_mnist.hpp"
+
+using namespace fashion_mnist;
+namespace F = torch::nn::functional;
+
+namespace fashion_mnist {
+// The prepared optimizer's learning rate is that of the LibTorch optimizer it wraps.
+void set_lr(accel::AcceleratedOptimizer& optimizer, double lr) {
+  set_lr(optimizer.optimizer(), lr);
+}
+}  // namespace fashion_mnist
+
+int main(int argc, char** argv) {
+  const Flags flags = parse_flags(argc, argv, "fashion_mnist", /*with_checkpoints=*/true);
+  use_omp_num_threads();
+  try {
+    accel::TorchAccelerator acc;
+    acc.set_seed(flags.seed);
+    torch::manual_seed(acc.seed());  // the same on every rank: dropout, and rank 0's init
+    const Split train = load_split(flags.data_dir, "train", flags.train_samples);
+    const Split test = load_split(flags.data_dir, "t10k", flags.test_samples);
+    acc.print(
+        "fashion_mnist: %lld training and %lld test images; %d process(es) x %zu per batch, "
+        "%d thread(s) each; SGD lr %g momentum %g\n",
+        static_cast<long long>(train.images.size(0)), static_cast<long long>(test.images.size(0)),
+        acc.num_processes(), flags.batch_size, torch::get_num_threads(), flags.lr, flags.momentum);
+
+    Net model;
+    torch::optim::SGD sgd(model->parameters(),
+                          torch::optim::SGDOptions(flags.lr).momentum(flags.momentum));
+    auto& optimizer = acc.prepare(model, sgd).second;  // the same model; sgd, wrapped
+    auto loader = acc.prepare_data_loader(train.images, train.labels,
+                                          {.batch_size = flags.batch_size, .seed = flags.seed});
+    auto test_loader =
+        acc.prepare_data_loader(test.images, test.labels, {.batch_size = 500, .shuffle = false});
+
+    // Checkpoints: the Accelerator saves the parameters, its counters and the loop's position;
+    // the optimizer's momentum and LibTorch's RNG (dropout) are ours to hand over. The RNG is
+    // in lockstep on every rank (same seed, same draws), so rank 0's copy serves all.
+    if (!flags.checkpoint_dir.empty()) {
+      acc.register_state(
+          "sgd", [&] { return save_optimizer(sgd); },
+          [&](const std::string& bytes) { load_optimizer(sgd, bytes); });
+      acc.register_state("torch_rng", save_torch_rng, load_torch_rng);
+      if (accel::checkpoint_exists(flags.checkpoint_dir)) {
+        acc.load_state(flags.checkpoint_dir);
+        loader.skip_first_batches(acc.resume_batch());
+        acc.print("resumed from %s: epoch %llu, batch %llu, step %llu\n",
+                  flags.checkpoint_dir.c_str(),
+                  static_cast<unsigned long long>(acc.resume_epoch() + 1),
+                  static_cast<unsigned long long>(acc.resume_batch()),
+                  static_cast<unsigned long long>(acc.step()));
+      }
+    }
+
+    for (int epoch = int(acc.resume_epoch()); epoch < flags.epochs; ++epoch) {
+      const auto started = std::chrono::steady_clock::now();
+      loader.set_epoch(epoch);
+      set_lr(optimizer, scheduled_lr(flags.lr, epoch, flags.epochs));
+      model->train();
+      double loss_sum = 0;
+      double batches = 0;
+      for (const auto& batch : loader) {
+        optimizer.zero_grad();
+        auto loss = F::cross_entropy(model->forward(batch.data), batch.target);
+        acc.backward(loss);
+        optimizer.step();
+        loss_sum += loss.item<double>();
+        batches += 1;
+      }
+      // The mean training loss over every process's batches.
+      const torch::Tensor sums =
+          acc.reduce(torch::tensor({loss_sum, batches}, torch::kDouble), accel::ReduceOp::sum);
+
+      // Test accuracy: each process predicts its shard; gather_for_metrics drops the sampler's
+      // padding, so exactly the test set's images are counted.
+      model->eval();
+      std::int64_t correct = 0, seen = 0;
+      {
+        torch::NoGradGuard no_grad;
+        for (const auto& batch : test_loader) {
+          const torch::Tensor predicted = model->forward(batch.data).argmax(1);
+          const torch::Tensor all_predicted =
+              acc.gather_for_metrics(predicted, test_loader, batch.index);
+          const torch::Tensor all_targets =
+              acc.gather_for_metrics(batch.target, test_loader, batch.index);
+          correct += all_predicted.eq(all_targets).sum().item<std::int64_t>();
+          seen += all_predicted.size(0);
+        }
+      }
+      const double seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+      const double summed_batches = sums[1].item<double>();
+      acc.print("epoch %d: loss %.4f, test accuracy %.4f, %.1f s\n", epoch + 1,
+                summed_batches > 0 ? sums[0].item<double>() / summed_batches : 0.0,
+                seen > 0 ? double(correct) / double(seen) : 0.0, seconds);
+      if (!flags.checkpoint_dir.empty()) acc.save_state(flags.checkpoint_dir);
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "fashion_mnist: %s\n", e.what());
+    return 1;
+  }
+}
