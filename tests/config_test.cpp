@@ -20,40 +20,20 @@
 #include "config/detect.hpp"
 #include "config/layers.hpp"
 #include "config/resolve.hpp"
+#include "tests/support/files.hpp"
 #include "tests/support/ranks.hpp"
 
 using namespace accel;
 using namespace accel::config;
 namespace fs = std::filesystem;
+using accel::test::read_file;
+using accel::test::TempDir;
+using accel::test::write_file;
 
 namespace {
 
-// A fresh directory, removed afterwards.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "accel_config_test.XXXXXX").string();
-    if (::mkdtemp(tmpl.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
-    path = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string file(const std::string& name) const { return (path / name).string(); }
-};
 
-void write_file(const std::string& path, const std::string& text) {
-  std::ofstream out(path, std::ios::binary);
-  out << text;
-}
 
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
 
 // Every config-related variable removed, and HOME / XDG_CONFIG_HOME pointed into `home`, so
 // neither this process nor its children see the user's real config. Restored at scope end.

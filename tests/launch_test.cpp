@@ -17,6 +17,7 @@
 #include "backends/comm/tcp_store.hpp"
 #include "config/config.hpp"
 #include "launch/worker_env.hpp"
+#include "tests/support/files.hpp"
 #include "tests/support/ranks.hpp"
 
 using namespace accel;
@@ -55,29 +56,7 @@ bool contains(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
 }
 
-// A fresh directory for one test, removed at the end.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static int counter = 0;
-    path = fs::temp_directory_path() /
-           ("accel_launch_test_" + std::to_string(getpid()) + "_" + std::to_string(counter++));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string operator/(const std::string& name) const { return (path / name).string(); }
-};
 
-std::string read_file(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
 
 // Alive = exists and is not a zombie waiting to be reaped.
 bool alive(pid_t pid) {
