@@ -27,7 +27,8 @@ const std::string kData = "/usr/share/datasets/fashion-mnist";
 // `accel launch --num_processes 2 fashion_mnist ARGS...` on a subset; returns what it printed.
 launch::WorkerExit launch_example(const std::vector<std::string>& args) {
   launch::WorkerSpec spec;
-  spec.argv = {bin_path("accel"), "launch", "--num_processes", "2", bin_path("fashion_mnist")};
+  spec.argv = {bin_path("accel"), "launch", "--num_processes", "2", "--main_process_port", "0",
+               bin_path("fashion_mnist")};
   for (const char* a :
        {"--data_dir", kData.c_str(), "--train_samples", "6000", "--test_samples", "2000"})
     spec.argv.emplace_back(a);
