@@ -151,6 +151,32 @@ TEST_CASE("the data loader shards, pads and tells the accelerator where it is") 
   CHECK(count == 1);
 }
 
+TEST_CASE("the data loader counts its epochs and reads like torch::data's (*loader)") {
+  TorchAccelerator acc(local_options(1));
+  auto loader =
+      acc.prepare_data_loader(torch::arange(12), torch::arange(12), {4, true, 7, false});
+  auto epoch_order = [&] {
+    std::vector<std::int64_t> order;
+    for (auto& batch : *loader)
+      for (std::int64_t i = 0; i < batch.target.size(0); ++i)
+        order.push_back(batch.target[i].item<std::int64_t>());
+    return order;
+  };
+  CHECK(loader.epoch() == 0);
+  const auto first = epoch_order();
+  CHECK(loader.epoch() == 0);        // still the epoch just iterated
+  const auto second = epoch_order();  // a full pass moved it on: the next shuffle
+  CHECK(loader.epoch() == 1);
+  CHECK(first != second);
+  ShardedSampler expected(12, 1, 0, {4, true, 7, false});
+  expected.set_epoch(1);
+  const std::vector<std::size_t> indices = expected.indices();
+  const std::vector<std::int64_t> want(indices.begin(), indices.end());
+  CHECK(second == want);
+  loader.set_epoch(0);  // an explicit epoch wins (resuming)
+  CHECK(epoch_order() == first);
+}
+
 TEST_CASE("tensor collectives in the world of one") {
   TorchAccelerator acc(local_options());
   const auto t = torch::arange(6, torch::kFloat).reshape({3, 2});

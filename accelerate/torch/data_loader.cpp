@@ -21,6 +21,7 @@ TorchDataLoader::TorchDataLoader(Accelerator& accelerator, at::Tensor data, at::
 }
 
 TorchDataLoader::Iterator TorchDataLoader::begin() {
+  if (finished_pass_) set_epoch(epoch() + 1);
   const std::size_t start = std::min(skip_, size());
   skip_ = 0;
   return Iterator(this, start);
@@ -39,10 +40,12 @@ TorchDataLoader::Iterator::Iterator(const TorchDataLoader* loader, std::size_t p
 
 TorchDataLoader::Iterator& TorchDataLoader::Iterator::operator++() {
   ++position_;
-  if (position_ < loader_->size())
+  if (position_ < loader_->size()) {
     load();
-  else
+  } else {
     batch_ = TorchBatch{};  // release the last batch's memory
+    loader_->finished_pass_ = true;
+  }
   return *this;
 }
 

@@ -3,10 +3,12 @@
 // ShardedSampler: each rank iterates its own shard, every rank the same number of batches.
 //
 //   auto loader = acc.prepare_data_loader(images, labels, {.batch_size = 64, .seed = 1});
-//   for (std::uint64_t epoch = 0; epoch < epochs; ++epoch) {
-//     loader.set_epoch(epoch);                       // reshuffles, the same on every rank
-//     for (const accel::TorchBatch& batch : loader) ...
-//   }
+//   for (std::uint64_t epoch = 0; epoch < epochs; ++epoch)
+//     for (auto& batch : *loader) ...                // as with torch::data's loaders
+//
+// Epochs count themselves, as in Accelerate: each full pass over the loader moves it to the
+// next epoch (the next shuffle, the same on every rank); set_epoch(e) picks one explicitly
+// (e.g. when resuming from a checkpoint).
 //
 // Iterating tells the Accelerator where the loop is before each batch is yielded
 // (begin_batch(index, size)): the last batch of an epoch always ends in a gradient sync and
@@ -65,11 +67,18 @@ class TorchDataLoader {
     TorchBatch batch_;
   };
 
-  // Each begin() starts the epoch set by set_epoch (at skip_first_batches' batch, once).
+  // Each begin() starts the current epoch (at skip_first_batches' batch, once); after a pass
+  // that reached the end, the next begin() starts the following epoch.
   Iterator begin();
   Iterator end() const;
+  // `*loader` is the loader itself, so a loop written for torch::data's loaders
+  // (`for (auto& batch : *loader)`) runs unchanged.
+  TorchDataLoader& operator*() { return *this; }
 
-  void set_epoch(std::uint64_t epoch) { sampler_.set_epoch(epoch); }
+  void set_epoch(std::uint64_t epoch) {
+    sampler_.set_epoch(epoch);
+    finished_pass_ = false;
+  }
   std::uint64_t epoch() const { return sampler_.epoch(); }
   // Batches per rank in an epoch (the same on every rank).
   std::size_t size() const { return sampler_.num_batches(); }
@@ -85,6 +94,7 @@ class TorchDataLoader {
   ShardedSampler sampler_;
   c10::Device device_;
   std::size_t skip_ = 0;
+  mutable bool finished_pass_ = false;  // the last iteration reached the end of its epoch
 };
 
 }  // namespace accel

@@ -64,6 +64,7 @@ int main(int argc, char** argv) {
       acc.register_state("torch_rng", save_torch_rng, load_torch_rng);
       if (accel::checkpoint_exists(flags.checkpoint_dir)) {
         acc.load_state(flags.checkpoint_dir);
+        loader.set_epoch(acc.resume_epoch());  // the loader counts its epochs from here on
         loader.skip_first_batches(acc.resume_batch());
         acc.print("resumed from %s: epoch %llu, batch %llu, step %llu\n",
                   flags.checkpoint_dir.c_str(),
@@ -75,12 +76,11 @@ int main(int argc, char** argv) {
 
     for (int epoch = int(acc.resume_epoch()); epoch < flags.epochs; ++epoch) {
       const auto started = std::chrono::steady_clock::now();
-      loader.set_epoch(epoch);
       set_lr(optimizer, scheduled_lr(flags.lr, epoch, flags.epochs));
       model->train();
       double loss_sum = 0;
       double batches = 0;
-      for (const auto& batch : loader) {
+      for (auto& batch : *loader) {
         optimizer.zero_grad();
         auto loss = F::cross_entropy(model->forward(batch.data), batch.target);
         acc.backward(loss);
