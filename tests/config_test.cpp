@@ -32,9 +32,6 @@ using accel::test::write_file;
 
 namespace {
 
-
-
-
 // Every config-related variable removed, and HOME / XDG_CONFIG_HOME pointed into `home`, so
 // neither this process nor its children see the user's real config. Restored at scope end.
 class CleanEnvironment {

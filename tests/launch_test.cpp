@@ -56,8 +56,6 @@ bool contains(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
 }
 
-
-
 // Alive = exists and is not a zombie waiting to be reaped.
 bool alive(pid_t pid) {
   if (kill(pid, 0) != 0) return false;

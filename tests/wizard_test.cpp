@@ -38,9 +38,6 @@ using namespace std::chrono_literals;
 
 namespace {
 
-
-
-
 bool contains(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
 }
