@@ -26,24 +26,11 @@ const std::string kData = "/usr/share/datasets/fashion-mnist";
 
 // `accel launch --num_processes 2 fashion_mnist ARGS...` on a subset; returns what it printed.
 launch::WorkerExit launch_example(const std::vector<std::string>& args) {
-  launch::WorkerSpec spec;
-  spec.argv = {bin_path("accel"), "launch", "--num_processes", "2", "--main_process_port", "0",
-               bin_path("fashion_mnist")};
-  for (const char* a :
-       {"--data_dir", kData.c_str(), "--train_samples", "6000", "--test_samples", "2000"})
-    spec.argv.emplace_back(a);
-  spec.argv.insert(spec.argv.end(), args.begin(), args.end());
-  spec.label = "accel";
-  // The launcher's defaults, not whatever the outer environment or a user config says.
-  spec.unset_env = {"OMP_NUM_THREADS", "ACCEL_COMM_BACKEND", "ACCEL_CONFIG_FILE",
-                    "ACCEL_STORE_TOKEN", "CUDA_VISIBLE_DEVICES"};
-  for (const auto& key : config::schema()) spec.unset_env.push_back(config::env_var_for(key.name));
-  spec.env = {{"XDG_CONFIG_HOME", "/nonexistent-accel-test-config"}};
-  launch::WorkerGroupOptions options;
-  options.capture = true;
-  options.echo = false;
-  options.timeout = std::chrono::seconds(240);  // anti-hang only
-  auto result = launch::run_worker_group({spec}, options);
+  std::vector<std::string> argv = {"launch", "--num_processes", "2", "--main_process_port", "0",
+                                   bin_path("fashion_mnist"), "--data_dir", kData,
+                                   "--train_samples", "6000", "--test_samples", "2000"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  auto result = run_accel(argv, {}, std::chrono::seconds(240));
   REQUIRE_FALSE(result.timed_out);
   return result.workers.at(0);
 }

@@ -28,26 +28,10 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Runs `accel launch ARGS...` as one process and captures what it prints. Variables the
-// outer environment may set and the tests depend on are removed first.
-launch::WorkerExit run_accel(const std::vector<std::string>& args,
+// `accel ARGS...` in a clean environment (test::run_accel); its one process's exit and output.
+launch::WorkerExit accel_command(const std::vector<std::string>& args,
                              const std::vector<std::pair<std::string, std::string>>& env = {}) {
-  launch::WorkerSpec spec;
-  spec.argv = {bin_path("accel")};
-  spec.argv.insert(spec.argv.end(), args.begin(), args.end());
-  spec.label = "accel";
-  spec.unset_env = {"OMP_NUM_THREADS",     "GLIBC_TUNABLES",    "ACCEL_COMM_BACKEND",
-                    "ACCEL_CONFIG_FILE",   "ACCEL_STORE_TOKEN", "ACCEL_GLOO_HOSTNAME",
-                    "CUDA_VISIBLE_DEVICES"};
-  for (const auto& key : config::schema()) spec.unset_env.push_back(config::env_var_for(key.name));
-  spec.env = env;
-  // An empty config home: no user's default config file can leak into the test.
-  spec.env.emplace_back("XDG_CONFIG_HOME", "/nonexistent-accel-test-config");
-  launch::WorkerGroupOptions options;
-  options.capture = true;
-  options.echo = false;
-  options.timeout = std::chrono::seconds(90);  // anti-hang only
-  auto result = launch::run_worker_group({spec}, options);
+  auto result = test::run_accel(args, env);
   REQUIRE_FALSE(result.timed_out);
   return result.workers.at(0);
 }
@@ -69,7 +53,7 @@ bool alive(pid_t pid) {
 }  // namespace
 
 TEST_CASE("every worker gets its own rank and the shared job environment") {
-  const auto out = run_accel(
+  const auto out = accel_command(
       {"launch", "--num_processes", "4", "--main_process_port", "0", "--multi_cpu", "sh", "-c",
        "echo RANK=$RANK LOCAL_RANK=$LOCAL_RANK WORLD=$WORLD_SIZE "
        "LOCAL_WORLD=$LOCAL_WORLD_SIZE NODE=$NODE_RANK STORE=$ACCEL_LAUNCHER_STORE "
@@ -106,25 +90,25 @@ TEST_CASE(
   const int cores = launch::usable_cpu_count();  // what the launcher divides
   const std::string omp = std::to_string(std::max(1, cores / 2));
 
-  auto out = run_accel(with({}));
+  auto out = accel_command(with({}));
   INFO(out.output);
   CHECK(contains(out.output, "[rank 1] OMP=" + omp + " GT=glibc.malloc.hugetlb=1 CVD=unset"));
   CHECK(contains(out.output, "OMP_NUM_THREADS=" + omp + "  ("));  // the printed default
   CHECK(contains(out.output, "--no_malloc_hugetlb"));             // ...and how to stop it
 
-  out = run_accel(with({"--no_default_env", "--gpu_ids", "1"}));
+  out = accel_command(with({"--no_default_env", "--gpu_ids", "1"}));
   CHECK(contains(out.output, "[rank 0] OMP=unset GT=unset CVD=1"));
 
-  out = run_accel(with({"--num_cpu_threads_per_process=3", "--no_malloc_hugetlb"}));
+  out = accel_command(with({"--num_cpu_threads_per_process=3", "--no_malloc_hugetlb"}));
   CHECK(contains(out.output, "[rank 0] OMP=3 GT=unset"));
 
-  out = run_accel(with({}), {{"OMP_NUM_THREADS", "7"}, {"GLIBC_TUNABLES", "glibc.malloc.check=0"}});
+  out = accel_command(with({}), {{"OMP_NUM_THREADS", "7"}, {"GLIBC_TUNABLES", "glibc.malloc.check=0"}});
   CHECK(contains(out.output, "[rank 0] OMP=7 GT=glibc.malloc.check=0"));
 }
 
 TEST_CASE("flags take --flag=value and everything after the program is the program's") {
   const auto out =
-      run_accel({"launch", "--num_processes=2", "--main-process-port=0", "-q", "--multi_cpu", "sh",
+      accel_command({"launch", "--num_processes=2", "--main-process-port=0", "-q", "--multi_cpu", "sh",
                  "-c", "echo args: \"$@\"", "sh", "--num_processes", "9", "-q"});
   INFO(out.output);
   CHECK(out.exit_code == 0);
@@ -134,7 +118,7 @@ TEST_CASE("flags take --flag=value and everything after the program is the progr
 
 TEST_CASE("a failing worker stops the others and its exit code and stderr are reported") {
   const auto started = Clock::now();
-  const auto out = run_accel(
+  const auto out = accel_command(
       {"launch", "--num_processes", "4", "--main_process_port", "0", "--multi_cpu", "sh", "-c",
        "if [ \"$RANK\" = 1 ]; then echo 'disk on fire' >&2; exit 3; fi; exec sleep 600"});
   const auto took = Clock::now() - started;
@@ -148,7 +132,7 @@ TEST_CASE("a failing worker stops the others and its exit code and stderr are re
 
 TEST_CASE("a worker killed by a signal is reported with the signal") {
   const auto out =
-      run_accel({"launch", "--num_processes", "2", "--main_process_port", "0", "--multi_cpu", "sh",
+      accel_command({"launch", "--num_processes", "2", "--main_process_port", "0", "--multi_cpu", "sh",
                  "-c", "if [ \"$RANK\" = 0 ]; then kill -SEGV $$; fi; sleep 600"});
   INFO(out.output);
   CHECK(out.exit_code == 128 + 11);
@@ -159,7 +143,7 @@ TEST_CASE("a worker that fails once is restarted under --max_restarts and the jo
   TempDir dir;
   const std::string marker = dir / "failed_once";
   const auto out =
-      run_accel({"launch", "--num_processes", "2", "--main_process_port", "0", "--multi_cpu",
+      accel_command({"launch", "--num_processes", "2", "--main_process_port", "0", "--multi_cpu",
                  "--max_restarts", "1", "--log_dir", dir / "logs", "sh", "-c",
                  "if [ \"$RANK\" = 1 ] && [ ! -e " + marker + " ]; then touch " + marker +
                      "; exit 5; fi; echo ok restart=$ACCEL_RESTART_COUNT"});
@@ -180,7 +164,7 @@ TEST_CASE("a restarted job rendezvouses afresh: stale keys of the failed attempt
   // store) before rank 1 fails; the second attempt must not read those addresses of dead
   // processes, or it would try to connect to them.
   const auto out =
-      run_accel({"launch", "--num_processes", "2", "--main_process_port", "0", "--multi_cpu",
+      accel_command({"launch", "--num_processes", "2", "--main_process_port", "0", "--multi_cpu",
                  "--max_restarts", "1", "--grace_period", "1", "sh", "-c",
                  // In the second attempt rank 0 comes late, so rank 1 finds only the first
                  // attempt's keys at first.
@@ -196,7 +180,7 @@ TEST_CASE("a restarted job rendezvouses afresh: stale keys of the failed attempt
 }
 
 TEST_CASE("when the restarts are spent the launcher exits with the failure") {
-  const auto out = run_accel({"launch", "--num_processes", "2", "--main_process_port", "0",
+  const auto out = accel_command({"launch", "--num_processes", "2", "--main_process_port", "0",
                               "--multi_cpu", "--max_restarts", "1", "sh", "-c",
                               "if [ \"$RANK\" = 0 ]; then exit 4; fi; exec sleep 600"});
   INFO(out.output);
@@ -207,7 +191,7 @@ TEST_CASE("when the restarts are spent the launcher exits with the failure") {
 
 TEST_CASE("--log_dir writes one file per rank; --tee picks what reaches the console") {
   TempDir dir;
-  const auto out = run_accel({"launch", "--num_processes", "2", "--main_process_port", "0",
+  const auto out = accel_command({"launch", "--num_processes", "2", "--main_process_port", "0",
                               "--multi_cpu", "--log_dir", dir / "logs", "--tee", "2", "sh", "-c",
                               "echo out of $RANK; echo err of $RANK >&2"});
   INFO(out.output);
@@ -227,7 +211,7 @@ TEST_CASE("--log_dir writes one file per rank; --tee picks what reaches the cons
 TEST_CASE("a busy rendezvous port is a clear error naming host and port") {
   TcpStoreServer squatter("127.0.0.1", 0);
   const std::string port = std::to_string(squatter.port());
-  const auto out = run_accel(
+  const auto out = accel_command(
       {"launch", "--num_processes", "2", "--main_process_port", port, "--multi_cpu", "true"});
   INFO(out.output);
   CHECK(out.exit_code == 1);
@@ -236,20 +220,20 @@ TEST_CASE("a busy rendezvous port is a clear error naming host and port") {
 }
 
 TEST_CASE("bad launcher flags exit 2 naming the flag") {
-  auto out = run_accel({"launch", "--num_processes", "two", "true"});
+  auto out = accel_command({"launch", "--num_processes", "two", "true"});
   CHECK(out.exit_code == 2);
   CHECK(contains(out.output, "--num_processes"));
   CHECK(contains(out.output, "'two'"));
-  out = run_accel({"launch", "--no_such_flag", "1", "true"});
+  out = accel_command({"launch", "--no_such_flag", "1", "true"});
   CHECK(out.exit_code == 2);
   CHECK(contains(out.output, "unknown option --no_such_flag"));
-  out = run_accel({"launch", "--max_restart", "1", "true"});
+  out = accel_command({"launch", "--max_restart", "1", "true"});
   CHECK(out.exit_code == 2);
   CHECK(contains(out.output, "did you mean --max_restarts?"));
-  out = run_accel({"launch", "--num_processes", "2"});
+  out = accel_command({"launch", "--num_processes", "2"});
   CHECK(out.exit_code == 2);
   CHECK(contains(out.output, "no program"));
-  out = run_accel({"launch", "--num_processes", "2", "no_such_program_for_accel_test"});
+  out = accel_command({"launch", "--num_processes", "2", "no_such_program_for_accel_test"});
   CHECK(out.exit_code == 2);
   CHECK(contains(out.output, "cannot run 'no_such_program_for_accel_test': not found in PATH"));
 }
@@ -324,7 +308,7 @@ TEST_CASE("SIGTERM to the launcher ends every worker and everything they started
 TEST_CASE("children a successful worker left running are ended with the job") {
   TempDir dir;
   const auto out =
-      run_accel({"launch", "--num_processes", "2", "--main_process_port", "0", "--multi_cpu", "sh",
+      accel_command({"launch", "--num_processes", "2", "--main_process_port", "0", "--multi_cpu", "sh",
                  "-c", "setsid sleep 600 & echo $! > " + dir.path.string() + "/left_$RANK"});
   INFO(out.output);
   CHECK(out.exit_code == 0);
@@ -337,7 +321,7 @@ TEST_CASE("children a successful worker left running are ended with the job") {
 }
 
 TEST_CASE("the 2-process all-reduce demo runs under accel launch") {
-  const auto out = run_accel({"launch", "--num_processes", "2", "--main_process_port", "0",
+  const auto out = accel_command({"launch", "--num_processes", "2", "--main_process_port", "0",
                               "--multi_cpu", bin_path("allreduce_demo")});
   INFO(out.output);
   CHECK(out.exit_code == 0);
@@ -349,7 +333,7 @@ TEST_CASE("the 2-process all-reduce demo runs under accel launch") {
 
 TEST_CASE("accel test passes its self-check over Gloo") {
   const auto out =
-      run_accel({"test", "--num_processes", "3", "--main_process_port", "0", "--multi_cpu"});
+      accel_command({"test", "--num_processes", "3", "--main_process_port", "0", "--multi_cpu"});
   INFO(out.output);
   CHECK(out.exit_code == 0);
   for (const char* check : {"all_reduce", "broadcast", "all_gather", "reduce_scatter",
@@ -359,7 +343,7 @@ TEST_CASE("accel test passes its self-check over Gloo") {
 }
 
 TEST_CASE("accel env names the versions and the config in effect") {
-  const auto out = run_accel({"env", "--config_file", "/nonexistent/accel.yaml"});
+  const auto out = accel_command({"env", "--config_file", "/nonexistent/accel.yaml"});
   INFO(out.output);
   CHECK(out.exit_code == 0);
   CHECK(contains(out.output, "accelerate-cpp version"));

@@ -5,6 +5,7 @@
 #include <filesystem>
 
 #include "backends/comm/tcp_store.hpp"
+#include "config/config.hpp"
 #include "launch/worker_env.hpp"
 
 namespace accel::test {
@@ -73,6 +74,26 @@ launch::GroupResult run_under_mpirun(int world, const std::string& program,
   group_options.echo = false;
   group_options.timeout = options.timeout;
   return launch::run_worker_group({spec}, group_options);
+}
+
+launch::GroupResult run_accel(const std::vector<std::string>& args,
+                              const std::vector<std::pair<std::string, std::string>>& env,
+                              std::chrono::milliseconds timeout) {
+  launch::WorkerSpec spec;
+  spec.argv = {bin_path("accel")};
+  spec.argv.insert(spec.argv.end(), args.begin(), args.end());
+  spec.label = "accel";
+  spec.unset_env = {"OMP_NUM_THREADS",     "GLIBC_TUNABLES",    "ACCEL_COMM_BACKEND",
+                    "ACCEL_CONFIG_FILE",   "ACCEL_STORE_TOKEN", "ACCEL_GLOO_HOSTNAME",
+                    "CUDA_VISIBLE_DEVICES"};
+  for (const auto& key : config::schema()) spec.unset_env.push_back(config::env_var_for(key.name));
+  spec.env = env;
+  spec.env.emplace_back("XDG_CONFIG_HOME", "/nonexistent-accel-test-config");
+  launch::WorkerGroupOptions options;
+  options.capture = true;
+  options.echo = false;
+  options.timeout = timeout;  // anti-hang only
+  return launch::run_worker_group({spec}, options);
 }
 
 std::string describe(const launch::GroupResult& result) {
