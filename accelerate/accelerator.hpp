@@ -157,6 +157,13 @@ class Accelerator {
   void register_state(std::string name, std::function<std::string()> save,
                       std::function<void(const std::string&)> load,
                       StateScope scope = StateScope::shared);
+  // A random generator of the loop's besides rng() (LibTorch's, an augmentation library's):
+  // saved per rank, as rng() is. Loaded from a checkpoint of another number of processes,
+  // where no saved stream belongs to this rank, reseed() gets a seed reproducible from
+  // (seed, rank, step, name) instead, so such a checkpoint still loads.
+  void register_rng(std::string name, std::function<std::string()> save,
+                    std::function<void(const std::string&)> load,
+                    std::function<void(std::uint64_t)> reseed);
   // Every rank calls it, after an optimizer step (between accumulation steps the partly
   // accumulated gradients would be lost, so that throws). Saves the prepared parameters and
   // buffers (rank 0's copy: DDP replicas are equal), the step, epoch and batch position,
@@ -167,8 +174,8 @@ class Accelerator {
   // file and the problem) on every rank if any rank found one. Registered states are loaded
   // first (a load() that throws may leave earlier ones applied: validate before changing
   // anything), then parameters, counters and rng(). A checkpoint saved by another number of
-  // processes loads when nothing depends on it: not mid-epoch, no per-rank registered state;
-  // rng() is then reseeded from (seed, rank, step) instead of restored.
+  // processes loads when nothing depends on it: not mid-epoch, no per-rank registered state
+  // but generators; rng() and register_rng's generators are then reseeded instead.
   void load_state(const std::string& dir);
   // Where load_state left the loop: continue with epoch resume_epoch() at batch
   // resume_batch() (both 0 before any load).
@@ -205,6 +212,7 @@ class Accelerator {
     std::function<std::string()> save;
     std::function<void(const std::string&)> load;
     StateScope scope;
+    std::function<void(std::uint64_t)> reseed;  // register_rng's
   };
   std::vector<RegisteredState> states_;
   bool checkpoint_parameters_ = true;

@@ -5,11 +5,15 @@
 // prepare order) with "parameters.layout" (one line per tensor: kind, index, dtype, count,
 // name) so a model that changed shape is reported by name; "state.NAME" per registered
 // shared state, "state.NAME.rankR" per per-rank one; "rng.rankR", each rank's rng() in the
-// standard library's text form. Step, epoch, batch position and seed are MANIFEST fields.
+// standard library's text form (register_rng's generators are per-rank states that a
+// checkpoint of another world size reseeds instead of failing). Step, epoch, batch position
+// and seed are MANIFEST fields.
 
 #include <cstring>
+#include <random>
 #include <set>
 #include <sstream>
+#include <vector>
 
 #include "accelerate/accelerator.hpp"
 #include "backends/comm/error.hpp"
@@ -63,6 +67,20 @@ void check_on_cpu(const std::vector<ParamRef>& params, const std::vector<Buffer>
                   "register_state (the LibTorch adapter does)");
 }
 
+// A generator's seed for a rank that has no saved stream of its own (a checkpoint of another
+// world size): reproducible from the run's seed, the rank, the step and the generator's name.
+std::uint64_t fresh_seed(std::uint64_t seed, int rank, std::uint64_t step,
+                         const std::string& name) {
+  std::vector<std::uint32_t> words = {std::uint32_t(seed), std::uint32_t(seed >> 32),
+                                      std::uint32_t(rank), std::uint32_t(step),
+                                      std::uint32_t(step >> 32)};
+  for (const char c : name) words.push_back(std::uint8_t(c));
+  std::seed_seq seq(words.begin(), words.end());
+  std::uint32_t out[2];
+  seq.generate(out, out + 2);
+  return std::uint64_t(out[0]) | std::uint64_t(out[1]) << 32;
+}
+
 // Agreement after each rank's own checks: the lowest failing rank, or -1.
 int first_failed_rank(Communicator& comm, bool ok) {
   std::int64_t v = ok ? comm.world_size() : comm.rank();
@@ -78,7 +96,15 @@ void Accelerator::register_state(std::string name, std::function<std::string()> 
   check_blob_name(state_blob(name));
   for (const RegisteredState& s : states_)
     ACCEL_CHECK_ARG(s.name != name, "register_state: '" + name + "' is already registered");
-  states_.push_back({std::move(name), std::move(save), std::move(load), scope});
+  states_.push_back({std::move(name), std::move(save), std::move(load), scope, {}});
+}
+
+void Accelerator::register_rng(std::string name, std::function<std::string()> save,
+                               std::function<void(const std::string&)> load,
+                               std::function<void(std::uint64_t)> reseed) {
+  ACCEL_CHECK_ARG(reseed, "register_rng('" + name + "'): reseed must be set");
+  register_state(std::move(name), std::move(save), std::move(load), StateScope::per_rank);
+  states_.back().reseed = std::move(reseed);
 }
 
 void Accelerator::save_state(const std::string& dir) {
@@ -153,11 +179,11 @@ void Accelerator::load_state(const std::string& dir) {
       known.insert(state_blob(s.name));
       if (s.scope == StateScope::shared) {
         ck.shared_blob(state_blob(s.name));  // throws naming the file when absent
-      } else if (!same_world) {
+      } else if (!same_world && !s.reseed) {
         fail("saved by " + std::to_string(meta.world_size) + " processes, this job has " +
              std::to_string(num_processes()) + ": per-rank state '" + s.name +
              "' cannot be matched to ranks");
-      } else if (!ck.per_rank.count(state_blob(s.name))) {
+      } else if (same_world && !ck.per_rank.count(state_blob(s.name))) {
         fail("no per-rank state '" + s.name + "' for rank " + std::to_string(process_index()));
       }
     }
@@ -178,10 +204,7 @@ void Accelerator::load_state(const std::string& dir) {
       if (!in) fail("the RNG state of rank " + std::to_string(process_index()) + " does not parse");
     } else {
       // No saved stream belongs to this rank; a fresh one that is still reproducible.
-      std::seed_seq seq{std::uint32_t(meta.seed), std::uint32_t(meta.seed >> 32),
-                        std::uint32_t(process_index()), std::uint32_t(meta.step),
-                        std::uint32_t(meta.step >> 32)};
-      restored_rng.seed(seq);
+      restored_rng.seed(fresh_seed(meta.seed, process_index(), meta.step, kRng));
     }
   } catch (const std::exception& e) {
     error = e.what();
@@ -194,9 +217,14 @@ void Accelerator::load_state(const std::string& dir) {
   }
 
   // Apply: registered states first (user code that may throw), then what cannot fail.
-  for (const RegisteredState& s : states_)
-    s.load(s.scope == StateScope::shared ? ck.shared_blob(state_blob(s.name))
-                                         : ck.per_rank.at(state_blob(s.name)));
+  for (const RegisteredState& s : states_) {
+    if (s.scope == StateScope::shared)
+      s.load(ck.shared_blob(state_blob(s.name)));
+    else if (same_world)
+      s.load(ck.per_rank.at(state_blob(s.name)));
+    else
+      s.reseed(fresh_seed(meta.seed, process_index(), meta.step, s.name));
+  }
   if (checkpoint_parameters_ && strategy_) {
     const std::string& values = ck.shared_blob(kParameters);  // size checked above
     std::size_t at = 0;

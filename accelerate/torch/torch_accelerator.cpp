@@ -10,6 +10,7 @@
 #include <torch/csrc/autograd/variable.h>
 
 #include "accelerate/torch/tensor_buffer.hpp"
+#include "accelerate/torch/torch_state.hpp"
 #include "backends/comm/error.hpp"
 
 namespace accel {
@@ -62,6 +63,12 @@ void AcceleratedOptimizer::zero_grad() {
   if (!accelerator_.accumulating()) accelerator_.zero_gradients();
 }
 
+// ---- AcceleratedScheduler
+
+void AcceleratedScheduler::step() {
+  if (!optimizer_.step_was_skipped()) scheduler_.step();
+}
+
 // ---- TorchAccelerator
 
 TorchAccelerator::TorchAccelerator(AcceleratorOptions options) : Accelerator(std::move(options)) {
@@ -72,6 +79,15 @@ TorchAccelerator::TorchAccelerator(AcceleratorOptions options) : Accelerator(std
               "autocast runs in bfloat16)"
             : "mixed_precision fp16 (CUDA autocast with dynamic loss scaling) is not supported "
               "by the LibTorch adapter yet; use bf16");
+  // Each rank's generators (dropout masks differ per rank when seeded per rank).
+  auto register_generator = [this](const std::string& name, torch::Device device) {
+    register_rng(
+        name, [device] { return torch_state::save_rng(device); },
+        [device](const std::string& bytes) { torch_state::load_rng(device, bytes); },
+        [device](std::uint64_t seed) { torch_state::reseed_rng(device, seed); });
+  };
+  register_generator("torch_rng", torch::Device(torch::kCPU));
+  if (device_for_tensors().is_cuda()) register_generator("torch_cuda_rng", device_for_tensors());
 }
 
 TorchAccelerator::~TorchAccelerator() {
@@ -136,7 +152,27 @@ AcceleratedOptimizer& TorchAccelerator::prepare_module(torch::nn::Module& module
     accumulators_.push_back(std::move(node));
   }
   optimizer_.reset(new AcceleratedOptimizer(*this, optimizer));
+
+  // Checkpoints hold the model as a LibTorch archive (loadable without accelerate-cpp)
+  // instead of the Accelerator's raw parameter blob.
+  set_checkpoint_parameters(false);
+  register_state(
+      "model", [&module] { return torch_state::save_module(module); },
+      [&module](const std::string& bytes) { torch_state::load_module(module, bytes); });
+  register_state(
+      "optimizer", [&optimizer] { return torch_state::save_optimizer(optimizer); },
+      [&optimizer](const std::string& bytes) { torch_state::load_optimizer(optimizer, bytes); });
   return *optimizer_;
+}
+
+AcceleratedScheduler& TorchAccelerator::prepare_scheduler(torch::optim::LRScheduler& scheduler) {
+  ACCEL_CHECK_ARG(optimizer_ != nullptr, "prepare_scheduler: prepare the model and optimizer first");
+  ACCEL_CHECK_ARG(!scheduler_, "prepare_scheduler: a scheduler was already prepared");
+  scheduler_.reset(new AcceleratedScheduler(*optimizer_, scheduler));
+  register_state(
+      "scheduler", [&scheduler] { return torch_state::save_scheduler(scheduler); },
+      [&scheduler](const std::string& bytes) { torch_state::load_scheduler(scheduler, bytes); });
+  return *scheduler_;
 }
 
 void TorchAccelerator::adopt_bucket_view(std::size_t i) {

@@ -28,6 +28,17 @@
 // broadcast before forward, and after training all ranks hold the same buffers
 // (DdpOptions::broadcast_buffers = false switches it off).
 //
+// Checkpoints: save_state / load_state (accelerator.hpp) carry, besides the Accelerator's
+// counters and the loop's position, what Accelerate's save_state carries:
+//   state.model             the prepared model's parameters and buffers as a LibTorch archive
+//                           (a plain LibTorch program loads it: torch::load(net, "DIR/state.model"))
+//   state.optimizer         the prepared optimizer (param groups with their learning rates,
+//                           momentum buffers, Adam moments, step counts)
+//   state.scheduler         the prepared LR scheduler's step count
+//   state.torch_rng.rankR   each rank's LibTorch generator (and state.torch_cuda_rng.rankR on
+//                           a GPU), reseeded when loading at another number of processes
+// Nothing needs registering by hand; more state of the loop's own goes in via register_state.
+//
 // The accelerator owns the gradient storage: when it is destroyed, the prepared parameters'
 // gradients are replaced by plain copies, so the model stays usable.
 
@@ -43,6 +54,7 @@
 #include <c10/core/Device.h>
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
+#include <torch/optim/schedulers/lr_scheduler.h>
 
 #include "accelerate/accelerator.hpp"
 #include "accelerate/torch/autocast.hpp"
@@ -83,6 +95,23 @@ class AcceleratedOptimizer {
   bool step_was_skipped_ = false;
 };
 
+// The user's LR scheduler, stepped only when the optimizer stepped (Accelerate's
+// AcceleratedScheduler): call step() after every optimizer step() as in a plain loop, and
+// under gradient accumulation the schedule still counts optimizer steps.
+class AcceleratedScheduler {
+ public:
+  void step();
+  torch::optim::LRScheduler& scheduler() { return scheduler_; }
+
+ private:
+  friend class TorchAccelerator;
+  AcceleratedScheduler(AcceleratedOptimizer& optimizer, torch::optim::LRScheduler& scheduler)
+      : optimizer_(optimizer), scheduler_(scheduler) {}
+
+  AcceleratedOptimizer& optimizer_;
+  torch::optim::LRScheduler& scheduler_;
+};
+
 // shared_ptr<SomeModule> or a torch::nn::ModuleHolder (torch::nn::Sequential, TORCH_MODULE types).
 template <typename Model>
 concept TorchModel =
@@ -110,6 +139,9 @@ class TorchAccelerator : public Accelerator {
   }
   AcceleratedOptimizer& prepare_module(torch::nn::Module& module,
                                        torch::optim::Optimizer& optimizer);
+  // After prepare: the scheduler built on the prepared optimizer (its optimizer()), wrapped,
+  // and registered for checkpoints. One scheduler per accelerator.
+  AcceleratedScheduler& prepare_scheduler(torch::optim::LRScheduler& scheduler);
   // The trainable parameters in the order the strategy knows them (module order).
   const std::vector<torch::Tensor>& prepared_parameters() const { return param_tensors_; }
 
@@ -174,6 +206,7 @@ class TorchAccelerator : public Accelerator {
       accumulators_;  // kept alive: hooks live on them
   std::vector<std::uintptr_t> hook_keys_;
   std::unique_ptr<AcceleratedOptimizer> optimizer_;
+  std::unique_ptr<AcceleratedScheduler> scheduler_;
   bool synced_ = false;
   bool accumulating_ = false;
 };
