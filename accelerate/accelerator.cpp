@@ -1,6 +1,7 @@
 #include "accelerate/accelerator.hpp"
 
 #include <cmath>
+#include <cstring>
 
 #include "accelerate/process_group.hpp"
 #include "backends/comm/error.hpp"
@@ -54,6 +55,12 @@ Accelerator::Accelerator(AcceleratorOptions options) : options_(std::move(option
   group_ = init_process_group(pg);
   env_ = group_->env();
   rng_ = rank_rng(seed_, env_.rank);
+  if (mixed_precision_ == "fp16") {
+    scaler_ = std::make_unique<DynamicLossScaler>(options_.loss_scaler);
+    register_state(
+        "scaler", [this] { return scaler_->save(); },
+        [this](const std::string& bytes) { scaler_->load(bytes); });
+  }
 }
 
 Accelerator::~Accelerator() = default;
@@ -89,12 +96,23 @@ void Accelerator::begin_batch(std::size_t batch_index, std::size_t num_batches) 
 
 void Accelerator::grad_ready(std::size_t index) { strategy().grad_ready(index); }
 
+float Accelerator::loss_scale() const {
+  const double scale = scaler_ ? scaler_->scale() : 1.0;
+  return float(scale / double(accumulation_steps_));
+}
+
 bool Accelerator::sync_gradients() {
   Strategy& s = strategy();
   const bool boundary = is_accumulation_boundary();
+  step_skipped_ = false;
   if (boundary) {
     s.sync_gradients();
-    ++optimizer_steps_;
+    if (scaler_) {
+      const double scale = scaler_->scale();  // the one this step's losses were scaled by
+      step_skipped_ = !scaler_->update(comm(), unscale_gradients(scale));
+      if (step_skipped_) discard_gradients();
+    }
+    if (!step_skipped_) ++optimizer_steps_;
     micro_since_sync_ = 0;
   } else {
     ++micro_since_sync_;
@@ -110,7 +128,21 @@ bool Accelerator::sync_gradients() {
       next_batch_ = 0;
     }
   }
-  return boundary;
+  return boundary && !step_skipped_;
+}
+
+bool Accelerator::unscale_gradients(double scale) {
+  std::vector<Buffer> grads;
+  for (const ParamRef& p : strategy_->params()) grads.push_back(p.grad);
+  return unscale_cpu_gradients(grads, scale);
+}
+
+void Accelerator::discard_gradients() {
+  for (const ParamRef& p : strategy_->params()) {
+    ACCEL_CHECK_ARG(p.grad.device == DeviceKind::cpu,
+                    "fp16 loss scaling: gradients on a GPU are zeroed by the front end");
+    std::memset(p.grad.data, 0, p.grad.bytes());
+  }
 }
 
 double Accelerator::clip_grad_norm(double max_norm) {

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "accelerate/checkpoint.hpp"
+#include "accelerate/loss_scaler.hpp"
 #include "accelerate/process_env.hpp"
 #include "accelerate/sharded_sampler.hpp"
 #include "backends/backend.hpp"
@@ -52,12 +53,13 @@ struct AcceleratorOptions {
   std::optional<Milliseconds> timeout;                 // every collective, and joining
   std::optional<std::string> config_file;              // else ACCEL_CONFIG_FILE / default path
   DdpOptions ddp;
+  LossScalerOptions loss_scaler;                       // mixed_precision fp16 only
 };
 
 class Accelerator {
  public:
   explicit Accelerator(AcceleratorOptions options = {});
-  ~Accelerator();
+  virtual ~Accelerator();
   Accelerator(const Accelerator&) = delete;
   Accelerator& operator=(const Accelerator&) = delete;
 
@@ -78,8 +80,9 @@ class Accelerator {
   // from rank 0's parameters and buffers.
   void prepare_parameters(std::vector<ParamRef> params, std::vector<Buffer> buffers = {});
   Strategy& strategy();
-  // Multiply the loss (or the gradient of the mean loss) by this: 1 / accumulation steps.
-  float loss_scale() const { return 1.0f / float(accumulation_steps_); }
+  // Multiply the loss (or the gradient of the mean loss) by this: 1 / accumulation steps,
+  // times the dynamic loss scale under mixed_precision fp16.
+  float loss_scale() const;
   // Where the loop is in its data, before each batch's forward: the last batch of an epoch
   // always ends in a sync, and accumulation counts restart with the next epoch (Accelerate's
   // sync_with_dataloader). Without it, a sync happens every gradient_accumulation_steps.
@@ -88,14 +91,20 @@ class Accelerator {
   void grad_ready(std::size_t index);
   // After each micro-batch's backward. Returns true at an accumulation boundary, once the
   // gradients are synchronised: the optimizer steps then. Between boundaries gradients only
-  // accumulate locally (no communication) and it returns false.
+  // accumulate locally (no communication) and it returns false. Under mixed_precision fp16
+  // the gradients are also unscaled at the boundary; when any rank's overflowed, the step is
+  // skipped on every rank: the gradients are zeroed, the scale backs off, it returns false and
+  // optimizer_step_was_skipped() is true.
   bool sync_gradients();
+  bool optimizer_step_was_skipped() const { return step_skipped_; }
+  // The fp16 loss scaler (null unless mixed_precision is fp16).
+  const DynamicLossScaler* loss_scaler() const { return scaler_.get(); }
   // Accelerate's accelerator.sync_gradients: will the current micro-batch end in a sync?
   bool is_accumulation_boundary() const;
   // Clips every gradient so their global L2 norm is at most max_norm; returns the norm
   // before clipping (the same on every rank).
   double clip_grad_norm(double max_norm);
-  std::uint64_t step() const { return optimizer_steps_; }  // optimizer steps taken
+  std::uint64_t step() const { return optimizer_steps_; }  // optimizer steps taken (not skipped)
 
   // ---- data
   // This rank's share of a dataset of `size` samples (see ShardedSampler).
@@ -185,6 +194,13 @@ class Accelerator {
   // or parameters living on a GPU) switches off the parameter blob.
   void set_checkpoint_parameters(bool on) { checkpoint_parameters_ = on; }
 
+ protected:
+  // fp16 loss scaling: divides the synchronised gradients by `scale` in place and says whether
+  // they were all finite; discard_gradients() zeroes them after an overflow. These work on CPU
+  // gradient buffers; a front end whose gradients live elsewhere (a GPU) overrides them.
+  virtual bool unscale_gradients(double scale);
+  virtual void discard_gradients();
+
  private:
   ProcessEnv env_;
   AcceleratorOptions options_;
@@ -195,6 +211,8 @@ class Accelerator {
   int accumulation_steps_ = 1;
   std::string mixed_precision_ = "no";
   int micro_since_sync_ = 0;           // micro-batches since the last boundary
+  std::unique_ptr<DynamicLossScaler> scaler_;  // mixed_precision fp16
+  bool step_skipped_ = false;          // the last boundary's gradients overflowed
   bool last_batch_ = false;            // the current batch ends an epoch
   std::uint64_t optimizer_steps_ = 0;  // boundaries reached
   std::uint64_t seed_ = 0;

@@ -10,6 +10,7 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <limits>
 
 #include "accelerate/torch/torch_accelerator.hpp"
 #include "backends/comm/registry.hpp"
@@ -235,6 +236,29 @@ TEST_CASE("fp16 on the CPU is refused with a reason") {
   } catch (const InvalidArgument& e) {
     CHECK(std::string(e.what()).find("bf16") != std::string::npos);
   }
+}
+
+// fp16 runs only on CUDA, but the adapter's unscaling is plain tensor code: checked here on
+// the CPU gradients (the bucket views) through a subclass that exposes it.
+TEST_CASE("the adapter unscales the bucket gradients and finds an overflow") {
+  struct Probe : TorchAccelerator {
+    using TorchAccelerator::discard_gradients;
+    using TorchAccelerator::TorchAccelerator;
+    using TorchAccelerator::unscale_gradients;
+  };
+  Probe acc(local_options());
+  auto net = small_net();
+  torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1));
+  auto [model, opt] = acc.prepare(net, sgd);
+  const auto& params = acc.prepared_parameters();
+  for (const auto& p : params) p.grad().fill_(8.0);
+  CHECK(acc.unscale_gradients(4.0));
+  for (const auto& p : params) CHECK(torch::all(p.grad() == 2.0).item<bool>());
+  params[1].grad()[0] = std::numeric_limits<float>::infinity();
+  CHECK_FALSE(acc.unscale_gradients(4.0));
+  CHECK(torch::all(params[0].grad() == 2.0).item<bool>());  // nothing divided after an overflow
+  acc.discard_gradients();
+  for (const auto& p : params) CHECK(torch::all(p.grad() == 0.0).item<bool>());
 }
 
 TEST_CASE("DDP over gloo equals one process (2 and 4 ranks)") {

@@ -72,13 +72,10 @@ void AcceleratedScheduler::step() {
 // ---- TorchAccelerator
 
 TorchAccelerator::TorchAccelerator(AcceleratorOptions options) : Accelerator(std::move(options)) {
-  if (mixed_precision() == "fp16")
+  if (mixed_precision() == "fp16" && device() == DeviceKind::cpu)
     throw InvalidArgument(
-        device() == DeviceKind::cpu
-            ? "mixed_precision fp16 needs a CUDA device; on the CPU use bf16 (LibTorch's CPU "
-              "autocast runs in bfloat16)"
-            : "mixed_precision fp16 (CUDA autocast with dynamic loss scaling) is not supported "
-              "by the LibTorch adapter yet; use bf16");
+        "mixed_precision fp16 needs a CUDA device; on the CPU use bf16 (LibTorch's CPU "
+        "autocast runs in bfloat16)");
   // Each rank's generators (dropout masks differ per rank when seeded per rank).
   auto register_generator = [this](const std::string& name, torch::Device device) {
     register_rng(
@@ -214,13 +211,14 @@ bool TorchAccelerator::backward(const torch::Tensor& loss) {
   sync_buffers();
   {
     NoCpuAutocast no_autocast;
-    if (gradient_accumulation_steps() == 1)
+    const float scale = loss_scale();
+    if (scale == 1.0f)
       loss.backward();
     else
-      (loss * loss_scale()).backward();
+      (loss * scale).backward();
   }
   synced_ = sync_gradients();
-  accumulating_ = !synced_;
+  accumulating_ = !synced_ && !optimizer_step_was_skipped();
   return synced_;
 }
 
@@ -279,7 +277,25 @@ torch::Tensor TorchAccelerator::pad_across_processes(const torch::Tensor& t, dou
 }
 
 AutocastGuard TorchAccelerator::autocast() const {
-  return AutocastGuard(mixed_precision() == "bf16" && device() == DeviceKind::cpu, at::kBFloat16);
+  const bool cuda = device() == DeviceKind::cuda;
+  return AutocastGuard(mixed_precision() != "no", cuda ? c10::DeviceType::CUDA : c10::DeviceType::CPU,
+                       mixed_precision() == "fp16" ? at::kHalf : at::kBFloat16);
+}
+
+bool TorchAccelerator::unscale_gradients(double scale) {
+  torch::NoGradGuard no_grad;
+  // One flag for all gradients, read once: on a GPU each read is a synchronisation.
+  at::Tensor finite = at::ones({}, grad_views_.empty() ? at::TensorOptions(at::kBool)
+                                                       : grad_views_[0].options().dtype(at::kBool));
+  for (const at::Tensor& g : grad_views_) finite.logical_and_(at::isfinite(g).all());
+  if (!finite.item<bool>()) return false;
+  for (const at::Tensor& g : grad_views_) g.mul_(1.0 / scale);
+  return true;
+}
+
+void TorchAccelerator::discard_gradients() {
+  torch::NoGradGuard no_grad;
+  for (const at::Tensor& g : grad_views_) g.zero_();
 }
 
 }  // namespace accel

@@ -122,7 +122,10 @@ class TorchAccelerator : public Accelerator {
   using Batch = TorchBatch;
   using DataLoader = TorchDataLoader;
 
-  // mixed_precision fp16 is refused (it needs CUDA and loss scaling); bf16 and no are fine.
+  // mixed_precision: bf16 (autocast on the CPU or CUDA), or fp16 on CUDA only (autocast with
+  // dynamic loss scaling: backward() scales the loss, and a step whose gradients overflowed on
+  // any rank is skipped; see DynamicLossScaler). fp16 on the CPU is refused: LibTorch's CPU
+  // autocast runs in bf16 only.
   explicit TorchAccelerator(AcceleratorOptions options = {});
   ~TorchAccelerator();
 
@@ -147,7 +150,9 @@ class TorchAccelerator : public Accelerator {
 
   // ---- one micro-batch
   // Re-broadcasts buffers, runs (loss * loss_scale()).backward() (buckets all-reduce from
-  // the hooks while it runs), then sync_gradients(). Returns sync_gradients_happened().
+  // the hooks while it runs), then sync_gradients(). Returns sync_gradients_happened(): false
+  // between accumulation steps, and for an fp16 step skipped after an overflow (its
+  // gradients are then zeroed, and the optimizer step() does nothing).
   bool backward(const torch::Tensor& loss);
   // Whether the last backward() ended at an accumulation boundary (gradients synchronised).
   bool sync_gradients_happened() const { return synced_; }
@@ -183,9 +188,14 @@ class TorchAccelerator : public Accelerator {
   torch::Tensor pad_across_processes(const torch::Tensor& t, double value = 0.0);
 
   // ---- mixed precision
-  // A guard enabling bf16 autocast on the CPU while it lives when mixed_precision is bf16;
-  // a guard that does nothing otherwise.
+  // A guard enabling autocast on this rank's device while it lives, in the mixed_precision
+  // dtype (bf16, or fp16 on CUDA); a guard that does nothing when mixed_precision is no.
   AutocastGuard autocast() const;
+
+ protected:
+  // fp16 loss scaling with tensor operations (the gradients may live on a GPU).
+  bool unscale_gradients(double scale) override;
+  void discard_gradients() override;
 
  private:
   friend class AcceleratedOptimizer;
