@@ -119,8 +119,8 @@ void Segment::compute_layout() {
   offset += sizeof(Channel) * std::size_t(world_) * std::size_t(world_);
   data_offset_ = round_up(offset, kControlAlign);
   mailbox_offset_ = data_offset_ + slot_bytes_ * std::size_t(world_ + 1);
-  total_bytes_ = round_up(mailbox_offset_ + mailbox_bytes_ * std::size_t(world_) * world_,
-                          kControlAlign);
+  small_offset_ = mailbox_offset_ + mailbox_bytes_ * std::size_t(world_) * world_;
+  total_bytes_ = round_up(small_offset_ + 2 * kSmallBytes * std::size_t(world_), kControlAlign);
 }
 
 void Segment::create_and_publish(const StorePtr& store) {

@@ -9,7 +9,8 @@
 //
 // Layout: a control region (header, one RankInfo per rank, one Channel per ordered pair of
 // ranks for send/recv), padded to 2 MiB so the data behind it can sit on huge pages; then
-// world slots of slot_bytes, one result slot, and world x world mailboxes.
+// world slots of slot_bytes, one result slot, world x world mailboxes, and two halves of world
+// small slots (kSmallBytes each) for one-barrier small all-reduces.
 
 #include <atomic>
 #include <cstddef>
@@ -23,6 +24,7 @@ namespace accel::shm {
 inline constexpr std::uint64_t kMagic = 0x6d68732d6c656363ULL;  // "ccel-shm"
 inline constexpr std::uint32_t kVersion = 1;
 inline constexpr std::size_t kControlAlign = 2u << 20;  // a huge page
+inline constexpr std::size_t kSmallBytes = 32u << 10;
 
 struct alignas(64) Header {
   std::uint64_t magic;
@@ -77,6 +79,10 @@ class Segment {
   char* mailbox(int src, int dst) const {
     return base_ + mailbox_offset_ + std::size_t(src * world_ + dst) * mailbox_bytes_;
   }
+  // Small-operation slot of rank r in half 0 or 1.
+  char* small_slot(int half, int r) const {
+    return base_ + small_offset_ + (std::size_t(half) * world_ + r) * kSmallBytes;
+  }
   std::size_t slot_bytes() const { return slot_bytes_; }
   std::size_t mailbox_bytes() const { return mailbox_bytes_; }
   const std::string& name() const { return name_; }
@@ -89,6 +95,7 @@ class Segment {
   int rank_, world_;
   std::size_t slot_bytes_, mailbox_bytes_;
   std::size_t rank_offset_ = 0, channel_offset_ = 0, data_offset_ = 0, mailbox_offset_ = 0;
+  std::size_t small_offset_ = 0;
   std::size_t total_bytes_ = 0;
   char* base_ = nullptr;
   std::string name_;

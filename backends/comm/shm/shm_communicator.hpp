@@ -10,6 +10,7 @@
 // a reduce phase and the result slot only in a read phase, both closed by a barrier before
 // anyone writes them again, so the read phase of one chunk needs no barrier of its own before
 // the next chunk's (or operation's) write phase: all_reduce costs two barriers per chunk.
+// An all_reduce of at most 32 KiB costs one (small_all_reduce).
 //
 // Waiting is wait.hpp's (short spin, then futex). Operations of at most kInlineBytes run on the
 // caller's thread (the base class's inline execution). A rank that dies is noticed by the
@@ -56,6 +57,8 @@ class ShmCommunicator final : public Communicator {
   shm::Clock::time_point begin(Milliseconds timeout);
   // Arrives at the next group barrier and waits for every rank to arrive there.
   void barrier(shm::Clock::time_point deadline, const char* phase);
+  // all_reduce of at most kSmallBytes.
+  void small_all_reduce(Buffer data, ReduceOp op, shm::Clock::time_point deadline);
   // Waits for one peer (send/recv).
   void wait_for_peer(int peer, const std::function<bool()>& ready,
                      shm::Clock::time_point deadline, const std::string& what);
@@ -65,6 +68,7 @@ class ShmCommunicator final : public Communicator {
   std::unique_ptr<shm::Segment> segment_;
   shm::WaitPolicy policy_;
   std::uint64_t barriers_ = 0;  // barriers this rank has arrived at
+  std::uint64_t small_ops_ = 0;  // small all-reduces so far (which half of the small slots)
   std::vector<std::uint64_t> start_times_;  // each rank's process start time, when visible
   bool pids_visible_ = true;  // every peer's /proc entry can be read (one pid namespace)
   std::vector<std::uint64_t> sent_, taken_;  // per peer: pieces sent to / taken from it
