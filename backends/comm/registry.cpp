@@ -23,14 +23,6 @@
 namespace accel {
 namespace {
 
-#if !ACCEL_HAVE_SHM && ACCEL_HAVE_GLOO
-#define ACCEL_HAVE_GLOO_VALUE true
-#define ACCEL_AUTO_FALLBACK (&make<GlooCommunicator>)
-#elif !ACCEL_HAVE_SHM
-#define ACCEL_HAVE_GLOO_VALUE false
-#define ACCEL_AUTO_FALLBACK nullptr
-#endif
-
 struct Entry {
   std::string_view name;
   bool built;
@@ -82,6 +74,12 @@ CommunicatorPtr make_auto(const CommOptions& options) {
   if (one_host) return std::make_unique<ShmCommunicator>(options);
   return std::make_unique<HierarchicalCommunicator>(options, std::move(hosts), &make_between_hosts);
 }
+#elif ACCEL_HAVE_GLOO
+// Built without shared memory, "auto" is Gloo.
+CommunicatorPtr make_auto(const CommOptions& options) {
+  if (options.world_size == 1) return std::make_unique<LocalCommunicator>(options.timeout);
+  return std::make_unique<GlooCommunicator>(options);
+}
 #endif
 
 const Entry kEntries[] = {
@@ -104,12 +102,14 @@ const Entry kEntries[] = {
 #if ACCEL_HAVE_SHM
     {"shm", true, "ACCEL_WITH_SHM", &make<ShmCommunicator>},
     {"hierarchical", true, "ACCEL_WITH_SHM", &make_hierarchical},
-    {"auto", true, "ACCEL_WITH_SHM", &make_auto},
 #else
     {"shm", false, "ACCEL_WITH_SHM", nullptr},
     {"hierarchical", false, "ACCEL_WITH_SHM", nullptr},
-    // Without shared memory, "auto" is Gloo.
-    {"auto", ACCEL_HAVE_GLOO_VALUE, "ACCEL_WITH_GLOO", ACCEL_AUTO_FALLBACK},
+#endif
+#if ACCEL_HAVE_SHM || ACCEL_HAVE_GLOO
+    {"auto", true, "", &make_auto},
+#else
+    {"auto", false, "ACCEL_WITH_SHM or ACCEL_WITH_GLOO", nullptr},
 #endif
 };
 
