@@ -895,7 +895,8 @@ int run(int argc, char** argv) {
       options.timeout = timeout;
       options.group_name = "bench";
       // First in table order: the fastest tables are printed first.
-      targets.insert(targets.begin(), std::make_unique<CommTarget>(create_communicator("shm", options)));
+      targets.insert(targets.begin(),
+                     std::make_unique<CommTarget>(create_communicator("shm", options)));
     }
   }
   if (wanted(flags, "raw_gloo")) {

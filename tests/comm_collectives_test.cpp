@@ -82,7 +82,7 @@ TEST_CASE("the world of one runs the same collectives") {
   expect_all_ranks_pass(run_ranks(1, "comm_collectives_worker", {"--backend", "local"}), 1);
 }
 
-TEST_CASE("shm collectives match the reference with 2, 3 and 4 ranks, leaving nothing in /dev/shm") {
+TEST_CASE("shm collectives match the reference with 2, 3 and 4 ranks; nothing left in /dev/shm") {
   if (skip_unless(communicator_available("shm"), "shm communicator not built")) return;
   const auto before = shm_segments();
   for (int world : {2, 3, 4}) {
@@ -101,7 +101,7 @@ TEST_CASE("auto picks shm when every rank is on this host") {
   CHECK(result.workers.at(0).output.find("(shm)") != std::string::npos);
 }
 
-TEST_CASE("hierarchical collectives (shm inside a host, gloo between) with 3 and 4 ranks on 2 fake hosts") {
+TEST_CASE("hierarchical collectives (shm inside, gloo between) with 3 and 4 ranks on 2 fake hosts") {
   if (skip_unless(communicator_available("hierarchical") && communicator_available("gloo"),
                   "hierarchical communicator not built"))
     return;

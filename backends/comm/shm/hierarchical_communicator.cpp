@@ -10,7 +10,8 @@ namespace accel {
 HierarchicalCommunicator::HierarchicalCommunicator(const CommOptions& options,
                                                    std::vector<int> host_of,
                                                    const Factory& make_between_hosts)
-    : Communicator(options.rank, options.world_size, options.timeout), host_of_(std::move(host_of)) {
+    : Communicator(options.rank, options.world_size, options.timeout),
+      host_of_(std::move(host_of)) {
   ACCEL_CHECK_ARG(int(host_of_.size()) == world_size(), "hierarchical: one host per rank expected");
   local_index_.resize(world_size());
   for (int r = 0; r < world_size(); ++r) {
@@ -90,10 +91,12 @@ void HierarchicalCommunicator::run_reduce_scatter(Buffer input, Buffer output, R
 void HierarchicalCommunicator::run_all_gather(Buffer input, Buffer output, Milliseconds timeout) {
   const std::size_t esize = element_size(output.dtype);
   const std::size_t part = shard_of(output.count, world_size(), 0).count;  // the largest
-  const std::size_t block = std::size_t(widest_host_) * part;               // one host's parts
+  const std::size_t block = std::size_t(widest_host_) * part;              // one host's parts
   std::vector<char> blocks(std::size_t(hosts_) * block * esize), padded(part * esize);
   std::memcpy(padded.data(), input.data, input.bytes());
-  const auto view = [&](char* p, std::size_t n) { return Buffer{p, n, output.dtype, output.device}; };
+  const auto view = [&](char* p, std::size_t n) {
+    return Buffer{p, n, output.dtype, output.device};
+  };
   char* const mine = blocks.data() + std::size_t(host_) * block * esize;
   inner(local_->all_gather(view(padded.data(), part), view(mine, members_[host_].size() * part)),
         timeout, false);
@@ -128,14 +131,18 @@ void HierarchicalCommunicator::run_barrier(Milliseconds timeout) {
 
 void HierarchicalCommunicator::run_send(Buffer data, int dst, std::uint32_t tag,
                                         Milliseconds timeout) {
-  if (host_of_[dst] == host_) inner(local_->send(data, local_index_[dst], tag), timeout, false);
-  else inner(world_->send(data, dst, tag), timeout, true);
+  if (host_of_[dst] == host_)
+    inner(local_->send(data, local_index_[dst], tag), timeout, false);
+  else
+    inner(world_->send(data, dst, tag), timeout, true);
 }
 
 void HierarchicalCommunicator::run_recv(Buffer data, int src, std::uint32_t tag,
                                         Milliseconds timeout) {
-  if (host_of_[src] == host_) inner(local_->recv(data, local_index_[src], tag), timeout, false);
-  else inner(world_->recv(data, src, tag), timeout, true);
+  if (host_of_[src] == host_)
+    inner(local_->recv(data, local_index_[src], tag), timeout, false);
+  else
+    inner(world_->recv(data, src, tag), timeout, true);
 }
 
 }  // namespace accel

@@ -30,8 +30,8 @@ std::string host_identity() {
   if (const char* forced = std::getenv("ACCEL_HOST_ID"); forced && *forced) return forced;
   char name[256] = {};
   gethostname(name, sizeof name - 1);
-  return std::string(name) + "/" + first_line("/proc/sys/kernel/random/boot_id") + "/ipc:" +
-         inode_of("/proc/self/ns/ipc") + "/pid:" + inode_of("/proc/self/ns/pid");
+  return std::string(name) + "/" + first_line("/proc/sys/kernel/random/boot_id") +
+         "/ipc:" + inode_of("/proc/self/ns/ipc") + "/pid:" + inode_of("/proc/self/ns/pid");
 }
 
 std::vector<int> exchange_hosts(const StorePtr& store, int rank, int world, Milliseconds timeout) {

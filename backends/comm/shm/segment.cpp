@@ -71,8 +71,10 @@ void remove_stale_segments() {
 Segment::Segment(const StorePtr& store, int rank, int world, std::size_t slot_bytes,
                  std::size_t mailbox_bytes, Milliseconds timeout)
     : rank_(rank), world_(world), slot_bytes_(slot_bytes), mailbox_bytes_(mailbox_bytes) {
-  if (rank_ == 0) create_and_publish(store);
-  else open_published(store, timeout);
+  if (rank_ == 0)
+    create_and_publish(store);
+  else
+    open_published(store, timeout);
 
   RankInfo& me = rank_info(rank_);
   me.start_time.store(process_start_time(getpid()));
@@ -181,7 +183,8 @@ void Segment::open_published(const StorePtr& store, Milliseconds timeout) {
                        " ms waiting for rank 0 to create the shared-memory segment");
   }
   const auto space = published.find(' ');
-  if (space == std::string::npos) throw CommError("shm: malformed segment record '" + published + "'");
+  if (space == std::string::npos)
+    throw CommError("shm: malformed segment record '" + published + "'");
   name_ = published.substr(0, space);
   const std::uint64_t nonce = std::stoull(published.substr(space + 1), nullptr, 16);
   const int fd = shm_open(name_.c_str(), O_RDWR, 0);

@@ -41,7 +41,7 @@ struct alignas(64) Header {
 };
 
 struct alignas(64) RankInfo {
-  std::atomic<std::int32_t> pid;  // 0 until the rank has mapped the segment
+  std::atomic<std::int32_t> pid;          // 0 until the rank has mapped the segment
   std::atomic<std::uint64_t> start_time;  // /proc/PID/stat field 22: tells a reused pid apart
   std::atomic<std::uint64_t> op_seq;      // sequence number of the operation it is in
   // Barrier counter: the number of the last barrier this rank arrived at. Own cache line,

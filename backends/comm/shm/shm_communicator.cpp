@@ -53,13 +53,12 @@ ShmCommunicator::ShmCommunicator(const CommOptions& options)
     : Communicator(options.rank, options.world_size, options.timeout) {
   ACCEL_CHECK_ARG(options.store != nullptr, "the shm communicator needs a rendezvous store");
   auto store = std::make_shared<PrefixStore>("shm/" + options.group_name, options.store);
-  segment_ = std::make_unique<shm::Segment>(store, rank(), world_size(),
-                                            slot_bytes_for(world_size()),
-                                            mailbox_bytes_for(world_size()), options.timeout);
+  segment_ =
+      std::make_unique<shm::Segment>(store, rank(), world_size(), slot_bytes_for(world_size()),
+                                     mailbox_bytes_for(world_size()), options.timeout);
   // With more ranks than cores a spinning rank holds the core the rank it waits for needs.
   const bool oversubscribed = world_size() > usable_cpus();
-  policy_.spin = std::chrono::microseconds(
-      env_size("ACCEL_SHM_SPIN_US", oversubscribed ? 2 : 20));
+  policy_.spin = std::chrono::microseconds(env_size("ACCEL_SHM_SPIN_US", oversubscribed ? 2 : 20));
   // Measured on a loaded 2-core machine: yielding while spinning halved to quartered the
   // median 4 KiB all-reduce time against sleeping right after a pure spin.
   policy_.yield = env_size("ACCEL_SHM_YIELD", 1) == 1;
@@ -119,16 +118,13 @@ void ShmCommunicator::barrier(shm::Clock::time_point deadline, const char* phase
       });
 }
 
-void ShmCommunicator::run_barrier(Milliseconds timeout) {
-  barrier(begin(timeout), "barrier");
-}
+void ShmCommunicator::run_barrier(Milliseconds timeout) { barrier(begin(timeout), "barrier"); }
 
 // One barrier instead of two: every rank reduces the whole (small) buffer itself, from all
 // slots in rank order, so all get bit-identical results. The small slots alternate between
 // two halves: a rank writes half h again only two small operations later, after the barrier of
 // the one between, which every rank reaches only when done reading half h.
-void ShmCommunicator::small_all_reduce(Buffer data, ReduceOp op,
-                                       shm::Clock::time_point deadline) {
+void ShmCommunicator::small_all_reduce(Buffer data, ReduceOp op, shm::Clock::time_point deadline) {
   const int n = world_size();
   const int half = int(small_ops_++ % 2);
   const std::size_t bytes = data.bytes();
@@ -136,7 +132,8 @@ void ShmCommunicator::small_all_reduce(Buffer data, ReduceOp op,
   barrier(deadline, "all_reduce");
   const ReduceKernel kernel = reduce_kernel(data.dtype, wire_op(op));
   kernel(data.data, segment_->small_slot(half, 0), segment_->small_slot(half, 1), data.count);
-  for (int j = 2; j < n; ++j) kernel(data.data, data.data, segment_->small_slot(half, j), data.count);
+  for (int j = 2; j < n; ++j)
+    kernel(data.data, data.data, segment_->small_slot(half, j), data.count);
   if (op == ReduceOp::avg) finish_average(data);
 }
 
@@ -202,8 +199,8 @@ void ShmCommunicator::run_reduce_scatter(Buffer input, Buffer output, ReduceOp o
       const Shard s = shard_of(input.count, n, j);
       if (lo >= s.count) continue;
       const std::size_t len = std::min(window, s.count - lo);
-      std::memcpy(segment_->slot(r) + std::size_t(j) * window * esize,
-                  in + (s.offset + lo) * esize, len * esize);
+      std::memcpy(segment_->slot(r) + std::size_t(j) * window * esize, in + (s.offset + lo) * esize,
+                  len * esize);
     }
     barrier(deadline, "reduce_scatter write");
     if (lo < own.count) {

@@ -60,14 +60,14 @@ class ShmCommunicator final : public Communicator {
   // all_reduce of at most kSmallBytes.
   void small_all_reduce(Buffer data, ReduceOp op, shm::Clock::time_point deadline);
   // Waits for one peer (send/recv).
-  void wait_for_peer(int peer, const std::function<bool()>& ready,
-                     shm::Clock::time_point deadline, const std::string& what);
+  void wait_for_peer(int peer, const std::function<bool()>& ready, shm::Clock::time_point deadline,
+                     const std::string& what);
   // "rank 2 (pid 4711) exited" for the first of `ranks` that no longer runs, or "".
   std::string dead_among(const std::vector<int>& ranks) const;
 
   std::unique_ptr<shm::Segment> segment_;
   shm::WaitPolicy policy_;
-  std::uint64_t barriers_ = 0;  // barriers this rank has arrived at
+  std::uint64_t barriers_ = 0;   // barriers this rank has arrived at
   std::uint64_t small_ops_ = 0;  // small all-reduces so far (which half of the small slots)
   std::vector<std::uint64_t> start_times_;  // each rank's process start time, when visible
   bool pids_visible_ = true;  // every peer's /proc entry can be read (one pid namespace)

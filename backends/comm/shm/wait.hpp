@@ -20,7 +20,7 @@ using Clock = std::chrono::steady_clock;
 void post(Header& header);
 
 struct WaitPolicy {
-  std::chrono::nanoseconds spin{20000};  // busy-poll this long before sleeping
+  std::chrono::nanoseconds spin{20000};          // busy-poll this long before sleeping
   std::chrono::milliseconds check_interval{10};  // liveness checks while asleep
   // sched_yield every 64 polls while spinning, so a rank waited for that is queued behind this
   // one on the core (ranks outnumber cores, or other work shares them) gets to run.
