@@ -6,6 +6,7 @@
 #include <doctest/doctest.h>
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -160,7 +161,10 @@ TEST_CASE("shm: a segment left by a killed job neither confuses nor outlives a n
   REQUIRE(child > 0);
   waitpid(child, nullptr, 0);
   // What a creator killed between creating and unlinking leaves: its name, garbage inside.
-  const std::string stale = "accel-shm-" + std::to_string(child) + "-00000000deadbeef";
+  struct stat ns {};
+  REQUIRE(stat("/proc/self/ns/pid", &ns) == 0);
+  const std::string stale = "accel-shm-" + std::to_string(ns.st_ino) + "-" +
+                            std::to_string(child) + "-00000000deadbeef";
   const int fd = shm_open(("/" + stale).c_str(), O_CREAT | O_RDWR, 0600);
   REQUIRE(fd >= 0);
   REQUIRE(ftruncate(fd, 1 << 20) == 0);

@@ -31,6 +31,12 @@ std::size_t round_up(std::size_t n, std::size_t a) { return (n + a - 1) / a * a;
 
 std::string mapped_key(int rank) { return "mapped/" + std::to_string(rank); }
 
+// The pid namespace the pid in a segment's name means something in.
+unsigned long long pid_namespace() {
+  struct stat st {};
+  return stat("/proc/self/ns/pid", &st) == 0 ? static_cast<unsigned long long>(st.st_ino) : 0;
+}
+
 }  // namespace
 
 std::uint64_t process_start_time(int pid) {
@@ -58,8 +64,13 @@ void remove_stale_segments() {
   while (dirent* e = readdir(dir)) {
     const std::string name = e->d_name;
     if (!name.starts_with(kPrefix)) continue;
+    // Only names from this pid namespace: elsewhere (a container sharing /dev/shm) the same
+    // pid number is another process, and a live creator would look dead from here.
+    unsigned long long ns = 0;
     int pid = 0;
-    if (std::sscanf(name.c_str() + std::strlen(kPrefix), "%d-", &pid) != 1 || pid <= 0) continue;
+    if (std::sscanf(name.c_str() + std::strlen(kPrefix), "%llu-%d-", &ns, &pid) != 2 ||
+        ns != pid_namespace() || pid <= 0)
+      continue;
     struct stat st {};
     if (fstatat(dirfd(dir), name.c_str(), &st, 0) != 0 || st.st_uid != geteuid()) continue;
     if (process_start_time(pid) == 0) stale.push_back(name);
@@ -131,7 +142,7 @@ void Segment::create_and_publish(const StorePtr& store) {
   std::random_device random;
   const std::uint64_t nonce = (std::uint64_t(random()) << 32) ^ random();
   char name[96];
-  std::snprintf(name, sizeof name, "/%s%d-%016llx", kPrefix, int(getpid()),
+  std::snprintf(name, sizeof name, "/%s%llu-%d-%016llx", kPrefix, pid_namespace(), int(getpid()),
                 static_cast<unsigned long long>(nonce));
   name_ = name;
   // O_EXCL: never adopt an existing segment, whoever left it.

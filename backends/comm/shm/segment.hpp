@@ -1,6 +1,7 @@
 #pragma once
 // The shared-memory segment one group of same-host ranks works in, and how it comes to exist:
-// rank 0 creates it under a name no earlier job can have used (its pid and 64 random bits),
+// rank 0 creates it under a name no earlier job can have used (its pid namespace, its pid and
+// 64 random bits),
 // sizes, pre-faults and initialises it, and publishes the name through the rendezvous store;
 // every rank maps it and says so in the store; as soon as all have, rank 0 unlinks the name.
 // From then on the memory lives only as long as some rank maps it, so a crash leaves nothing
@@ -106,7 +107,8 @@ class Segment {
 // not run (gone, or a zombie).
 std::uint64_t process_start_time(int pid);
 
-// Removes /dev/shm/accel-shm-PID-* entries of this user whose creator PID no longer runs.
+// Removes /dev/shm/accel-shm-PIDNS-PID-* entries of this user, made in this pid namespace,
+// whose creator PID no longer runs.
 void remove_stale_segments();
 
 }  // namespace accel::shm
