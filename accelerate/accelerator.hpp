@@ -47,7 +47,7 @@ enum class StateScope {
 };
 
 struct AcceleratorOptions {
-  std::optional<std::string> communicator;             // "gloo", "mpi", "nccl", "local"
+  std::optional<std::string> communicator;  // "auto", "gloo", "mpi", "nccl", "shm", "local", ...
   std::optional<int> gradient_accumulation_steps;
   std::optional<std::string> mixed_precision;          // "no", "fp16", "bf16"
   std::optional<Milliseconds> timeout;                 // every collective, and joining

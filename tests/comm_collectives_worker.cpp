@@ -7,8 +7,12 @@
 // bf16 included) and ring order cannot change a result; avg's division is rounded the way
 // the communicator rounds it.
 
+#include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
+#include <cstdlib>
+#include <thread>
 #include <memory>
 #include <cstring>
 #include <string>
@@ -167,11 +171,13 @@ void check_send_recv(Communicator& comm, std::size_t count) {
   for (std::size_t i = 0; i < count; ++i) expect_equal(what, in.view, i, input_value(left, i));
 }
 
-// Several operations in flight at once complete in order with the right results.
+// Several operations in flight at once complete in order with the right results. The first
+// is large enough to go to the worker thread even where small ones may run inline on the
+// caller's (shm): those must then queue behind it, not overtake it.
 void check_async(Communicator& comm) {
   std::vector<OwnedBuffer> bufs;
   for (int k = 0; k < 8; ++k) {
-    bufs.emplace_back(DType::f32, 1000 + k);
+    bufs.emplace_back(DType::f32, k == 0 ? 300000 : 1000 + k);
     for (std::size_t i = 0; i < bufs.back().view.count; ++i)
       set_value(bufs.back().view, i, input_value(comm.rank(), i));
   }
@@ -190,15 +196,51 @@ void check_async(Communicator& comm) {
                    reference_reduce(ReduceOp::sum, comm.world_size(), i, DType::f32));
 }
 
+// --kill_rank R: after a first all_reduce together, every rank starts a large all_reduce and
+// rank R kills itself (SIGKILL) while it is in flight. The others must fail naming rank R;
+// each prints "survivor error: ..." and exits 3.
+int kill_mid_collective(Communicator& comm, int victim) {
+  std::vector<float> small(1024, 1.0f);
+  comm.all_reduce(buffer_of(std::span(small)), ReduceOp::sum)->wait();
+  std::vector<float> big(std::size_t(16) << 20, 1.0f);  // 64 MiB: many chunks, seconds of work
+  if (comm.rank() == victim) {
+    auto work = comm.all_reduce(buffer_of(std::span(big)), ReduceOp::sum);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    std::raise(SIGKILL);
+  }
+  try {
+    comm.all_reduce(buffer_of(std::span(big)), ReduceOp::sum)->wait();
+    comm.barrier()->wait();  // in case the victim died after its part of the big one
+  } catch (const std::exception& e) {
+    std::printf("survivor error: %s\n", e.what());
+    std::fflush(stdout);
+    return 3;
+  }
+  std::printf("rank %d: no error although rank %d was killed\n", comm.rank(), victim);
+  return 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   ProcessGroupOptions options;
-  for (int i = 1; i + 1 < argc; ++i)
+  int kill_rank = -1;
+  for (int i = 1; i + 1 < argc; ++i) {
     if (std::strcmp(argv[i], "--backend") == 0) options.backend = argv[i + 1];
+    if (std::strcmp(argv[i], "--kill_rank") == 0) kill_rank = std::atoi(argv[i + 1]);
+    // --fake_hosts H: rank r claims host r % H (ACCEL_HOST_ID), so one machine looks like H
+    // hosts with interleaved ranks to the hierarchical communicator.
+    if (std::strcmp(argv[i], "--fake_hosts") == 0) {
+      const int hosts = std::atoi(argv[i + 1]);
+      const char* rank = std::getenv("RANK");
+      const std::string id = "fake-host-" + std::to_string((rank ? std::atoi(rank) : 0) % hosts);
+      setenv("ACCEL_HOST_ID", id.c_str(), 1);
+    }
+  }
   try {
     auto group = init_process_group(options);
     Communicator& comm = group->comm();
+    if (kill_rank >= 0) return kill_mid_collective(comm, kill_rank);
     const int world = comm.world_size();
     // Odd sizes, sizes smaller than the world, 0 and 1, and one past Gloo's 1 MiB segment.
     const std::vector<std::size_t> counts = {0, 1, 2, 3, 7, 1023, std::size_t(262144 + 3)};

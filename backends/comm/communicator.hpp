@@ -1,9 +1,19 @@
 #pragma once
-// The one interface every strategy talks to, whatever moves the bytes (Gloo, MPI, NCCL, or
-// the world of one). Calls are asynchronous: each returns a Work handle. Operations run on
-// one background thread per communicator, strictly in call order, so ranks that make the
-// same calls issue the same collective sequence; each gets a sequence number (#1, #2, ...)
-// that error messages name.
+// The one interface every strategy talks to, whatever moves the bytes (Gloo, MPI, NCCL,
+// shared memory, or the world of one). Calls are asynchronous: each returns a Work handle.
+// Operations run on one background thread per communicator, strictly in call order, so ranks
+// that make the same calls issue the same collective sequence; each gets a sequence number
+// (#1, #2, ...) that error messages name.
+//
+// Inline execution (one mechanism, opted into by a backend through set_inline_max_bytes):
+// handing an operation to the worker thread and waking the caller again costs tens of
+// microseconds, which is most of a small collective over shared memory. A backend that opts
+// in has an operation of at most that many payload bytes run synchronously on the caller's
+// thread, when nothing is queued or running; otherwise it is queued as usual. Order, sequence
+// numbers, error texts and the "unusable after the first failure" rule are the same either
+// way. What the caller sees: such a call may return a Work that is already complete, having
+// blocked until the peers joined, so a caller must not make a peer's arrival at the same
+// operation depend on something it does between issuing the operation and waiting for it.
 //
 // Shapes:
 //   all_reduce(data, op)           in place, any count (0 included)
@@ -94,15 +104,28 @@ class Communicator {
     return {};
   }
 
+  // The sequence number of the operation now running (for the backend's own bookkeeping, as
+  // what ranks_not_heard_from is later asked about). Valid inside run_*.
+  std::uint64_t current_sequence() const { return current_seq_; }
+
   // Divides a CPU buffer that holds a sum by the world size.
   void finish_average(Buffer data) const;
 
   // Derived destructors call this first, so no operation runs on a half-destroyed object.
   void stop_worker() noexcept;
 
+  // Opts into inline execution (see the top of this file) for operations whose payload is at
+  // most `bytes` (barriers count as 0). Without it everything is queued. Call from the derived
+  // constructor.
+  void set_inline_max_bytes(std::size_t bytes);
+
  private:
-  WorkPtr enqueue(std::string what, std::function<void(Milliseconds)> run);
+  WorkPtr enqueue(std::string what, std::size_t payload_bytes,
+                  std::function<void(Milliseconds)> run);
   void worker_loop();
+  // Runs one operation (on the worker or inline) and finishes its Work.
+  void execute(const WorkPtr& work, const std::function<void(Milliseconds)>& run,
+               std::uint64_t seq, const std::string& name);
 
   const int rank_;
   const int world_size_;
@@ -113,6 +136,10 @@ class Communicator {
   std::deque<std::function<void()>> queue_;
   std::uint64_t next_seq_ = 1;
   bool stopping_ = false;
+  bool running_ = false;  // an operation is executing (on the worker or inline)
+  std::uint64_t current_seq_ = 0;  // written and read only by whoever executes operations
+  bool inline_enabled_ = false;
+  std::size_t inline_max_bytes_ = 0;
   std::string broken_;  // first failure; later operations fail fast with it
   std::thread worker_;
 };
