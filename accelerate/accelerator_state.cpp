@@ -206,6 +206,7 @@ void Accelerator::load_state(const std::string& dir) {
     };
     for (const ParamRef& p : params_) copy_into(p.data);
     for (const Buffer& b : buffers_) copy_into(b);
+    strategy_->reload_parameters();  // ZeRO's flat copy follows
   }
   optimizer_steps_ = meta.step;
   micro_since_sync_ = 0;
