@@ -97,6 +97,7 @@ class Accelerator {
   Strategy& strategy();
   // What the config chose: "ddp" or "zero", and the ZeRO stage (0 for DDP).
   const StrategyOptions& strategy_options() const { return strategy_options_; }
+
   // Multiply the loss (or the gradient of the mean loss) by this: 1 / accumulation steps.
   float loss_scale() const { return 1.0f / float(accumulation_steps_); }
   // Where the loop is in its data, before each batch's forward: the last batch of an epoch
@@ -196,6 +197,11 @@ class Accelerator {
   // A front end that saves the model itself through register_state (the LibTorch adapter,
   // or parameters living on a GPU) switches off the parameter blob.
   void set_checkpoint_parameters(bool on) { checkpoint_parameters_ = on; }
+
+ protected:
+  // For a front end (the LibTorch adapter) to set what only it knows (ZeroOptions::release_grad)
+  // before prepare_parameters.
+  StrategyOptions& strategy_options_to_prepare() { return strategy_options_; }
 
  private:
   ProcessEnv env_;

@@ -18,7 +18,6 @@
 
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <random>
@@ -149,7 +148,6 @@ int parity(Communicator& comm, const Flags& f) {
     ddp->after_optimizer_step();
     ddp_model.zero_grad();
     zero_model.zero_grad();
-    if (std::getenv("ZERO_TRACE")) std::printf("step %d diff %.3g\n", step, max_diff(ddp_model, zero_model));
   }
   const double diff = max_diff(ddp_model, zero_model);
   const bool bitwise = world == 1;

@@ -61,14 +61,11 @@ ZeroStrategy::ZeroStrategy(Communicator& comm, std::vector<ParamRef> params,
   }
   if (options_.stage == 2)
     for (auto& s : staging_) s.assign((largest + 7) / 8 + 1, 0);
-  // Stage 1: a gradient given without storage lives in its flat slot from the start.
-  for (std::size_t i = 0; i < params_.size(); ++i)
-    if (params_[i].grad.data == nullptr) {
-      ACCEL_CHECK_ARG(options_.stage == 1, "ZeRO-2: parameter '" + params_[i].name +
-                                               "' needs gradient storage (stage 2 keeps no "
-                                               "full gradients)");
-      params_[i].grad = grad_view(i);
-    }
+  // Stage 1: a gradient given without storage lives in its flat slot from the start. Stage 2
+  // has no slot for it: no storage means no gradient yet (zeros) until set_grad().
+  if (options_.stage == 1)
+    for (std::size_t i = 0; i < params_.size(); ++i)
+      if (params_[i].grad.data == nullptr) params_[i].grad = grad_view(i);
 }
 
 ZeroStrategy::~ZeroStrategy() {
@@ -108,7 +105,8 @@ Buffer ZeroStrategy::grad_view(std::size_t index) const {
 
 void ZeroStrategy::set_grad(std::size_t index, Buffer grad) {
   ACCEL_CHECK_ARG(index < params_.size(), "ZeRO: no parameter " + std::to_string(index));
-  ACCEL_CHECK_ARG(grad.dtype == params_[index].data.dtype && grad.count == params_[index].data.count,
+  ACCEL_CHECK_ARG(grad.data == nullptr || (grad.dtype == params_[index].data.dtype &&
+                                            grad.count == params_[index].data.count),
                   "ZeRO: the new gradient of '" + params_[index].name +
                       "' has another shape or dtype");
   params_[index].grad = grad;
@@ -204,7 +202,10 @@ void ZeroStrategy::launch(Bucket& b) {
   for (std::size_t i : b.range.params) {
     const Buffer dst = data.slice(layout_.offset_of(i) - b.range.begin, params_[i].data.count);
     const Buffer& grad = params_[i].grad;
-    if (grad.data != dst.data) std::memcpy(dst.data, grad.data, dst.bytes());
+    if (grad.data == nullptr)
+      std::memset(dst.data, 0, dst.bytes());  // stage 2, a parameter without a gradient yet
+    else if (grad.data != dst.data)
+      std::memcpy(dst.data, grad.data, dst.bytes());
     // The bucket holds it now: stage 2 keeps no full gradient past this point.
     if (options_.stage == 2 && options_.release_grad) options_.release_grad(i);
   }

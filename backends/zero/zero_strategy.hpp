@@ -81,7 +81,8 @@ class ZeroStrategy final : public Strategy {
   // gradient storage (as DDP's grad_view). Stage 2 keeps no full gradients: throws.
   Buffer grad_view(std::size_t index) const;
   // Where parameter i's gradient lives now (a framework that allocates a new one each
-  // micro-batch); the next grad_ready(i) reads it there.
+  // micro-batch); the next grad_ready(i) reads it there. Stage 2: a null data pointer means
+  // no gradient (zeros), as does a ParamRef given without gradient storage.
   void set_grad(std::size_t index, Buffer grad);
   // The bucket ranges (flat index, begin, end) in launch order, for tests.
   const std::vector<FlatBucket>& bucket_layout() const { return bucket_ranges_; }
