@@ -88,11 +88,17 @@ TorchAccelerator::~TorchAccelerator() {
       grad = grad.clone();
   }
   if (sharded_optimizer_) {
-    // The slices and the parameters' values live in the strategy's buffers.
-    auto& groups = sharded_optimizer_->param_groups();
-    for (std::size_t g = 0; g < groups.size(); ++g) groups[g].params() = original_group_params_[g];
+    // The parameters' values and the optimizer's slices live in the strategy's buffers: give
+    // each tensor (the same TensorImpl the model and the optimizer hold) its own copy. The
+    // optimizer itself may already be gone (declared after the accelerator), so it is not
+    // touched: its groups keep the (now self-owned) slices.
     torch::NoGradGuard no_grad;
     for (at::Tensor& p : param_tensors_) p.set_data(p.detach().clone());
+    for (at::Tensor& slice : slice_tensors_) {
+      at::Tensor grad = slice.grad().defined() ? slice.grad().clone() : at::Tensor();
+      slice.set_data(slice.detach().clone());
+      slice.mutable_grad() = grad;
+    }
   }
 }
 
@@ -187,10 +193,7 @@ void TorchAccelerator::shard_optimizer(torch::optim::Optimizer& optimizer) {
   z.use_flat_parameters();
   sharded_optimizer_ = &optimizer;
   auto& groups = optimizer.param_groups();
-  for (auto& group : groups) {
-    original_group_params_.push_back(group.params());
-    group.params().clear();
-  }
+  for (auto& group : groups) group.params().clear();
   // One tensor per flat buffer: this rank's slice, its .grad() the reduced gradient slice.
   for (const ParamSegment& segment : z.segments()) {
     const auto options = param_tensors_[z.layout().groups()[slice_tensors_.size()].params.front()].options();

@@ -41,8 +41,9 @@
 //  - AcceleratedOptimizer::step() steps the slices, then all-gathers the parameters.
 //
 // The accelerator owns the gradient (and, under ZeRO, parameter) storage: when it is
-// destroyed, the prepared parameters' gradients and values are replaced by plain copies and
-// the optimizer gets its parameters back, so the model stays usable.
+// destroyed, the prepared parameters' gradients and values are replaced by plain copies, so
+// the model stays usable. Under ZeRO the optimizer's groups keep this rank's slices (copied
+// too): build a new optimizer to go on training the model without the accelerator.
 
 #include <concepts>
 #include <cstddef>
@@ -185,9 +186,8 @@ class TorchAccelerator : public Accelerator {
 
   std::vector<torch::Tensor> param_tensors_;
   std::vector<torch::Tensor> grad_views_;  // param_tensors_[i]'s bucket slot (empty: ZeRO-2)
-  // ZeRO: the optimizer's original params per group (given back at destruction), the slices.
+  // ZeRO: the optimizer whose groups hold this rank's slices, and the slices.
   torch::optim::Optimizer* sharded_optimizer_ = nullptr;
-  std::vector<std::vector<torch::Tensor>> original_group_params_;
   std::vector<torch::Tensor> slice_tensors_;
   std::vector<torch::Tensor> buffer_tensors_;
   std::vector<void*> buffer_data_;  // to detect buffers replaced after prepare

@@ -38,21 +38,29 @@ Shard FlatLayout::owned(std::size_t g, int r) const {
 
 std::vector<FlatBucket> FlatLayout::buckets(std::size_t cap_bytes) const {
   // One open bucket per flat buffer, filled in reverse parameter order: the parameters a
-  // bucket takes are consecutive in its flat buffer, so its range is contiguous.
+  // bucket takes are consecutive in its flat buffer, so its range is contiguous. A parameter
+  // larger than what is left is split over buckets, so no bucket exceeds the cap.
   std::vector<FlatBucket> out;
   constexpr std::size_t kNone = std::size_t(-1);
   std::vector<std::size_t> open(groups_.size(), kNone);
   for (std::size_t i = param_counts_.size(); i-- > 0;) {
     const std::size_t f = flat_of_[i];
-    const std::size_t esize = element_size(groups_[f].dtype);
-    std::size_t& b = open[f];
-    if (b != kNone && (out[b].end - out[b].begin + param_counts_[i]) * esize > cap_bytes) b = kNone;
-    if (b == kNone) {
-      out.push_back({f, offset_of_[i] + param_counts_[i], offset_of_[i] + param_counts_[i], {}});
-      b = out.size() - 1;
+    const std::size_t cap = std::max<std::size_t>(1, cap_bytes / element_size(groups_[f].dtype));
+    std::size_t end = offset_of_[i] + param_counts_[i];
+    std::size_t left = param_counts_[i];
+    while (left > 0) {
+      std::size_t& b = open[f];
+      if (b == kNone) {
+        out.push_back({f, end, end, {}});
+        b = out.size() - 1;
+      }
+      const std::size_t take = std::min(left, cap - (out[b].end - out[b].begin));
+      out[b].begin -= take;
+      out[b].params.push_back(i);
+      end -= take;
+      left -= take;
+      if (out[b].end - out[b].begin == cap) b = kNone;  // full
     }
-    out[b].begin = offset_of_[i];
-    out[b].params.push_back(i);
   }
   return out;
 }

@@ -7,8 +7,9 @@
 //
 // Buckets (for the gradient reduce-scatter): runs of consecutive parameters of one flat
 // buffer, taken in reverse parameter order (the order backward produces gradients) and
-// capped in bytes, so each bucket is one contiguous element range of its flat buffer and its
-// overlap with every rank's slice is one contiguous piece: owner_counts().
+// capped in bytes (a larger parameter is split over several), so each bucket is one
+// contiguous element range of its flat buffer and its overlap with every rank's slice is one
+// contiguous piece: owner_counts().
 
 #include <cstddef>
 #include <vector>
@@ -28,7 +29,7 @@ struct FlatGroup {
 struct FlatBucket {
   std::size_t flat = 0;              // index into FlatLayout::groups
   std::size_t begin = 0, end = 0;    // element range in that flat buffer
-  std::vector<std::size_t> params;   // in the order backward reports them (reverse)
+  std::vector<std::size_t> params;   // those overlapping it, in reverse parameter order
 };
 
 class FlatLayout {
@@ -45,7 +46,7 @@ class FlatLayout {
   Shard owned(std::size_t g) const { return owned(g, rank_); }
   Shard owned(std::size_t g, int r) const;
 
-  // Buckets of at most cap_bytes each (a larger parameter is a bucket of its own).
+  // Buckets of at most cap_bytes each.
   std::vector<FlatBucket> buckets(std::size_t cap_bytes) const;
   // Elements of [begin, end) of flat buffer g that each rank owns, in rank order.
   std::vector<std::size_t> owner_counts(std::size_t g, std::size_t begin, std::size_t end) const;

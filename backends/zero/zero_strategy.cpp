@@ -26,7 +26,8 @@ ZeroStrategy::ZeroStrategy(Communicator& comm, std::vector<ParamRef> params,
       buffers_(std::move(buffers)),
       options_(std::move(options)),
       layout_(params_, comm.world_size(), comm.rank()),
-      bucket_of_(params_.size()),
+      buckets_of_(params_.size()),
+      release_in_(params_.size()),
       ready_(params_.size(), false) {
   ACCEL_CHECK_ARG(options_.stage == 1 || options_.stage == 2,
                   "ZeRO stage " + std::to_string(options_.stage) +
@@ -56,7 +57,10 @@ ZeroStrategy::ZeroStrategy(Communicator& comm, std::vector<ParamRef> params,
     bucket.counts = layout_.owner_counts(r.flat, r.begin, r.end);
     bucket.pending = r.params.size();
     buckets_.push_back(std::move(bucket));
-    for (std::size_t i : r.params) bucket_of_[i] = b;
+    for (std::size_t i : r.params) {
+      buckets_of_[i].push_back(b);
+      release_in_[i] = b;  // the last bucket holding a piece of it
+    }
     largest = std::max(largest, (r.end - r.begin) * element_size(groups[r.flat].dtype));
   }
   if (options_.stage == 2)
@@ -168,7 +172,7 @@ void ZeroStrategy::grad_ready(std::size_t index) {
     throw InvalidArgument("ZeRO: the gradient of '" + params_[index].name +
                           "' was reported ready twice in one iteration");
   ready_[index] = true;
-  --buckets_[bucket_of_[index]].pending;
+  for (std::size_t b : buckets_of_[index]) --buckets_[b].pending;
   launch_ready_buckets();
 }
 
@@ -199,15 +203,21 @@ void ZeroStrategy::launch(Bucket& b) {
     b.slot = slot;
     in_slot_[std::size_t(slot)] = &b;
   }
+  const std::size_t bucket_index = std::size_t(&b - buckets_.data());
   for (std::size_t i : b.range.params) {
-    const Buffer dst = data.slice(layout_.offset_of(i) - b.range.begin, params_[i].data.count);
+    // The piece of parameter i inside this bucket (all of it unless it is split).
+    const std::size_t offset = layout_.offset_of(i);
+    const std::size_t lo = std::max(offset, b.range.begin);
+    const std::size_t hi = std::min(offset + params_[i].data.count, b.range.end);
+    const Buffer dst = data.slice(lo - b.range.begin, hi - lo);
     const Buffer& grad = params_[i].grad;
     if (grad.data == nullptr)
       std::memset(dst.data, 0, dst.bytes());  // stage 2, a parameter without a gradient yet
-    else if (grad.data != dst.data)
-      std::memcpy(dst.data, grad.data, dst.bytes());
-    // The bucket holds it now: stage 2 keeps no full gradient past this point.
-    if (options_.stage == 2 && options_.release_grad) options_.release_grad(i);
+    else if (grad.slice(lo - offset, hi - lo).data != dst.data)
+      std::memcpy(dst.data, grad.slice(lo - offset, hi - lo).data, dst.bytes());
+    // The buckets hold all of it now: stage 2 keeps no full gradient past this point.
+    if (options_.stage == 2 && options_.release_grad && release_in_[i] == bucket_index)
+      options_.release_grad(i);
   }
   // In place: this rank's part of the bucket receives the average of everyone's.
   b.work = comm_.reduce_scatter(data, own_part(b, data), ReduceOp::avg, b.counts);
@@ -256,7 +266,7 @@ void ZeroStrategy::sync_gradients() {
     for (std::size_t i = 0; i < params_.size(); ++i) {
       if (ready_[i]) continue;
       ready_[i] = true;
-      --buckets_[bucket_of_[i]].pending;
+      for (std::size_t b : buckets_of_[i]) --buckets_[b].pending;
     }
     launch_ready_buckets();
     finish_all();

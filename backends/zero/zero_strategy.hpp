@@ -114,7 +114,8 @@ class ZeroStrategy final : public Strategy {
   std::array<std::vector<std::uint64_t>, 2> staging_;  // stage 2
   std::vector<FlatBucket> bucket_ranges_;
   std::vector<Bucket> buckets_;
-  std::vector<std::size_t> bucket_of_;
+  std::vector<std::vector<std::size_t>> buckets_of_;  // a split parameter is in several
+  std::vector<std::size_t> release_in_;               // the bucket that takes its last piece
   std::vector<bool> ready_;
   std::size_t next_launch_ = 0;
   int next_slot_ = 0;
