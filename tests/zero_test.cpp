@@ -9,6 +9,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <filesystem>
 #include <sstream>
 
 #include "backends/comm/registry.hpp"
@@ -138,4 +139,46 @@ TEST_CASE("ZeRO memory: optimizer state is unsharded / N and agrees with estimat
       MESSAGE("world " << world << ": measured " << measured << " bytes, estimate-memory " << estimated);
       CHECK(std::abs(measured - estimated) <= 0.01 * estimated);
     }
+}
+
+TEST_CASE("examples/raw_mlp under ZeRO-2 resumes from its checkpoint as if uninterrupted") {
+  const std::string data = "/usr/share/datasets/fashion-mnist";
+  if (skip_unless(std::filesystem::exists(data + "/train-images-idx3-ubyte.gz"),
+                  "Fashion-MNIST not installed at " + data))
+    return;
+  if (skip_unless(std::filesystem::exists(bin_path("raw_mlp")), "raw_mlp example not built")) return;
+  if (skip_unless(communicator_available("gloo"), "gloo communicator not built")) return;
+  const std::string dir = std::string(ACCEL_BIN_DIR) + "/../zero_resume_test";
+  std::filesystem::remove_all(dir);
+  RanksOptions options;
+  options.env = {{"ACCEL_COMM_BACKEND", "gloo"}, {"ACCEL_DISTRIBUTED_TYPE", "ZERO"},
+                 {"ACCEL_ZERO_STAGE", "2"}};
+  const std::vector<std::string> common = {"--train_samples", "2000", "--test_samples", "500",
+                                           "--hidden", "32", "--batch_size", "32", "--lr", "0.03",
+                                           "--data_dir", data, "--epochs", "2"};
+  // The last line of rank 0's output: "epoch 2/2: loss L, test accuracy A (T s)".
+  auto final_line = [](const launch::GroupResult& r) {
+    const std::string& out = r.workers.front().output;
+    const auto at = out.find("epoch 2/2: loss");
+    REQUIRE(at != std::string::npos);
+    return out.substr(at, out.find(" (", at) - at);
+  };
+  const auto whole = run_ranks(2, "raw_mlp", common, options);
+  INFO(describe(whole));
+  REQUIRE(whole.exit_code() == 0);
+
+  // Interrupted: a mid-epoch checkpoint every 20 steps, stopped after epoch 1, resumed.
+  auto args = common;
+  args.insert(args.end(), {"--checkpoint_dir", dir, "--save_every", "20"});
+  args[args.size() - 5] = "1";  // --epochs 1
+  const auto first = run_ranks(2, "raw_mlp", args, options);
+  INFO(describe(first));
+  REQUIRE(first.exit_code() == 0);
+  args[args.size() - 5] = "2";
+  const auto second = run_ranks(2, "raw_mlp", args, options);
+  INFO(describe(second));
+  REQUIRE(second.exit_code() == 0);
+  CHECK(second.workers[0].output.find("resumed from " + dir + ": epoch 2, batch 0") != std::string::npos);
+  CHECK(final_line(second) == final_line(whole));
+  MESSAGE(final_line(whole));
 }
