@@ -90,12 +90,7 @@ void Accelerator::prepare(std::vector<ParamRef> params, Optimizer& optimizer,
                         std::to_string(p.group) + ", the " + std::string(optimizer.name()) +
                         " optimizer has " + std::to_string(optimizer.num_groups()));
   prepare_parameters(std::move(params), std::move(buffers));
-  optimizer_ = &optimizer;
-  // Under ZeRO each rank's state is its own slice's.
-  register_state(
-      "optimizer", [&optimizer] { return optimizer.save_state(); },
-      [&optimizer](const std::string& bytes) { optimizer.load_state(bytes); },
-      strategy_->gradients_sharded() ? StateScope::per_rank : StateScope::shared);
+  optimizer_ = &optimizer;  // save_state / load_state keep its state (optimizer_state.hpp)
 }
 
 void Accelerator::optimizer_step() {

@@ -88,7 +88,8 @@ class Accelerator {
   void prepare_parameters(std::vector<ParamRef> params, std::vector<Buffer> buffers = {});
   // prepare_parameters plus a built-in optimizer (accel::Sgd, accel::AdamW; ParamRef::group
   // picks its param group): optimizer_step() then steps it on what this rank updates, and its
-  // state is saved in checkpoints ("optimizer"; per rank under ZeRO, where it is a slice).
+  // state is saved in checkpoints ("optimizer": one blob under DDP, each rank's slices under
+  // ZeRO) and loads under another world size or strategy (accelerate/optimizer_state.hpp).
   void prepare(std::vector<ParamRef> params, Optimizer& optimizer,
                std::vector<Buffer> buffers = {});
   // At an accumulation boundary (sync_gradients() returned true), after any clipping: steps

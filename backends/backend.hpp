@@ -31,6 +31,10 @@ struct ParamSegment {
   std::size_t group = 0;
   Buffer values;
   Buffer grad;
+  // Where values start among the group's parameters laid end to end in parameter order (the
+  // same coordinates under every strategy and world size: checkpoints reshard by them; a
+  // ZeRO slice may reach past the end into padding).
+  std::size_t offset = 0;
 };
 
 class Strategy {

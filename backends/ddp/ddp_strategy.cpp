@@ -93,9 +93,14 @@ std::vector<ParamSegment> DdpStrategy::segments() const {
   std::size_t groups = 0;
   for (const ParamRef& p : params_) groups = std::max(groups, p.group + 1);
   std::vector<ParamSegment> out;
-  for (std::size_t g = 0; g < groups; ++g)
+  for (std::size_t g = 0; g < groups; ++g) {
+    std::size_t offset = 0;
     for (const ParamRef& p : params_)
-      if (p.group == g) out.push_back({g, p.data, p.grad});
+      if (p.group == g) {
+        out.push_back({g, p.data, p.grad, offset});
+        offset += p.data.count;
+      }
+  }
   return out;
 }
 

@@ -148,7 +148,7 @@ std::vector<ParamSegment> ZeroStrategy::segments() const {
   for (std::size_t f = 0; f < layout_.groups().size(); ++f) {
     const Shard own = layout_.owned(f);
     out.push_back({layout_.groups()[f].group, flat_params(f).slice(own.offset, own.count),
-                   grad_slice(f)});
+                   grad_slice(f), own.offset});
   }
   return out;
 }
