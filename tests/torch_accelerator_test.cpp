@@ -314,7 +314,9 @@ TEST_CASE("ZeRO-1 and ZeRO-2 under the LibTorch adapter equal DDP (SGD Nesterov,
       REQUIRE(values.size() == ddp.size());
       double diff = 0;
       for (std::size_t i = 0; i < values.size(); ++i) diff = std::max(diff, std::abs(values[i] - ddp[i]));
-      MESSAGE(std::string("zero") + stage + " " + optimizer + ": max |zero - ddp| = " + std::to_string(diff));
+      const std::string line = std::string("zero") + stage + " " + optimizer +
+                               ": max |zero - ddp| = " + std::to_string(diff);
+      MESSAGE(line);
       CHECK(diff <= 1e-6);
     }
   }
