@@ -4,14 +4,19 @@
 // (accelerate/torch/) builds on it; a hand-written loop uses it directly (the raw API):
 //
 //   accel::Accelerator acc;                                // process state, config, comm
-//   acc.prepare_parameters(params);                        // strategy chosen by the config
+//   accel::AdamW optimizer({.lr = 1e-3});                  // built in: backends/optim/
+//   acc.prepare(params, optimizer);                        // strategy chosen by the config
 //   for (each batch of acc's shard) {
 //     model.forward_backward(x, y, acc.loss_scale(), [&](layer l) { acc.grad_ready(i); });
 //     if (acc.sync_gradients()) {                          // false between accumulation steps
 //       acc.clip_grad_norm(1.0);
-//       optimizer_step(); zero_grad();
+//       acc.optimizer_step(); zero_grad();
 //     }
 //   }
+//
+// The same loop runs under DDP and ZeRO (distributed_type ZERO, zero_stage 1 or 2): the
+// optimizer steps what the strategy hands it (every parameter, or this rank's slices) and
+// ZeRO all-gathers the updated parameters afterwards.
 //
 // Checkpoints (save_state / load_state, see "Checkpoints" below): parameters, counters, the
 // loop's position, the seed, the RNG and every registered state, written atomically.
@@ -34,7 +39,8 @@
 #include "accelerate/sharded_sampler.hpp"
 #include "backends/backend.hpp"
 #include "backends/comm/communicator.hpp"
-#include "backends/ddp/ddp_strategy.hpp"
+#include "backends/optim/optimizer.hpp"
+#include "backends/strategy_factory.hpp"
 
 namespace accel {
 
@@ -52,7 +58,10 @@ struct AcceleratorOptions {
   std::optional<std::string> mixed_precision;          // "no", "fp16", "bf16"
   std::optional<Milliseconds> timeout;                 // every collective, and joining
   std::optional<std::string> config_file;              // else ACCEL_CONFIG_FILE / default path
+  std::optional<std::string> distributed_type;         // "MULTI_CPU", "ZERO", ... (config key)
+  std::optional<int> zero_stage;                       // 1 or 2 with ZERO
   DdpOptions ddp;
+  ZeroOptions zero;                                    // its stage comes from zero_stage
   LossScalerOptions loss_scaler;                       // mixed_precision fp16 only
 };
 
@@ -76,10 +85,22 @@ class Accelerator {
   Communicator& comm();
 
   // ---- the raw API: a loop's own parameter and gradient buffers
-  // Chooses the strategy (DDP; the world of one runs the same code), makes every rank start
-  // from rank 0's parameters and buffers.
+  // Chooses the strategy (the config's: DDP, or ZeRO with distributed_type ZERO; the world of
+  // one runs the same code), makes every rank start from rank 0's parameters and buffers.
   void prepare_parameters(std::vector<ParamRef> params, std::vector<Buffer> buffers = {});
+  // prepare_parameters plus a built-in optimizer (accel::Sgd, accel::AdamW; ParamRef::group
+  // picks its param group): optimizer_step() then steps it on what this rank updates, and its
+  // state is saved in checkpoints ("optimizer": one blob under DDP, each rank's slices under
+  // ZeRO) and loads under another world size or strategy (accelerate/optimizer_state.hpp).
+  void prepare(std::vector<ParamRef> params, Optimizer& optimizer,
+               std::vector<Buffer> buffers = {});
+  // At an accumulation boundary (sync_gradients() returned true), after any clipping: steps
+  // the prepared optimizer, then lets the strategy finish the step (ZeRO: all-gather).
+  void optimizer_step();
   Strategy& strategy();
+  // What the config chose: "ddp" or "zero", and the ZeRO stage (0 for DDP).
+  const StrategyOptions& strategy_options() const { return strategy_options_; }
+
   // Multiply the loss (or the gradient of the mean loss) by this: 1 / accumulation steps,
   // times the dynamic loss scale under mixed_precision fp16.
   float loss_scale() const;
@@ -196,16 +217,22 @@ class Accelerator {
 
  protected:
   // fp16 loss scaling: divides the synchronised gradients by `scale` in place and says whether
-  // they were all finite; discard_gradients() zeroes them after an overflow. These work on CPU
-  // gradient buffers; a front end whose gradients live elsewhere (a GPU) overrides them.
+  // they were all finite; discard_gradients() zeroes them after an overflow. These work on the
+  // CPU gradient buffers the optimizer reads (the strategy's segments); a front end whose
+  // gradients live elsewhere (a GPU) overrides them.
   virtual bool unscale_gradients(double scale);
   virtual void discard_gradients();
+  // For a front end (the LibTorch adapter) to set what only it knows (ZeroOptions::release_grad)
+  // before prepare_parameters.
+  StrategyOptions& strategy_options_to_prepare() { return strategy_options_; }
 
  private:
   ProcessEnv env_;
   AcceleratorOptions options_;
   std::unique_ptr<ProcessGroup> group_;
-  std::unique_ptr<DdpStrategy> strategy_;
+  StrategyOptions strategy_options_;
+  std::unique_ptr<Strategy> strategy_;
+  Optimizer* optimizer_ = nullptr;     // prepare()'s built-in optimizer
   std::vector<ParamRef> params_;       // as prepared, for checkpoints
   std::vector<Buffer> buffers_;
   int accumulation_steps_ = 1;

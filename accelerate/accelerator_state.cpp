@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "accelerate/accelerator.hpp"
+#include "accelerate/optimizer_state.hpp"
 #include "backends/comm/error.hpp"
 
 namespace accel {
@@ -24,6 +25,8 @@ namespace {
 constexpr const char* kParameters = "parameters";
 constexpr const char* kLayout = "parameters.layout";
 constexpr const char* kRng = "rng";
+// prepare()'s built-in optimizer: shared under DDP, per rank (its slices) under ZeRO.
+constexpr const char* kOptimizer = "optimizer";
 
 std::string state_blob(const std::string& name) { return "state." + name; }
 
@@ -121,7 +124,7 @@ void Accelerator::save_state(const std::string& dir) {
 
   // Strings the blob views point into; a deque would do too, but the count is known.
   std::vector<std::string> owned;
-  owned.reserve(states_.size() + 2);
+  owned.reserve(states_.size() + 3);
   if (is_main_process()) {
     if (checkpoint_parameters_ && strategy_) {
       BlobView values{kParameters, {}};
@@ -139,6 +142,13 @@ void Accelerator::save_state(const std::string& dir) {
     (mine ? contents.per_rank : contents.shared)
         .push_back({state_blob(s.name), {bytes_of(owned.back())}});
   }
+  if (optimizer_ && strategy_) {
+    const bool sharded = strategy_->gradients_sharded();
+    if (sharded || is_main_process()) {
+      owned.push_back(pack_optimizer_state(*optimizer_, strategy_->segments()));
+      (sharded ? contents.per_rank : contents.shared).push_back({kOptimizer, {bytes_of(owned.back())}});
+    }
+  }
   std::ostringstream rng_text;
   rng_text << rng_;
   owned.push_back(rng_text.str());
@@ -155,6 +165,7 @@ void Accelerator::load_state(const std::string& dir) {
   // Everything checked (and parsed) before anything is applied; the ranks agree on it.
   std::string error;
   std::mt19937_64 restored_rng;
+  std::string optimizer_state;  // in Optimizer::save_state's format, for this rank's segments
   try {
     auto fail = [&](const std::string& what) { throw CheckpointError(ck.dir + ": " + what); };
     if (checkpoint_parameters_ && strategy_) {
@@ -174,7 +185,31 @@ void Accelerator::load_state(const std::string& dir) {
     } else if (checkpoint_parameters_ && ck.shared.count(kParameters)) {
       fail("has parameters but none were prepared: call prepare_parameters before load_state");
     }
-    std::set<std::string> known = {kParameters, kLayout};
+    if (optimizer_ && strategy_) {
+      // DDP saved one blob; ZeRO one per rank. Another strategy or world size rebuilds this
+      // rank's segments from all of them.
+      const std::vector<ParamSegment> mine = strategy_->segments();
+      const auto own = ck.per_rank.find(kOptimizer);
+      if (ck.shared.count(kOptimizer)) {
+        const std::string& blob = ck.shared_blob(kOptimizer);
+        optimizer_state = same_segments(blob, mine) ? optimizer_bytes(blob, ck.dir)
+                                                    : reshard_optimizer_state({blob}, mine, ck.dir);
+      } else if (own != ck.per_rank.end() && same_segments(own->second, mine)) {
+        optimizer_state = optimizer_bytes(own->second, ck.dir);
+      } else {
+        std::vector<std::string> blobs;
+        for (int r = 0; r < int(meta.world_size); ++r) {
+          LoadedCheckpoint other = read_checkpoint(ck.dir, r, int(meta.world_size));
+          const auto it = other.per_rank.find(kOptimizer);
+          if (it == other.per_rank.end())
+            fail("no optimizer state (" + std::string(kOptimizer) + ".rank" + std::to_string(r) +
+                 ") for the prepared optimizer");
+          blobs.push_back(std::move(it->second));
+        }
+        optimizer_state = reshard_optimizer_state(blobs, mine, ck.dir);
+      }
+    }
+    std::set<std::string> known = {kParameters, kLayout, kOptimizer};
     for (const RegisteredState& s : states_) {
       known.insert(state_blob(s.name));
       if (s.scope == StateScope::shared) {
@@ -235,6 +270,10 @@ void Accelerator::load_state(const std::string& dir) {
     for (const ParamRef& p : params_) copy_into(p.data);
     for (const Buffer& b : buffers_) copy_into(b);
   }
+  // Parameters changed from outside (the blob above, or a front end's registered model
+  // state): ZeRO's flat copy follows.
+  if (strategy_) strategy_->reload_parameters();
+  if (optimizer_ && strategy_) optimizer_->load_state(optimizer_state);
   optimizer_steps_ = meta.step;
   micro_since_sync_ = 0;
   last_batch_ = false;

@@ -149,6 +149,50 @@ void check_reduce_scatter(Communicator& comm, DType dtype, ReduceOp op, std::siz
     expect_equal(what + " input", in.view, i, input_value(comm.rank(), i));
 }
 
+// Parts the caller chooses (ZeRO-2's buckets): rank r's part grows with r, rank 0's is often
+// empty. Out of place, and in place (the output is this rank's part of the input).
+void check_reduce_scatter_parts(Communicator& comm, DType dtype, ReduceOp op, std::size_t total,
+                                bool in_place) {
+  const auto world = std::size_t(comm.world_size()), rank = std::size_t(comm.rank());
+  std::vector<std::size_t> counts;
+  const auto boundary = [&](std::size_t r) { return total * (r * (r + 1) / 2) / (world * (world + 1) / 2); };
+  for (std::size_t r = 0; r < world; ++r) counts.push_back(boundary(r + 1) - boundary(r));
+  const Shard mine{boundary(rank), counts[rank]};
+  OwnedBuffer in(dtype, total), out(dtype, mine.count);
+  for (std::size_t i = 0; i < total; ++i) set_value(in.view, i, input_value(comm.rank(), i));
+  Staged staged_in(comm, in), staged_out(comm, out);
+  staged_in.upload();
+  const Buffer output = in_place ? staged_in.view().slice(mine.offset, mine.count) : staged_out.view();
+  comm.reduce_scatter(staged_in.view(), output, op, counts)->wait();
+  staged_in.download();
+  staged_out.download();
+  const Buffer result = in_place ? in.view.slice(mine.offset, mine.count) : out.view;
+  const std::string what = label("reduce_scatter with parts", dtype, total,
+                                 std::string(reduce_op_name(op)) + (in_place ? ", in place" : ""));
+  const double tolerance = op == ReduceOp::avg ? avg_tolerance(comm, dtype) : 0.0;
+  for (std::size_t k = 0; k < mine.count; ++k)
+    expect_near(what, result, k, reference_reduce(op, comm.world_size(), mine.offset + k, dtype),
+                tolerance);
+}
+
+// In place: the input is this rank's part of the output (ZeRO gathers its parameters so).
+void check_all_gather_in_place(Communicator& comm, DType dtype, std::size_t total) {
+  const Shard mine = shard_of(total, comm.world_size(), comm.rank());
+  OwnedBuffer out(dtype, total);
+  for (std::size_t j = 0; j < total; ++j)
+    set_value(out.view, j, mine.offset <= j && j < mine.offset + mine.count ? input_value(comm.rank(), j) : -99);
+  Staged staged_out(comm, out);
+  staged_out.upload();
+  comm.all_gather(staged_out.view().slice(mine.offset, mine.count), staged_out.view())->wait();
+  staged_out.download();
+  const std::string what = label("all_gather", dtype, total, "in place");
+  for (int r = 0; r < comm.world_size(); ++r) {
+    const Shard s = shard_of(total, comm.world_size(), r);
+    for (std::size_t k = 0; k < s.count; ++k)
+      expect_equal(what, out.view, s.offset + k, input_value(r, s.offset + k));
+  }
+}
+
 // Ring exchange: every rank sends to its right neighbour and receives from its left.
 void check_send_recv(Communicator& comm, std::size_t count) {
   if (comm.world_size() == 1) return;
@@ -252,6 +296,14 @@ int main(int argc, char** argv) {
         for (int root = 0; root < world; ++root) check_broadcast(comm, dtype, root, count);
       }
     }
+    for (DType dtype : {DType::f32, DType::i32})
+      for (std::size_t count : counts) {
+        for (bool in_place : {false, true}) {
+          check_reduce_scatter_parts(comm, dtype, ReduceOp::sum, count, in_place);
+          check_reduce_scatter_parts(comm, dtype, ReduceOp::avg, count, in_place);
+        }
+        check_all_gather_in_place(comm, dtype, count);
+      }
     for (std::size_t count : {std::size_t(1), std::size_t(4097)}) check_send_recv(comm, count);
     check_async(comm);
     comm.barrier()->wait();

@@ -33,14 +33,30 @@
 //   state.model             the prepared model's parameters and buffers as a LibTorch archive
 //                           (a plain LibTorch program loads it: torch::load(net, "DIR/state.model"))
 //   state.optimizer         the prepared optimizer (param groups with their learning rates,
-//                           momentum buffers, Adam moments, step counts)
+//                           momentum buffers, Adam moments, step counts); under ZeRO each
+//                           rank's own (state.optimizer.rankR: its slices), so such a
+//                           checkpoint resumes with the same number of processes only
 //   state.scheduler         the prepared LR scheduler's step count
 //   state.torch_rng.rankR   each rank's LibTorch generator (and state.torch_cuda_rng.rankR on
 //                           a GPU), reseeded when loading at another number of processes
 // Nothing needs registering by hand; more state of the loop's own goes in via register_state.
 //
-// The accelerator owns the gradient storage: when it is destroyed, the prepared parameters'
-// gradients are replaced by plain copies, so the model stays usable.
+// Under ZeRO (distributed_type ZERO, zero_stage 1 or 2; the loop does not change):
+//  - the model's parameters become views into the strategy's flat parameter buffers (one per
+//    param group and dtype), so the all-gather after each step writes them in place;
+//  - the user's optimizer keeps its type, param groups and hyperparameters (LR schedulers keep
+//    working), but each group's params are replaced by this rank's flat slice tensors (one
+//    per group and dtype) whose .grad() is the reduced gradient slice: the optimizer state
+//    it creates exists for the slice only;
+//  - stage 1: .grad() of each parameter is a view of its slot in the flat gradient buffer;
+//    stage 2: autograd allocates gradients as usual, and each is released (reset) once its
+//    bucket has taken it at the accumulation boundary;
+//  - AcceleratedOptimizer::step() steps the slices, then all-gathers the parameters.
+//
+// The accelerator owns the gradient (and, under ZeRO, parameter) storage: when it is
+// destroyed, the prepared parameters' gradients and values are replaced by plain copies, so
+// the model stays usable. Under ZeRO the optimizer's groups keep this rank's slices (copied
+// too): build a new optimizer to go on training the model without the accelerator.
 
 #include <concepts>
 #include <cstddef>
@@ -72,7 +88,8 @@ class TorchAccelerator;
 class AcceleratedOptimizer {
  public:
   // A real optimizer step only when the last backward() ended at an accumulation boundary
-  // (its gradients are synchronised); between boundaries a no-op.
+  // (its gradients are synchronised); between boundaries a no-op. Under ZeRO it steps this
+  // rank's slices and then all-gathers the parameters.
   void step();
   // Zeroes the gradients in place (they live in the DDP buckets, so they are never freed).
   // While gradients are accumulating (the last backward() did not end in a sync) it does
@@ -196,20 +213,28 @@ class TorchAccelerator : public Accelerator {
   // fp16 loss scaling with tensor operations (the gradients may live on a GPU).
   bool unscale_gradients(double scale) override;
   void discard_gradients() override;
+  // What the optimizer steps on: the full gradients (DDP), this rank's slices (ZeRO).
+  std::vector<at::Tensor> optimizer_gradients() const;
 
  private:
   friend class AcceleratedOptimizer;
   class GradReadyHook;
-  DdpStrategy& ddp();
+  ZeroStrategy* zero();  // null under DDP
   // Autograd accumulated parameter i's gradient: make sure it is (still) the bucket slot,
   // then report it ready.
   void on_grad_accumulated(std::size_t i);
+  // Under ZeRO: parameters into the flat buffers, the optimizer onto the slices.
+  void shard_optimizer(torch::optim::Optimizer& optimizer);
+  void release_grad(std::size_t i);  // ZeRO-2
   // Points parameter i's .grad() at its bucket slot, keeping the values it had.
   void adopt_bucket_view(std::size_t i);
   void zero_gradients();
 
   std::vector<torch::Tensor> param_tensors_;
-  std::vector<torch::Tensor> grad_views_;  // param_tensors_[i]'s bucket slot, shaped like it
+  std::vector<torch::Tensor> grad_views_;  // param_tensors_[i]'s bucket slot (empty: ZeRO-2)
+  // ZeRO: the optimizer whose groups hold this rank's slices, and the slices.
+  torch::optim::Optimizer* sharded_optimizer_ = nullptr;
+  std::vector<torch::Tensor> slice_tensors_;
   std::vector<torch::Tensor> buffer_tensors_;
   std::vector<void*> buffer_data_;  // to detect buffers replaced after prepare
   std::vector<std::shared_ptr<torch::autograd::Node>>

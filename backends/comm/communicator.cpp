@@ -139,7 +139,14 @@ WorkPtr Communicator::enqueue(std::string what, std::size_t payload_bytes,
   return work;
 }
 
+void Communicator::count_bytes(std::size_t bytes, int numerator, int denominator) {
+  if (world_size_ == 1) return;
+  bus_bytes_.fetch_add(std::uint64_t(bytes) * std::uint64_t(numerator) / std::uint64_t(denominator),
+                       std::memory_order_relaxed);
+}
+
 WorkPtr Communicator::all_reduce(Buffer data, ReduceOp op) {
+  count_bytes(data.bytes(), 2 * (world_size_ - 1), world_size_);
   return enqueue("all_reduce(" + std::string(reduce_op_name(op)) + ", " + describe(data) + ")",
                  data.bytes(), [=, this](Milliseconds t) {
                    if (data.count > 0) run_all_reduce(data, op, t);
@@ -150,6 +157,7 @@ WorkPtr Communicator::broadcast(Buffer data, int root) {
   ACCEL_CHECK_ARG(root >= 0 && root < world_size_,
                   "broadcast root " + std::to_string(root) + " outside world of " +
                       std::to_string(world_size_));
+  count_bytes(data.bytes(), 1, 1);
   return enqueue("broadcast(root " + std::to_string(root) + ", " + describe(data) + ")",
                  data.bytes(), [=, this](Milliseconds t) {
                    if (data.count > 0) run_broadcast(data, root, t);
@@ -166,25 +174,46 @@ WorkPtr Communicator::all_gather(Buffer input, Buffer output) {
                   "all_gather: rank " + std::to_string(rank_) + " must contribute " +
                       std::to_string(mine.count) + " of " + std::to_string(output.count) +
                       " elements, got " + std::to_string(input.count));
+  count_bytes(output.bytes(), world_size_ - 1, world_size_);
   return enqueue("all_gather(" + describe(output) + ")", output.bytes(), [=, this](Milliseconds t) {
     if (output.count > 0) run_all_gather(input, output, t);
   });
 }
 
 WorkPtr Communicator::reduce_scatter(Buffer input, Buffer output, ReduceOp op) {
+  std::vector<std::size_t> counts;
+  for (int r = 0; r < world_size_; ++r) counts.push_back(shard_of(input.count, world_size_, r).count);
+  return reduce_scatter(input, output, op, std::move(counts));
+}
+
+WorkPtr Communicator::reduce_scatter(Buffer input, Buffer output, ReduceOp op,
+                                     std::vector<std::size_t> counts) {
   ACCEL_CHECK_ARG(input.dtype == output.dtype, "reduce_scatter: input is " +
                                                    std::string(dtype_name(input.dtype)) +
                                                    " but output is " +
                                                    std::string(dtype_name(output.dtype)));
-  const Shard mine = shard_of(input.count, world_size_, rank_);
+  ACCEL_CHECK_ARG(counts.size() == std::size_t(world_size_),
+                  "reduce_scatter: " + std::to_string(counts.size()) + " part counts for " +
+                      std::to_string(world_size_) + " ranks");
+  std::vector<Shard> parts(counts.size());
+  std::size_t offset = 0;
+  for (std::size_t r = 0; r < counts.size(); ++r) {
+    parts[r] = {offset, counts[r]};
+    offset += counts[r];
+  }
+  ACCEL_CHECK_ARG(offset == input.count,
+                  "reduce_scatter: the parts hold " + std::to_string(offset) +
+                      " elements, the input " + std::to_string(input.count));
+  const Shard mine = parts[std::size_t(rank_)];
   ACCEL_CHECK_ARG(output.count == mine.count,
                   "reduce_scatter: rank " + std::to_string(rank_) + " receives " +
                       std::to_string(mine.count) + " of " + std::to_string(input.count) +
                       " elements, but its output holds " + std::to_string(output.count));
+  count_bytes(input.bytes(), world_size_ - 1, world_size_);
   return enqueue("reduce_scatter(" + std::string(reduce_op_name(op)) + ", " + describe(input) +
                      ")",
-                 input.bytes(), [=, this](Milliseconds t) {
-                   if (input.count > 0) run_reduce_scatter(input, output, op, t);
+                 input.bytes(), [=, this, parts = std::move(parts)](Milliseconds t) {
+                   if (input.count > 0) run_reduce_scatter(input, output, op, parts, t);
                  });
 }
 
@@ -196,6 +225,7 @@ WorkPtr Communicator::send(Buffer data, int dst, std::uint32_t tag) {
   ACCEL_CHECK_ARG(dst >= 0 && dst < world_size_ && dst != rank_,
                   "send: destination rank " + std::to_string(dst) + " is not another rank of " +
                       std::to_string(world_size_));
+  count_bytes(data.bytes(), 1, 1);
   return enqueue("send(to " + std::to_string(dst) + ", tag " + std::to_string(tag) + ", " +
                      describe(data) + ")",
                  data.bytes(), [=, this](Milliseconds t) { run_send(data, dst, tag, t); });

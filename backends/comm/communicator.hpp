@@ -23,8 +23,13 @@
 //                                  exactly that many elements (counts need not divide)
 //   reduce_scatter(input, output)  output gets this rank's part shard_of(input.count, ...)
 //                                  of the element-wise reduction of every rank's input
+//   reduce_scatter(input, output, op, counts)
+//                                  the same with parts the caller chooses: rank r gets
+//                                  counts[r] elements, in rank order (ZeRO-2: a gradient
+//                                  bucket's overlap with each rank's owned slice)
 //   barrier(), send(data, dst, tag), recv(data, src, tag)
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -77,12 +82,22 @@ class Communicator {
   WorkPtr broadcast(Buffer data, int root);
   WorkPtr all_gather(Buffer input, Buffer output);
   WorkPtr reduce_scatter(Buffer input, Buffer output, ReduceOp op);
+  WorkPtr reduce_scatter(Buffer input, Buffer output, ReduceOp op,
+                         std::vector<std::size_t> counts);
   WorkPtr barrier();
   WorkPtr send(Buffer data, int dst, std::uint32_t tag = 0);
   WorkPtr recv(Buffer data, int src, std::uint32_t tag = 0);
 
   // Sequence number the next call will get.
   std::uint64_t next_sequence() const;
+
+  // Bytes this rank has put on the wire for collectives since construction (or the last
+  // reset), counted as nccl-tests' bus bandwidth counts them, so strategies compare by
+  // algorithm-independent volume: all_reduce 2(n-1)/n x bytes, reduce_scatter (n-1)/n x input
+  // bytes, all_gather (n-1)/n x output bytes, broadcast and send their bytes (n > 1), barrier
+  // and recv nothing; a world of one moves nothing. Counted when an operation is issued.
+  std::uint64_t bus_bytes() const { return bus_bytes_.load(std::memory_order_relaxed); }
+  void reset_bus_bytes() { bus_bytes_.store(0, std::memory_order_relaxed); }
 
  protected:
   // Backends implement these synchronously; they run on the worker thread. Each must give
@@ -91,8 +106,10 @@ class Communicator {
   virtual void run_all_reduce(Buffer data, ReduceOp op, Milliseconds timeout) = 0;
   virtual void run_broadcast(Buffer data, int root, Milliseconds timeout) = 0;
   virtual void run_all_gather(Buffer input, Buffer output, Milliseconds timeout) = 0;
+  // parts[r]: rank r's piece of input (contiguous, in rank order, covering all of it); the
+  // public call has checked that output holds parts[rank()].count elements.
   virtual void run_reduce_scatter(Buffer input, Buffer output, ReduceOp op,
-                                  Milliseconds timeout) = 0;
+                                  const std::vector<Shard>& parts, Milliseconds timeout) = 0;
   virtual void run_barrier(Milliseconds timeout) = 0;
   virtual void run_send(Buffer data, int dst, std::uint32_t tag, Milliseconds timeout) = 0;
   virtual void run_recv(Buffer data, int src, std::uint32_t tag, Milliseconds timeout) = 0;
@@ -122,6 +139,7 @@ class Communicator {
  private:
   WorkPtr enqueue(std::string what, std::size_t payload_bytes,
                   std::function<void(Milliseconds)> run);
+  void count_bytes(std::size_t bytes, int numerator, int denominator);
   void worker_loop();
   // Runs one operation (on the worker or inline) and finishes its Work.
   void execute(const WorkPtr& work, const std::function<void(Milliseconds)>& run,
@@ -135,6 +153,7 @@ class Communicator {
   std::condition_variable queue_cv_;
   std::deque<std::function<void()>> queue_;
   std::uint64_t next_seq_ = 1;
+  std::atomic<std::uint64_t> bus_bytes_{0};
   bool stopping_ = false;
   bool running_ = false;  // an operation is executing (on the worker or inline)
   std::uint64_t current_seq_ = 0;  // written and read only by whoever executes operations

@@ -78,12 +78,13 @@ void HierarchicalCommunicator::run_all_reduce(Buffer data, ReduceOp op, Millisec
 }
 
 void HierarchicalCommunicator::run_reduce_scatter(Buffer input, Buffer output, ReduceOp op,
+                                                  const std::vector<Shard>& parts,
                                                   Milliseconds timeout) {
   std::vector<char> copy(input.bytes());
   std::memcpy(copy.data(), input.data, copy.size());
   Buffer all{copy.data(), input.count, input.dtype, input.device};
   all_reduce_sum(all, wire_op(op), timeout);
-  const Shard mine = shard_of(input.count, world_size(), rank());
+  const Shard mine = parts[std::size_t(rank())];
   std::memcpy(output.data, copy.data() + mine.offset * element_size(input.dtype), output.bytes());
   if (op == ReduceOp::avg) finish_average(output);
 }

@@ -178,11 +178,12 @@ void ShmCommunicator::run_all_reduce(Buffer data, ReduceOp op, Milliseconds time
 }
 
 void ShmCommunicator::run_reduce_scatter(Buffer input, Buffer output, ReduceOp op,
-                                         Milliseconds timeout) {
+                                         const std::vector<Shard>& parts, Milliseconds timeout) {
   const int n = world_size(), r = rank();
   const std::size_t esize = element_size(input.dtype);
   if (n == 1) {
-    std::memmove(output.data, input.data, output.bytes());
+    std::memmove(output.data, static_cast<const char*>(input.data) + parts[0].offset * esize,
+                 output.bytes());
     return;
   }
   const auto deadline = begin(timeout);
@@ -191,12 +192,13 @@ void ShmCommunicator::run_reduce_scatter(Buffer input, Buffer output, ReduceOp o
   const ReduceKernel kernel = reduce_kernel(input.dtype, wire_op(op));
   const char* const in = static_cast<const char*>(input.data);
   char* const out = static_cast<char*>(output.data);
-  const std::size_t largest = shard_of(input.count, n, 0).count;
-  const Shard own = shard_of(input.count, n, r);
+  std::size_t largest = 0;
+  for (const Shard& s : parts) largest = std::max(largest, s.count);
+  const Shard own = parts[std::size_t(r)];
   for (std::size_t lo = 0; lo < largest; lo += window) {
     for (int j = 0; j < n; ++j) {
       if (j == r) continue;
-      const Shard s = shard_of(input.count, n, j);
+      const Shard s = parts[std::size_t(j)];
       if (lo >= s.count) continue;
       const std::size_t len = std::min(window, s.count - lo);
       std::memcpy(segment_->slot(r) + std::size_t(j) * window * esize, in + (s.offset + lo) * esize,
