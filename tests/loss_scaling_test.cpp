@@ -1,12 +1,13 @@
 // fp16 dynamic loss scaling (accelerate/loss_scaler.hpp): the scaler's schedule and checkpoint
 // text in this process, unscaling of every float dtype, and over real processes
-// (loss_scaling_worker) a step that overflowed on one rank skipped on all of them, over gloo
-// with 1, 2 and 3 ranks.
+// (loss_scaling_worker) a step that overflowed on one rank skipped on all of them, with 1, 2
+// and 3 ranks, under DDP and ZeRO stages 1 and 2.
 
 #include <doctest/doctest.h>
 
 #include <cmath>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "accelerate/checkpoint_manifest.hpp"
@@ -62,16 +63,19 @@ TEST_CASE("unscaling divides every float dtype and finds an inf or a NaN") {
 }
 
 TEST_CASE("a step that overflowed on one rank is skipped on every rank") {
-  if (skip_unless(communicator_available("gloo"), "gloo communicator not built")) return;
-  for (const int world : {1, 2, 3}) {
-    CAPTURE(world);
-    const auto result = run_ranks(world, "loss_scaling_worker", {});
-    INFO(describe(result));
-    REQUIRE(result.exit_code() == 0);
-    std::string all;
-    for (const auto& w : result.workers) all += w.output;
-    CHECK(all.find("FAIL") == std::string::npos);
-    CHECK(all.find("ok every rank skipped exactly the step") != std::string::npos);
-    CHECK(all.find("ok training equals one process skipping the same step") != std::string::npos);
+  const std::vector<std::vector<std::string>> strategies = {{}, {"--zero", "1"}, {"--zero", "2"}};
+  for (const auto& strategy : strategies) {
+    for (const int world : {1, 2, 3}) {
+      CAPTURE(world);
+      CAPTURE(strategy.size() == 2 ? "zero " + strategy[1] : std::string("ddp"));
+      const auto result = run_ranks(world, "loss_scaling_worker", strategy);
+      INFO(describe(result));
+      REQUIRE(result.exit_code() == 0);
+      std::string all;
+      for (const auto& w : result.workers) all += w.output;
+      CHECK(all.find("FAIL") == std::string::npos);
+      CHECK(all.find("ok every rank skipped exactly the step") != std::string::npos);
+      CHECK(all.find("ok training equals one process skipping the same step") != std::string::npos);
+    }
   }
 }

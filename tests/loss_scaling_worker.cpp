@@ -4,6 +4,9 @@
 // overflows (an inf): every rank must skip that step, the scale must back off and grow again
 // on schedule (init 1024, growth every 3 finite steps), and the parameters must equal one
 // process applying plain SGD to the average gradient of every step but the skipped one.
+// Under ZeRO (--zero STAGE) the overflow lands in rank 0's slice only (element 0), so the
+// other ranks learn of it only through the scaler's agreement.
+//   loss_scaling_worker [--zero 1|2]
 // Prints one "ok ..." line per check; exits 1 on any failure.
 
 #include <cmath>
@@ -13,6 +16,7 @@
 #include <vector>
 
 #include "accelerate/accelerator.hpp"
+#include "backends/optim/sgd.hpp"
 
 using namespace accel;
 
@@ -32,9 +36,13 @@ void report(bool ok, const std::string& what) {
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
   try {
     AcceleratorOptions options;
+    if (argc == 3 && std::string(argv[1]) == "--zero") {
+      options.distributed_type = "ZERO";
+      options.zero_stage = std::stoi(argv[2]);
+    }
     options.mixed_precision = "fp16";
     options.loss_scaler.init_scale = 1024;
     options.loss_scaler.growth_interval = 3;
@@ -42,8 +50,11 @@ int main() {
     const int world = acc.num_processes(), rank = acc.process_index();
 
     std::vector<float> w(kParams, 1.0f), grad(kParams, 0.0f);
-    acc.prepare_parameters({{"w", buffer_of(std::span(w)), buffer_of(std::span(grad))}});
+    Sgd sgd(SgdOptions{.lr = kLr});
+    acc.prepare({{"w", buffer_of(std::span(w)), buffer_of(std::span(grad))}}, sgd);
 
+    report(acc.strategy().name() == (options.distributed_type ? "zero" : "ddp"),
+           "strategy " + std::string(acc.strategy().name()));
     std::vector<float> reference(kParams, 1.0f);
     std::vector<double> scales;
     std::vector<int> skipped;
@@ -57,7 +68,7 @@ int main() {
       acc.grad_ready(0);
       const bool synced = acc.sync_gradients();
       if (synced) {
-        for (int i = 0; i < kParams; ++i) w[i] -= kLr * grad[i];
+        acc.optimizer_step();
         std::fill(grad.begin(), grad.end(), 0.0f);
       } else {
         skipped.push_back(step);
