@@ -53,7 +53,9 @@ int main(int argc, char** argv) {
     Sgd sgd(SgdOptions{.lr = kLr});
     acc.prepare({{"w", buffer_of(std::span(w)), buffer_of(std::span(grad))}}, sgd);
 
-    report(acc.strategy().name() == (options.distributed_type ? "zero" : "ddp"),
+    const std::string expected_strategy =
+        options.zero_stage ? "zero" + std::to_string(*options.zero_stage) : "ddp";
+    report(acc.strategy().name() == expected_strategy,
            "strategy " + std::string(acc.strategy().name()));
     std::vector<float> reference(kParams, 1.0f);
     std::vector<double> scales;
