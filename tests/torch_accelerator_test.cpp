@@ -317,14 +317,6 @@ bool killed(const launch::GroupResult& r) {
                      [](const launch::WorkerExit& w) { return w.signal == SIGKILL; });
 }
 
-std::vector<double> read_doubles(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  std::vector<double> out(bytes.size() / sizeof(double));
-  std::memcpy(out.data(), bytes.data(), out.size() * sizeof(double));
-  return out;
-}
-
 }  // namespace
 
 TEST_CASE("model, optimizer, scheduler and RNG resume bitwise after the process was killed") {

@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "backends/comm/registry.hpp"
+#include "tests/support/files.hpp"
 #include "tests/support/ranks.hpp"
 #include "tests/support/skip.hpp"
 
@@ -186,14 +187,6 @@ TEST_CASE("examples/raw_mlp under ZeRO-2 resumes from its checkpoint as if unint
 }
 
 namespace {
-
-std::vector<double> read_doubles(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  std::vector<double> out(bytes.size() / sizeof(double));
-  std::memcpy(out.data(), bytes.data(), out.size() * sizeof(double));
-  return out;
-}
 
 double max_abs_diff(const std::vector<double>& a, const std::vector<double>& b) {
   REQUIRE(a.size() == b.size());

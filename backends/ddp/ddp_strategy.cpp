@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "backends/comm/error.hpp"
+#include "backends/replicas.hpp"
 
 namespace accel {
 
@@ -30,12 +31,7 @@ DdpStrategy::DdpStrategy(Communicator& comm, std::vector<ParamRef> params,
                   "DDP bucket sizes must be positive");
   ACCEL_CHECK_ARG(comm_.device() == DeviceKind::cpu,
                   "DDP buckets live in CPU memory so far; a CUDA communicator needs device buckets");
-  for (const ParamRef& p : params_) {
-    ACCEL_CHECK_ARG(p.data.dtype == p.grad.dtype && p.data.count == p.grad.count,
-                    "DDP: parameter '" + p.name + "' has a gradient of another shape or dtype");
-    ACCEL_CHECK_ARG(p.data.device == comm_.device(),
-                    "DDP: parameter '" + p.name + "' is not on the communicator's device");
-  }
+  check_replica_params("DDP", comm_, params_);
   // Reverse parameter order: backward produces the last layers' gradients first. Each dtype
   // fills its own open bucket; the very first bucket is capped smaller so the first
   // all-reduce starts early in backward.
@@ -110,18 +106,11 @@ std::size_t DdpStrategy::gradient_bytes() const {
   return bytes;
 }
 
-void DdpStrategy::prepare() {
-  std::vector<WorkPtr> works;
-  for (const ParamRef& p : params_) works.push_back(comm_.broadcast(p.data, 0));
-  for (const Buffer& b : buffers_) works.push_back(comm_.broadcast(b, 0));
-  for (auto& w : works) w->wait();
-}
+void DdpStrategy::prepare() { broadcast_from_rank0(comm_, params_, buffers_); }
 
 void DdpStrategy::sync_buffers() {
   if (!options_.broadcast_buffers || comm_.world_size() == 1) return;
-  std::vector<WorkPtr> works;
-  for (const Buffer& b : buffers_) works.push_back(comm_.broadcast(b, 0));
-  for (auto& w : works) w->wait();
+  broadcast_from_rank0(comm_, {}, buffers_);
 }
 
 void DdpStrategy::copy_into_bucket(std::size_t index) {

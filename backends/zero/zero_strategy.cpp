@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "backends/comm/error.hpp"
+#include "backends/replicas.hpp"
 
 namespace accel {
 namespace {
@@ -36,12 +37,7 @@ ZeroStrategy::ZeroStrategy(Communicator& comm, std::vector<ParamRef> params,
   ACCEL_CHECK_ARG(comm_.device() == DeviceKind::cpu,
                   "ZeRO buffers live in CPU memory so far; a CUDA communicator needs device "
                   "buffers");
-  for (const ParamRef& p : params_) {
-    ACCEL_CHECK_ARG(p.data.dtype == p.grad.dtype && p.data.count == p.grad.count,
-                    "ZeRO: parameter '" + p.name + "' has a gradient of another shape or dtype");
-    ACCEL_CHECK_ARG(p.data.device == comm_.device(),
-                    "ZeRO: parameter '" + p.name + "' is not on the communicator's device");
-  }
+  check_replica_params("ZeRO", comm_, params_);
   const auto& groups = layout_.groups();
   for (std::size_t f = 0; f < groups.size(); ++f) {
     param_store_.push_back(words_for(groups[f].padded, groups[f].dtype));
@@ -129,18 +125,13 @@ void ZeroStrategy::reload_parameters() {
 }
 
 void ZeroStrategy::prepare() {
-  std::vector<WorkPtr> works;
-  for (const ParamRef& p : params_) works.push_back(comm_.broadcast(p.data, 0));
-  for (const Buffer& b : buffers_) works.push_back(comm_.broadcast(b, 0));
-  for (auto& w : works) w->wait();
+  broadcast_from_rank0(comm_, params_, buffers_);
   reload_parameters();
 }
 
 void ZeroStrategy::sync_buffers() {
   if (!options_.broadcast_buffers || comm_.world_size() == 1) return;
-  std::vector<WorkPtr> works;
-  for (const Buffer& b : buffers_) works.push_back(comm_.broadcast(b, 0));
-  for (auto& w : works) w->wait();
+  broadcast_from_rank0(comm_, {}, buffers_);
 }
 
 std::vector<ParamSegment> ZeroStrategy::segments() const {

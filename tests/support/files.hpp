@@ -3,11 +3,13 @@
 
 #include <stdlib.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace accel::test {
 
@@ -39,6 +41,14 @@ inline std::string read_file(const std::string& path) {
   std::stringstream s;
   s << in.rdbuf();
   return s.str();
+}
+
+// A file of raw doubles (what workers write their parameters as, for comparisons).
+inline std::vector<double> read_doubles(const std::string& path) {
+  const std::string bytes = read_file(path);
+  std::vector<double> out(bytes.size() / sizeof(double));
+  std::memcpy(out.data(), bytes.data(), out.size() * sizeof(double));
+  return out;
 }
 
 }  // namespace accel::test

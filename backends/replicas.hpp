@@ -1,0 +1,37 @@
+#pragma once
+// What every strategy that keeps a full copy of the model on each rank (DDP, ZeRO stages 1
+// and 2) does alike: check what it was given, start every rank from rank 0's values, and keep
+// the non-trainable buffers (BatchNorm statistics) equal to rank 0's.
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "backends/backend.hpp"
+#include "backends/comm/error.hpp"
+
+namespace accel {
+
+// Each gradient matches its parameter, and everything lives where the communicator works.
+inline void check_replica_params(std::string_view strategy, const Communicator& comm,
+                                 const std::vector<ParamRef>& params) {
+  for (const ParamRef& p : params) {
+    ACCEL_CHECK_ARG(p.data.dtype == p.grad.dtype && p.data.count == p.grad.count,
+                    std::string(strategy) + ": parameter '" + p.name +
+                        "' has a gradient of another shape or dtype");
+    ACCEL_CHECK_ARG(p.data.device == comm.device(), std::string(strategy) + ": parameter '" +
+                                                        p.name +
+                                                        "' is not on the communicator's device");
+  }
+}
+
+// Broadcasts from rank 0, all operations in flight at once, then waits for them.
+inline void broadcast_from_rank0(Communicator& comm, const std::vector<ParamRef>& params,
+                                 const std::vector<Buffer>& buffers) {
+  std::vector<WorkPtr> works;
+  for (const ParamRef& p : params) works.push_back(comm.broadcast(p.data, 0));
+  for (const Buffer& b : buffers) works.push_back(comm.broadcast(b, 0));
+  for (auto& w : works) w->wait();
+}
+
+}  // namespace accel
