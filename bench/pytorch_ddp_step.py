@@ -114,12 +114,12 @@ def main():
 
     model.train()
     total, zero, fwd, bwd, opt = [], [], [], [], []
-    faults_before = 0
+    usage_before = None
     last_loss = 0.0
     clock = time.perf_counter
     for i in range(a.warmup + a.steps):
         if i == a.warmup:
-            faults_before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+            usage_before = resource.getrusage(resource.RUSAGE_SELF)
         x, y = batches[i % len(batches)]
         t0 = clock()
         optimizer.zero_grad(set_to_none=False)  # as LibTorch 1.13's zero_grad: in place
@@ -138,7 +138,10 @@ def main():
         bwd.append((t3 - t2) * 1e3)
         opt.append((t4 - t3) * 1e3)
         last_loss = loss.item()
-    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults_before
+    usage_after = resource.getrusage(resource.RUSAGE_SELF)
+    faults = usage_after.ru_minflt - usage_before.ru_minflt
+    cpu_ms = ((usage_after.ru_utime + usage_after.ru_stime)
+              - (usage_before.ru_utime + usage_before.ru_stime)) * 1e3
 
     if rank == 0:
         mean = statistics.fmean(total)
@@ -151,7 +154,8 @@ def main():
               f"samples_per_s={world * a.batch_size * 1000.0 / mean:.1f} "
               f"zero_ms={statistics.median(zero):.3f} fwd_ms={statistics.median(fwd):.3f} "
               f"bwd_ms={statistics.median(bwd):.3f} opt_ms={statistics.median(opt):.3f} "
-              f"minflt_per_step={faults / a.steps:.1f} loss={last_loss:.4f}", flush=True)
+              f"minflt_per_step={faults / a.steps:.1f} cpu_ms_per_step={cpu_ms / a.steps:.3f} "
+              f"loss={last_loss:.4f}", flush=True)
     if distributed:
         dist.barrier()
         dist.destroy_process_group()

@@ -10,12 +10,13 @@
 #   pt_ddp  PyTorch DistributedDataParallel, gloo, world 2, 1 thread per rank, started by
 #           torch's own launcher (python3 -m torch.distributed.run --nproc_per_node 2)
 #   pt1     PyTorch, one process, 2 threads (no DDP)
-# then a table of ms/step (median) and the ratios:
+# then tables of ms/step (the median step, and the fastest step: the latter moves less with
+# whatever else the machine runs) and the ratios, of the statistic --stat chooses:
 #   w1/plain2         our overhead at world 1 (target <= 1.03)
 #   <comm>/pt_ddp     our DDP step time over PyTorch DDP's (below 1 = faster)
-#   thr <comm>        world-2 samples/s (2 x batch per step) over plain2's (1 x batch per
-#                     step): above 1 = distributing on this box paid off
-#   thr pt            the same for PyTorch: pt_ddp's samples/s over pt1's
+#   thr_<comm>        world-2 throughput (2 x batch per step) over plain2's (1 x batch per
+#                     step), i.e. 2 x plain2 / <comm>: above 1 = distributing paid off
+#   thr_pt            the same for PyTorch: 2 x pt1 / pt_ddp
 #
 #   bench/run_step_bench.sh                       # everything (about 10 minutes on 2 cores)
 #   bench/run_step_bench.sh --quick               # a smoke run: few steps, any numbers
@@ -38,6 +39,7 @@ quick=0
 steps=""
 warmup=""
 log=""
+stat=median
 python=/usr/bin/python3  # Debian's python3-torch lives in the system Python
 
 usage() {
@@ -54,6 +56,7 @@ flags:
                      cnn 100/10, mlp2m 200/20, mlp25m 40/5)
   --build DIR        the build directory (default build/): DIR/bin/step_bench, DIR/bin/accel
   --log FILE         full output of every run (default DIR/step_bench.log)
+  --stat S           median (default) or min: the step time the ratios use
   --python PATH      the Python with torch (default /usr/bin/python3)
 EOF
 }
@@ -69,12 +72,14 @@ while [[ $# -gt 0 ]]; do
     --warmup) warmup=$2; shift 2 ;;
     --build) build=$2; shift 2 ;;
     --log) log=$2; shift 2 ;;
+    --stat) stat=$2; shift 2 ;;
     --python) python=$2; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     *) echo "run_step_bench: unknown flag '$1' (--help)" >&2; exit 2 ;;
   esac
 done
 log=${log:-$build/step_bench.log}
+[[ $stat == median || $stat == min ]] || { echo "run_step_bench: --stat median|min" >&2; exit 2; }
 step_bench="$build/bin/step_bench"
 accel="$build/bin/accel"
 for exe in "$step_bench" "$accel"; do
@@ -118,13 +123,19 @@ free_port() {
 {
   echo "==== run_step_bench $(date -u '+%F %T UTC') on $(hostname): $(nproc) cores; load: $(cut -d' ' -f1-3 /proc/loadavg)"
   echo "GLIBC_TUNABLES=$GLIBC_TUNABLES LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}"
+  env | grep -E '^(OMP_|GOMP_|KMP_|OPENBLAS_|MKL_)' | sort
 } >>"$log"
+# Settings from the caller's environment that change every run's speed, said up front: e.g.
+# OMP_WAIT_POLICY=passive keeps 2-thread runs from collapsing when other processes load the
+# machine (OpenMP threads spin-wait for each other by default).
+inherited=$(env | grep -E '^(OMP_|GOMP_|KMP_|OPENBLAS_|MKL_)' | grep -v '^OMP_NUM_THREADS=' | sort | tr '\n' ' ')
+[[ -n $inherited ]] && echo "environment kept for every run: $inherited"
 
-declare -A median_ms samples_per_s
+declare -A median_ms min_ms samples_per_s
 failed=0
 
 # run KEY THREADS COMMAND...: runs it with OMP_NUM_THREADS=THREADS, logs everything, and
-# records the "step_bench:" line's median_ms and samples_per_s under KEY.
+# records the "step_bench:" line's median_ms, min_ms and samples_per_s under KEY.
 run() {
   local key=$1 threads=$2
   shift 2
@@ -141,8 +152,10 @@ run() {
     return
   fi
   median_ms[$key]=$(grep -o 'median_ms=[^ ]*' <<<"$line" | cut -d= -f2)
+  min_ms[$key]=$(grep -o 'min_ms=[^ ]*' <<<"$line" | cut -d= -f2)
   samples_per_s[$key]=$(grep -o 'samples_per_s=[^ ]*' <<<"$line" | cut -d= -f2)
-  printf '  %-22s %9s ms/step %9s samples/s\n' "$key" "${median_ms[$key]}" "${samples_per_s[$key]}"
+  printf '  %-20s median %9s ms/step, min %9s, %9s samples/s (mean)\n' "$key" \
+    "${median_ms[$key]}" "${min_ms[$key]}" "${samples_per_s[$key]}"
 }
 
 columns=(plain2 plain1 w1)
@@ -195,26 +208,42 @@ for model in "${model_list[@]}"; do
 done
 
 # ---- the tables
-ratio() {  # ratio A B: A/B to 2 decimals, or - when either is missing
-  if [[ -n "${1:-}" && -n "${2:-}" ]]; then awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; else echo -; fi
+ratio() {  # ratio A B [SCALE]: SCALE x A/B to 2 decimals, or - when either is missing
+  if [[ -n "${1:-}" && -n "${2:-}" ]]; then
+    awk -v a="$1" -v b="$2" -v k="${3:-1}" 'BEGIN { printf "%.2f", k * a / b }'
+  else
+    echo -
+  fi
 }
-cell() { local v=${median_ms[$1]:-}; [[ -n $v ]] && printf '%.1f' "$v" || echo -; }
+# t STAT KEY: that run's step time in ms, or nothing
+t() { if [[ $1 == min ]]; then echo "${min_ms[$2]:-}"; else echo "${median_ms[$2]:-}"; fi; }
 
-echo
-echo "ms per step (median; batch 64 per process; world-2 columns: 1 thread per rank)"
-header=$(printf '%-12s' model/opt)
-for col in "${columns[@]}"; do header+=$(printf ' %8s' "$col"); done
-echo "$header"
-for model in "${model_list[@]}"; do
-  for opt in "${optimizer_list[@]}"; do
-    line=$(printf '%-12s' "$model/$opt")
-    for col in "${columns[@]}"; do line+=$(printf ' %8s' "$(cell "$model/$opt/$col")"); done
-    echo "$line"
+ms_table() {  # ms_table STAT
+  local header line v
+  header=$(printf '%-12s' model/opt)
+  for col in "${columns[@]}"; do header+=$(printf ' %8s' "$col"); done
+  echo "$header"
+  for model in "${model_list[@]}"; do
+    for opt in "${optimizer_list[@]}"; do
+      line=$(printf '%-12s' "$model/$opt")
+      for col in "${columns[@]}"; do
+        v=$(t "$1" "$model/$opt/$col")
+        [[ -n $v ]] && v=$(printf '%.1f' "$v") || v=-
+        line+=$(printf ' %8s' "$v")
+      done
+      echo "$line"
+    done
   done
-done
+}
 
 echo
-echo "ratios (time: w1/plain2, <comm>/pt_ddp; throughput: thr = world-2 samples/s / one process's)"
+echo "ms per step, median (batch 64 per process; world-2 columns: 1 thread per rank)"
+ms_table median
+echo
+echo "ms per step, fastest step"
+ms_table min
+echo
+echo "ratios of the $stat step (time: w1/plain2, <comm>/pt_ddp; throughput: thr_X = 2 x one process's step / X's step)"
 header=$(printf '%-12s %9s' model/opt w1/plain2)
 for c in "${comm_list[@]}"; do header+=$(printf ' %11s' "$c/pt_ddp"); done
 for c in "${comm_list[@]}"; do header+=$(printf ' %9s' "thr_$c"); done
@@ -223,15 +252,15 @@ echo "$header"
 for model in "${model_list[@]}"; do
   for opt in "${optimizer_list[@]}"; do
     r="$model/$opt"
-    line=$(printf '%-12s %9s' "$r" "$(ratio "${median_ms[$r/w1]:-}" "${median_ms[$r/plain2]:-}")")
+    line=$(printf '%-12s %9s' "$r" "$(ratio "$(t $stat "$r/w1")" "$(t $stat "$r/plain2")")")
     for c in "${comm_list[@]}"; do
-      line+=$(printf ' %11s' "$(ratio "${median_ms[$r/$c]:-}" "${median_ms[$r/pt_ddp]:-}")")
+      line+=$(printf ' %11s' "$(ratio "$(t $stat "$r/$c")" "$(t $stat "$r/pt_ddp")")")
     done
     for c in "${comm_list[@]}"; do
-      line+=$(printf ' %9s' "$(ratio "${samples_per_s[$r/$c]:-}" "${samples_per_s[$r/plain2]:-}")")
+      line+=$(printf ' %9s' "$(ratio "$(t $stat "$r/plain2")" "$(t $stat "$r/$c")" 2)")
     done
     [[ $pytorch == 1 ]] &&
-      line+=$(printf ' %9s' "$(ratio "${samples_per_s[$r/pt_ddp]:-}" "${samples_per_s[$r/pt1]:-}")")
+      line+=$(printf ' %9s' "$(ratio "$(t $stat "$r/pt1")" "$(t $stat "$r/pt_ddp")" 2)")
     echo "$line"
   done
 done

@@ -21,7 +21,9 @@
 //     median_ms=.. mean_ms=.. min_ms=.. max_ms=.. samples_per_s=.. (world x batch / mean step)
 //     zero_ms= fwd_ms= bwd_ms= opt_ms= (medians of the phases; bwd includes the all-reduce
 //     wait in accel mode) minflt_per_step= (minor page faults of the whole process per
-//     timed step: memory touched fresh each step) loss= (last step's, rank 0's)
+//     timed step: memory touched fresh each step) cpu_ms_per_step= (CPU time of the whole
+//     process, all threads, per timed step: less sensitive than wall time to other
+//     processes on the machine; OpenMP's spin-waiting counts) loss= (last step's, rank 0's)
 
 #include <sys/resource.h>
 
@@ -169,10 +171,17 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::string& name,
   return std::make_unique<torch::optim::Adam>(module.parameters(), torch::optim::AdamOptions(1e-3));
 }
 
-long minor_faults() {
-  rusage usage{};
-  getrusage(RUSAGE_SELF, &usage);
-  return usage.ru_minflt;
+// The whole process's minor page faults and CPU time (user + system, all threads) so far.
+struct Usage {
+  long minflt = 0;
+  double cpu_ms = 0;
+};
+
+Usage usage_now() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  const auto ms = [](const timeval& t) { return double(t.tv_sec) * 1e3 + double(t.tv_usec) / 1e3; };
+  return {u.ru_minflt, ms(u.ru_utime) + ms(u.ru_stime)};
 }
 
 double median(std::vector<double> v) {
@@ -196,6 +205,7 @@ struct Loop {
 struct Timings {
   std::vector<double> total, zero, fwd, bwd, opt;
   long minflt = 0;
+  double cpu_ms = 0;
   double last_loss = 0;
 };
 
@@ -213,9 +223,9 @@ Timings run_steps(const Flags& flags, const Model& model, const Loop& loop, int 
 
   Timings t;
   model.module->train();
-  long faults_before = 0;
+  Usage before;
   for (int i = 0; i < flags.warmup + flags.steps; ++i) {
-    if (i == flags.warmup) faults_before = minor_faults();
+    if (i == flags.warmup) before = usage_now();
     const auto t0 = Clock::now();
     loop.zero_grad();
     const auto t1 = Clock::now();
@@ -234,7 +244,9 @@ Timings run_steps(const Flags& flags, const Model& model, const Loop& loop, int 
     t.opt.push_back(ms_between(t3, t4));
     if (i + 1 == flags.warmup + flags.steps) t.last_loss = loss.item<double>();
   }
-  t.minflt = minor_faults() - faults_before;
+  const Usage after = usage_now();
+  t.minflt = after.minflt - before.minflt;
+  t.cpu_ms = after.cpu_ms - before.cpu_ms;
   return t;
 }
 
@@ -245,14 +257,15 @@ void print_result(const Flags& flags, const std::string& comm, int world, std::i
       "step_bench: impl=accel-cpp mode=%s comm=%s world=%d model=%s params=%lld optimizer=%s "
       "batch=%d threads=%d steps=%d warmup=%d median_ms=%.3f mean_ms=%.3f min_ms=%.3f "
       "max_ms=%.3f samples_per_s=%.1f zero_ms=%.3f fwd_ms=%.3f bwd_ms=%.3f opt_ms=%.3f "
-      "minflt_per_step=%.1f loss=%.4f\n",
+      "minflt_per_step=%.1f cpu_ms_per_step=%.3f loss=%.4f\n",
       flags.mode.c_str(), comm.c_str(), world, flags.model.c_str(),
       static_cast<long long>(params), flags.optimizer.c_str(), flags.batch_size, at::get_num_threads(),
       flags.steps, flags.warmup, median(t.total), mean,
       *std::min_element(t.total.begin(), t.total.end()),
       *std::max_element(t.total.begin(), t.total.end()),
       double(world) * flags.batch_size * 1000.0 / mean, median(t.zero), median(t.fwd),
-      median(t.bwd), median(t.opt), double(t.minflt) / flags.steps, t.last_loss);
+      median(t.bwd), median(t.opt), double(t.minflt) / flags.steps, t.cpu_ms / flags.steps,
+      t.last_loss);
   std::fflush(stdout);
 }
 
