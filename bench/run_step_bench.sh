@@ -40,6 +40,7 @@ steps=""
 warmup=""
 log=""
 stat=median
+repeat=1
 python=/usr/bin/python3  # Debian's python3-torch lives in the system Python
 
 usage() {
@@ -57,6 +58,8 @@ flags:
   --build DIR        the build directory (default build/): DIR/bin/step_bench, DIR/bin/accel
   --log FILE         full output of every run (default DIR/step_bench.log)
   --stat S           median (default) or min: the step time the ratios use
+  --repeat N         run each row's set of runs N times, interleaved (default 1); every
+                     cell is then the median over the N runs (less drift between columns)
   --python PATH      the Python with torch (default /usr/bin/python3)
 EOF
 }
@@ -73,6 +76,7 @@ while [[ $# -gt 0 ]]; do
     --build) build=$2; shift 2 ;;
     --log) log=$2; shift 2 ;;
     --stat) stat=$2; shift 2 ;;
+    --repeat) repeat=$2; shift 2 ;;
     --python) python=$2; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     *) echo "run_step_bench: unknown flag '$1' (--help)" >&2; exit 2 ;;
@@ -135,7 +139,8 @@ declare -A median_ms min_ms samples_per_s
 failed=0
 
 # run KEY THREADS COMMAND...: runs it with OMP_NUM_THREADS=THREADS, logs everything, and
-# records the "step_bench:" line's median_ms, min_ms and samples_per_s under KEY.
+# adds the "step_bench:" line's median_ms, min_ms and samples_per_s to KEY's lists (one
+# entry per repetition).
 run() {
   local key=$1 threads=$2
   shift 2
@@ -151,11 +156,14 @@ run() {
     failed=1
     return
   fi
-  median_ms[$key]=$(grep -o 'median_ms=[^ ]*' <<<"$line" | cut -d= -f2)
-  min_ms[$key]=$(grep -o 'min_ms=[^ ]*' <<<"$line" | cut -d= -f2)
-  samples_per_s[$key]=$(grep -o 'samples_per_s=[^ ]*' <<<"$line" | cut -d= -f2)
-  printf '  %-20s median %9s ms/step, min %9s, %9s samples/s (mean)\n' "$key" \
-    "${median_ms[$key]}" "${min_ms[$key]}" "${samples_per_s[$key]}"
+  local med min sps
+  med=$(grep -o 'median_ms=[^ ]*' <<<"$line" | cut -d= -f2)
+  min=$(grep -o 'min_ms=[^ ]*' <<<"$line" | cut -d= -f2)
+  sps=$(grep -o 'samples_per_s=[^ ]*' <<<"$line" | cut -d= -f2)
+  median_ms[$key]+=" $med"
+  min_ms[$key]+=" $min"
+  samples_per_s[$key]+=" $sps"
+  printf '  %-20s median %9s ms/step, min %9s, %9s samples/s (mean)\n' "$key" "$med" "$min" "$sps"
 }
 
 columns=(plain2 plain1 w1)
@@ -176,6 +184,7 @@ for model in "${model_list[@]}"; do
     row="$model/$opt"
     echo "$row ($s steps after $w warm-up, batch 64 per process; load $(cut -d' ' -f1 /proc/loadavg))"
     args=(--model "$model" --optimizer "$opt" --steps "$s" --warmup "$w")
+    for ((r = 1; r <= repeat; r++)); do
     run "$row/plain2" 2 "$step_bench" "${args[@]}" --mode plain --threads 2
     run "$row/plain1" 1 "$step_bench" "${args[@]}" --mode plain --threads 1
     run "$row/w1" 2 "$step_bench" "${args[@]}" --mode accel --threads 2
@@ -204,6 +213,7 @@ for model in "${model_list[@]}"; do
         "$repo/bench/pytorch_ddp_step.py" "${args[@]}" --threads 1
       run "$row/pt1" 2 "$python" "$repo/bench/pytorch_ddp_step.py" "${args[@]}" --threads 2
     fi
+    done
   done
 done
 
@@ -215,8 +225,14 @@ ratio() {  # ratio A B [SCALE]: SCALE x A/B to 2 decimals, or - when either is m
     echo -
   fi
 }
-# t STAT KEY: that run's step time in ms, or nothing
-t() { if [[ $1 == min ]]; then echo "${min_ms[$2]:-}"; else echo "${median_ms[$2]:-}"; fi; }
+# t STAT KEY: that cell's step time in ms (the median over the repetitions), or nothing
+t() {
+  local list
+  if [[ $1 == min ]]; then list=${min_ms[$2]:-}; else list=${median_ms[$2]:-}; fi
+  [[ -z ${list// /} ]] && return
+  tr ' ' '\n' <<<"$list" | grep . | sort -g |
+    awk '{ v[NR] = $1 } END { print (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2) }'
+}
 
 ms_table() {  # ms_table STAT
   local header line v
