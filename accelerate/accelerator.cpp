@@ -1,9 +1,10 @@
 #include "accelerate/accelerator.hpp"
 
-#include <cmath>
+#include <cstring>
 
 #include "accelerate/process_group.hpp"
 #include "backends/comm/error.hpp"
+#include "backends/optim/clip.hpp"
 #include "config/resolve.hpp"
 
 namespace accel {
@@ -15,6 +16,8 @@ config::ResolvedConfig resolve_settings(const AcceleratorOptions& options) {
   if (options.gradient_accumulation_steps)
     from_code["gradient_accumulation_steps"] = std::to_string(*options.gradient_accumulation_steps);
   if (options.mixed_precision) from_code["mixed_precision"] = *options.mixed_precision;
+  if (options.distributed_type) from_code["distributed_type"] = *options.distributed_type;
+  if (options.zero_stage) from_code["zero_stage"] = std::to_string(*options.zero_stage);
   return config::resolve_config(options.config_file, from_code);
 }
 
@@ -47,6 +50,16 @@ Accelerator::Accelerator(AcceleratorOptions options) : options_(std::move(option
   const config::ResolvedConfig settings = resolve_settings(options_);
   accumulation_steps_ = settings.config.gradient_accumulation_steps;
   mixed_precision_ = config::to_string(settings.config.mixed_precision);
+  strategy_options_.ddp = options_.ddp;
+  strategy_options_.zero = options_.zero;
+  if (settings.config.distributed_type == config::DistributedType::ZERO) {
+    strategy_options_.kind = "zero";
+    strategy_options_.zero.stage = settings.config.zero_stage;
+    ACCEL_CHECK_ARG(strategy_options_.zero.stage == 1 || strategy_options_.zero.stage == 2,
+                    "zero_stage " + std::to_string(settings.config.zero_stage) + " (from " +
+                        settings.origins.at("zero_stage") +
+                        ") is not available: ZeRO stages 1 and 2 are");
+  }
 
   ProcessGroupOptions pg;
   if (options_.communicator) pg.backend = *options_.communicator;
@@ -54,6 +67,12 @@ Accelerator::Accelerator(AcceleratorOptions options) : options_(std::move(option
   group_ = init_process_group(pg);
   env_ = group_->env();
   rng_ = rank_rng(seed_, env_.rank);
+  if (mixed_precision_ == "fp16") {
+    scaler_ = std::make_unique<DynamicLossScaler>(options_.loss_scaler);
+    register_state(
+        "scaler", [this] { return scaler_->save(); },
+        [this](const std::string& bytes) { scaler_->load(bytes); });
+  }
 }
 
 Accelerator::~Accelerator() = default;
@@ -66,10 +85,28 @@ void Accelerator::prepare_parameters(std::vector<ParamRef> params, std::vector<B
   ACCEL_CHECK_ARG(!strategy_, "prepare_parameters: parameters were already prepared");
   params_ = params;  // views, kept for save_state / load_state
   buffers_ = buffers;
-  strategy_ = std::make_unique<DdpStrategy>(comm(), std::move(params), std::move(buffers),
-                                            options_.ddp);
+  strategy_ = make_strategy(comm(), std::move(params), std::move(buffers), strategy_options_);
   strategy_->prepare();
   strategy_->set_sync_enabled(is_accumulation_boundary());
+}
+
+void Accelerator::prepare(std::vector<ParamRef> params, Optimizer& optimizer,
+                          std::vector<Buffer> buffers) {
+  for (const ParamRef& p : params)
+    ACCEL_CHECK_ARG(p.group < optimizer.num_groups(),
+                    "prepare: parameter '" + p.name + "' is in param group " +
+                        std::to_string(p.group) + ", the " + std::string(optimizer.name()) +
+                        " optimizer has " + std::to_string(optimizer.num_groups()));
+  prepare_parameters(std::move(params), std::move(buffers));
+  optimizer_ = &optimizer;  // save_state / load_state keep its state (optimizer_state.hpp)
+}
+
+void Accelerator::optimizer_step() {
+  ACCEL_CHECK_ARG(optimizer_ != nullptr,
+                  "optimizer_step: no optimizer prepared (prepare(params, optimizer))");
+  Strategy& s = strategy();
+  optimizer_->step(s.segments());
+  s.after_optimizer_step();
 }
 
 Strategy& Accelerator::strategy() {
@@ -89,12 +126,24 @@ void Accelerator::begin_batch(std::size_t batch_index, std::size_t num_batches) 
 
 void Accelerator::grad_ready(std::size_t index) { strategy().grad_ready(index); }
 
+float Accelerator::loss_scale() const {
+  const double scale = scaler_ ? scaler_->scale() : 1.0;
+  return float(scale / double(accumulation_steps_));
+}
+
 bool Accelerator::sync_gradients() {
   Strategy& s = strategy();
   const bool boundary = is_accumulation_boundary();
+  step_skipped_ = false;
+  // Every micro-batch: the strategies do nothing while sync is off.
+  s.sync_gradients();
   if (boundary) {
-    s.sync_gradients();
-    ++optimizer_steps_;
+    if (scaler_) {
+      const double scale = scaler_->scale();  // the one this step's losses were scaled by
+      step_skipped_ = !scaler_->update(comm(), unscale_gradients(scale));
+      if (step_skipped_) discard_gradients();
+    }
+    if (!step_skipped_) ++optimizer_steps_;
     micro_since_sync_ = 0;
   } else {
     ++micro_since_sync_;
@@ -110,33 +159,31 @@ bool Accelerator::sync_gradients() {
       next_batch_ = 0;
     }
   }
-  return boundary;
+  return boundary && !step_skipped_;
+}
+
+bool Accelerator::unscale_gradients(double scale) {
+  // What the optimizer reads: every full gradient under DDP, this rank's slices under ZeRO
+  // (each rank checks its own; the scaler agrees across ranks).
+  std::vector<Buffer> grads;
+  for (const ParamSegment& seg : strategy().segments()) grads.push_back(seg.grad);
+  return unscale_cpu_gradients(grads, scale);
+}
+
+void Accelerator::discard_gradients() {
+  // The synchronised gradients and the loop's own buffers (where ZeRO's differ from them).
+  auto zero = [](const Buffer& g) {
+    if (g.data == nullptr) return;
+    ACCEL_CHECK_ARG(g.device == DeviceKind::cpu,
+                    "fp16 loss scaling: gradients on a GPU are zeroed by the front end");
+    std::memset(g.data, 0, g.bytes());
+  };
+  for (const ParamSegment& seg : strategy().segments()) zero(seg.grad);
+  for (const ParamRef& p : strategy().params()) zero(p.grad);
 }
 
 double Accelerator::clip_grad_norm(double max_norm) {
-  // After DDP's sync every rank holds the same averaged gradients, so the local norm is the
-  // global one; sharded strategies will reduce their partial sums here.
-  double sum_sq = 0;
-  for (const ParamRef& p : strategy_->params())
-    visit_dtype(p.grad.dtype, [&](auto element) {
-      using T = decltype(element);
-      const T* g = static_cast<const T*>(p.grad.data);
-      for (std::size_t i = 0; i < p.grad.count; ++i) {
-        const double v = element_to_double(g[i]);
-        sum_sq += v * v;
-      }
-    });
-  const double norm = std::sqrt(sum_sq);
-  const double coef = max_norm / (norm + 1e-6);  // PyTorch's clip_grad_norm_ epsilon
-  if (coef < 1.0)
-    for (const ParamRef& p : strategy_->params())
-      visit_dtype(p.grad.dtype, [&](auto element) {
-        using T = decltype(element);
-        T* g = static_cast<T*>(p.grad.data);
-        for (std::size_t i = 0; i < p.grad.count; ++i)
-          g[i] = element_from_double<T>(element_to_double(g[i]) * coef);
-      });
-  return norm;
+  return accel::clip_grad_norm(strategy(), comm(), max_norm);
 }
 
 ShardedSampler Accelerator::make_sampler(std::size_t size, SamplerOptions options) const {

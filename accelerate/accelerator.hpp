@@ -4,14 +4,19 @@
 // (accelerate/torch/) builds on it; a hand-written loop uses it directly (the raw API):
 //
 //   accel::Accelerator acc;                                // process state, config, comm
-//   acc.prepare_parameters(params);                        // strategy chosen by the config
+//   accel::AdamW optimizer({.lr = 1e-3});                  // built in: backends/optim/
+//   acc.prepare(params, optimizer);                        // strategy chosen by the config
 //   for (each batch of acc's shard) {
 //     model.forward_backward(x, y, acc.loss_scale(), [&](layer l) { acc.grad_ready(i); });
 //     if (acc.sync_gradients()) {                          // false between accumulation steps
 //       acc.clip_grad_norm(1.0);
-//       optimizer_step(); zero_grad();
+//       acc.optimizer_step(); zero_grad();
 //     }
 //   }
+//
+// The same loop runs under DDP and ZeRO (distributed_type ZERO, zero_stage 1 or 2): the
+// optimizer steps what the strategy hands it (every parameter, or this rank's slices) and
+// ZeRO all-gathers the updated parameters afterwards.
 //
 // Checkpoints (save_state / load_state, see "Checkpoints" below): parameters, counters, the
 // loop's position, the seed, the RNG and every registered state, written atomically.
@@ -29,11 +34,13 @@
 #include <vector>
 
 #include "accelerate/checkpoint.hpp"
+#include "accelerate/loss_scaler.hpp"
 #include "accelerate/process_env.hpp"
 #include "accelerate/sharded_sampler.hpp"
 #include "backends/backend.hpp"
 #include "backends/comm/communicator.hpp"
-#include "backends/ddp/ddp_strategy.hpp"
+#include "backends/optim/optimizer.hpp"
+#include "backends/strategy_factory.hpp"
 
 namespace accel {
 
@@ -46,18 +53,22 @@ enum class StateScope {
 };
 
 struct AcceleratorOptions {
-  std::optional<std::string> communicator;             // "gloo", "mpi", "nccl", "local"
+  std::optional<std::string> communicator;  // "auto", "gloo", "mpi", "nccl", "shm", "local", ...
   std::optional<int> gradient_accumulation_steps;
   std::optional<std::string> mixed_precision;          // "no", "fp16", "bf16"
   std::optional<Milliseconds> timeout;                 // every collective, and joining
   std::optional<std::string> config_file;              // else ACCEL_CONFIG_FILE / default path
+  std::optional<std::string> distributed_type;         // "MULTI_CPU", "ZERO", ... (config key)
+  std::optional<int> zero_stage;                       // 1 or 2 with ZERO
   DdpOptions ddp;
+  ZeroOptions zero;                                    // its stage comes from zero_stage
+  LossScalerOptions loss_scaler;                       // mixed_precision fp16 only
 };
 
 class Accelerator {
  public:
   explicit Accelerator(AcceleratorOptions options = {});
-  ~Accelerator();
+  virtual ~Accelerator();
   Accelerator(const Accelerator&) = delete;
   Accelerator& operator=(const Accelerator&) = delete;
 
@@ -74,12 +85,25 @@ class Accelerator {
   Communicator& comm();
 
   // ---- the raw API: a loop's own parameter and gradient buffers
-  // Chooses the strategy (DDP; the world of one runs the same code), makes every rank start
-  // from rank 0's parameters and buffers.
+  // Chooses the strategy (the config's: DDP, or ZeRO with distributed_type ZERO; the world of
+  // one runs the same code), makes every rank start from rank 0's parameters and buffers.
   void prepare_parameters(std::vector<ParamRef> params, std::vector<Buffer> buffers = {});
+  // prepare_parameters plus a built-in optimizer (accel::Sgd, accel::AdamW; ParamRef::group
+  // picks its param group): optimizer_step() then steps it on what this rank updates, and its
+  // state is saved in checkpoints ("optimizer": one blob under DDP, each rank's slices under
+  // ZeRO) and loads under another world size or strategy (accelerate/optimizer_state.hpp).
+  void prepare(std::vector<ParamRef> params, Optimizer& optimizer,
+               std::vector<Buffer> buffers = {});
+  // At an accumulation boundary (sync_gradients() returned true), after any clipping: steps
+  // the prepared optimizer, then lets the strategy finish the step (ZeRO: all-gather).
+  void optimizer_step();
   Strategy& strategy();
-  // Multiply the loss (or the gradient of the mean loss) by this: 1 / accumulation steps.
-  float loss_scale() const { return 1.0f / float(accumulation_steps_); }
+  // What the config chose: "ddp" or "zero", and the ZeRO stage (0 for DDP).
+  const StrategyOptions& strategy_options() const { return strategy_options_; }
+
+  // Multiply the loss (or the gradient of the mean loss) by this: 1 / accumulation steps,
+  // times the dynamic loss scale under mixed_precision fp16.
+  float loss_scale() const;
   // Where the loop is in its data, before each batch's forward: the last batch of an epoch
   // always ends in a sync, and accumulation counts restart with the next epoch (Accelerate's
   // sync_with_dataloader). Without it, a sync happens every gradient_accumulation_steps.
@@ -88,14 +112,20 @@ class Accelerator {
   void grad_ready(std::size_t index);
   // After each micro-batch's backward. Returns true at an accumulation boundary, once the
   // gradients are synchronised: the optimizer steps then. Between boundaries gradients only
-  // accumulate locally (no communication) and it returns false.
+  // accumulate locally (no communication) and it returns false. Under mixed_precision fp16
+  // the gradients are also unscaled at the boundary; when any rank's overflowed, the step is
+  // skipped on every rank: the gradients are zeroed, the scale backs off, it returns false and
+  // optimizer_step_was_skipped() is true.
   bool sync_gradients();
+  bool optimizer_step_was_skipped() const { return step_skipped_; }
+  // The fp16 loss scaler (null unless mixed_precision is fp16).
+  const DynamicLossScaler* loss_scaler() const { return scaler_.get(); }
   // Accelerate's accelerator.sync_gradients: will the current micro-batch end in a sync?
   bool is_accumulation_boundary() const;
   // Clips every gradient so their global L2 norm is at most max_norm; returns the norm
   // before clipping (the same on every rank).
   double clip_grad_norm(double max_norm);
-  std::uint64_t step() const { return optimizer_steps_; }  // optimizer steps taken
+  std::uint64_t step() const { return optimizer_steps_; }  // optimizer steps taken (not skipped)
 
   // ---- data
   // This rank's share of a dataset of `size` samples (see ShardedSampler).
@@ -157,6 +187,13 @@ class Accelerator {
   void register_state(std::string name, std::function<std::string()> save,
                       std::function<void(const std::string&)> load,
                       StateScope scope = StateScope::shared);
+  // A random generator of the loop's besides rng() (LibTorch's, an augmentation library's):
+  // saved per rank, as rng() is. Loaded from a checkpoint of another number of processes,
+  // where no saved stream belongs to this rank, reseed() gets a seed reproducible from
+  // (seed, rank, step, name) instead, so such a checkpoint still loads.
+  void register_rng(std::string name, std::function<std::string()> save,
+                    std::function<void(const std::string&)> load,
+                    std::function<void(std::uint64_t)> reseed);
   // Every rank calls it, after an optimizer step (between accumulation steps the partly
   // accumulated gradients would be lost, so that throws). Saves the prepared parameters and
   // buffers (rank 0's copy: DDP replicas are equal), the step, epoch and batch position,
@@ -167,8 +204,8 @@ class Accelerator {
   // file and the problem) on every rank if any rank found one. Registered states are loaded
   // first (a load() that throws may leave earlier ones applied: validate before changing
   // anything), then parameters, counters and rng(). A checkpoint saved by another number of
-  // processes loads when nothing depends on it: not mid-epoch, no per-rank registered state;
-  // rng() is then reseeded from (seed, rank, step) instead of restored.
+  // processes loads when nothing depends on it: not mid-epoch, no per-rank registered state
+  // but generators; rng() and register_rng's generators are then reseeded instead.
   void load_state(const std::string& dir);
   // Where load_state left the loop: continue with epoch resume_epoch() at batch
   // resume_batch() (both 0 before any load).
@@ -178,16 +215,31 @@ class Accelerator {
   // or parameters living on a GPU) switches off the parameter blob.
   void set_checkpoint_parameters(bool on) { checkpoint_parameters_ = on; }
 
+ protected:
+  // fp16 loss scaling: divides the synchronised gradients by `scale` in place and says whether
+  // they were all finite; discard_gradients() zeroes them after an overflow. These work on the
+  // CPU gradient buffers the optimizer reads (the strategy's segments); a front end whose
+  // gradients live elsewhere (a GPU) overrides them.
+  virtual bool unscale_gradients(double scale);
+  virtual void discard_gradients();
+  // For a front end (the LibTorch adapter) to set what only it knows (ZeroOptions::release_grad)
+  // before prepare_parameters.
+  StrategyOptions& strategy_options_to_prepare() { return strategy_options_; }
+
  private:
   ProcessEnv env_;
   AcceleratorOptions options_;
   std::unique_ptr<ProcessGroup> group_;
-  std::unique_ptr<DdpStrategy> strategy_;
+  StrategyOptions strategy_options_;
+  std::unique_ptr<Strategy> strategy_;
+  Optimizer* optimizer_ = nullptr;     // prepare()'s built-in optimizer
   std::vector<ParamRef> params_;       // as prepared, for checkpoints
   std::vector<Buffer> buffers_;
   int accumulation_steps_ = 1;
   std::string mixed_precision_ = "no";
   int micro_since_sync_ = 0;           // micro-batches since the last boundary
+  std::unique_ptr<DynamicLossScaler> scaler_;  // mixed_precision fp16
+  bool step_skipped_ = false;          // the last boundary's gradients overflowed
   bool last_batch_ = false;            // the current batch ends an epoch
   std::uint64_t optimizer_steps_ = 0;  // boundaries reached
   std::uint64_t seed_ = 0;
@@ -205,6 +257,7 @@ class Accelerator {
     std::function<std::string()> save;
     std::function<void(const std::string&)> load;
     StateScope scope;
+    std::function<void(std::uint64_t)> reseed;  // register_rng's
   };
   std::vector<RegisteredState> states_;
   bool checkpoint_parameters_ = true;

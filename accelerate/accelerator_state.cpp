@@ -5,13 +5,18 @@
 // prepare order) with "parameters.layout" (one line per tensor: kind, index, dtype, count,
 // name) so a model that changed shape is reported by name; "state.NAME" per registered
 // shared state, "state.NAME.rankR" per per-rank one; "rng.rankR", each rank's rng() in the
-// standard library's text form. Step, epoch, batch position and seed are MANIFEST fields.
+// standard library's text form (register_rng's generators are per-rank states that a
+// checkpoint of another world size reseeds instead of failing). Step, epoch, batch position
+// and seed are MANIFEST fields.
 
 #include <cstring>
+#include <random>
 #include <set>
 #include <sstream>
+#include <vector>
 
 #include "accelerate/accelerator.hpp"
+#include "accelerate/optimizer_state.hpp"
 #include "backends/comm/error.hpp"
 
 namespace accel {
@@ -20,6 +25,8 @@ namespace {
 constexpr const char* kParameters = "parameters";
 constexpr const char* kLayout = "parameters.layout";
 constexpr const char* kRng = "rng";
+// prepare()'s built-in optimizer: shared under DDP, per rank (its slices) under ZeRO.
+constexpr const char* kOptimizer = "optimizer";
 
 std::string state_blob(const std::string& name) { return "state." + name; }
 
@@ -63,6 +70,20 @@ void check_on_cpu(const std::vector<ParamRef>& params, const std::vector<Buffer>
                   "register_state (the LibTorch adapter does)");
 }
 
+// A generator's seed for a rank that has no saved stream of its own (a checkpoint of another
+// world size): reproducible from the run's seed, the rank, the step and the generator's name.
+std::uint64_t fresh_seed(std::uint64_t seed, int rank, std::uint64_t step,
+                         const std::string& name) {
+  std::vector<std::uint32_t> words = {std::uint32_t(seed), std::uint32_t(seed >> 32),
+                                      std::uint32_t(rank), std::uint32_t(step),
+                                      std::uint32_t(step >> 32)};
+  for (const char c : name) words.push_back(std::uint8_t(c));
+  std::seed_seq seq(words.begin(), words.end());
+  std::uint32_t out[2];
+  seq.generate(out, out + 2);
+  return std::uint64_t(out[0]) | std::uint64_t(out[1]) << 32;
+}
+
 // Agreement after each rank's own checks: the lowest failing rank, or -1.
 int first_failed_rank(Communicator& comm, bool ok) {
   std::int64_t v = ok ? comm.world_size() : comm.rank();
@@ -78,7 +99,15 @@ void Accelerator::register_state(std::string name, std::function<std::string()> 
   check_blob_name(state_blob(name));
   for (const RegisteredState& s : states_)
     ACCEL_CHECK_ARG(s.name != name, "register_state: '" + name + "' is already registered");
-  states_.push_back({std::move(name), std::move(save), std::move(load), scope});
+  states_.push_back({std::move(name), std::move(save), std::move(load), scope, {}});
+}
+
+void Accelerator::register_rng(std::string name, std::function<std::string()> save,
+                               std::function<void(const std::string&)> load,
+                               std::function<void(std::uint64_t)> reseed) {
+  ACCEL_CHECK_ARG(reseed, "register_rng('" + name + "'): reseed must be set");
+  register_state(std::move(name), std::move(save), std::move(load), StateScope::per_rank);
+  states_.back().reseed = std::move(reseed);
 }
 
 void Accelerator::save_state(const std::string& dir) {
@@ -95,7 +124,7 @@ void Accelerator::save_state(const std::string& dir) {
 
   // Strings the blob views point into; a deque would do too, but the count is known.
   std::vector<std::string> owned;
-  owned.reserve(states_.size() + 2);
+  owned.reserve(states_.size() + 3);
   if (is_main_process()) {
     if (checkpoint_parameters_ && strategy_) {
       BlobView values{kParameters, {}};
@@ -113,6 +142,13 @@ void Accelerator::save_state(const std::string& dir) {
     (mine ? contents.per_rank : contents.shared)
         .push_back({state_blob(s.name), {bytes_of(owned.back())}});
   }
+  if (optimizer_ && strategy_) {
+    const bool sharded = strategy_->gradients_sharded();
+    if (sharded || is_main_process()) {
+      owned.push_back(pack_optimizer_state(*optimizer_, strategy_->segments()));
+      (sharded ? contents.per_rank : contents.shared).push_back({kOptimizer, {bytes_of(owned.back())}});
+    }
+  }
   std::ostringstream rng_text;
   rng_text << rng_;
   owned.push_back(rng_text.str());
@@ -129,6 +165,7 @@ void Accelerator::load_state(const std::string& dir) {
   // Everything checked (and parsed) before anything is applied; the ranks agree on it.
   std::string error;
   std::mt19937_64 restored_rng;
+  std::string optimizer_state;  // in Optimizer::save_state's format, for this rank's segments
   try {
     auto fail = [&](const std::string& what) { throw CheckpointError(ck.dir + ": " + what); };
     if (checkpoint_parameters_ && strategy_) {
@@ -148,16 +185,40 @@ void Accelerator::load_state(const std::string& dir) {
     } else if (checkpoint_parameters_ && ck.shared.count(kParameters)) {
       fail("has parameters but none were prepared: call prepare_parameters before load_state");
     }
-    std::set<std::string> known = {kParameters, kLayout};
+    if (optimizer_ && strategy_) {
+      // DDP saved one blob; ZeRO one per rank. Another strategy or world size rebuilds this
+      // rank's segments from all of them.
+      const std::vector<ParamSegment> mine = strategy_->segments();
+      const auto own = ck.per_rank.find(kOptimizer);
+      if (ck.shared.count(kOptimizer)) {
+        const std::string& blob = ck.shared_blob(kOptimizer);
+        optimizer_state = same_segments(blob, mine) ? optimizer_bytes(blob, ck.dir)
+                                                    : reshard_optimizer_state({blob}, mine, ck.dir);
+      } else if (own != ck.per_rank.end() && same_segments(own->second, mine)) {
+        optimizer_state = optimizer_bytes(own->second, ck.dir);
+      } else {
+        std::vector<std::string> blobs;
+        for (int r = 0; r < int(meta.world_size); ++r) {
+          LoadedCheckpoint other = read_checkpoint(ck.dir, r, int(meta.world_size));
+          const auto it = other.per_rank.find(kOptimizer);
+          if (it == other.per_rank.end())
+            fail("no optimizer state (" + std::string(kOptimizer) + ".rank" + std::to_string(r) +
+                 ") for the prepared optimizer");
+          blobs.push_back(std::move(it->second));
+        }
+        optimizer_state = reshard_optimizer_state(blobs, mine, ck.dir);
+      }
+    }
+    std::set<std::string> known = {kParameters, kLayout, kOptimizer};
     for (const RegisteredState& s : states_) {
       known.insert(state_blob(s.name));
       if (s.scope == StateScope::shared) {
         ck.shared_blob(state_blob(s.name));  // throws naming the file when absent
-      } else if (!same_world) {
+      } else if (!same_world && !s.reseed) {
         fail("saved by " + std::to_string(meta.world_size) + " processes, this job has " +
              std::to_string(num_processes()) + ": per-rank state '" + s.name +
              "' cannot be matched to ranks");
-      } else if (!ck.per_rank.count(state_blob(s.name))) {
+      } else if (same_world && !ck.per_rank.count(state_blob(s.name))) {
         fail("no per-rank state '" + s.name + "' for rank " + std::to_string(process_index()));
       }
     }
@@ -178,10 +239,7 @@ void Accelerator::load_state(const std::string& dir) {
       if (!in) fail("the RNG state of rank " + std::to_string(process_index()) + " does not parse");
     } else {
       // No saved stream belongs to this rank; a fresh one that is still reproducible.
-      std::seed_seq seq{std::uint32_t(meta.seed), std::uint32_t(meta.seed >> 32),
-                        std::uint32_t(process_index()), std::uint32_t(meta.step),
-                        std::uint32_t(meta.step >> 32)};
-      restored_rng.seed(seq);
+      restored_rng.seed(fresh_seed(meta.seed, process_index(), meta.step, kRng));
     }
   } catch (const std::exception& e) {
     error = e.what();
@@ -194,9 +252,14 @@ void Accelerator::load_state(const std::string& dir) {
   }
 
   // Apply: registered states first (user code that may throw), then what cannot fail.
-  for (const RegisteredState& s : states_)
-    s.load(s.scope == StateScope::shared ? ck.shared_blob(state_blob(s.name))
-                                         : ck.per_rank.at(state_blob(s.name)));
+  for (const RegisteredState& s : states_) {
+    if (s.scope == StateScope::shared)
+      s.load(ck.shared_blob(state_blob(s.name)));
+    else if (same_world)
+      s.load(ck.per_rank.at(state_blob(s.name)));
+    else
+      s.reseed(fresh_seed(meta.seed, process_index(), meta.step, s.name));
+  }
   if (checkpoint_parameters_ && strategy_) {
     const std::string& values = ck.shared_blob(kParameters);  // size checked above
     std::size_t at = 0;
@@ -207,6 +270,10 @@ void Accelerator::load_state(const std::string& dir) {
     for (const ParamRef& p : params_) copy_into(p.data);
     for (const Buffer& b : buffers_) copy_into(b);
   }
+  // Parameters changed from outside (the blob above, or a front end's registered model
+  // state): ZeRO's flat copy follows.
+  if (strategy_) strategy_->reload_parameters();
+  if (optimizer_ && strategy_) optimizer_->load_state(optimizer_state);
   optimizer_steps_ = meta.step;
   micro_since_sync_ = 0;
   last_batch_ = false;

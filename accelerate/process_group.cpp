@@ -21,7 +21,7 @@ std::string resolve_backend(const ProcessGroupOptions& options, const ProcessEnv
   if (!options.backend.empty()) return options.backend;
   const std::string from_env = env_string("ACCEL_COMM_BACKEND", "");
   if (!from_env.empty()) return from_env;
-  return env.world_size > 1 ? "gloo" : "local";
+  return env.world_size > 1 ? "auto" : "local";
 }
 
 Milliseconds resolve_timeout(const ProcessGroupOptions& options) {

@@ -16,7 +16,8 @@ namespace accel {
 class TcpStoreServer;
 
 struct ProcessGroupOptions {
-  // "local", "gloo", "mpi" or "nccl". Empty: ACCEL_COMM_BACKEND, else "gloo" when the
+  // "local", "gloo", "mpi", "nccl", "shm", "hierarchical" or "auto" (shm when every rank is
+  // on one host, hierarchical otherwise). Empty: ACCEL_COMM_BACKEND, else "auto" when the
   // world has several ranks and "local" when it has one.
   std::string backend;
   // Per operation and for joining. Unset: ACCEL_COMM_TIMEOUT (seconds), else 30 minutes.

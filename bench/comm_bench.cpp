@@ -111,7 +111,7 @@ double bus_factor(Op op, int n) {
 }
 
 // Every table the bench can print, in the order it prints them.
-constexpr std::string_view kAllTables[] = {"memcpy", "gloo", "raw_gloo", "mpi", "raw_mpi"};
+constexpr std::string_view kAllTables[] = {"memcpy", "shm", "gloo", "raw_gloo", "mpi", "raw_mpi"};
 
 struct Flags {
   std::size_t min_bytes = 4 << 10;
@@ -139,7 +139,7 @@ const char* kUsage =
     "  --max_iters N     cap on budgeted iterations                 (default 1000)\n"
     "  --warmup N        warm-up operations per row                 (default 2)\n"
     "  --ops LIST        all_reduce,all_gather,reduce_scatter,broadcast (default all)\n"
-    "  --comms LIST      memcpy,gloo,raw_gloo,mpi,raw_mpi           (default all built)\n"
+    "  --comms LIST      memcpy,shm,gloo,raw_gloo,mpi,raw_mpi       (default all built)\n"
     "  --dtype T         f32 f64 f16 bf16 i32 i64                   (default f32)\n"
     "  --port N          rendezvous store port (MASTER_PORT, else 29500)\n"
     "  --timeout_s N     per-operation timeout                      (default 300)\n"
@@ -382,7 +382,10 @@ class Target {
 class CommTarget final : public Target {
  public:
   explicit CommTarget(std::unique_ptr<ProcessGroup> group)
-      : group_(std::move(group)), name_(group_->comm().backend_name()) {}
+      : group_(std::move(group)), comm_(&group_->comm()), name_(comm_->backend_name()) {}
+  // A communicator made on another group's store (the job has one store, hosted once).
+  explicit CommTarget(CommunicatorPtr comm)
+      : own_(std::move(comm)), comm_(own_.get()), name_(comm_->backend_name()) {}
 
   std::string name() const override { return name_; }
   std::string description() const override {
@@ -391,7 +394,7 @@ class CommTarget final : public Target {
   bool supports(Op, DType) const override { return true; }
 
   void run(Op op, const RowBuffers& b) override {
-    Communicator& c = group_->comm();
+    Communicator& c = *comm_;
     switch (op) {
       case Op::all_reduce:
         return c.all_reduce(b.full, ReduceOp::sum)->wait();
@@ -405,17 +408,17 @@ class CommTarget final : public Target {
   }
 
   double across_ranks(double v, bool max) override {
-    group_->comm()
-        .all_reduce(Buffer{&v, 1, DType::f64}, max ? ReduceOp::max : ReduceOp::sum)
-        ->wait();
+    comm_->all_reduce(Buffer{&v, 1, DType::f64}, max ? ReduceOp::max : ReduceOp::sum)->wait();
     return v;
   }
-  void barrier() override { group_->comm().barrier()->wait(); }
+  void barrier() override { comm_->barrier()->wait(); }
 
   const StorePtr& store() const { return group_->store(); }
 
  private:
   std::unique_ptr<ProcessGroup> group_;
+  CommunicatorPtr own_;
+  Communicator* comm_;
   std::string name_;
 };
 
@@ -758,6 +761,21 @@ class Bench {
         size_label(at).c_str(), a, b, b > 0 ? a / b : 0.0);
   }
 
+  // "4 KiB all_reduce time: shm X us, gloo Y us, ..." for every table that measured 4 KiB.
+  void latency_summary() const {
+    const std::size_t at = 4 << 10;
+    std::string line;
+    for (const auto& [key, row] : results_) {
+      const auto& [name, op, bytes] = key;
+      if (op != Op::all_reduce || bytes != at) continue;
+      char item[96];
+      std::snprintf(item, sizeof item, "%s%s %.2f us", line.empty() ? "" : ", ", name.c_str(),
+                    row.time_us);
+      line += item;
+    }
+    if (!line.empty()) say("4 KiB all_reduce time: %s\n", line.c_str());
+  }
+
   void memcpy_summary() const {
     const std::size_t at = std::size_t(64) << 20;
     if (memcpy_gbs_.contains(at))
@@ -850,8 +868,8 @@ int run(int argc, char** argv) {
 
   // The targets, in table order; a table that cannot run here says why.
   std::vector<std::unique_ptr<Target>> targets;
-  StorePtr store;  // the gloo group's store, which the raw Gloo context also rendezvouses on
-  if (wanted(flags, "gloo") || wanted(flags, "raw_gloo")) {
+  StorePtr store;  // the gloo group's store, which raw Gloo and shm also rendezvous on
+  if (wanted(flags, "gloo") || wanted(flags, "raw_gloo") || wanted(flags, "shm")) {
     if (communicator_available("gloo")) {
       ProcessGroupOptions options;
       options.backend = "gloo";
@@ -862,6 +880,23 @@ int run(int argc, char** argv) {
       targets.push_back(std::move(gloo));
     } else {
       bench.say("# gloo: skipped (built with ACCEL_WITH_GLOO=OFF)\n");
+    }
+  }
+  if (wanted(flags, "shm")) {
+    if (!store) {
+      bench.say("# shm: skipped (it rendezvouses through the gloo group's store)\n");
+    } else if (!communicator_available("shm")) {
+      bench.say("# shm: skipped (built with ACCEL_WITH_SHM=OFF)\n");
+    } else {
+      CommOptions options;
+      options.rank = env.rank;
+      options.world_size = env.world_size;
+      options.store = store;
+      options.timeout = timeout;
+      options.group_name = "bench";
+      // First in table order: the fastest tables are printed first.
+      targets.insert(targets.begin(),
+                     std::make_unique<CommTarget>(create_communicator("shm", options)));
     }
   }
   if (wanted(flags, "raw_gloo")) {
@@ -906,8 +941,10 @@ int run(int argc, char** argv) {
 
   bench.say("#\n# Summary (all_reduce busbw, ratio = ours / raw)\n");
   bench.memcpy_summary();
+  bench.summary("shm", "raw_gloo");
   bench.summary("gloo", "raw_gloo");
   bench.summary("mpi", "raw_mpi");
+  bench.latency_summary();
   bench.say("# Out of bounds values : %ld %s\n", wrong, wrong ? "FAILED" : "OK");
 
   // Communicators before MPI_Finalize (MpiSession is destroyed last).

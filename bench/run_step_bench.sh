@@ -5,7 +5,7 @@
 #   plain1  plain LibTorch, one process, 1 thread
 #   w1      ours at world 1, 2 threads                       (step_bench --mode accel, alone)
 #   <comm>  ours, DDP at world 2, 1 thread per rank, per communicator in --comms:
-#           gloo and others through `accel launch --num_processes 2`, mpi through
+#           gloo, shm and others through `accel launch --num_processes 2`, mpi through
 #           `accel launch --use_mpi` (one mpirun -np 2)
 #   pt_ddp  PyTorch DistributedDataParallel, gloo, world 2, 1 thread per rank, started by
 #           torch's own launcher (python3 -m torch.distributed.run --nproc_per_node 2)
@@ -33,7 +33,7 @@ repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build="$repo/build"
 models="cnn,mlp2m,mlp25m"
 optimizers="sgd,adam"
-comms="gloo,mpi"
+comms="gloo,mpi,shm"
 pytorch=1
 quick=0
 steps=""
@@ -50,7 +50,7 @@ flags:
   --models LIST      cnn,mlp2m,mlp25m        (default all)
   --optimizers LIST  sgd,adam                (default both)
   --comms LIST       our world-2 communicators, any name create_communicator knows
-                     (default gloo,mpi)
+                     (default gloo,mpi,shm)
   --no_pytorch       skip the PyTorch columns
   --quick            5 steps after 2 warm-up steps (a smoke run)
   --steps N, --warmup N   timed and warm-up steps of every run (default per model:
@@ -195,8 +195,8 @@ for model in "${model_list[@]}"; do
           continue
         fi
         launch=("$accel" launch -q --use_mpi --num_processes 2 --main_process_port 0 --comm_backend mpi)
-      elif [[ $c == gloo ]]; then
-        launch=("$accel" launch -q --num_processes 2 --main_process_port 0 --comm_backend gloo)
+      elif [[ $c =~ ^(gloo|shm|auto|hierarchical)$ ]]; then
+        launch=("$accel" launch -q --num_processes 2 --main_process_port 0 --comm_backend "$c")
       else
         # A communicator the config schema may not list yet: chosen by the variable the
         # library reads (a user's own ACCEL_COMM_BACKEND wins over the launcher's choice).

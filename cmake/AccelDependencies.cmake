@@ -19,6 +19,15 @@ else()
   list(APPEND _accel_off "gloo (ACCEL_WITH_GLOO=OFF)")
 endif()
 
+# Shared memory between ranks of one host: POSIX shm and Linux futexes, nothing to find.
+cmake_dependent_option(ACCEL_WITH_SHM "Build the shared-memory communicator (ranks on one host)" ON
+  "CMAKE_SYSTEM_NAME STREQUAL Linux" OFF)
+if(ACCEL_WITH_SHM)
+  list(APPEND _accel_found "shm")
+else()
+  list(APPEND _accel_off "shm (ACCEL_WITH_SHM=OFF or not Linux)")
+endif()
+
 # MPI (OpenMPI).
 find_package(MPI COMPONENTS C QUIET)
 cmake_dependent_option(ACCEL_WITH_MPI "Build the MPI communicator" ON "MPI_C_FOUND" OFF)

@@ -152,12 +152,14 @@ std::vector<KeySpec> make_schema() {
        "ZERO only: keep optimizer state in host memory"});
   add({"cpu_communicator",
        K::choice,
-       {"gloo", "mpi"},
+       {"auto", "gloo", "mpi", "shm", "hierarchical"},
        0,
        0,
        "",
-       "gloo",
-       "communicator for CPU processes: gloo (TCP) or mpi (under mpirun)"});
+       "auto",
+       "communicator for CPU processes: auto (shared memory when every process is on one "
+       "machine, else shared memory inside machines and gloo between them), gloo (TCP), mpi "
+       "(under mpirun), shm or hierarchical (forced)"});
   add({"gradient_accumulation_steps",
        K::integer,
        {},

@@ -44,7 +44,9 @@ struct Config {
   MixedPrecision mixed_precision = MixedPrecision::no;
   int zero_stage = 0;                             // 1, 2 or 3 with ZERO; 0 otherwise
   std::string offload_optimizer_device = "none";  // "none" or "cpu" (ZERO only)
-  std::string cpu_communicator = "gloo";          // "gloo" or "mpi" for CPU work
+  // "auto" (shm on one machine, hierarchical across machines), "gloo", "mpi", "shm" or
+  // "hierarchical" for CPU work
+  std::string cpu_communicator = "auto";
   int gradient_accumulation_steps = 1;
 };
 

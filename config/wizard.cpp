@@ -169,8 +169,9 @@ class Wizard {
            {{"no", "no", 0}, {"fp16", "fp16", 1}, {"bf16", "bf16", 2}});
     if (multi_process && !uses_gpu(current()))
       choose("cpu_communicator", "Which communicator should the CPU processes use?",
-             {{"gloo", "gloo  TCP, started by accel launch", 0},
-              {"mpi", "mpi   MPI, for clusters with a fast interconnect", 1}});
+             {{"auto", "auto  shared memory within a machine, Gloo between machines", 0},
+              {"gloo", "gloo  TCP, started by accel launch", 1},
+              {"mpi", "mpi   MPI, for clusters with a fast interconnect", 2}});
     free_text("gradient_accumulation_steps", "How many gradient accumulation steps?");
     return detail::build_config(answers_, hw_, true).config;
   }

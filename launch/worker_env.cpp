@@ -134,7 +134,10 @@ WorkerEnvPlan plan_worker_env(const config::Config& config, const LaunchOptions&
   // resolves the host name, which can name an interface the other machines cannot see.
   const std::string backend = env_set("ACCEL_COMM_BACKEND") ? std::getenv("ACCEL_COMM_BACKEND")
                                                             : config::comm_backend(config);
-  if (backend == "gloo" && !is_loopback(layout.master_addr) && options.env_defaults.gloo_hostname &&
+  // "auto" and "hierarchical" use Gloo between machines.
+  const bool gloo_between_machines =
+      backend == "gloo" || backend == "auto" || backend == "hierarchical";
+  if (gloo_between_machines && !is_loopback(layout.master_addr) && options.env_defaults.gloo_hostname &&
       !env_set("ACCEL_GLOO_HOSTNAME")) {
     const std::string local = local_address_toward(layout.master_addr);
     if (local.empty())

@@ -1,7 +1,20 @@
-// Every collective x dtype x reduce op over real processes: Gloo through our store, and MPI
-// under mpirun, with 2, 3 and 4 ranks (comm_collectives_worker does the checking).
+// Every collective x dtype x reduce op over real processes: Gloo through our store, MPI under
+// mpirun, shared memory, and the hierarchical composite with one machine posing as two hosts,
+// with 2, 3 and 4 ranks (comm_collectives_worker does the checking). Shared memory also: a rank
+// killed mid-collective is named by the others, and nothing is left in /dev/shm.
 
 #include <doctest/doctest.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <set>
+
+#include <csignal>
+#include <cstring>
 
 #include "backends/comm/registry.hpp"
 #include "tests/support/ranks.hpp"
@@ -24,6 +37,16 @@ void expect_all_ranks_pass(const launch::GroupResult& result, int world) {
       ++reports;
   }
   CHECK(reports == world);
+}
+
+// Names in /dev/shm that the shared-memory communicator makes.
+std::set<std::string> shm_segments() {
+  std::set<std::string> names;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/dev/shm", ec))
+    if (e.path().filename().string().starts_with("accel-shm-"))
+      names.insert(e.path().filename().string());
+  return names;
 }
 
 }  // namespace
@@ -58,4 +81,101 @@ TEST_CASE("mpi collectives match the reference with 2, 3 and 4 ranks") {
 
 TEST_CASE("the world of one runs the same collectives") {
   expect_all_ranks_pass(run_ranks(1, "comm_collectives_worker", {"--backend", "local"}), 1);
+}
+
+TEST_CASE("shm collectives match the reference with 2, 3 and 4 ranks; nothing left in /dev/shm") {
+  if (skip_unless(communicator_available("shm"), "shm communicator not built")) return;
+  const auto before = shm_segments();
+  for (int world : {2, 3, 4}) {
+    CAPTURE(world);
+    const auto result = run_ranks(world, "comm_collectives_worker", {"--backend", "shm"});
+    expect_all_ranks_pass(result, world);
+    CHECK(result.workers.at(0).output.find("(shm)") != std::string::npos);
+  }
+  CHECK(shm_segments() == before);
+}
+
+TEST_CASE("auto picks shm when every rank is on this host") {
+  if (skip_unless(communicator_available("shm"), "shm communicator not built")) return;
+  const auto result = run_ranks(2, "comm_collectives_worker", {"--backend", "auto"});
+  expect_all_ranks_pass(result, 2);
+  CHECK(result.workers.at(0).output.find("(shm)") != std::string::npos);
+}
+
+TEST_CASE("hierarchical collectives (shm inside, gloo between) with 3 and 4 ranks on 2 fake hosts") {
+  if (skip_unless(communicator_available("hierarchical") && communicator_available("gloo"),
+                  "hierarchical communicator not built"))
+    return;
+  const auto before = shm_segments();
+  for (int world : {3, 4}) {
+    CAPTURE(world);
+    const auto result = run_ranks(world, "comm_collectives_worker",
+                                  {"--backend", "hierarchical", "--fake_hosts", "2"});
+    expect_all_ranks_pass(result, world);
+    CHECK(result.workers.at(0).output.find("(hierarchical)") != std::string::npos);
+  }
+  // "auto" across hosts is the hierarchical one.
+  const auto result =
+      run_ranks(4, "comm_collectives_worker", {"--backend", "auto", "--fake_hosts", "2"});
+  expect_all_ranks_pass(result, 4);
+  CHECK(result.workers.at(0).output.find("(hierarchical)") != std::string::npos);
+  CHECK(shm_segments() == before);
+}
+
+TEST_CASE("shm: a rank killed mid-collective is named by the others, who fail fast") {
+  if (skip_unless(communicator_available("shm"), "shm communicator not built")) return;
+  const auto before = shm_segments();
+  for (int world : {2, 3, 4}) {
+    CAPTURE(world);
+    const int victim = world - 1;
+    RanksOptions options;
+    options.stop_on_failure = false;  // let the survivors report
+    // The collective timeout is far beyond the job's limit: only noticing the death can pass.
+    options.env = {{"ACCEL_COMM_TIMEOUT", "600"}};
+    options.timeout = std::chrono::seconds(60);
+    const auto result = run_ranks(world, "comm_collectives_worker",
+                                  {"--backend", "shm", "--kill_rank", std::to_string(victim)},
+                                  options);
+    INFO(describe(result));
+    REQUIRE_FALSE(result.timed_out);
+    for (int r = 0; r < world; ++r) {
+      const auto& w = result.workers.at(r);
+      if (r == victim) {
+        CHECK(w.signal == SIGKILL);
+        continue;
+      }
+      CHECK(w.exit_code == 3);
+      CHECK(w.output.find("survivor error: rank " + std::to_string(r) + ": ") != std::string::npos);
+      CHECK(w.output.find("rank " + std::to_string(victim) + " (pid ") != std::string::npos);
+      CHECK(w.output.find(") exited while this rank waited") != std::string::npos);
+    }
+  }
+  CHECK(shm_segments() == before);
+}
+
+TEST_CASE("shm: a segment left by a killed job neither confuses nor outlives a new one") {
+  if (skip_unless(communicator_available("shm"), "shm communicator not built")) return;
+  // A pid that surely no longer runs: a child that has exited and been reaped.
+  const pid_t child = fork();
+  if (child == 0) _exit(0);
+  REQUIRE(child > 0);
+  waitpid(child, nullptr, 0);
+  // What a creator killed between creating and unlinking leaves: its name, garbage inside.
+  struct stat ns {};
+  REQUIRE(stat("/proc/self/ns/pid", &ns) == 0);
+  const std::string stale = "accel-shm-" + std::to_string(ns.st_ino) + "-" +
+                            std::to_string(child) + "-00000000deadbeef";
+  const int fd = shm_open(("/" + stale).c_str(), O_CREAT | O_RDWR, 0600);
+  REQUIRE(fd >= 0);
+  REQUIRE(ftruncate(fd, 1 << 20) == 0);
+  void* p = mmap(nullptr, 1 << 20, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  REQUIRE(p != MAP_FAILED);
+  std::memset(p, 0x5a, 1 << 20);
+  munmap(p, 1 << 20);
+  close(fd);
+  REQUIRE(shm_segments().contains(stale));
+
+  expect_all_ranks_pass(run_ranks(2, "comm_collectives_worker", {"--backend", "shm"}), 2);
+  CHECK_FALSE(shm_segments().contains(stale));  // the new job's rank 0 swept it
+  shm_unlink(("/" + stale).c_str());
 }

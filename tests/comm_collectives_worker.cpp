@@ -7,8 +7,12 @@
 // bf16 included) and ring order cannot change a result; avg's division is rounded the way
 // the communicator rounds it.
 
+#include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
+#include <cstdlib>
+#include <thread>
 #include <memory>
 #include <cstring>
 #include <string>
@@ -145,6 +149,50 @@ void check_reduce_scatter(Communicator& comm, DType dtype, ReduceOp op, std::siz
     expect_equal(what + " input", in.view, i, input_value(comm.rank(), i));
 }
 
+// Parts the caller chooses (ZeRO-2's buckets): rank r's part grows with r, rank 0's is often
+// empty. Out of place, and in place (the output is this rank's part of the input).
+void check_reduce_scatter_parts(Communicator& comm, DType dtype, ReduceOp op, std::size_t total,
+                                bool in_place) {
+  const auto world = std::size_t(comm.world_size()), rank = std::size_t(comm.rank());
+  std::vector<std::size_t> counts;
+  const auto boundary = [&](std::size_t r) { return total * (r * (r + 1) / 2) / (world * (world + 1) / 2); };
+  for (std::size_t r = 0; r < world; ++r) counts.push_back(boundary(r + 1) - boundary(r));
+  const Shard mine{boundary(rank), counts[rank]};
+  OwnedBuffer in(dtype, total), out(dtype, mine.count);
+  for (std::size_t i = 0; i < total; ++i) set_value(in.view, i, input_value(comm.rank(), i));
+  Staged staged_in(comm, in), staged_out(comm, out);
+  staged_in.upload();
+  const Buffer output = in_place ? staged_in.view().slice(mine.offset, mine.count) : staged_out.view();
+  comm.reduce_scatter(staged_in.view(), output, op, counts)->wait();
+  staged_in.download();
+  staged_out.download();
+  const Buffer result = in_place ? in.view.slice(mine.offset, mine.count) : out.view;
+  const std::string what = label("reduce_scatter with parts", dtype, total,
+                                 std::string(reduce_op_name(op)) + (in_place ? ", in place" : ""));
+  const double tolerance = op == ReduceOp::avg ? avg_tolerance(comm, dtype) : 0.0;
+  for (std::size_t k = 0; k < mine.count; ++k)
+    expect_near(what, result, k, reference_reduce(op, comm.world_size(), mine.offset + k, dtype),
+                tolerance);
+}
+
+// In place: the input is this rank's part of the output (ZeRO gathers its parameters so).
+void check_all_gather_in_place(Communicator& comm, DType dtype, std::size_t total) {
+  const Shard mine = shard_of(total, comm.world_size(), comm.rank());
+  OwnedBuffer out(dtype, total);
+  for (std::size_t j = 0; j < total; ++j)
+    set_value(out.view, j, mine.offset <= j && j < mine.offset + mine.count ? input_value(comm.rank(), j) : -99);
+  Staged staged_out(comm, out);
+  staged_out.upload();
+  comm.all_gather(staged_out.view().slice(mine.offset, mine.count), staged_out.view())->wait();
+  staged_out.download();
+  const std::string what = label("all_gather", dtype, total, "in place");
+  for (int r = 0; r < comm.world_size(); ++r) {
+    const Shard s = shard_of(total, comm.world_size(), r);
+    for (std::size_t k = 0; k < s.count; ++k)
+      expect_equal(what, out.view, s.offset + k, input_value(r, s.offset + k));
+  }
+}
+
 // Ring exchange: every rank sends to its right neighbour and receives from its left.
 void check_send_recv(Communicator& comm, std::size_t count) {
   if (comm.world_size() == 1) return;
@@ -167,11 +215,13 @@ void check_send_recv(Communicator& comm, std::size_t count) {
   for (std::size_t i = 0; i < count; ++i) expect_equal(what, in.view, i, input_value(left, i));
 }
 
-// Several operations in flight at once complete in order with the right results.
+// Several operations in flight at once complete in order with the right results. The first
+// is large enough to go to the worker thread even where small ones may run inline on the
+// caller's (shm): those must then queue behind it, not overtake it.
 void check_async(Communicator& comm) {
   std::vector<OwnedBuffer> bufs;
   for (int k = 0; k < 8; ++k) {
-    bufs.emplace_back(DType::f32, 1000 + k);
+    bufs.emplace_back(DType::f32, k == 0 ? 300000 : 1000 + k);
     for (std::size_t i = 0; i < bufs.back().view.count; ++i)
       set_value(bufs.back().view, i, input_value(comm.rank(), i));
   }
@@ -190,15 +240,51 @@ void check_async(Communicator& comm) {
                    reference_reduce(ReduceOp::sum, comm.world_size(), i, DType::f32));
 }
 
+// --kill_rank R: after a first all_reduce together, every rank starts a large all_reduce and
+// rank R kills itself (SIGKILL) while it is in flight. The others must fail naming rank R;
+// each prints "survivor error: ..." and exits 3.
+int kill_mid_collective(Communicator& comm, int victim) {
+  std::vector<float> small(1024, 1.0f);
+  comm.all_reduce(buffer_of(std::span(small)), ReduceOp::sum)->wait();
+  std::vector<float> big(std::size_t(16) << 20, 1.0f);  // 64 MiB: many chunks, seconds of work
+  if (comm.rank() == victim) {
+    auto work = comm.all_reduce(buffer_of(std::span(big)), ReduceOp::sum);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    std::raise(SIGKILL);
+  }
+  try {
+    comm.all_reduce(buffer_of(std::span(big)), ReduceOp::sum)->wait();
+    comm.barrier()->wait();  // in case the victim died after its part of the big one
+  } catch (const std::exception& e) {
+    std::printf("survivor error: %s\n", e.what());
+    std::fflush(stdout);
+    return 3;
+  }
+  std::printf("rank %d: no error although rank %d was killed\n", comm.rank(), victim);
+  return 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   ProcessGroupOptions options;
-  for (int i = 1; i + 1 < argc; ++i)
+  int kill_rank = -1;
+  for (int i = 1; i + 1 < argc; ++i) {
     if (std::strcmp(argv[i], "--backend") == 0) options.backend = argv[i + 1];
+    if (std::strcmp(argv[i], "--kill_rank") == 0) kill_rank = std::atoi(argv[i + 1]);
+    // --fake_hosts H: rank r claims host r % H (ACCEL_HOST_ID), so one machine looks like H
+    // hosts with interleaved ranks to the hierarchical communicator.
+    if (std::strcmp(argv[i], "--fake_hosts") == 0) {
+      const int hosts = std::atoi(argv[i + 1]);
+      const char* rank = std::getenv("RANK");
+      const std::string id = "fake-host-" + std::to_string((rank ? std::atoi(rank) : 0) % hosts);
+      setenv("ACCEL_HOST_ID", id.c_str(), 1);
+    }
+  }
   try {
     auto group = init_process_group(options);
     Communicator& comm = group->comm();
+    if (kill_rank >= 0) return kill_mid_collective(comm, kill_rank);
     const int world = comm.world_size();
     // Odd sizes, sizes smaller than the world, 0 and 1, and one past Gloo's 1 MiB segment.
     const std::vector<std::size_t> counts = {0, 1, 2, 3, 7, 1023, std::size_t(262144 + 3)};
@@ -210,6 +296,14 @@ int main(int argc, char** argv) {
         for (int root = 0; root < world; ++root) check_broadcast(comm, dtype, root, count);
       }
     }
+    for (DType dtype : {DType::f32, DType::i32})
+      for (std::size_t count : counts) {
+        for (bool in_place : {false, true}) {
+          check_reduce_scatter_parts(comm, dtype, ReduceOp::sum, count, in_place);
+          check_reduce_scatter_parts(comm, dtype, ReduceOp::avg, count, in_place);
+        }
+        check_all_gather_in_place(comm, dtype, count);
+      }
     for (std::size_t count : {std::size_t(1), std::size_t(4097)}) check_send_recv(comm, count);
     check_async(comm);
     comm.barrier()->wait();

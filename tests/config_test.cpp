@@ -259,7 +259,7 @@ TEST_CASE("Accelerate's DEEPSPEED config maps onto ZERO, its nested keys onto ou
   CHECK(loaded.config.offload_optimizer_device == "cpu");
   CHECK(loaded.config.gradient_accumulation_steps == 4);
   CHECK(loaded.origins.at("zero_stage") == path + ":7");
-  CHECK(comm_backend(loaded.config) == "gloo");
+  CHECK(comm_backend(loaded.config) == "auto");
   CHECK(loaded.notes.size() == 2);
 
   // ZERO without a stage takes stage 2, as Accelerate's wizard suggests.
@@ -467,7 +467,7 @@ TEST_CASE("detected defaults follow the hardware") {
   CHECK(cpu.distributed_type == DistributedType::MULTI_CPU);
   CHECK(cpu.num_processes == 8);
   CHECK(cpu.use_cpu);
-  CHECK(comm_backend(cpu) == "gloo");
+  CHECK(comm_backend(cpu) == "auto");
   const Config one_core = defaults_for({1, 0});
   CHECK(one_core.distributed_type == DistributedType::NO);
   const Config one_gpu = defaults_for({8, 1});

@@ -135,8 +135,12 @@ class TwoMachines {
     spec.label = "machine " + std::to_string(k);
     spec.unset_env = {"ACCEL_CONFIG_FILE",   "ACCEL_COMM_BACKEND", "ACCEL_GLOO_HOSTNAME",
                       "ACCEL_NUM_PROCESSES", "ACCEL_NUM_MACHINES", "ACCEL_MACHINE_RANK"};
+    // The namespaces share this kernel and its /dev/shm, so shared memory would work between
+    // them; the host identity says they are two machines, so `auto` (the default) takes the
+    // multi-host path: shared memory inside each, Gloo between them over the veth pair.
     spec.env = {{"XDG_CONFIG_HOME", "/nonexistent-accel-test-config"},
                 {"ACCEL_STORE_TOKEN", "two-machine-test-token"},
+                {"ACCEL_HOST_ID", "test-machine-" + std::to_string(k)},
                 {"OMP_NUM_THREADS", "1"}};
     return spec;
   }
@@ -159,7 +163,7 @@ launch::GroupResult run_both(const TwoMachines& machines, const std::vector<std:
 
 }  // namespace
 
-TEST_CASE("two machines run a 2-node Gloo all-reduce through accel launch") {
+TEST_CASE("two machines run a 2-node all-reduce (shm inside, Gloo between) through accel launch") {
   TwoMachines machines;
   if (skip_unless(machines.ready(), machines.why_not())) return;
   const auto result = run_both(machines, {"--num_processes", "4", bin_path("allreduce_demo")});
@@ -170,11 +174,11 @@ TEST_CASE("two machines run a 2-node Gloo all-reduce through accel launch") {
   const std::string& m1 = result.workers.at(1).output;
   // Global ranks: machine K runs K * 2 + local rank.
   CHECK(contains(
-      m0, "[rank 0] rank 0 of 4 (gloo): all_reduce of 1048576 floats: 10 (expected 10), 0 wrong"));
-  CHECK(contains(m0, "[rank 1] rank 1 of 4 (gloo)"));
+      m0, "[rank 0] rank 0 of 4 (hierarchical): all_reduce of 1048576 floats: 10 (expected 10), 0 wrong"));
+  CHECK(contains(m0, "[rank 1] rank 1 of 4 (hierarchical)"));
   CHECK(contains(
-      m1, "[rank 2] rank 2 of 4 (gloo): all_reduce of 1048576 floats: 10 (expected 10), 0 wrong"));
-  CHECK(contains(m1, "[rank 3] rank 3 of 4 (gloo)"));
+      m1, "[rank 2] rank 2 of 4 (hierarchical): all_reduce of 1048576 floats: 10 (expected 10), 0 wrong"));
+  CHECK(contains(m1, "[rank 3] rank 3 of 4 (hierarchical)"));
   // Gloo was told which address reaches the other machine.
   CHECK(contains(m1, std::string("ACCEL_GLOO_HOSTNAME=") + kMachine1));
 }
@@ -217,8 +221,8 @@ TEST_CASE("--max_restarts restarts the workers of both machines together") {
   CHECK(contains(result.workers.at(1).output, "restarting every worker (restart 1 of 1)"));
   CHECK(contains(
       result.workers.at(0).output,
-      "[rank 0] rank 0 of 4 (gloo): all_reduce of 1048576 floats: 10 (expected 10), 0 wrong"));
+      "[rank 0] rank 0 of 4 (hierarchical): all_reduce of 1048576 floats: 10 (expected 10), 0 wrong"));
   CHECK(contains(
       result.workers.at(1).output,
-      "[rank 2] rank 2 of 4 (gloo): all_reduce of 1048576 floats: 10 (expected 10), 0 wrong"));
+      "[rank 2] rank 2 of 4 (hierarchical): all_reduce of 1048576 floats: 10 (expected 10), 0 wrong"));
 }

@@ -65,7 +65,7 @@ TEST_CASE("every worker gets its own rank and the shared job environment") {
   for (int r = 0; r < 4; ++r) {
     const std::string line = "[rank " + std::to_string(r) + "] RANK=" + std::to_string(r) +
                              " LOCAL_RANK=" + std::to_string(r) +
-                             " WORLD=4 LOCAL_WORLD=4 NODE=0 STORE=1 BACKEND=gloo TYPE=MULTI_CPU "
+                             " WORLD=4 LOCAL_WORLD=4 NODE=0 STORE=1 BACKEND=auto TYPE=MULTI_CPU "
                              "RESTART=0/0 ADDR=127.0.0.1 TOKEN=set";
     CHECK(contains(out.output, line));
   }
@@ -165,7 +165,7 @@ TEST_CASE("a restarted job rendezvouses afresh: stale keys of the failed attempt
   // processes, or it would try to connect to them.
   const auto out =
       accel_command({"launch", "--num_processes", "2", "--main_process_port", "0", "--multi_cpu",
-                 "--max_restarts", "1", "--grace_period", "1", "sh", "-c",
+                 "--cpu_communicator", "gloo", "--max_restarts", "1", "--grace_period", "1", "sh", "-c",
                  // In the second attempt rank 0 comes late, so rank 1 finds only the first
                  // attempt's keys at first.
                  "if [ \"$ACCEL_RESTART_COUNT\" = 1 ] && [ \"$RANK\" = 0 ]; then sleep 1; fi; " +
@@ -320,18 +320,24 @@ TEST_CASE("children a successful worker left running are ended with the job") {
   }
 }
 
-TEST_CASE("the 2-process all-reduce demo runs under accel launch") {
+TEST_CASE("the 2-process all-reduce demo runs under accel launch, over shared memory by default") {
   const auto out = accel_command({"launch", "--num_processes", "2", "--main_process_port", "0",
                               "--multi_cpu", bin_path("allreduce_demo")});
   INFO(out.output);
   CHECK(out.exit_code == 0);
   CHECK(contains(
       out.output,
-      "[rank 0] rank 0 of 2 (gloo): all_reduce of 1048576 floats: 3 (expected 3), 0 wrong"));
-  CHECK(contains(out.output, "[rank 1] rank 1 of 2 (gloo)"));
+      "[rank 0] rank 0 of 2 (shm): all_reduce of 1048576 floats: 3 (expected 3), 0 wrong"));
+  CHECK(contains(out.output, "[rank 1] rank 1 of 2 (shm)"));
+  // A setting forces Gloo.
+  const auto gloo = accel_command({"launch", "--num_processes", "2", "--main_process_port", "0",
+                                   "--multi_cpu", "--cpu_communicator", "gloo",
+                                   bin_path("allreduce_demo")});
+  INFO(gloo.output);
+  CHECK(contains(gloo.output, "[rank 1] rank 1 of 2 (gloo)"));
 }
 
-TEST_CASE("accel test passes its self-check over Gloo") {
+TEST_CASE("accel test passes its self-check (auto: shared memory on one machine)") {
   const auto out =
       accel_command({"test", "--num_processes", "3", "--main_process_port", "0", "--multi_cpu"});
   INFO(out.output);

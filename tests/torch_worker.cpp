@@ -7,8 +7,11 @@
 //  - gradients stay views of the DDP buckets for the whole run;
 //  - evaluation: gather_for_metrics over an epoch yields exactly the dataset's size.
 // Prints one "ok ..." line per check; exits 1 on any failure.
-//   torch_worker [--model mlp|cnn] [--optimizer sgd|adam|adamw] [--accumulation K]
-//                [--clip MAX_NORM] [--scheduler] [--bf16]
+//   torch_worker [--model mlp|cnn] [--optimizer sgd|nesterov|adam|adamw] [--accumulation K]
+//                [--clip MAX_NORM] [--scheduler] [--bf16] [--dump FILE]
+// The strategy is the config's (ACCEL_DISTRIBUTED_TYPE=ZERO and ACCEL_ZERO_STAGE for ZeRO);
+// --dump writes rank 0's final parameters (doubles, module order) for a comparison between
+// strategies (torch_accelerator_test: ZeRO against DDP).
 
 #include <cmath>
 #include <cstdio>
@@ -64,6 +67,13 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::string& kind,
   for (const auto& p : m.module().parameters()) (p.dim() > 1 ? weights : others).push_back(p);
   using torch::optim::OptimizerParamGroup;
   std::vector<OptimizerParamGroup> groups;
+  if (kind == "nesterov") {
+    groups.emplace_back(weights, std::make_unique<torch::optim::SGDOptions>(
+                                     torch::optim::SGDOptions(0.1).momentum(0.9).nesterov(true).weight_decay(1e-3)));
+    groups.emplace_back(others, std::make_unique<torch::optim::SGDOptions>(
+                                    torch::optim::SGDOptions(0.05).momentum(0.5).weight_decay(1e-2)));
+    return std::make_unique<torch::optim::SGD>(std::move(groups), torch::optim::SGDOptions(0.1));
+  }
   if (kind == "sgd") {
     groups.emplace_back(weights, std::make_unique<torch::optim::SGDOptions>(
                                      torch::optim::SGDOptions(0.1).momentum(0.9)));
@@ -108,7 +118,7 @@ void report(bool ok, const std::string& what) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string model_kind = "mlp", optimizer_kind = "sgd";
+  std::string model_kind = "mlp", optimizer_kind = "sgd", dump;
   double max_norm = 0;
   bool scheduler = false;
   AcceleratorOptions options;
@@ -127,9 +137,12 @@ int main(int argc, char** argv) {
       scheduler = true;
     else if (flag == "--bf16")
       options.mixed_precision = "bf16";
+    else if (flag == "--dump")
+      dump = value, ++i;
   }
   options.ddp.first_bucket_bytes = 256;  // several buckets even for these small models
   options.ddp.bucket_cap_bytes = 2048;
+  options.zero.bucket_cap_bytes = 1024;
   torch::set_num_threads(1);
   try {
     TorchAccelerator acc(options);
@@ -156,12 +169,14 @@ int main(int argc, char** argv) {
       ref_schedule.emplace(*ref_optimizer, 2, 0.5);
     }
 
-    auto& ddp = dynamic_cast<DdpStrategy&>(acc.strategy());
+    auto* ddp = dynamic_cast<DdpStrategy*>(&acc.strategy());
     const auto& params = acc.prepared_parameters();
     std::vector<void*> grad_ptrs;
-    for (const auto& p : params) grad_ptrs.push_back(p.grad().data_ptr());
     bool views = true;
-    for (std::size_t i = 0; i < params.size(); ++i) views &= grad_ptrs[i] == ddp.grad_view(i).data;
+    if (ddp) {
+      for (const auto& p : params) grad_ptrs.push_back(p.grad().data_ptr());
+      for (std::size_t i = 0; i < params.size(); ++i) views &= grad_ptrs[i] == ddp->grad_view(i).data;
+    }
 
     // The same synthetic dataset on every rank: 10 global batches of 4 per rank, the last
     // one 3 short (padded by wrapping around).
@@ -239,9 +254,24 @@ int main(int argc, char** argv) {
     }
     report(boundary_errors == 0, "backward synchronises exactly at the accumulation boundaries");
 
-    for (std::size_t i = 0; i < params.size(); ++i)
-      views &= params[i].grad().data_ptr() == grad_ptrs[i] && grad_ptrs[i] == ddp.grad_view(i).data;
-    report(views, "gradients stay views of the DDP buckets");
+    if (ddp) {
+      for (std::size_t i = 0; i < params.size(); ++i)
+        views &= params[i].grad().data_ptr() == grad_ptrs[i] && grad_ptrs[i] == ddp->grad_view(i).data;
+      report(views, "gradients stay views of the DDP buckets");
+    } else {
+      // ZeRO: the optimizer holds this rank's slices, and the parameters live in the flat buffer.
+      auto& zero = dynamic_cast<ZeroStrategy&>(acc.strategy());
+      std::size_t slice_elements = 0, optimizer_elements = 0;
+      for (const ParamSegment& seg : zero.segments()) slice_elements += seg.values.count;
+      for (const auto& group : opt->optimizer().param_groups())
+        for (const auto& p : group.params()) optimizer_elements += std::size_t(p.numel());
+      bool in_flat = true;
+      for (std::size_t i = 0; i < params.size(); ++i) in_flat &= params[i].data_ptr() == zero.param_view(i).data;
+      report(slice_elements == optimizer_elements && in_flat,
+             "the optimizer steps this rank's " + std::to_string(optimizer_elements) +
+                 " slice elements; parameters live in the flat buffers (" +
+                 std::string(zero.name()) + ")");
+    }
 
     // Bitwise the same state on every rank (parameters and, broadcast, the buffers).
     const torch::Tensor mine = flat_state(model.module(), true);
@@ -266,6 +296,15 @@ int main(int argc, char** argv) {
                     "%.3g (%zu optimizer steps)",
                     diff, buffer_diff, norm_diff, steps);
       report(diff <= 1e-5 && buffer_diff <= 1e-5 && norm_diff <= 1e-4, line);
+    }
+    if (!dump.empty() && rank == 0) {
+      const torch::Tensor values = flat_state(model.module(), false).contiguous();
+      std::FILE* out = std::fopen(dump.c_str(), "wb");
+      const bool written = out && std::fwrite(values.data_ptr<double>(), sizeof(double),
+                                              std::size_t(values.numel()), out) ==
+                                      std::size_t(values.numel());
+      if (out) std::fclose(out);
+      report(written, "parameters written to " + dump);
     }
     if (schedule) {
       const double lr = opt->optimizer().param_groups()[0].options().get_lr();

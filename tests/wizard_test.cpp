@@ -366,8 +366,8 @@ TEST_CASE("on a pseudo-terminal: arrow keys and Enter pick choices, lines answer
   REQUIRE(p.expect("2) bf16"));
   p.send("\x1b[B\x1bOB\r");  // CSI and SS3 spellings of the down arrow
   REQUIRE(p.expect("Which communicator should the CPU processes use?"));
-  REQUIRE(p.expect("1) mpi"));
-  p.send("\x1b[A\r");  // up from the first option wraps to the last
+  REQUIRE(p.expect("2) mpi"));
+  p.send("\x1b[A\r");  // up from the first option (auto, the default) wraps to the last
   REQUIRE(p.expect("How many gradient accumulation steps?"));
   p.send("3\r");
   REQUIRE(p.expect("accel config: wrote " + path));

@@ -8,6 +8,7 @@ namespace accel::tools {
 int run_launch_command(int argc, char** argv);
 int run_config_command(int argc, char** argv);
 int run_env_command(int argc, char** argv);
+int run_estimate_memory_command(int argc, char** argv);
 // `self` is the path of the running accel executable (accel test launches it again).
 int run_test_command(int argc, char** argv, const char* self);
 

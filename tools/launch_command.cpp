@@ -46,7 +46,8 @@ Distributed type (or --distributed_type NO|DATA_PARALLEL|MULTI_CPU|MULTI_GPU|ZER
   --cpu                       run on CPU even where GPUs exist (use_cpu)
   --data_parallel             one process, a replica per GPU
   --use_zero, --use_deepspeed ZeRO-sharded optimizer state
-  --cpu_communicator gloo|mpi communicator for CPU processes (also --comm_backend)
+  --cpu_communicator auto|gloo|mpi|shm|hierarchical
+                            communicator for CPU processes (also --comm_backend)
 
 Supervision:
   --max_restarts N            restart every worker up to N times after a failure (0)

@@ -4,13 +4,22 @@
 
 namespace accel {
 
-// What torch.autocast("cpu") does on entering and leaving.
-AutocastGuard::AutocastGuard(bool enabled, c10::ScalarType dtype) : enabled_(enabled) {
+// What torch.autocast(device) does on entering and leaving. LibTorch keeps one switch and one
+// dtype per device kind ("gpu" meaning CUDA).
+AutocastGuard::AutocastGuard(bool enabled, c10::DeviceType device, c10::ScalarType dtype)
+    : enabled_(enabled), cuda_(device == c10::DeviceType::CUDA) {
   if (!enabled_) return;
-  previous_enabled_ = at::autocast::is_cpu_enabled();
-  previous_dtype_ = at::autocast::get_autocast_cpu_dtype();
-  at::autocast::set_cpu_enabled(true);
-  at::autocast::set_autocast_cpu_dtype(dtype);
+  if (cuda_) {
+    previous_enabled_ = at::autocast::is_enabled();
+    previous_dtype_ = at::autocast::get_autocast_gpu_dtype();
+    at::autocast::set_enabled(true);
+    at::autocast::set_autocast_gpu_dtype(dtype);
+  } else {
+    previous_enabled_ = at::autocast::is_cpu_enabled();
+    previous_dtype_ = at::autocast::get_autocast_cpu_dtype();
+    at::autocast::set_cpu_enabled(true);
+    at::autocast::set_autocast_cpu_dtype(dtype);
+  }
   at::autocast::increment_nesting();
 }
 
@@ -18,8 +27,13 @@ AutocastGuard::~AutocastGuard() {
   if (!enabled_) return;
   // The cast weights are cached while any autocast region is open; the last one frees them.
   if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-  at::autocast::set_cpu_enabled(previous_enabled_);
-  at::autocast::set_autocast_cpu_dtype(previous_dtype_);
+  if (cuda_) {
+    at::autocast::set_enabled(previous_enabled_);
+    at::autocast::set_autocast_gpu_dtype(previous_dtype_);
+  } else {
+    at::autocast::set_cpu_enabled(previous_enabled_);
+    at::autocast::set_autocast_cpu_dtype(previous_dtype_);
+  }
 }
 
 }  // namespace accel

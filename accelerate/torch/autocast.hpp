@@ -1,17 +1,18 @@
 #pragma once
 // Mixed precision for LibTorch forward passes: while an AutocastGuard lives, eligible ops
-// (matmul, conv, linear ...) run in the reduced dtype, the way `with torch.autocast(...)` does.
-// Parameters, gradients and the optimizer stay in fp32.
+// (matmul, conv, linear ...) run in the reduced dtype, the way `with torch.autocast(...)` does:
+// bf16 on the CPU, fp16 or bf16 on CUDA. Parameters, gradients and the optimizer stay in fp32.
 
+#include <c10/core/DeviceType.h>
 #include <c10/core/ScalarType.h>
 
 namespace accel {
 
 class AutocastGuard {
  public:
-  // Enables CPU autocast with `dtype` (bf16) when `enabled`; otherwise does nothing. The
-  // previous state is restored on destruction, so guards nest.
-  AutocastGuard(bool enabled, c10::ScalarType dtype);
+  // Enables autocast for `device` (kCPU or kCUDA) with `dtype` when `enabled`; otherwise does
+  // nothing. The previous state is restored on destruction, so guards nest.
+  AutocastGuard(bool enabled, c10::DeviceType device, c10::ScalarType dtype);
   ~AutocastGuard();
   AutocastGuard(const AutocastGuard&) = delete;
   AutocastGuard& operator=(const AutocastGuard&) = delete;
@@ -20,6 +21,7 @@ class AutocastGuard {
 
  private:
   bool enabled_;
+  bool cuda_ = false;
   bool previous_enabled_ = false;
   c10::ScalarType previous_dtype_ = c10::ScalarType::BFloat16;
 };

@@ -1,5 +1,6 @@
 #include "accelerate/torch/torch_accelerator.hpp"
 
+#include <unordered_map>
 #include <unordered_set>
 
 #include <ATen/Functions.h>
@@ -10,6 +11,7 @@
 #include <torch/csrc/autograd/variable.h>
 
 #include "accelerate/torch/tensor_buffer.hpp"
+#include "accelerate/torch/torch_state.hpp"
 #include "backends/comm/error.hpp"
 
 namespace accel {
@@ -55,23 +57,37 @@ class TorchAccelerator::GradReadyHook final : public torch::autograd::FunctionPo
 
 void AcceleratedOptimizer::step() {
   step_was_skipped_ = !accelerator_.sync_gradients_happened();
-  if (!step_was_skipped_) optimizer_.step();
+  if (step_was_skipped_) return;
+  optimizer_.step();
+  accelerator_.strategy().after_optimizer_step();  // ZeRO: all-gather the parameters
 }
 
 void AcceleratedOptimizer::zero_grad() {
   if (!accelerator_.accumulating()) accelerator_.zero_gradients();
 }
 
+// ---- AcceleratedScheduler
+
+void AcceleratedScheduler::step() {
+  if (!optimizer_.step_was_skipped()) scheduler_.step();
+}
+
 // ---- TorchAccelerator
 
 TorchAccelerator::TorchAccelerator(AcceleratorOptions options) : Accelerator(std::move(options)) {
-  if (mixed_precision() == "fp16")
+  if (mixed_precision() == "fp16" && device() == DeviceKind::cpu)
     throw InvalidArgument(
-        device() == DeviceKind::cpu
-            ? "mixed_precision fp16 needs a CUDA device; on the CPU use bf16 (LibTorch's CPU "
-              "autocast runs in bfloat16)"
-            : "mixed_precision fp16 (CUDA autocast with dynamic loss scaling) is not supported "
-              "by the LibTorch adapter yet; use bf16");
+        "mixed_precision fp16 needs a CUDA device; on the CPU use bf16 (LibTorch's CPU "
+        "autocast runs in bfloat16)");
+  // Each rank's generators (dropout masks differ per rank when seeded per rank).
+  auto register_generator = [this](const std::string& name, torch::Device device) {
+    register_rng(
+        name, [device] { return torch_state::save_rng(device); },
+        [device](const std::string& bytes) { torch_state::load_rng(device, bytes); },
+        [device](std::uint64_t seed) { torch_state::reseed_rng(device, seed); });
+  };
+  register_generator("torch_rng", torch::Device(torch::kCPU));
+  if (device_for_tensors().is_cuda()) register_generator("torch_cuda_rng", device_for_tensors());
 }
 
 TorchAccelerator::~TorchAccelerator() {
@@ -81,7 +97,21 @@ TorchAccelerator::~TorchAccelerator() {
     accumulators_[i]->del_post_hook(hook_keys_[i]);
   for (std::size_t i = 0; i < grad_views_.size(); ++i) {
     at::Tensor& grad = param_tensors_[i].mutable_grad();
-    if (grad.defined() && grad.data_ptr() == grad_views_[i].data_ptr()) grad = grad.clone();
+    if (grad.defined() && grad_views_[i].defined() && grad.data_ptr() == grad_views_[i].data_ptr())
+      grad = grad.clone();
+  }
+  if (sharded_optimizer_) {
+    // The parameters' values and the optimizer's slices live in the strategy's buffers: give
+    // each tensor (the same TensorImpl the model and the optimizer hold) its own copy. The
+    // optimizer itself may already be gone (declared after the accelerator), so it is not
+    // touched: its groups keep the (now self-owned) slices.
+    torch::NoGradGuard no_grad;
+    for (at::Tensor& p : param_tensors_) p.set_data(p.detach().clone());
+    for (at::Tensor& slice : slice_tensors_) {
+      at::Tensor grad = slice.grad().defined() ? slice.grad().clone() : at::Tensor();
+      slice.set_data(slice.detach().clone());
+      slice.mutable_grad() = grad;
+    }
   }
 }
 
@@ -91,21 +121,37 @@ torch::Device TorchAccelerator::device_for_tensors() const {
   return torch::Device(torch::kCPU);
 }
 
-DdpStrategy& TorchAccelerator::ddp() { return dynamic_cast<DdpStrategy&>(strategy()); }
+ZeroStrategy* TorchAccelerator::zero() { return dynamic_cast<ZeroStrategy*>(&strategy()); }
 
 AcceleratedOptimizer& TorchAccelerator::prepare_module(torch::nn::Module& module,
                                                        torch::optim::Optimizer& optimizer) {
   ACCEL_CHECK_ARG(!optimizer_, "prepare: a model was already prepared (one per accelerator)");
+  const bool sharded = strategy_options().kind == "zero";
+  // ZeRO lays out one flat buffer per optimizer param group (and dtype).
+  std::unordered_map<const void*, std::size_t> group_of;
+  for (std::size_t g = 0; g < optimizer.param_groups().size(); ++g)
+    for (const at::Tensor& p : optimizer.param_groups()[g].params())
+      group_of.emplace(p.unsafeGetTensorImpl(), g);
   std::vector<ParamRef> refs;
   std::unordered_set<const void*> seen;  // tied parameters appear once
   for (const auto& item : module.named_parameters(/*recurse=*/true)) {
     const at::Tensor& p = item.value();
     if (!p.requires_grad() || !seen.insert(p.unsafeGetTensorImpl()).second) continue;
     const Buffer data = tensor_buffer(p, "parameter '" + item.key() + "'");
-    // No gradient storage: the strategy gives each parameter its bucket slot.
-    refs.push_back({item.key(), data, Buffer{nullptr, data.count, data.dtype, data.device}});
+    const auto group = group_of.find(p.unsafeGetTensorImpl());
+    ACCEL_CHECK_ARG(!sharded || group != group_of.end(),
+                    "prepare: parameter '" + item.key() +
+                        "' is in no param group of the optimizer; under ZeRO the optimizer "
+                        "owns every trainable parameter's slice");
+    // No gradient storage: the strategy gives each parameter its bucket slot (DDP, ZeRO-1);
+    // ZeRO-2 reads autograd's own gradient.
+    refs.push_back({item.key(), data, Buffer{nullptr, data.count, data.dtype, data.device},
+                    sharded ? group->second : 0});
     param_tensors_.push_back(p);
   }
+  if (sharded) strategy_options_to_prepare().zero.release_grad = [this](std::size_t i) {
+    release_grad(i);
+  };
   for (const auto& group : optimizer.param_groups())
     for (const at::Tensor& p : group.params())
       ACCEL_CHECK_ARG(seen.count(p.unsafeGetTensorImpl()),
@@ -120,13 +166,20 @@ AcceleratedOptimizer& TorchAccelerator::prepare_module(torch::nn::Module& module
   }
   prepare_parameters(std::move(refs), std::move(buffers));  // broadcasts from rank 0
 
+  ZeroStrategy* z = zero();
+  const bool has_slots = z == nullptr || z->stage() == 1;
   for (std::size_t i = 0; i < param_tensors_.size(); ++i) {
-    const Buffer slot = ddp().grad_view(i);
-    grad_views_.push_back(at::from_blob(slot.data, param_tensors_[i].sizes(),
-                                        at::TensorOptions()
-                                            .dtype(param_tensors_[i].scalar_type())
-                                            .device(param_tensors_[i].device())));
-    adopt_bucket_view(i);
+    if (has_slots) {
+      const Buffer slot = z ? z->grad_view(i) : dynamic_cast<DdpStrategy&>(strategy()).grad_view(i);
+      grad_views_.push_back(at::from_blob(slot.data, param_tensors_[i].sizes(),
+                                          at::TensorOptions()
+                                              .dtype(param_tensors_[i].scalar_type())
+                                              .device(param_tensors_[i].device())));
+      adopt_bucket_view(i);
+    } else {
+      grad_views_.emplace_back();  // ZeRO-2: autograd's gradient, released after its bucket
+      release_grad(i);
+    }
     // The parameter holds its AccumulateGrad node only weakly: without our reference a new
     // node (without the hook) would be made for the next graph.
     std::shared_ptr<torch::autograd::Node> node =
@@ -135,13 +188,73 @@ AcceleratedOptimizer& TorchAccelerator::prepare_module(torch::nn::Module& module
     hook_keys_.push_back(node->add_post_hook(std::make_unique<GradReadyHook>(*this, i)));
     accumulators_.push_back(std::move(node));
   }
+  if (z) shard_optimizer(optimizer);
   optimizer_.reset(new AcceleratedOptimizer(*this, optimizer));
+
+  // Checkpoints hold the model as a LibTorch archive (loadable without accelerate-cpp)
+  // instead of the Accelerator's raw parameter blob.
+  set_checkpoint_parameters(false);
+  register_state(
+      "model", [&module] { return torch_state::save_module(module); },
+      [&module](const std::string& bytes) { torch_state::load_module(module, bytes); });
+  // Under ZeRO the optimizer holds this rank's slices: each rank keeps its own.
+  register_state(
+      "optimizer", [&optimizer] { return torch_state::save_optimizer(optimizer); },
+      [&optimizer](const std::string& bytes) { torch_state::load_optimizer(optimizer, bytes); },
+      z ? StateScope::per_rank : StateScope::shared);
   return *optimizer_;
+}
+
+AcceleratedScheduler& TorchAccelerator::prepare_scheduler(torch::optim::LRScheduler& scheduler) {
+  ACCEL_CHECK_ARG(optimizer_ != nullptr, "prepare_scheduler: prepare the model and optimizer first");
+  ACCEL_CHECK_ARG(!scheduler_, "prepare_scheduler: a scheduler was already prepared");
+  scheduler_.reset(new AcceleratedScheduler(*optimizer_, scheduler));
+  register_state(
+      "scheduler", [&scheduler] { return torch_state::save_scheduler(scheduler); },
+      [&scheduler](const std::string& bytes) { torch_state::load_scheduler(scheduler, bytes); });
+  return *scheduler_;
+}
+
+void TorchAccelerator::shard_optimizer(torch::optim::Optimizer& optimizer) {
+  ZeroStrategy& z = *zero();
+  torch::NoGradGuard no_grad;
+  // The parameters become views of the flat buffers (which hold their values since prepare),
+  // so the all-gather after each step updates the model in place.
+  for (std::size_t i = 0; i < param_tensors_.size(); ++i) {
+    const Buffer view = z.param_view(i);
+    param_tensors_[i].set_data(at::from_blob(view.data, param_tensors_[i].sizes(),
+                                             param_tensors_[i].options()));
+  }
+  z.use_flat_parameters();
+  sharded_optimizer_ = &optimizer;
+  auto& groups = optimizer.param_groups();
+  for (auto& group : groups) group.params().clear();
+  // One tensor per flat buffer: this rank's slice, its .grad() the reduced gradient slice.
+  for (const ParamSegment& segment : z.segments()) {
+    const auto options = param_tensors_[z.layout().groups()[slice_tensors_.size()].params.front()].options();
+    const auto n = std::int64_t(segment.values.count);
+    at::Tensor slice = at::from_blob(segment.values.data, {n}, options);
+    slice.mutable_grad() = at::from_blob(segment.grad.data, {n}, options);
+    groups[segment.group].params().push_back(slice);
+    slice_tensors_.push_back(slice);
+  }
+}
+
+void TorchAccelerator::release_grad(std::size_t i) {
+  at::Tensor& p = param_tensors_[i];
+  p.mutable_grad() = at::Tensor();
+  zero()->set_grad(i, Buffer{nullptr, std::size_t(p.numel()), to_dtype(p.scalar_type()).value(),
+                             DeviceKind::cpu});
 }
 
 void TorchAccelerator::adopt_bucket_view(std::size_t i) {
   at::Tensor& grad = param_tensors_[i].mutable_grad();
   const at::Tensor& view = grad_views_[i];
+  if (!view.defined()) {  // ZeRO-2: the strategy reads autograd's gradient where it is
+    if (grad.defined())
+      zero()->set_grad(i, tensor_buffer(grad, "the gradient of parameter " + std::to_string(i)));
+    return;
+  }
   if (grad.defined() && grad.data_ptr() == view.data_ptr()) return;
   if (grad.defined())
     view.copy_(grad);
@@ -159,6 +272,10 @@ void TorchAccelerator::on_grad_accumulated(std::size_t i) {
 
 void TorchAccelerator::zero_gradients() {
   for (std::size_t i = 0; i < param_tensors_.size(); ++i) {
+    if (!grad_views_[i].defined()) {  // ZeRO-2: gradients are freed, as set_to_none
+      release_grad(i);
+      continue;
+    }
     at::Tensor& grad = param_tensors_[i].mutable_grad();
     if (!grad.defined() || grad.data_ptr() != grad_views_[i].data_ptr()) grad = grad_views_[i];
     grad_views_[i].zero_();
@@ -170,7 +287,7 @@ void TorchAccelerator::sync_buffers() {
   for (std::size_t i = 0; i < buffer_tensors_.size(); ++i)
     ACCEL_CHECK_ARG(buffer_tensors_[i].data_ptr() == buffer_data_[i],
                     "a module buffer was replaced after prepare; update buffers in place");
-  ddp().sync_buffers();
+  strategy().sync_buffers();
 }
 
 bool TorchAccelerator::backward(const torch::Tensor& loss) {
@@ -178,13 +295,14 @@ bool TorchAccelerator::backward(const torch::Tensor& loss) {
   sync_buffers();
   {
     NoCpuAutocast no_autocast;
-    if (gradient_accumulation_steps() == 1)
+    const float scale = loss_scale();
+    if (scale == 1.0f)
       loss.backward();
     else
-      (loss * loss_scale()).backward();
+      (loss * scale).backward();
   }
   synced_ = sync_gradients();
-  accumulating_ = !synced_;
+  accumulating_ = !synced_ && !optimizer_step_was_skipped();
   return synced_;
 }
 
@@ -243,7 +361,35 @@ torch::Tensor TorchAccelerator::pad_across_processes(const torch::Tensor& t, dou
 }
 
 AutocastGuard TorchAccelerator::autocast() const {
-  return AutocastGuard(mixed_precision() == "bf16" && device() == DeviceKind::cpu, at::kBFloat16);
+  const bool cuda = device() == DeviceKind::cuda;
+  return AutocastGuard(mixed_precision() != "no", cuda ? c10::DeviceType::CUDA : c10::DeviceType::CPU,
+                       mixed_precision() == "fp16" ? at::kHalf : at::kBFloat16);
+}
+
+std::vector<at::Tensor> TorchAccelerator::optimizer_gradients() const {
+  if (slice_tensors_.empty()) return grad_views_;  // DDP: the full gradients
+  std::vector<at::Tensor> out;                      // ZeRO: this rank's reduced slices
+  for (const at::Tensor& slice : slice_tensors_) out.push_back(slice.grad());
+  return out;
+}
+
+bool TorchAccelerator::unscale_gradients(double scale) {
+  torch::NoGradGuard no_grad;
+  const std::vector<at::Tensor> grads = optimizer_gradients();
+  // One flag for all gradients, read once: on a GPU each read is a synchronisation.
+  at::Tensor finite = at::ones({}, grads.empty() ? at::TensorOptions(at::kBool)
+                                                 : grads[0].options().dtype(at::kBool));
+  for (const at::Tensor& g : grads) finite.logical_and_(at::isfinite(g).all());
+  if (!finite.item<bool>()) return false;
+  for (const at::Tensor& g : grads) g.mul_(1.0 / scale);
+  return true;
+}
+
+void TorchAccelerator::discard_gradients() {
+  torch::NoGradGuard no_grad;
+  for (const at::Tensor& g : optimizer_gradients()) g.zero_();
+  for (const at::Tensor& g : grad_views_)  // ZeRO-1's full slots (ZeRO-2 released its own)
+    if (g.defined()) g.zero_();
 }
 
 }  // namespace accel

@@ -28,8 +28,35 @@
 // broadcast before forward, and after training all ranks hold the same buffers
 // (DdpOptions::broadcast_buffers = false switches it off).
 //
-// The accelerator owns the gradient storage: when it is destroyed, the prepared parameters'
-// gradients are replaced by plain copies, so the model stays usable.
+// Checkpoints: save_state / load_state (accelerator.hpp) carry, besides the Accelerator's
+// counters and the loop's position, what Accelerate's save_state carries:
+//   state.model             the prepared model's parameters and buffers as a LibTorch archive
+//                           (a plain LibTorch program loads it: torch::load(net, "DIR/state.model"))
+//   state.optimizer         the prepared optimizer (param groups with their learning rates,
+//                           momentum buffers, Adam moments, step counts); under ZeRO each
+//                           rank's own (state.optimizer.rankR: its slices), so such a
+//                           checkpoint resumes with the same number of processes only
+//   state.scheduler         the prepared LR scheduler's step count
+//   state.torch_rng.rankR   each rank's LibTorch generator (and state.torch_cuda_rng.rankR on
+//                           a GPU), reseeded when loading at another number of processes
+// Nothing needs registering by hand; more state of the loop's own goes in via register_state.
+//
+// Under ZeRO (distributed_type ZERO, zero_stage 1 or 2; the loop does not change):
+//  - the model's parameters become views into the strategy's flat parameter buffers (one per
+//    param group and dtype), so the all-gather after each step writes them in place;
+//  - the user's optimizer keeps its type, param groups and hyperparameters (LR schedulers keep
+//    working), but each group's params are replaced by this rank's flat slice tensors (one
+//    per group and dtype) whose .grad() is the reduced gradient slice: the optimizer state
+//    it creates exists for the slice only;
+//  - stage 1: .grad() of each parameter is a view of its slot in the flat gradient buffer;
+//    stage 2: autograd allocates gradients as usual, and each is released (reset) once its
+//    bucket has taken it at the accumulation boundary;
+//  - AcceleratedOptimizer::step() steps the slices, then all-gathers the parameters.
+//
+// The accelerator owns the gradient (and, under ZeRO, parameter) storage: when it is
+// destroyed, the prepared parameters' gradients and values are replaced by plain copies, so
+// the model stays usable. Under ZeRO the optimizer's groups keep this rank's slices (copied
+// too): build a new optimizer to go on training the model without the accelerator.
 
 #include <concepts>
 #include <cstddef>
@@ -43,6 +70,7 @@
 #include <c10/core/Device.h>
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
+#include <torch/optim/schedulers/lr_scheduler.h>
 
 #include "accelerate/accelerator.hpp"
 #include "accelerate/torch/autocast.hpp"
@@ -60,7 +88,8 @@ class TorchAccelerator;
 class AcceleratedOptimizer {
  public:
   // A real optimizer step only when the last backward() ended at an accumulation boundary
-  // (its gradients are synchronised); between boundaries a no-op.
+  // (its gradients are synchronised); between boundaries a no-op. Under ZeRO it steps this
+  // rank's slices and then all-gathers the parameters.
   void step();
   // Zeroes the gradients in place (they live in the DDP buckets, so they are never freed).
   // While gradients are accumulating (the last backward() did not end in a sync) it does
@@ -83,6 +112,23 @@ class AcceleratedOptimizer {
   bool step_was_skipped_ = false;
 };
 
+// The user's LR scheduler, stepped only when the optimizer stepped (Accelerate's
+// AcceleratedScheduler): call step() after every optimizer step() as in a plain loop, and
+// under gradient accumulation the schedule still counts optimizer steps.
+class AcceleratedScheduler {
+ public:
+  void step();
+  torch::optim::LRScheduler& scheduler() { return scheduler_; }
+
+ private:
+  friend class TorchAccelerator;
+  AcceleratedScheduler(AcceleratedOptimizer& optimizer, torch::optim::LRScheduler& scheduler)
+      : optimizer_(optimizer), scheduler_(scheduler) {}
+
+  AcceleratedOptimizer& optimizer_;
+  torch::optim::LRScheduler& scheduler_;
+};
+
 // shared_ptr<SomeModule> or a torch::nn::ModuleHolder (torch::nn::Sequential, TORCH_MODULE types).
 template <typename Model>
 concept TorchModel =
@@ -93,7 +139,10 @@ class TorchAccelerator : public Accelerator {
   using Batch = TorchBatch;
   using DataLoader = TorchDataLoader;
 
-  // mixed_precision fp16 is refused (it needs CUDA and loss scaling); bf16 and no are fine.
+  // mixed_precision: bf16 (autocast on the CPU or CUDA), or fp16 on CUDA only (autocast with
+  // dynamic loss scaling: backward() scales the loss, and a step whose gradients overflowed on
+  // any rank is skipped; see DynamicLossScaler). fp16 on the CPU is refused: LibTorch's CPU
+  // autocast runs in bf16 only.
   explicit TorchAccelerator(AcceleratorOptions options = {});
   ~TorchAccelerator();
 
@@ -110,12 +159,17 @@ class TorchAccelerator : public Accelerator {
   }
   AcceleratedOptimizer& prepare_module(torch::nn::Module& module,
                                        torch::optim::Optimizer& optimizer);
+  // After prepare: the scheduler built on the prepared optimizer (its optimizer()), wrapped,
+  // and registered for checkpoints. One scheduler per accelerator.
+  AcceleratedScheduler& prepare_scheduler(torch::optim::LRScheduler& scheduler);
   // The trainable parameters in the order the strategy knows them (module order).
   const std::vector<torch::Tensor>& prepared_parameters() const { return param_tensors_; }
 
   // ---- one micro-batch
   // Re-broadcasts buffers, runs (loss * loss_scale()).backward() (buckets all-reduce from
-  // the hooks while it runs), then sync_gradients(). Returns sync_gradients_happened().
+  // the hooks while it runs), then sync_gradients(). Returns sync_gradients_happened(): false
+  // between accumulation steps, and for an fp16 step skipped after an overflow (its
+  // gradients are then zeroed, and the optimizer step() does nothing).
   bool backward(const torch::Tensor& loss);
   // Whether the last backward() ended at an accumulation boundary (gradients synchronised).
   bool sync_gradients_happened() const { return synced_; }
@@ -151,29 +205,43 @@ class TorchAccelerator : public Accelerator {
   torch::Tensor pad_across_processes(const torch::Tensor& t, double value = 0.0);
 
   // ---- mixed precision
-  // A guard enabling bf16 autocast on the CPU while it lives when mixed_precision is bf16;
-  // a guard that does nothing otherwise.
+  // A guard enabling autocast on this rank's device while it lives, in the mixed_precision
+  // dtype (bf16, or fp16 on CUDA); a guard that does nothing when mixed_precision is no.
   AutocastGuard autocast() const;
+
+ protected:
+  // fp16 loss scaling with tensor operations (the gradients may live on a GPU).
+  bool unscale_gradients(double scale) override;
+  void discard_gradients() override;
+  // What the optimizer steps on: the full gradients (DDP), this rank's slices (ZeRO).
+  std::vector<at::Tensor> optimizer_gradients() const;
 
  private:
   friend class AcceleratedOptimizer;
   class GradReadyHook;
-  DdpStrategy& ddp();
+  ZeroStrategy* zero();  // null under DDP
   // Autograd accumulated parameter i's gradient: make sure it is (still) the bucket slot,
   // then report it ready.
   void on_grad_accumulated(std::size_t i);
+  // Under ZeRO: parameters into the flat buffers, the optimizer onto the slices.
+  void shard_optimizer(torch::optim::Optimizer& optimizer);
+  void release_grad(std::size_t i);  // ZeRO-2
   // Points parameter i's .grad() at its bucket slot, keeping the values it had.
   void adopt_bucket_view(std::size_t i);
   void zero_gradients();
 
   std::vector<torch::Tensor> param_tensors_;
-  std::vector<torch::Tensor> grad_views_;  // param_tensors_[i]'s bucket slot, shaped like it
+  std::vector<torch::Tensor> grad_views_;  // param_tensors_[i]'s bucket slot (empty: ZeRO-2)
+  // ZeRO: the optimizer whose groups hold this rank's slices, and the slices.
+  torch::optim::Optimizer* sharded_optimizer_ = nullptr;
+  std::vector<torch::Tensor> slice_tensors_;
   std::vector<torch::Tensor> buffer_tensors_;
   std::vector<void*> buffer_data_;  // to detect buffers replaced after prepare
   std::vector<std::shared_ptr<torch::autograd::Node>>
       accumulators_;  // kept alive: hooks live on them
   std::vector<std::uintptr_t> hook_keys_;
   std::unique_ptr<AcceleratedOptimizer> optimizer_;
+  std::unique_ptr<AcceleratedScheduler> scheduler_;
   bool synced_ = false;
   bool accumulating_ = false;
 };

@@ -52,22 +52,68 @@ void Communicator::finish_average(Buffer data) const {
   divide_elements(data.data, data.count, data.dtype, world_size_);
 }
 
+void Communicator::set_inline_max_bytes(std::size_t bytes) {
+  std::lock_guard lock(mutex_);
+  inline_enabled_ = true;
+  inline_max_bytes_ = bytes;
+}
+
 void Communicator::worker_loop() {
   for (;;) {
     std::function<void()> task;
     {
       std::unique_lock lock(mutex_);
-      queue_cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      // An inline operation may be running on a caller's thread: queued ones wait for it.
+      queue_cv_.wait(lock, [&] { return !running_ && (stopping_ || !queue_.empty()); });
       if (queue_.empty()) return;  // stopping and drained
       task = std::move(queue_.front());
       queue_.pop_front();
+      running_ = true;
     }
     task();
+    {
+      std::lock_guard lock(mutex_);
+      running_ = false;
+    }
+    queue_cv_.notify_all();
   }
 }
 
-WorkPtr Communicator::enqueue(std::string what, std::function<void(Milliseconds)> run) {
-  std::lock_guard lock(mutex_);
+void Communicator::execute(const WorkPtr& work, const std::function<void(Milliseconds)>& run,
+                           std::uint64_t seq, const std::string& name) {
+  std::string broken;
+  {
+    std::lock_guard lock(mutex_);
+    broken = broken_;
+  }
+  if (!broken.empty()) {
+    work->finish(std::make_exception_ptr(
+        CommError(name + " not started: the communicator is unusable since " + broken)));
+    return;
+  }
+  std::exception_ptr error;
+  current_seq_ = seq;
+  try {
+    run(timeout_);
+  } catch (const TimeoutError& e) {
+    const std::vector<int> missing = ranks_not_heard_from(seq);
+    std::string msg = name + " timed out after " + std::to_string(timeout_.count()) + " ms";
+    if (!missing.empty()) msg += "; ranks not heard from: " + format_ranks(missing);
+    error = std::make_exception_ptr(TimeoutError(msg + " (" + e.what() + ")"));
+  } catch (const std::exception& e) {
+    error = std::make_exception_ptr(CommError(name + " failed: " + e.what()));
+  }
+  if (error) {
+    // Ranks are now out of step: refuse later collectives instead of mismatching them.
+    std::lock_guard lock(mutex_);
+    if (broken_.empty()) broken_ = name + " failed";
+  }
+  work->finish(error);
+}
+
+WorkPtr Communicator::enqueue(std::string what, std::size_t payload_bytes,
+                              std::function<void(Milliseconds)> run) {
+  std::unique_lock lock(mutex_);
   const std::uint64_t seq = next_seq_++;
   const std::string name = "rank " + std::to_string(rank_) + ": " + what + " #" +
                            std::to_string(seq);
@@ -76,42 +122,33 @@ WorkPtr Communicator::enqueue(std::string what, std::function<void(Milliseconds)
     work->finish(std::make_exception_ptr(CommError(name + ": communicator is shut down")));
     return work;
   }
-  queue_.push_back([this, work, run = std::move(run), seq, name] {
-    std::string broken;
-    {
-      std::lock_guard lock(mutex_);
-      broken = broken_;
-    }
-    if (!broken.empty()) {
-      work->finish(std::make_exception_ptr(
-          CommError(name + " not started: the communicator is unusable since " + broken)));
-      return;
-    }
-    std::exception_ptr error;
-    try {
-      run(timeout_);
-    } catch (const TimeoutError& e) {
-      const std::vector<int> missing = ranks_not_heard_from(seq);
-      std::string msg = name + " timed out after " + std::to_string(timeout_.count()) + " ms";
-      if (!missing.empty()) msg += "; ranks not heard from: " + format_ranks(missing);
-      error = std::make_exception_ptr(TimeoutError(msg + " (" + e.what() + ")"));
-    } catch (const std::exception& e) {
-      error = std::make_exception_ptr(CommError(name + " failed: " + e.what()));
-    }
-    if (error) {
-      // Ranks are now out of step: refuse later collectives instead of mismatching them.
-      std::lock_guard lock(mutex_);
-      if (broken_.empty()) broken_ = name + " failed";
-    }
-    work->finish(error);
-  });
-  queue_cv_.notify_one();
+  if (inline_enabled_ && payload_bytes <= inline_max_bytes_ && queue_.empty() && !running_) {
+    // Nothing ahead of it: run it here, in order, without the round trip to the worker.
+    running_ = true;
+    lock.unlock();
+    execute(work, run, seq, name);
+    lock.lock();
+    running_ = false;
+    lock.unlock();
+    queue_cv_.notify_all();  // another thread may have queued an operation meanwhile
+    return work;
+  }
+  queue_.push_back(
+      [this, work, run = std::move(run), seq, name] { execute(work, run, seq, name); });
+  queue_cv_.notify_all();
   return work;
 }
 
+void Communicator::count_bytes(std::size_t bytes, int numerator, int denominator) {
+  if (world_size_ == 1) return;
+  bus_bytes_.fetch_add(std::uint64_t(bytes) * std::uint64_t(numerator) / std::uint64_t(denominator),
+                       std::memory_order_relaxed);
+}
+
 WorkPtr Communicator::all_reduce(Buffer data, ReduceOp op) {
+  count_bytes(data.bytes(), 2 * (world_size_ - 1), world_size_);
   return enqueue("all_reduce(" + std::string(reduce_op_name(op)) + ", " + describe(data) + ")",
-                 [=, this](Milliseconds t) {
+                 data.bytes(), [=, this](Milliseconds t) {
                    if (data.count > 0) run_all_reduce(data, op, t);
                  });
 }
@@ -120,8 +157,9 @@ WorkPtr Communicator::broadcast(Buffer data, int root) {
   ACCEL_CHECK_ARG(root >= 0 && root < world_size_,
                   "broadcast root " + std::to_string(root) + " outside world of " +
                       std::to_string(world_size_));
+  count_bytes(data.bytes(), 1, 1);
   return enqueue("broadcast(root " + std::to_string(root) + ", " + describe(data) + ")",
-                 [=, this](Milliseconds t) {
+                 data.bytes(), [=, this](Milliseconds t) {
                    if (data.count > 0) run_broadcast(data, root, t);
                  });
 }
@@ -136,39 +174,61 @@ WorkPtr Communicator::all_gather(Buffer input, Buffer output) {
                   "all_gather: rank " + std::to_string(rank_) + " must contribute " +
                       std::to_string(mine.count) + " of " + std::to_string(output.count) +
                       " elements, got " + std::to_string(input.count));
-  return enqueue("all_gather(" + describe(output) + ")", [=, this](Milliseconds t) {
+  count_bytes(output.bytes(), world_size_ - 1, world_size_);
+  return enqueue("all_gather(" + describe(output) + ")", output.bytes(), [=, this](Milliseconds t) {
     if (output.count > 0) run_all_gather(input, output, t);
   });
 }
 
 WorkPtr Communicator::reduce_scatter(Buffer input, Buffer output, ReduceOp op) {
+  std::vector<std::size_t> counts;
+  for (int r = 0; r < world_size_; ++r) counts.push_back(shard_of(input.count, world_size_, r).count);
+  return reduce_scatter(input, output, op, std::move(counts));
+}
+
+WorkPtr Communicator::reduce_scatter(Buffer input, Buffer output, ReduceOp op,
+                                     std::vector<std::size_t> counts) {
   ACCEL_CHECK_ARG(input.dtype == output.dtype, "reduce_scatter: input is " +
                                                    std::string(dtype_name(input.dtype)) +
                                                    " but output is " +
                                                    std::string(dtype_name(output.dtype)));
-  const Shard mine = shard_of(input.count, world_size_, rank_);
+  ACCEL_CHECK_ARG(counts.size() == std::size_t(world_size_),
+                  "reduce_scatter: " + std::to_string(counts.size()) + " part counts for " +
+                      std::to_string(world_size_) + " ranks");
+  std::vector<Shard> parts(counts.size());
+  std::size_t offset = 0;
+  for (std::size_t r = 0; r < counts.size(); ++r) {
+    parts[r] = {offset, counts[r]};
+    offset += counts[r];
+  }
+  ACCEL_CHECK_ARG(offset == input.count,
+                  "reduce_scatter: the parts hold " + std::to_string(offset) +
+                      " elements, the input " + std::to_string(input.count));
+  const Shard mine = parts[std::size_t(rank_)];
   ACCEL_CHECK_ARG(output.count == mine.count,
                   "reduce_scatter: rank " + std::to_string(rank_) + " receives " +
                       std::to_string(mine.count) + " of " + std::to_string(input.count) +
                       " elements, but its output holds " + std::to_string(output.count));
+  count_bytes(input.bytes(), world_size_ - 1, world_size_);
   return enqueue("reduce_scatter(" + std::string(reduce_op_name(op)) + ", " + describe(input) +
                      ")",
-                 [=, this](Milliseconds t) {
-                   if (input.count > 0) run_reduce_scatter(input, output, op, t);
+                 input.bytes(), [=, this, parts = std::move(parts)](Milliseconds t) {
+                   if (input.count > 0) run_reduce_scatter(input, output, op, parts, t);
                  });
 }
 
 WorkPtr Communicator::barrier() {
-  return enqueue("barrier", [this](Milliseconds t) { run_barrier(t); });
+  return enqueue("barrier", 0, [this](Milliseconds t) { run_barrier(t); });
 }
 
 WorkPtr Communicator::send(Buffer data, int dst, std::uint32_t tag) {
   ACCEL_CHECK_ARG(dst >= 0 && dst < world_size_ && dst != rank_,
                   "send: destination rank " + std::to_string(dst) + " is not another rank of " +
                       std::to_string(world_size_));
+  count_bytes(data.bytes(), 1, 1);
   return enqueue("send(to " + std::to_string(dst) + ", tag " + std::to_string(tag) + ", " +
                      describe(data) + ")",
-                 [=, this](Milliseconds t) { run_send(data, dst, tag, t); });
+                 data.bytes(), [=, this](Milliseconds t) { run_send(data, dst, tag, t); });
 }
 
 WorkPtr Communicator::recv(Buffer data, int src, std::uint32_t tag) {
@@ -177,7 +237,7 @@ WorkPtr Communicator::recv(Buffer data, int src, std::uint32_t tag) {
                       std::to_string(world_size_));
   return enqueue("recv(from " + std::to_string(src) + ", tag " + std::to_string(tag) + ", " +
                      describe(data) + ")",
-                 [=, this](Milliseconds t) { run_recv(data, src, tag, t); });
+                 data.bytes(), [=, this](Milliseconds t) { run_recv(data, src, tag, t); });
 }
 
 }  // namespace accel

@@ -1,9 +1,19 @@
 #pragma once
-// The one interface every strategy talks to, whatever moves the bytes (Gloo, MPI, NCCL, or
-// the world of one). Calls are asynchronous: each returns a Work handle. Operations run on
-// one background thread per communicator, strictly in call order, so ranks that make the
-// same calls issue the same collective sequence; each gets a sequence number (#1, #2, ...)
-// that error messages name.
+// The one interface every strategy talks to, whatever moves the bytes (Gloo, MPI, NCCL,
+// shared memory, or the world of one). Calls are asynchronous: each returns a Work handle.
+// Operations run on one background thread per communicator, strictly in call order, so ranks
+// that make the same calls issue the same collective sequence; each gets a sequence number
+// (#1, #2, ...) that error messages name.
+//
+// Inline execution (one mechanism, opted into by a backend through set_inline_max_bytes):
+// handing an operation to the worker thread and waking the caller again costs tens of
+// microseconds, which is most of a small collective over shared memory. A backend that opts
+// in has an operation of at most that many payload bytes run synchronously on the caller's
+// thread, when nothing is queued or running; otherwise it is queued as usual. Order, sequence
+// numbers, error texts and the "unusable after the first failure" rule are the same either
+// way. What the caller sees: such a call may return a Work that is already complete, having
+// blocked until the peers joined, so a caller must not make a peer's arrival at the same
+// operation depend on something it does between issuing the operation and waiting for it.
 //
 // Shapes:
 //   all_reduce(data, op)           in place, any count (0 included)
@@ -13,8 +23,13 @@
 //                                  exactly that many elements (counts need not divide)
 //   reduce_scatter(input, output)  output gets this rank's part shard_of(input.count, ...)
 //                                  of the element-wise reduction of every rank's input
+//   reduce_scatter(input, output, op, counts)
+//                                  the same with parts the caller chooses: rank r gets
+//                                  counts[r] elements, in rank order (ZeRO-2: a gradient
+//                                  bucket's overlap with each rank's owned slice)
 //   barrier(), send(data, dst, tag), recv(data, src, tag)
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -67,12 +82,22 @@ class Communicator {
   WorkPtr broadcast(Buffer data, int root);
   WorkPtr all_gather(Buffer input, Buffer output);
   WorkPtr reduce_scatter(Buffer input, Buffer output, ReduceOp op);
+  WorkPtr reduce_scatter(Buffer input, Buffer output, ReduceOp op,
+                         std::vector<std::size_t> counts);
   WorkPtr barrier();
   WorkPtr send(Buffer data, int dst, std::uint32_t tag = 0);
   WorkPtr recv(Buffer data, int src, std::uint32_t tag = 0);
 
   // Sequence number the next call will get.
   std::uint64_t next_sequence() const;
+
+  // Bytes this rank has put on the wire for collectives since construction (or the last
+  // reset), counted as nccl-tests' bus bandwidth counts them, so strategies compare by
+  // algorithm-independent volume: all_reduce 2(n-1)/n x bytes, reduce_scatter (n-1)/n x input
+  // bytes, all_gather (n-1)/n x output bytes, broadcast and send their bytes (n > 1), barrier
+  // and recv nothing; a world of one moves nothing. Counted when an operation is issued.
+  std::uint64_t bus_bytes() const { return bus_bytes_.load(std::memory_order_relaxed); }
+  void reset_bus_bytes() { bus_bytes_.store(0, std::memory_order_relaxed); }
 
  protected:
   // Backends implement these synchronously; they run on the worker thread. Each must give
@@ -81,8 +106,10 @@ class Communicator {
   virtual void run_all_reduce(Buffer data, ReduceOp op, Milliseconds timeout) = 0;
   virtual void run_broadcast(Buffer data, int root, Milliseconds timeout) = 0;
   virtual void run_all_gather(Buffer input, Buffer output, Milliseconds timeout) = 0;
+  // parts[r]: rank r's piece of input (contiguous, in rank order, covering all of it); the
+  // public call has checked that output holds parts[rank()].count elements.
   virtual void run_reduce_scatter(Buffer input, Buffer output, ReduceOp op,
-                                  Milliseconds timeout) = 0;
+                                  const std::vector<Shard>& parts, Milliseconds timeout) = 0;
   virtual void run_barrier(Milliseconds timeout) = 0;
   virtual void run_send(Buffer data, int dst, std::uint32_t tag, Milliseconds timeout) = 0;
   virtual void run_recv(Buffer data, int src, std::uint32_t tag, Milliseconds timeout) = 0;
@@ -94,15 +121,29 @@ class Communicator {
     return {};
   }
 
+  // The sequence number of the operation now running (for the backend's own bookkeeping, as
+  // what ranks_not_heard_from is later asked about). Valid inside run_*.
+  std::uint64_t current_sequence() const { return current_seq_; }
+
   // Divides a CPU buffer that holds a sum by the world size.
   void finish_average(Buffer data) const;
 
   // Derived destructors call this first, so no operation runs on a half-destroyed object.
   void stop_worker() noexcept;
 
+  // Opts into inline execution (see the top of this file) for operations whose payload is at
+  // most `bytes` (barriers count as 0). Without it everything is queued. Call from the derived
+  // constructor.
+  void set_inline_max_bytes(std::size_t bytes);
+
  private:
-  WorkPtr enqueue(std::string what, std::function<void(Milliseconds)> run);
+  WorkPtr enqueue(std::string what, std::size_t payload_bytes,
+                  std::function<void(Milliseconds)> run);
+  void count_bytes(std::size_t bytes, int numerator, int denominator);
   void worker_loop();
+  // Runs one operation (on the worker or inline) and finishes its Work.
+  void execute(const WorkPtr& work, const std::function<void(Milliseconds)>& run,
+               std::uint64_t seq, const std::string& name);
 
   const int rank_;
   const int world_size_;
@@ -112,7 +153,12 @@ class Communicator {
   std::condition_variable queue_cv_;
   std::deque<std::function<void()>> queue_;
   std::uint64_t next_seq_ = 1;
+  std::atomic<std::uint64_t> bus_bytes_{0};
   bool stopping_ = false;
+  bool running_ = false;  // an operation is executing (on the worker or inline)
+  std::uint64_t current_seq_ = 0;  // written and read only by whoever executes operations
+  bool inline_enabled_ = false;
+  std::size_t inline_max_bytes_ = 0;
   std::string broken_;  // first failure; later operations fail fast with it
   std::thread worker_;
 };

@@ -11,6 +11,14 @@
 #if ACCEL_HAVE_NCCL
 #include "backends/comm/nccl/nccl_communicator.hpp"
 #endif
+#if ACCEL_HAVE_SHM
+#include "backends/comm/prefix_store.hpp"
+#include "backends/comm/shm/hierarchical_communicator.hpp"
+#include "backends/comm/shm/host_identity.hpp"
+#include "backends/comm/shm/shm_communicator.hpp"
+#endif
+
+#include <algorithm>
 
 namespace accel {
 namespace {
@@ -34,6 +42,46 @@ CommunicatorPtr make_local(const CommOptions& options) {
   return std::make_unique<LocalCommunicator>(options.timeout);
 }
 
+#if ACCEL_HAVE_SHM
+// Every rank's host, through the store under "<backend>/<group>/".
+std::vector<int> hosts_of(std::string_view backend, const CommOptions& options) {
+  ACCEL_CHECK_ARG(options.store != nullptr,
+                  "the '" + std::string(backend) + "' communicator needs a rendezvous store");
+  auto store = std::make_shared<PrefixStore>(std::string(backend) + "/" + options.group_name,
+                                             options.store);
+  return shm::exchange_hosts(store, options.rank, options.world_size, options.timeout);
+}
+
+CommunicatorPtr make_between_hosts(const CommOptions& options) {
+#if ACCEL_HAVE_GLOO
+  return std::make_unique<GlooCommunicator>(options);
+#else
+  (void)options;
+  throw InvalidArgument("the hierarchical communicator needs gloo between hosts (ACCEL_WITH_GLOO)");
+#endif
+}
+
+CommunicatorPtr make_hierarchical(const CommOptions& options) {
+  return std::make_unique<HierarchicalCommunicator>(options, hosts_of("hierarchical", options),
+                                                    &make_between_hosts);
+}
+
+// Shared memory when every rank is on this host, the hierarchical composite otherwise.
+CommunicatorPtr make_auto(const CommOptions& options) {
+  if (options.world_size == 1) return std::make_unique<LocalCommunicator>(options.timeout);
+  std::vector<int> hosts = hosts_of("auto", options);
+  const bool one_host = std::all_of(hosts.begin(), hosts.end(), [](int h) { return h == 0; });
+  if (one_host) return std::make_unique<ShmCommunicator>(options);
+  return std::make_unique<HierarchicalCommunicator>(options, std::move(hosts), &make_between_hosts);
+}
+#elif ACCEL_HAVE_GLOO
+// Built without shared memory, "auto" is Gloo.
+CommunicatorPtr make_auto(const CommOptions& options) {
+  if (options.world_size == 1) return std::make_unique<LocalCommunicator>(options.timeout);
+  return std::make_unique<GlooCommunicator>(options);
+}
+#endif
+
 const Entry kEntries[] = {
     {"local", true, "", &make_local},
 #if ACCEL_HAVE_GLOO
@@ -50,6 +98,18 @@ const Entry kEntries[] = {
     {"nccl", true, "ACCEL_WITH_NCCL", &make<NcclCommunicator>},
 #else
     {"nccl", false, "ACCEL_WITH_NCCL", nullptr},
+#endif
+#if ACCEL_HAVE_SHM
+    {"shm", true, "ACCEL_WITH_SHM", &make<ShmCommunicator>},
+    {"hierarchical", true, "ACCEL_WITH_SHM", &make_hierarchical},
+#else
+    {"shm", false, "ACCEL_WITH_SHM", nullptr},
+    {"hierarchical", false, "ACCEL_WITH_SHM", nullptr},
+#endif
+#if ACCEL_HAVE_SHM || ACCEL_HAVE_GLOO
+    {"auto", true, "", &make_auto},
+#else
+    {"auto", false, "ACCEL_WITH_SHM or ACCEL_WITH_GLOO", nullptr},
 #endif
 };
 

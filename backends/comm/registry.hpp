@@ -12,7 +12,9 @@
 
 namespace accel {
 
-// "local" (the world of one), "gloo", "mpi", "nccl".
+// "local" (the world of one), "gloo", "mpi", "nccl", "shm" (ranks on one host),
+// "hierarchical" (shm inside each host, gloo between hosts) and "auto" (shm when every rank
+// is on one host, else hierarchical; gloo when built without shm).
 CommunicatorPtr create_communicator(std::string_view backend, const CommOptions& options);
 
 // Names of the communicators built into this library.

@@ -1,5 +1,6 @@
 #include "backends/ddp/ddp_strategy.hpp"
 
+#include <algorithm>
 #include <cstring>
 
 #include "backends/comm/error.hpp"
@@ -86,6 +87,27 @@ std::vector<std::vector<std::size_t>> DdpStrategy::bucket_layout() const {
   std::vector<std::vector<std::size_t>> out;
   for (const auto& b : buckets_) out.push_back(b->params);
   return out;
+}
+
+std::vector<ParamSegment> DdpStrategy::segments() const {
+  std::size_t groups = 0;
+  for (const ParamRef& p : params_) groups = std::max(groups, p.group + 1);
+  std::vector<ParamSegment> out;
+  for (std::size_t g = 0; g < groups; ++g) {
+    std::size_t offset = 0;
+    for (const ParamRef& p : params_)
+      if (p.group == g) {
+        out.push_back({g, p.data, p.grad, offset});
+        offset += p.data.count;
+      }
+  }
+  return out;
+}
+
+std::size_t DdpStrategy::gradient_bytes() const {
+  std::size_t bytes = 0;
+  for (const auto& b : buckets_) bytes += b->flat.bytes();
+  return bytes;
 }
 
 void DdpStrategy::prepare() {

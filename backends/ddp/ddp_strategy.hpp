@@ -51,13 +51,19 @@ class DdpStrategy final : public Strategy {
   bool sync_enabled() const override { return sync_enabled_; }
 
   // Broadcasts the buffers from rank 0 (before each forward, when broadcast_buffers is on).
-  void sync_buffers();
+  void sync_buffers() override;
+
+  // Every full parameter, ordered by param group, then parameter order.
+  std::vector<ParamSegment> segments() const override;
+  bool gradients_sharded() const override { return false; }
+  void after_optimizer_step() override {}
+  std::size_t gradient_bytes() const override;
 
   // The slot of parameter i's gradient inside its bucket (same dtype and count).
   Buffer grad_view(std::size_t index) const;
   // Parameter indices per bucket, in launch order (for tests and benchmarks).
   std::vector<std::vector<std::size_t>> bucket_layout() const;
-  const std::vector<ParamRef>& params() const { return params_; }
+  const std::vector<ParamRef>& params() const override { return params_; }
 
  private:
   struct Bucket;

@@ -3,19 +3,13 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <map>
-#include <mutex>
-#include <sstream>
 #include <stdexcept>
 
-#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Functions.h>
 #include <ATen/Parallel.h>
 #include <torch/nn/functional/activation.h>
 #include <torch/nn/functional/pooling.h>
-#include <torch/serialize/input-archive.h>
-#include <torch/serialize/output-archive.h>
 
 #include "examples/common/idx_reader.hpp"
 
@@ -123,39 +117,6 @@ double scheduled_lr(double lr, int epoch, int epochs) {
 
 void set_lr(torch::optim::Optimizer& optimizer, double lr) {
   for (auto& group : optimizer.param_groups()) group.options().set_lr(lr);
-}
-
-std::string save_optimizer(const torch::optim::Optimizer& optimizer) {
-  torch::serialize::OutputArchive archive;
-  optimizer.save(archive);
-  std::ostringstream out;
-  archive.save_to(out);
-  return out.str();
-}
-
-void load_optimizer(torch::optim::Optimizer& optimizer, const std::string& bytes) {
-  torch::serialize::InputArchive archive;
-  archive.load_from(bytes.data(), bytes.size());
-  optimizer.load(archive);
-}
-
-std::string save_torch_rng() {
-  at::Generator generator = at::detail::getDefaultCPUGenerator();  // a handle, shared
-  std::lock_guard<std::mutex> lock(generator.mutex());
-  const at::Tensor state = generator.get_state();  // uint8, contiguous
-  return std::string(static_cast<const char*>(state.data_ptr()), std::size_t(state.numel()));
-}
-
-void load_torch_rng(const std::string& bytes) {
-  at::Generator generator = at::detail::getDefaultCPUGenerator();
-  std::lock_guard<std::mutex> lock(generator.mutex());
-  const at::Tensor expected = generator.get_state();
-  if (std::size_t(expected.numel()) != bytes.size())
-    throw std::runtime_error("torch RNG state: " + std::to_string(bytes.size()) +
-                             " bytes, expected " + std::to_string(expected.numel()));
-  at::Tensor state = at::empty({std::int64_t(bytes.size())}, at::kByte);
-  std::memcpy(state.data_ptr(), bytes.data(), bytes.size());
-  generator.set_state(state);
 }
 
 void use_omp_num_threads() {

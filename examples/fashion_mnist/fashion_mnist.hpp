@@ -66,13 +66,6 @@ double scheduled_lr(double lr, int epoch, int epochs);
 // Sets every param group's learning rate.
 void set_lr(torch::optim::Optimizer& optimizer, double lr);
 
-// For checkpoints (Accelerator::register_state): an optimizer's state (momentum buffers) and
-// the state of LibTorch's default CPU generator (dropout masks) as bytes, and back.
-std::string save_optimizer(const torch::optim::Optimizer& optimizer);
-void load_optimizer(torch::optim::Optimizer& optimizer, const std::string& bytes);
-std::string save_torch_rng();
-void load_torch_rng(const std::string& bytes);
-
 // torch::set_num_threads(OMP_NUM_THREADS) when it is set (`accel launch` sets it to the
 // cores divided by the processes on this machine), so the processes do not oversubscribe.
 void use_omp_num_threads();

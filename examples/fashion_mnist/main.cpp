@@ -54,24 +54,17 @@ int main(int argc, char** argv) {
     auto test_loader =
         acc.prepare_data_loader(test.images, test.labels, {.batch_size = 500, .shuffle = false});
 
-    // Checkpoints: the Accelerator saves the parameters, its counters and the loop's position;
-    // the optimizer's momentum and LibTorch's RNG (dropout) are ours to hand over. The RNG is
-    // in lockstep on every rank (same seed, same draws), so rank 0's copy serves all.
-    if (!flags.checkpoint_dir.empty()) {
-      acc.register_state(
-          "sgd", [&] { return save_optimizer(sgd); },
-          [&](const std::string& bytes) { load_optimizer(sgd, bytes); });
-      acc.register_state("torch_rng", save_torch_rng, load_torch_rng);
-      if (accel::checkpoint_exists(flags.checkpoint_dir)) {
-        acc.load_state(flags.checkpoint_dir);
-        loader.set_epoch(acc.resume_epoch());  // the loader counts its epochs from here on
-        loader.skip_first_batches(acc.resume_batch());
-        acc.print("resumed from %s: epoch %llu, batch %llu, step %llu\n",
-                  flags.checkpoint_dir.c_str(),
-                  static_cast<unsigned long long>(acc.resume_epoch() + 1),
-                  static_cast<unsigned long long>(acc.resume_batch()),
-                  static_cast<unsigned long long>(acc.step()));
-      }
+    // Checkpoints: save_state keeps the model, the optimizer's momentum, LibTorch's RNG
+    // (dropout), the counters and the loop's position; load_state restores them.
+    if (!flags.checkpoint_dir.empty() && accel::checkpoint_exists(flags.checkpoint_dir)) {
+      acc.load_state(flags.checkpoint_dir);
+      loader.set_epoch(acc.resume_epoch());  // the loader counts its epochs from here on
+      loader.skip_first_batches(acc.resume_batch());
+      acc.print("resumed from %s: epoch %llu, batch %llu, step %llu\n",
+                flags.checkpoint_dir.c_str(),
+                static_cast<unsigned long long>(acc.resume_epoch() + 1),
+                static_cast<unsigned long long>(acc.resume_batch()),
+                static_cast<unsigned long long>(acc.step()));
     }
 
     for (int epoch = int(acc.resume_epoch()); epoch < flags.epochs; ++epoch) {

@@ -4,6 +4,7 @@
 //
 //   build/bin/raw_mlp --epochs 2
 //   build/bin/accel launch --num_processes 2 build/bin/raw_mlp --epochs 2 --checkpoint_dir ck
+//   build/bin/accel launch --use_zero --zero_stage 2 --num_processes 2 build/bin/raw_mlp
 //
 // With --checkpoint_dir it saves after every epoch (and every --save_every optimizer steps)
 // and, when a checkpoint is there at start, continues from it, mid-epoch included.
@@ -17,9 +18,9 @@
 #include <vector>
 
 #include "accelerate/accelerator.hpp"
+#include "backends/optim/sgd.hpp"
 #include "examples/common/idx_reader.hpp"
 #include "examples/raw_mlp/mlp.hpp"
-#include "examples/raw_mlp/momentum_sgd.hpp"
 
 namespace {
 
@@ -181,11 +182,11 @@ int main(int argc, char** argv) {
         flags.hidden);
 
     raw_mlp::Mlp model({int(train.features), flags.hidden, 10}, acc.seed());
-    raw_mlp::MomentumSgd optimizer(model, flags.momentum);
-    acc.prepare_parameters(params_of(model));
-    acc.register_state(
-        "optimizer", [&] { return optimizer.save(); },
-        [&](const std::string& bytes) { optimizer.load(bytes); });
+    // The built-in optimizer steps what the strategy hands it (every parameter under DDP, this
+    // rank's slices under ZeRO), so this loop runs unchanged under either; prepare() also puts
+    // its state into checkpoints.
+    accel::Sgd optimizer(accel::SgdOptions{.lr = flags.lr, .momentum = flags.momentum});
+    acc.prepare(params_of(model), optimizer);
 
     const bool checkpoints = !flags.checkpoint_dir.empty();
     if (checkpoints && accel::checkpoint_exists(flags.checkpoint_dir)) {
@@ -219,7 +220,7 @@ int main(int argc, char** argv) {
         ++loss_count;
         if (acc.sync_gradients()) {
           if (flags.clip > 0) acc.clip_grad_norm(flags.clip);
-          optimizer.step(flags.lr);
+          acc.optimizer_step();
           model.zero_grad();
           if (checkpoints && flags.save_every > 0 && acc.step() % flags.save_every == 0 &&
               b + 1 < batches)

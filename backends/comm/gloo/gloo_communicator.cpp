@@ -165,7 +165,16 @@ void GlooCommunicator::run_all_gather(Buffer input, Buffer output, Milliseconds 
     gloo::AllgathervOptions opts(context_);
     // Gloo reads the input even when empty; give it a valid pointer for a zero-sized part.
     T dummy{};
-    opts.setInput(input.count ? static_cast<T*>(input.data) : &dummy, input.count);
+    // In place (input is this rank's part of the output, as ZeRO gathers its parameters):
+    // Gloo memcpy's the input into the output, which must not overlap it, so it gets a copy.
+    std::vector<T> copy;
+    const Shard mine = shard_of(output.count, world_size(), rank());
+    T* in = input.count ? static_cast<T*>(input.data) : &dummy;
+    if (input.count && input.data == output.slice(mine.offset, mine.count).data) {
+      copy.assign(in, in + input.count);
+      in = copy.data();
+    }
+    opts.setInput(in, input.count);
     opts.setOutput(static_cast<T*>(output.data), counts);
     opts.setTag(next_tag());
     opts.setTimeout(timeout);
@@ -178,7 +187,7 @@ void GlooCommunicator::run_all_gather(Buffer input, Buffer output, Milliseconds 
 // to it. After n-1 steps rank r holds the full reduction of part r. Every byte of the input
 // crosses the ring once: (n-1)/n of the buffer per rank, as in NCCL's ring.
 void GlooCommunicator::run_reduce_scatter(Buffer input, Buffer output, ReduceOp op,
-                                          Milliseconds timeout) {
+                                          const std::vector<Shard>& parts, Milliseconds timeout) {
   const int n = world_size(), r = rank();
   const std::size_t esize = element_size(input.dtype);
   if (n == 1) {
@@ -186,7 +195,7 @@ void GlooCommunicator::run_reduce_scatter(Buffer input, Buffer output, ReduceOp 
     return;
   }
   const ReduceKernel kernel = reduce_kernel(input.dtype, wire_op(op));
-  const auto part = [&](int i) { return shard_of(input.count, n, ((i % n) + n) % n); };
+  const auto part = [&](int i) { return parts[std::size_t(((i % n) + n) % n)]; };
   std::size_t largest = 0;
   for (int i = 0; i < n; ++i) largest = std::max(largest, part(i).count);
 

@@ -543,7 +543,7 @@ void MpiCommunicator::run_all_gather(Buffer input, Buffer output, Milliseconds t
 }
 
 void MpiCommunicator::run_reduce_scatter(Buffer input, Buffer output, ReduceOp op,
-                                         Milliseconds timeout) {
+                                         const std::vector<Shard>& parts, Milliseconds timeout) {
   const int world = world_size();
   const int me = rank();
   const MPI_Datatype type = mpi_type(input.dtype);
@@ -561,7 +561,7 @@ void MpiCommunicator::run_reduce_scatter(Buffer input, Buffer output, ReduceOp o
   if (input.count <= kMaxCount) {
     s.counts.resize(static_cast<std::size_t>(world));
     for (int r = 0; r < world; ++r)
-      s.counts[r] = static_cast<int>(shard_of(input.count, world, r).count);
+      s.counts[r] = static_cast<int>(parts[std::size_t(r)].count);
     MpiLock lock;
     ACCEL_MPI_CHECK(MPI_Ireduce_scatter(input.data, result.data, s.counts.data(), type, mop,
                                         state_->comm, pending.next()));
@@ -569,7 +569,7 @@ void MpiCommunicator::run_reduce_scatter(Buffer input, Buffer output, ReduceOp o
     // MPI sums the counts in an int: reduce each rank's part to it instead, in chunks.
     MpiLock lock;
     for (int r = 0; r < world; ++r) {
-      const Shard part = shard_of(input.count, world, r);
+      const Shard part = parts[std::size_t(r)];
       if (part.count == 0) continue;
       for_each_chunk(part.count, [&](std::size_t offset, int n) {
         void* out = r == me ? result.slice(offset, n).data : nullptr;

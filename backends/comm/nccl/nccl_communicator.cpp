@@ -368,12 +368,12 @@ void NcclCommunicator::run_all_gather(Buffer input, Buffer output, Milliseconds 
 }
 
 void NcclCommunicator::run_reduce_scatter(Buffer input, Buffer output, ReduceOp op,
-                                          Milliseconds timeout) {
+                                          const std::vector<Shard>& parts, Milliseconds timeout) {
   require_cuda(input, "reduce_scatter");
   require_cuda(output, "reduce_scatter");
   const int world = world_size();
   const int me = rank();
-  const Shard mine = shard_of(input.count, world, me);
+  const Shard mine = parts[std::size_t(me)];
   ACCEL_CHECK_ARG(
       output.data == input.slice(mine.offset, mine.count).data || !overlaps(input, output),
       "NcclCommunicator reduce_scatter: the output overlaps the input other than as "
@@ -381,7 +381,9 @@ void NcclCommunicator::run_reduce_scatter(Buffer input, Buffer output, ReduceOp 
   const ncclDataType_t type = nccl_type(input.dtype);
   const ncclRedOp_t nop = nccl_op(op);
   State& s = *state_;
-  if (input.count % static_cast<std::size_t>(world) == 0) {
+  bool equal = true;
+  for (const Shard& part : parts) equal = equal && part.count == mine.count;
+  if (equal) {
     s.run("ncclReduceScatter", timeout, [&] {
       ACCEL_NCCL_CHECK_ASYNC(
           ncclReduceScatter(input.data, output.data, mine.count, type, nop, s.comm, s.stream));
@@ -391,7 +393,7 @@ void NcclCommunicator::run_reduce_scatter(Buffer input, Buffer output, ReduceOp 
   // Unequal parts: one reduce to each part's owner, all in one group.
   s.run("reduce_scatter as grouped ncclReduce", timeout, [&] {
     for (int r = 0; r < world; ++r) {
-      const Shard part = shard_of(input.count, world, r);
+      const Shard part = parts[std::size_t(r)];
       if (part.count == 0) continue;
       // recvbuff is written on the root only.
       ACCEL_NCCL_CHECK_ASYNC(ncclReduce(input.slice(part.offset, part.count).data,

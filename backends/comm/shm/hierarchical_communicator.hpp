@@ -1,0 +1,57 @@
+#pragma once
+// Ranks on several hosts: shared memory inside each host, another communicator (Gloo, by the
+// registry) between one leader per host (its lowest rank), then shared memory again.
+//   all_reduce      host sum over shm -> leaders all-reduce -> host broadcast from the leader
+//   broadcast       to the root's leader over shm -> leaders -> every host over shm
+//   all_gather      host all_gather over shm into a per-host block (parts padded to the
+//                   largest) -> leaders all_gather the blocks -> host broadcast -> unpack
+//   reduce_scatter  all_reduce on a copy, keep this rank's part
+//   barrier         host, leaders, host
+//   send/recv       over shm inside a host; across hosts over a third communicator of the
+//                   whole world made by the same factory (made at construction, because
+//                   making one is collective)
+// Only host leaders carry traffic between hosts, so the TCP links carry 1/ranks-per-host of
+// what a flat Gloo ring would. Error messages of the inner groups name their own ranks; the
+// message adds which global ranks they are.
+
+#include <functional>
+
+#include "backends/comm/communicator.hpp"
+
+namespace accel {
+
+class HierarchicalCommunicator final : public Communicator {
+ public:
+  using Factory = std::function<CommunicatorPtr(const CommOptions&)>;
+
+  // host_of[r]: host index of global rank r (shm::exchange_hosts). make_between_hosts makes the
+  // leaders' communicator and the whole world's one for send/recv across hosts.
+  HierarchicalCommunicator(const CommOptions& options, std::vector<int> host_of,
+                           const Factory& make_between_hosts);
+  ~HierarchicalCommunicator() override;
+  std::string_view backend_name() const override { return "hierarchical"; }
+
+ protected:
+  void run_all_reduce(Buffer data, ReduceOp op, Milliseconds timeout) override;
+  void run_broadcast(Buffer data, int root, Milliseconds timeout) override;
+  void run_all_gather(Buffer input, Buffer output, Milliseconds timeout) override;
+  void run_reduce_scatter(Buffer input, Buffer output, ReduceOp op, const std::vector<Shard>& parts,
+                          Milliseconds timeout) override;
+  void run_barrier(Milliseconds timeout) override;
+  void run_send(Buffer data, int dst, std::uint32_t tag, Milliseconds timeout) override;
+  void run_recv(Buffer data, int src, std::uint32_t tag, Milliseconds timeout) override;
+
+ private:
+  // Waits for an inner operation, adding which group it ran in to its error.
+  void inner(const WorkPtr& work, Milliseconds timeout, bool between_hosts) const;
+  void all_reduce_sum(Buffer data, ReduceOp wire, Milliseconds timeout);
+
+  std::vector<int> host_of_, local_index_;
+  std::vector<std::vector<int>> members_;  // global ranks of each host, ascending
+  int host_ = 0, hosts_ = 1, widest_host_ = 1;
+  CommunicatorPtr local_;    // this host's ranks, over shm
+  CommunicatorPtr leaders_;  // one rank per host; null on the others
+  CommunicatorPtr world_;    // everyone, for send/recv across hosts
+};
+
+}  // namespace accel

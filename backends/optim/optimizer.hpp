@@ -1,0 +1,61 @@
+#pragma once
+// Built-in optimizers for the raw API (accel::Sgd, accel::AdamW): element-wise updates on
+// flat runs of parameters (ParamSegment), so the same object steps every full parameter
+// under DDP and only this rank's owned slices under ZeRO, with the same arithmetic on each
+// element: a world of one under ZeRO is bitwise the unsharded optimizer.
+//
+// State (momentum, Adam's moments) is allocated per segment at the first step, in the
+// parameters' memory (CPU), and counted: state_bytes() is what the ZeRO memory accounting
+// checks. f32 parameters only (LibTorch users keep their own optimizers; see
+// accelerate/torch/).
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "backends/backend.hpp"
+
+namespace accel {
+
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+  virtual std::string_view name() const = 0;
+
+  // One update of every segment (the same segments, in the same order, at every step).
+  void step(const std::vector<ParamSegment>& segments);
+
+  // Param groups and their learning rate (what an LR schedule changes).
+  virtual std::size_t num_groups() const = 0;
+  virtual double lr(std::size_t group) const = 0;
+  virtual void set_lr(std::size_t group, double lr) = 0;
+
+  std::uint64_t steps() const { return steps_; }
+  // Bytes of optimizer state allocated so far.
+  std::size_t state_bytes() const { return state_bytes_; }
+
+  // The step count and every segment's state, as bytes (a checkpoint blob); load_state checks
+  // the size against this optimizer's segments before changing anything.
+  std::string save_state() const;
+  void load_state(const std::string& bytes);
+
+ protected:
+  // State arrays per element for a segment of `group` (SGD with momentum 1, AdamW 2).
+  virtual std::size_t state_slots(std::size_t group) const = 0;
+  // One segment's update; `state` holds state_slots(group) arrays of values.count floats,
+  // `step` counts from 1.
+  virtual void update(const ParamSegment& segment, std::vector<float*>& state,
+                      std::uint64_t step) = 0;
+  void check_group(std::size_t group) const;
+
+ private:
+  std::uint64_t steps_ = 0;
+  std::size_t state_bytes_ = 0;
+  // [segment][slot] -> values.count floats
+  std::vector<std::vector<std::vector<float>>> state_;
+  std::vector<std::size_t> segment_counts_;  // to refuse other segments on a later step
+};
+
+}  // namespace accel

@@ -1,0 +1,128 @@
+#pragma once
+// ZeRO (DeepSpeed's Zero Redundancy Optimizer), stages 1 and 2: every rank keeps the full
+// parameters, but the optimizer updates only this rank's slice of each flat (param group,
+// dtype) buffer (flat_layout.hpp), so optimizer state exists for that slice only.
+//
+//   stage 1: the strategy keeps full flat gradient buffers (a front end may make them the
+//            gradient storage: grad_view); in the micro-batch that ends an accumulation (sync
+//            enabled) they are reduce-scattered (average) in buckets as backward produces
+//            them, each rank's part landing in place in its slice.
+//   stage 2: the strategy keeps only the owned gradient slices and two bucket buffers (one
+//            filling while the other is in flight): each bucket's gradients are copied in,
+//            reduce-scattered during backward, this rank's part copied to its slice, and the
+//            gradients handed to options.release_grad (LibTorch frees them).
+//
+// Gradient accumulation: between boundaries nothing is communicated in either stage and the
+// gradients accumulate where the loop keeps them (PyTorch's no_sync). DeepSpeed's stage 2
+// instead reduces every micro-batch and sums the averages into the slice, which moves K times
+// the bytes and rounds differently from DDP; here each rank's slice holds exactly the average
+// of every rank's accumulated gradient, as DDP computes it, and a step moves DDP's bytes.
+//
+// The reduce-scatter is a true one with per-rank parts (a bucket's overlap with each rank's
+// slice; Communicator::reduce_scatter with counts), launched strictly in bucket order so every
+// rank issues the same collective sequence. After the optimizer updated segments() (the
+// owned slices), after_optimizer_step() all-gathers each flat parameter buffer and copies the
+// values into the parameters (no copy for parameters that live in the flat buffer:
+// use_flat_parameters()). Bytes moved per step: reduce-scatter + all-gather = one all-reduce.
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <vector>
+
+#include "backends/backend.hpp"
+#include "backends/zero/flat_layout.hpp"
+
+namespace accel {
+
+struct ZeroOptions {
+  int stage = 2;                              // 1 or 2
+  std::size_t bucket_cap_bytes = 25u << 20;   // gradient reduce-scatter buckets
+  bool broadcast_buffers = true;              // as DdpOptions::broadcast_buffers
+  // Stage 2: called with a parameter's index once its gradient is in a bucket, for a front
+  // end that frees it (LibTorch: grad reset to undefined). Raw buffers are left as they are.
+  std::function<void(std::size_t)> release_grad;
+};
+
+class ZeroStrategy final : public Strategy {
+ public:
+  ZeroStrategy(Communicator& comm, std::vector<ParamRef> params, std::vector<Buffer> buffers = {},
+               ZeroOptions options = {});
+  ~ZeroStrategy() override;
+
+  std::string_view name() const override { return options_.stage == 1 ? "zero1" : "zero2"; }
+  int stage() const { return options_.stage; }
+  // Broadcasts parameters and buffers from rank 0 and fills the flat parameter buffers.
+  void prepare() override;
+  void grad_ready(std::size_t index) override;
+  // At a boundary (sync enabled): finishes the reduce-scatters, the slices hold the averages.
+  void sync_gradients() override;
+  void set_sync_enabled(bool enabled) override { sync_enabled_ = enabled; }
+  bool sync_enabled() const override { return sync_enabled_; }
+  void sync_buffers() override;
+  const std::vector<ParamRef>& params() const override { return params_; }
+
+  // One segment per flat buffer: this rank's slice of the parameters and its gradient.
+  std::vector<ParamSegment> segments() const override;
+  bool gradients_sharded() const override { return true; }
+  void after_optimizer_step() override;
+  void reload_parameters() override;
+  std::size_t gradient_bytes() const override;
+
+  const FlatLayout& layout() const { return layout_; }
+  // Parameter i's place in its flat parameter buffer (same dtype and count).
+  Buffer param_view(std::size_t index) const;
+  // The caller made every parameter live at param_view(i): the all-gather then writes the
+  // parameters directly.
+  void use_flat_parameters();
+  // Stage 1: parameter i's slot in the flat gradient buffer; a front end may make it the
+  // gradient storage (as DDP's grad_view). Stage 2 keeps no full gradients: throws.
+  Buffer grad_view(std::size_t index) const;
+  // Where parameter i's gradient lives now (a framework that allocates a new one each
+  // micro-batch); the next grad_ready(i) reads it there. Stage 2: a null data pointer means
+  // no gradient (zeros), as does a ParamRef given without gradient storage.
+  void set_grad(std::size_t index, Buffer grad);
+  // The bucket ranges (flat index, begin, end) in launch order, for tests.
+  const std::vector<FlatBucket>& bucket_layout() const { return bucket_ranges_; }
+
+ private:
+  struct Bucket {
+    FlatBucket range;
+    std::vector<std::size_t> counts;  // per rank: its part of the bucket
+    std::size_t pending = 0;
+    int slot = -1;                    // stage 2: the staging buffer in use
+    WorkPtr work;
+  };
+  void launch_ready_buckets();        // with mutex_ held
+  void launch(Bucket& b);
+  void finish(Bucket& b);             // waits; stage 2: copies this rank's part to its slice
+  void finish_all();
+  Buffer own_part(const Bucket& b, Buffer bucket_data) const;
+  Buffer flat_params(std::size_t f) const;
+  Buffer grad_slice(std::size_t f) const;
+
+  Communicator& comm_;
+  std::vector<ParamRef> params_;
+  std::vector<Buffer> buffers_;
+  ZeroOptions options_;
+  FlatLayout layout_;
+  // 8-byte words so every dtype is aligned. Stage 1: full flat gradients (padded); stage 2:
+  // the owned slices only.
+  std::vector<std::vector<std::uint64_t>> param_store_, grad_store_;
+  std::array<std::vector<std::uint64_t>, 2> staging_;  // stage 2
+  std::vector<FlatBucket> bucket_ranges_;
+  std::vector<Bucket> buckets_;
+  std::vector<std::vector<std::size_t>> buckets_of_;  // a split parameter is in several
+  std::vector<std::size_t> release_in_;               // the bucket that takes its last piece
+  std::vector<bool> ready_;
+  std::size_t next_launch_ = 0;
+  int next_slot_ = 0;
+  std::array<Bucket*, 2> in_slot_{};
+  bool sync_enabled_ = true;
+  bool flat_parameters_ = false;
+  std::mutex mutex_;  // hooks may fire on autograd's threads
+};
+
+}  // namespace accel

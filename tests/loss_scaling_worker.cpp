@@ -1,0 +1,108 @@
+// One rank of the fp16 loss-scaling checks (loss_scaling_test runs it over real processes):
+// the raw API with mixed_precision fp16 on a least-squares "model" w (8 floats) whose gradient
+// each rank computes by hand from its own target. At step 3 only the last rank's gradient
+// overflows (an inf): every rank must skip that step, the scale must back off and grow again
+// on schedule (init 1024, growth every 3 finite steps), and the parameters must equal one
+// process applying plain SGD to the average gradient of every step but the skipped one.
+// Under ZeRO (--zero STAGE) the overflow lands in rank 0's slice only (element 0), so the
+// other ranks learn of it only through the scaler's agreement.
+//   loss_scaling_worker [--zero 1|2]
+// Prints one "ok ..." line per check; exits 1 on any failure.
+
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "accelerate/accelerator.hpp"
+#include "backends/optim/sgd.hpp"
+
+using namespace accel;
+
+namespace {
+
+constexpr int kSteps = 10, kOverflowStep = 3, kParams = 8;
+constexpr float kLr = 0.25f;
+
+float target(int step, int rank, int i) { return float((step * 7 + rank * 3 + i) % 11) - 5.0f; }
+
+int failures = 0;
+void report(bool ok, const std::string& what) {
+  std::printf("%s %s\n", ok ? "ok" : "FAIL", what.c_str());
+  std::fflush(stdout);
+  failures += !ok;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    AcceleratorOptions options;
+    if (argc == 3 && std::string(argv[1]) == "--zero") {
+      options.distributed_type = "ZERO";
+      options.zero_stage = std::stoi(argv[2]);
+    }
+    options.mixed_precision = "fp16";
+    options.loss_scaler.init_scale = 1024;
+    options.loss_scaler.growth_interval = 3;
+    Accelerator acc(options);
+    const int world = acc.num_processes(), rank = acc.process_index();
+
+    std::vector<float> w(kParams, 1.0f), grad(kParams, 0.0f);
+    Sgd sgd(SgdOptions{.lr = kLr});
+    acc.prepare({{"w", buffer_of(std::span(w)), buffer_of(std::span(grad))}}, sgd);
+
+    const std::string expected_strategy =
+        options.zero_stage ? "zero" + std::to_string(*options.zero_stage) : "ddp";
+    report(acc.strategy().name() == expected_strategy,
+           "strategy " + std::string(acc.strategy().name()));
+    std::vector<float> reference(kParams, 1.0f);
+    std::vector<double> scales;
+    std::vector<int> skipped;
+    bool zeroed_after_skip = true;
+    for (int step = 0; step < kSteps; ++step) {
+      scales.push_back(acc.loss_scale());
+      // "backward": d/dw of 0.5 * |w - t|^2, times the loss scale.
+      for (int i = 0; i < kParams; ++i) grad[i] = (w[i] - target(step, rank, i)) * acc.loss_scale();
+      if (step == kOverflowStep && rank == world - 1)
+        grad[0] = std::numeric_limits<float>::infinity();
+      acc.grad_ready(0);
+      const bool synced = acc.sync_gradients();
+      if (synced) {
+        acc.optimizer_step();
+        std::fill(grad.begin(), grad.end(), 0.0f);
+      } else {
+        skipped.push_back(step);
+        for (float g : grad) zeroed_after_skip = zeroed_after_skip && g == 0.0f;
+        if (!acc.optimizer_step_was_skipped()) report(false, "sync_gradients false but not skipped");
+      }
+      if (step != kOverflowStep)
+        for (int i = 0; i < kParams; ++i) {
+          double avg = 0;
+          for (int r = 0; r < world; ++r) avg += reference[i] - target(step, r, i);
+          reference[i] -= kLr * float(avg / world);
+        }
+    }
+
+    report(skipped == std::vector<int>{kOverflowStep},
+           "every rank skipped exactly the step that overflowed on rank " +
+               std::to_string(world - 1));
+    report(zeroed_after_skip, "the skipped step's gradients were zeroed");
+    const std::vector<double> expected = {1024, 1024, 1024, 2048, 1024,
+                                          1024, 1024, 2048, 2048, 2048};
+    report(scales == expected, "the scale backs off after the overflow and grows every 3 steps");
+    report(acc.loss_scaler()->scale() == 4096, "the scale ends at 4096");
+    report(acc.step() == std::uint64_t(kSteps - 1), "the skipped step is not counted");
+    double diff = 0;
+    for (int i = 0; i < kParams; ++i) diff = std::max(diff, double(std::fabs(w[i] - reference[i])));
+    char line[160];
+    std::snprintf(line, sizeof line,
+                  "training equals one process skipping the same step (max |diff| %.3g)", diff);
+    report(diff <= 1e-6, line);
+    return failures == 0 ? 0 : 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "loss_scaling_worker: %s\n", e.what());
+    return 1;
+  }
+}

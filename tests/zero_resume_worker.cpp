@@ -1,0 +1,97 @@
+// One rank of the ZeRO resharding check (zero_test): the raw MLP with AdamW (two param
+// groups, clipping) trained through the Accelerator under the config's strategy, on global
+// batches of 24 split over the ranks, so any world size sees the same data per step.
+//   zero_resume_worker --phase whole --out FILE [--steps N]          train N steps
+//   zero_resume_worker --phase save --dir DIR [--save_at K]          train K steps, save_state
+//   zero_resume_worker --phase resume --dir DIR --out FILE [--steps N]
+//                                                                    load_state, train to N
+// FILE gets rank 0's final parameters (doubles), for comparing runs.
+
+#include <cstdio>
+#include <random>
+#include <string>
+
+#include "accelerate/accelerator.hpp"
+#include "backends/optim/adamw.hpp"
+#include "examples/raw_mlp/mlp.hpp"
+
+using namespace accel;
+
+namespace {
+
+constexpr int kGlobalBatch = 24;
+const std::vector<int> kSizes = {13, 37, 29, 10};
+
+void batch_for(std::uint64_t step, int rank, int world, std::vector<float>& x, std::vector<int>& y) {
+  std::mt19937 rng(500 + unsigned(step));
+  std::normal_distribution<float> g;
+  std::vector<float> all(std::size_t(kGlobalBatch) * kSizes.front());
+  for (float& v : all) v = g(rng);
+  std::vector<int> labels;
+  for (int n = 0; n < kGlobalBatch; ++n) labels.push_back(int(rng() % kSizes.back()));
+  const int per = kGlobalBatch / world, in = kSizes.front();
+  x.assign(all.begin() + std::ptrdiff_t(rank) * per * in, all.begin() + std::ptrdiff_t(rank + 1) * per * in);
+  y.assign(labels.begin() + rank * per, labels.begin() + (rank + 1) * per);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string phase, dir, out;
+  std::uint64_t steps = 20, save_at = 10;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string flag = argv[i], value = argv[i + 1];
+    if (flag == "--phase") phase = value;
+    else if (flag == "--dir") dir = value;
+    else if (flag == "--out") out = value;
+    else if (flag == "--steps") steps = std::stoull(value);
+    else if (flag == "--save_at") save_at = std::stoull(value);
+  }
+  try {
+    Accelerator acc;
+    raw_mlp::Mlp model(kSizes, 5);
+    std::vector<ParamRef> params;
+    for (std::size_t l = 0; l < model.layers().size(); ++l) {
+      auto& L = model.layers()[l];
+      params.push_back({"layers." + std::to_string(l) + ".weight", buffer_of(std::span(L.weight)),
+                        buffer_of(std::span(L.weight_grad)), 0});
+      params.push_back({"layers." + std::to_string(l) + ".bias", buffer_of(std::span(L.bias)),
+                        buffer_of(std::span(L.bias_grad)), 1});
+    }
+    AdamW optimizer(std::vector<AdamWOptions>{{.lr = 3e-3, .weight_decay = 1e-2},
+                                              {.lr = 1e-3, .beta1 = 0.8, .weight_decay = 0}});
+    acc.prepare(params, optimizer);
+    if (phase == "resume") acc.load_state(dir);
+    const std::uint64_t until = phase == "save" ? save_at : steps;
+    std::vector<float> x;
+    std::vector<int> y;
+    while (acc.step() < until) {
+      batch_for(acc.step(), acc.process_index(), acc.num_processes(), x, y);
+      model.forward_backward(x, y, acc.loss_scale(), [&](std::size_t l) {
+        acc.grad_ready(2 * l);
+        acc.grad_ready(2 * l + 1);
+      });
+      if (acc.sync_gradients()) {
+        acc.clip_grad_norm(0.5);
+        acc.optimizer_step();
+        model.zero_grad();
+      }
+    }
+    if (phase == "save") acc.save_state(dir);
+    if (!out.empty() && acc.is_main_process()) {
+      std::FILE* f = std::fopen(out.c_str(), "wb");
+      for (const auto& L : model.layers()) {
+        for (float v : L.weight) { const double d = v; std::fwrite(&d, sizeof d, 1, f); }
+        for (float v : L.bias) { const double d = v; std::fwrite(&d, sizeof d, 1, f); }
+      }
+      std::fclose(f);
+    }
+    std::printf("rank %d of %d (%s): %s done at step %llu\n", acc.process_index(),
+                acc.num_processes(), std::string(acc.strategy().name()).c_str(), phase.c_str(),
+                static_cast<unsigned long long>(acc.step()));
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "zero_resume_worker: %s\n", e.what());
+    return 2;
+  }
+}

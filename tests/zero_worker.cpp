@@ -1,0 +1,268 @@
+// One rank of the ZeRO checks (zero_test runs it over real processes). Two copies of the raw
+// MLP train side by side on this rank's slice of the same global batches, one under DDP, one
+// under ZeRO (stage 1 or 2), each with its own built-in optimizer, through the same calls the
+// Accelerator makes (grad_ready, sync_gradients every micro-batch, clip_grad_norm, step on
+// segments(), after_optimizer_step). Two param groups (weights, biases: interleaved in
+// parameter order, so the flat buffers are not parameter order) with different
+// hyperparameters, gradient accumulation, clipping; tiny buckets so a bucket straddles rank
+// slices; rank != 0 starts from other weights, so prepare()'s broadcast is checked too.
+//   zero_worker --stage 1|2 --optimizer sgd|adamw|adam [--backend B] [--steps N]
+//               [--accumulation K] [--clip X]
+// Prints "max |zero - ddp| = D" and the bytes each strategy moved; exits 0 when D <= 1e-6
+// (world 1: D == 0, bitwise), the optimizer state is this rank's slice's, and the bytes
+// agree within 1%.
+//   zero_worker --memory --stage 1|2 [--backend B]
+// An 11.5M-parameter model in two groups, one AdamW step under each: prints and checks the
+// optimizer-state bytes (unsharded / N within 1% plus padding), stage 2's gradient bytes
+// (at most full / N plus two buckets) and the bytes moved per step (DDP's within 1%).
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+
+#include "accelerate/process_group.hpp"
+#include "backends/optim/adamw.hpp"
+#include "backends/optim/clip.hpp"
+#include "backends/optim/sgd.hpp"
+#include "backends/strategy_factory.hpp"
+#include "examples/raw_mlp/mlp.hpp"
+
+using namespace accel;
+
+namespace {
+
+constexpr int kGlobalBatch = 24;  // divides by 1, 2, 3 and 4 ranks
+const std::vector<int> kSizes = {13, 37, 29, 10};  // 1920 parameters in 6 tensors of odd sizes
+
+struct Batch {
+  std::vector<float> x;
+  std::vector<int> labels;
+};
+
+Batch my_slice(int index, int rank, int world) {
+  std::mt19937 rng(1000 + index);
+  std::normal_distribution<float> g(0.0f, 1.0f);
+  std::vector<float> x(std::size_t(kGlobalBatch) * kSizes.front());
+  for (float& v : x) v = g(rng);
+  std::vector<int> labels;
+  for (int n = 0; n < kGlobalBatch; ++n) labels.push_back(int(rng() % kSizes.back()));
+  const int per = kGlobalBatch / world, in = kSizes.front();
+  Batch s;
+  s.x.assign(x.begin() + std::ptrdiff_t(rank) * per * in, x.begin() + std::ptrdiff_t(rank + 1) * per * in);
+  s.labels.assign(labels.begin() + rank * per, labels.begin() + (rank + 1) * per);
+  return s;
+}
+
+std::vector<ParamRef> params_of(raw_mlp::Mlp& m) {
+  std::vector<ParamRef> params;
+  for (std::size_t l = 0; l < m.layers().size(); ++l) {
+    raw_mlp::Layer& L = m.layers()[l];
+    const std::string prefix = "layers." + std::to_string(l);
+    params.push_back({prefix + ".weight", buffer_of(std::span(L.weight)),
+                      buffer_of(std::span(L.weight_grad)), 0});
+    params.push_back({prefix + ".bias", buffer_of(std::span(L.bias)),
+                      buffer_of(std::span(L.bias_grad)), 1});
+  }
+  return params;
+}
+
+std::unique_ptr<Optimizer> make_optimizer(const std::string& kind) {
+  if (kind == "sgd")
+    return std::make_unique<Sgd>(std::vector<SgdOptions>{
+        {.lr = 0.05, .momentum = 0.9, .weight_decay = 1e-3, .nesterov = true},
+        {.lr = 0.02, .momentum = 0.5, .dampening = 0.1}});
+  const bool decoupled = kind == "adamw";
+  return std::make_unique<AdamW>(std::vector<AdamWOptions>{
+      {.lr = 2e-3, .weight_decay = 1e-2, .decoupled_weight_decay = decoupled},
+      {.lr = 1e-3, .beta1 = 0.8, .beta2 = 0.99, .eps = 1e-6, .weight_decay = 0,
+       .decoupled_weight_decay = decoupled}});
+}
+
+struct Flags {
+  std::string backend, optimizer = "adamw";
+  int stage = 2, steps = 50, accumulation = 4;
+  double clip = 0.5;
+  bool memory = false;
+};
+
+double max_diff(const raw_mlp::Mlp& a, const raw_mlp::Mlp& b) {
+  double d = 0;
+  for (std::size_t l = 0; l < a.layers().size(); ++l) {
+    for (std::size_t i = 0; i < a.layers()[l].weight.size(); ++i)
+      d = std::max(d, double(std::abs(a.layers()[l].weight[i] - b.layers()[l].weight[i])));
+    for (std::size_t i = 0; i < a.layers()[l].bias.size(); ++i)
+      d = std::max(d, double(std::abs(a.layers()[l].bias[i] - b.layers()[l].bias[i])));
+  }
+  return d;
+}
+
+bool within(double a, double b, double rel) { return std::abs(a - b) <= rel * std::max(a, b); }
+
+int parity(Communicator& comm, const Flags& f) {
+  const int rank = comm.rank(), world = comm.world_size();
+  raw_mlp::Mlp ddp_model(kSizes, 7), zero_model(kSizes, 7);
+  if (rank != 0)
+    for (float& w : zero_model.layers()[1].weight) w += 0.25f;  // prepare() must overwrite it
+  StrategyOptions ddp_options, zero_options;
+  ddp_options.ddp.first_bucket_bytes = 512;
+  ddp_options.ddp.bucket_cap_bytes = 2048;
+  zero_options.kind = "zero";
+  zero_options.zero.stage = f.stage;
+  zero_options.zero.bucket_cap_bytes = 1024;  // several buckets, some straddling two slices
+  auto ddp = make_strategy(comm, params_of(ddp_model), {}, ddp_options);
+  auto zero = make_strategy(comm, params_of(zero_model), {}, zero_options);
+  ddp->prepare();
+  zero->prepare();
+  auto ddp_opt = make_optimizer(f.optimizer), zero_opt = make_optimizer(f.optimizer);
+
+  std::uint64_t ddp_bytes = 0, zero_bytes = 0;
+  double norm_diff = 0;
+  int micro = 0;
+  for (int step = 0; step < f.steps; ++step) {
+    for (int k = 0; k < f.accumulation; ++k, ++micro) {
+      const Batch b = my_slice(micro, rank, world);
+      const bool boundary = k == f.accumulation - 1;
+      const float scale = 1.0f / float(f.accumulation);
+      for (auto* s : {ddp.get(), zero.get()}) {
+        raw_mlp::Mlp& model = s == ddp.get() ? ddp_model : zero_model;
+        const std::uint64_t before = comm.bus_bytes();
+        s->set_sync_enabled(boundary);
+        model.forward_backward(b.x, b.labels, scale, [&](std::size_t l) {
+          s->grad_ready(2 * l);
+          s->grad_ready(2 * l + 1);
+        });
+        s->sync_gradients();
+        (s == ddp.get() ? ddp_bytes : zero_bytes) += comm.bus_bytes() - before;
+      }
+    }
+    const std::uint64_t before = comm.bus_bytes();
+    const double zero_norm = clip_grad_norm(*zero, comm, f.clip);
+    zero_opt->step(zero->segments());
+    zero->after_optimizer_step();
+    zero_bytes += comm.bus_bytes() - before;
+    norm_diff = std::max(norm_diff, std::abs(zero_norm - clip_grad_norm(*ddp, comm, f.clip)));
+    ddp_opt->step(ddp->segments());
+    ddp->after_optimizer_step();
+    ddp_model.zero_grad();
+    zero_model.zero_grad();
+  }
+  const double diff = max_diff(ddp_model, zero_model);
+  const bool bitwise = world == 1;
+  const bool exact = bitwise ? diff == 0 : diff <= 1e-6;
+
+  // The optimizer state is this rank's slice's: slots x 4 bytes x the slice lengths.
+  std::size_t slice_elements = 0;
+  for (const ParamSegment& s : zero->segments()) slice_elements += s.values.count;
+  std::size_t total = 0;
+  for (const ParamRef& p : ddp->params()) total += p.data.count;
+  const std::size_t slots = ddp_opt->state_bytes() / (4 * total);
+  const bool state_ok = zero_opt->state_bytes() == slots * 4 * slice_elements &&
+                        slice_elements * std::size_t(world) <= total + 2 * std::size_t(world);
+  const bool bytes_ok = within(double(ddp_bytes), double(zero_bytes), 0.01);
+  std::printf(
+      "rank %d of %d (%s): zero%d %s, %d steps, accumulation %d, clip %g: max |zero - ddp| = %.3g "
+      "(%s), clip norm diff %.3g; state bytes zero %zu ddp %zu; bus bytes zero %llu ddp %llu\n",
+      rank, world, std::string(comm.backend_name()).c_str(), f.stage, f.optimizer.c_str(), f.steps,
+      f.accumulation, f.clip, diff, bitwise ? "bitwise required" : "<= 1e-6 required", norm_diff,
+      zero_opt->state_bytes(), ddp_opt->state_bytes(), static_cast<unsigned long long>(zero_bytes),
+      static_cast<unsigned long long>(ddp_bytes));
+  if (!exact) std::printf("FAIL parameters differ\n");
+  if (!state_ok) std::printf("FAIL optimizer state is not this rank's slice's\n");
+  if (!bytes_ok) std::printf("FAIL bytes moved differ by more than 1%%\n");
+  return exact && state_ok && bytes_ok ? 0 : 1;
+}
+
+// About 11.5M parameters in two groups, sizes that do not divide by 2, 3 or 4.
+int memory(Communicator& comm, const Flags& f) {
+  const int rank = comm.rank(), world = comm.world_size();
+  const std::vector<std::size_t> sizes = {4000001, 3500003, 2999999, 7, 1000001};
+  std::size_t total = 0;
+  for (std::size_t n : sizes) total += n;
+  std::vector<std::vector<float>> ddp_values, ddp_grads, zero_values, zero_grads;
+  std::vector<ParamRef> ddp_params, zero_params;
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    for (auto* v : {&ddp_values, &ddp_grads, &zero_values, &zero_grads})
+      v->emplace_back(sizes[i], 0.01f * float(i + 1));
+  }
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    const std::string name = "p" + std::to_string(i);
+    ddp_params.push_back({name, buffer_of(std::span(ddp_values[i])), buffer_of(std::span(ddp_grads[i])), i % 2});
+    zero_params.push_back({name, buffer_of(std::span(zero_values[i])), buffer_of(std::span(zero_grads[i])), i % 2});
+  }
+  StrategyOptions ddp_options, zero_options;
+  zero_options.kind = "zero";
+  zero_options.zero.stage = f.stage;
+  auto ddp = make_strategy(comm, ddp_params, {}, ddp_options);
+  auto zero = make_strategy(comm, zero_params, {}, zero_options);
+  ddp->prepare();
+  zero->prepare();
+  AdamW ddp_opt(std::vector<AdamWOptions>(2)), zero_opt(std::vector<AdamWOptions>(2));
+  std::uint64_t bytes[2] = {0, 0};
+  for (int s = 0; s < 2; ++s) {
+    Strategy& st = s == 0 ? *ddp : *zero;
+    Optimizer& opt = s == 0 ? static_cast<Optimizer&>(ddp_opt) : zero_opt;
+    const std::uint64_t before = comm.bus_bytes();
+    st.set_sync_enabled(true);
+    for (std::size_t i = sizes.size(); i-- > 0;) st.grad_ready(i);
+    st.sync_gradients();
+    opt.step(st.segments());
+    st.after_optimizer_step();
+    bytes[s] = comm.bus_bytes() - before;
+  }
+  const double unsharded = double(ddp_opt.state_bytes());
+  const double per_rank = double(zero_opt.state_bytes());
+  // Padding: at most world - 1 elements per flat buffer (2 groups), 2 state slots of 4 bytes.
+  const double padding = 2.0 * 4 * 2 * double(world - 1);
+  const bool state_ok = unsharded == 2.0 * 4 * double(total) &&
+                        std::abs(per_rank - unsharded / world) <= 0.01 * unsharded / world + padding;
+  const double full_grad = 4.0 * double(total);
+  const double bucket = double(ZeroOptions{}.bucket_cap_bytes);
+  const double grad_bytes = double(zero->gradient_bytes());
+  const bool grad_ok = f.stage != 2 || grad_bytes <= full_grad / world + 2 * bucket + 64;
+  const bool bytes_ok = within(double(bytes[0]), double(bytes[1]), 0.01);
+  std::printf(
+      "rank %d of %d (%s): zero%d memory, %zu parameters: optimizer state bytes %.0f per rank, "
+      "unsharded %.0f (/%d = %.0f); gradient bytes %.0f (ddp %zu, full/N + 2 buckets = %.0f); "
+      "bus bytes per step zero %llu ddp %llu\n",
+      rank, world, std::string(comm.backend_name()).c_str(), f.stage, total, per_rank, unsharded,
+      world, unsharded / world, grad_bytes, ddp->gradient_bytes(), full_grad / world + 2 * bucket,
+      static_cast<unsigned long long>(bytes[1]), static_cast<unsigned long long>(bytes[0]));
+  std::printf("zero state bytes per rank: %.0f\n", per_rank);
+  if (!state_ok) std::printf("FAIL optimizer state bytes are not unsharded / N\n");
+  if (!grad_ok) std::printf("FAIL stage 2 gradient bytes above full / N + 2 buckets\n");
+  if (!bytes_ok) std::printf("FAIL bytes moved differ by more than 1%%\n");
+  return state_ok && grad_ok && bytes_ok ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Flags f;
+  ProcessGroupOptions pg;
+  for (int i = 1; i < argc; ++i) {
+    const std::string flag = argv[i];
+    const char* value = i + 1 < argc ? argv[i + 1] : "";
+    if (flag == "--memory") { f.memory = true; continue; }
+    ++i;
+    if (flag == "--backend") pg.backend = value;
+    else if (flag == "--stage") f.stage = std::stoi(value);
+    else if (flag == "--optimizer") f.optimizer = value;
+    else if (flag == "--steps") f.steps = std::stoi(value);
+    else if (flag == "--accumulation") f.accumulation = std::stoi(value);
+    else if (flag == "--clip") f.clip = std::stod(value);
+    else {
+      std::fprintf(stderr, "zero_worker: unknown flag %s\n", flag.c_str());
+      return 2;
+    }
+  }
+  try {
+    auto group = init_process_group(pg);
+    return f.memory ? memory(group->comm(), f) : parity(group->comm(), f);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "zero_worker: %s\n", e.what());
+    return 2;
+  }
+}
