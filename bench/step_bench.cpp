@@ -155,7 +155,8 @@ torch::nn::Sequential mlp(const std::vector<std::int64_t>& widths) {
 Model make_model(const std::string& name) {
   if (name == "cnn") {
     fashion_mnist::Net net;  // the main job's CNN, as it is
-    return {net.ptr(), [net](const torch::Tensor& x) mutable { return net->forward(x); }, {1, 28, 28}};
+    return {
+        net.ptr(), [net](const torch::Tensor& x) mutable { return net->forward(x); }, {1, 28, 28}};
   }
   torch::nn::Sequential seq =
       name == "mlp2m" ? mlp({784, 1024, 1024, 10}) : mlp({1024, 4096, 4096, 1024, 10});
@@ -258,10 +259,9 @@ void print_result(const Flags& flags, const std::string& comm, int world, std::i
       "batch=%d threads=%d steps=%d warmup=%d median_ms=%.3f mean_ms=%.3f min_ms=%.3f "
       "max_ms=%.3f samples_per_s=%.1f zero_ms=%.3f fwd_ms=%.3f bwd_ms=%.3f opt_ms=%.3f "
       "minflt_per_step=%.1f cpu_ms_per_step=%.3f loss=%.4f\n",
-      flags.mode.c_str(), comm.c_str(), world, flags.model.c_str(),
-      static_cast<long long>(params), flags.optimizer.c_str(), flags.batch_size, at::get_num_threads(),
-      flags.steps, flags.warmup, median(t.total), mean,
-      *std::min_element(t.total.begin(), t.total.end()),
+      flags.mode.c_str(), comm.c_str(), world, flags.model.c_str(), static_cast<long long>(params),
+      flags.optimizer.c_str(), flags.batch_size, at::get_num_threads(), flags.steps, flags.warmup,
+      median(t.total), mean, *std::min_element(t.total.begin(), t.total.end()),
       *std::max_element(t.total.begin(), t.total.end()),
       double(world) * flags.batch_size * 1000.0 / mean, median(t.zero), median(t.fwd),
       median(t.bwd), median(t.opt), double(t.minflt) / flags.steps, t.cpu_ms / flags.steps,
@@ -299,8 +299,8 @@ int main(int argc, char** argv) {
 
     accel::TorchAccelerator acc;
     accel::AcceleratedOptimizer& opt = acc.prepare_module(*model.module, *optimizer);
-    const Loop loop{[&] { opt.zero_grad(); }, [&](const torch::Tensor& loss) { acc.backward(loss); },
-                    [&] { opt.step(); }};
+    const Loop loop{[&] { opt.zero_grad(); },
+                    [&](const torch::Tensor& loss) { acc.backward(loss); }, [&] { opt.step(); }};
     const Timings t = run_steps(flags, model, loop, acc.process_index());
     if (acc.is_main_process())
       print_result(flags, std::string(acc.comm().backend_name()), acc.num_processes(), params, t);
