@@ -1,7 +1,20 @@
 #!/usr/bin/env bash
 # Installs exactly the Debian packages accelerate-cpp needs that are missing.
 # Non-interactive and idempotent; prints nothing when everything is already there.
+#
+#   scripts/setup.sh           what the build and the tests need
+#   scripts/setup.sh --bench   also what the benchmarks compare against: Debian's
+#                              python3-torch (PyTorch's own DDP, bench/run_step_bench.sh)
 set -euo pipefail
+
+bench=0
+for arg in "$@"; do
+  case "$arg" in
+    --bench) bench=1 ;;
+    -h|--help) sed -n '2,7p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "setup: unknown argument '$arg' (--bench, --help)" >&2; exit 2 ;;
+  esac
+done
 
 packages=(
   build-essential cmake pkg-config git
@@ -18,6 +31,8 @@ packages=(
   dataset-fashion-mnist
   iproute2 procps
 )
+# Benchmark baselines only (about 20 packages, mostly Python); the Python is /usr/bin/python3.
+[[ $bench -eq 1 ]] && packages+=(python3-torch)
 
 missing=()
 for p in "${packages[@]}"; do
