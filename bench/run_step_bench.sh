@@ -24,8 +24,8 @@
 #
 # Environment, the same for every run: OpenBLAS's OpenMP build first on the library path
 # (LibTorch and PyTorch both call libblas.so.3 / libopenblas.so.0),
-# GLIBC_TUNABLES=glibc.malloc.hugetlb=1 (malloc on transparent huge pages: far fewer page
-# faults), OMP_NUM_THREADS equal to the threads of the run. Each run's full output goes to
+# GLIBC_TUNABLES as `accel launch` sets it for CPU workers (malloc on transparent huge pages,
+# big blocks reused: far fewer page faults; PyTorch gets the same), OMP_NUM_THREADS equal to the threads of the run. Each run's full output goes to
 # the log (--log, default build/step_bench.log). Exit status 1 when a run printed no result.
 set -uo pipefail
 
@@ -97,7 +97,7 @@ IFS=, read -ra optimizer_list <<<"$optimizers"
 IFS=, read -ra comm_list <<<"$comms"
 
 # ---- the one environment
-export GLIBC_TUNABLES=glibc.malloc.hugetlb=1
+export GLIBC_TUNABLES=glibc.malloc.hugetlb=1:glibc.malloc.mmap_threshold=4294967296:glibc.malloc.trim_threshold=4294967296
 openblas_dir=/usr/lib/x86_64-linux-gnu/openblas-openmp
 if [[ -e "$openblas_dir/libblas.so.3" ]]; then
   export LD_LIBRARY_PATH="$openblas_dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"

@@ -125,8 +125,12 @@ WorkerEnvPlan plan_worker_env(const config::Config& config, const LaunchOptions&
       !env_set("GLIBC_TUNABLES") && glibc_has_malloc_hugetlb()) {
     // Measured on the machines this was built on: page faults are costly enough that a
     // 25M-parameter LibTorch CPU step runs 4.4x faster when malloc uses transparent huge pages.
-    add_default(plan, {"GLIBC_TUNABLES", "glibc.malloc.hugetlb=1",
-                       "CPU workers: malloc on transparent huge pages, far fewer page faults",
+    // LibTorch also allocates and frees large temporaries every step, which glibc maps and
+    // unmaps (or trims) each time: with both thresholds out of reach they are reused from the
+    // heap, and a 25M-parameter Adam step took 0 page faults instead of 1664 and 22% less time.
+    add_default(plan, {"GLIBC_TUNABLES", kWorkerMallocTunables,
+                       "CPU workers: malloc on transparent huge pages, big blocks reused instead "
+                       "of mapped and unmapped every step: far fewer page faults",
                        "set GLIBC_TUNABLES (even empty); --no_malloc_hugetlb"});
   }
 

@@ -92,7 +92,8 @@ TEST_CASE(
 
   auto out = accel_command(with({}));
   INFO(out.output);
-  CHECK(contains(out.output, "[rank 1] OMP=" + omp + " GT=glibc.malloc.hugetlb=1 CVD=unset"));
+  CHECK(contains(out.output, "[rank 1] OMP=" + omp + " GT=" + std::string(launch::kWorkerMallocTunables) +
+                                 " CVD=unset"));
   CHECK(contains(out.output, "OMP_NUM_THREADS=" + omp + "  ("));  // the printed default
   CHECK(contains(out.output, "--no_malloc_hugetlb"));             // ...and how to stop it
 

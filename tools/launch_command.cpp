@@ -62,7 +62,8 @@ Output:
 Worker environment (each default applies only when the variable is unset, and is printed):
   --num_cpu_threads_per_process N   OMP_NUM_THREADS=N (default: cores / local processes)
   --no_omp_num_threads        do not set OMP_NUM_THREADS
-  --no_malloc_hugetlb         do not set GLIBC_TUNABLES=glibc.malloc.hugetlb=1 for CPU workers
+  --no_malloc_hugetlb         do not set GLIBC_TUNABLES (malloc on huge pages, big blocks
+                              reused) for CPU workers
   --no_gloo_hostname          do not set ACCEL_GLOO_HOSTNAME to our address toward machine 0
   --no_default_env            none of the three above
 MPI:
