@@ -198,6 +198,7 @@ ParameterLayout parse_layout(std::string_view text, const std::string& where) {
       fail("unknown record '" + kind + "'");
     }
   }
+  if (legacy) out.version = 1;
   return out;
 }
 
@@ -208,11 +209,14 @@ std::string layout_difference(const ParameterLayout& saved, const std::vector<Pa
     const SavedParam& p = saved.params[i];
     a.push_back(identity(i, p.dtype, p.count, p.name, p.shape));
   }
+  // The first format recorded no shapes: compare counts only.
+  const bool shapes = saved.version >= 2;
   for (std::size_t i = 0; i < saved.buffers.size(); ++i)
     a.push_back(buffer_identity(i, saved.buffers[i].dtype, saved.buffers[i].count));
   for (std::size_t i = 0; i < params.size(); ++i)
     b.push_back(identity(i, params[i].data.dtype, params[i].data.count, params[i].name,
-                         shape_of(params[i])));
+                         shapes ? shape_of(params[i])
+                                : std::vector<std::int64_t>{std::int64_t(params[i].data.count)}));
   for (std::size_t i = 0; i < buffers.size(); ++i)
     b.push_back(buffer_identity(i, buffers[i].dtype, buffers[i].count));
   for (std::size_t k = 0; k < std::max(a.size(), b.size()); ++k) {

@@ -61,6 +61,7 @@ struct SavedSlice {
 };
 
 struct ParameterLayout {
+  int version = 2;  // 1: the first format (no shapes, groups or slices recorded)
   std::string strategy = "ddp";
   int world_size = 1;
   std::vector<SavedFlat> flats;

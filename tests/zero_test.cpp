@@ -219,6 +219,19 @@ TEST_CASE("a ZeRO checkpoint saved at world 4 resumes at world 2 (ZeRO) and 1 (D
   };
   run(4, {"--phase", "whole", "--out", dir + "/whole.bin"}, zero);
   run(4, {"--phase", "save", "--dir", dir + "/ck"}, zero);
+  // Each rank saved its own slice of the flat buffers; "parameters" keeps only the buffers
+  // (none here), and the layout says who holds what.
+  for (int r = 0; r < 4; ++r) {
+    const std::string blob = dir + "/ck/parameters.rank" + std::to_string(r);
+    CHECK_MESSAGE(std::filesystem::exists(blob), blob);
+    if (std::filesystem::exists(blob)) CHECK(std::filesystem::file_size(blob) > 0);
+  }
+  CHECK(std::filesystem::file_size(dir + "/ck/parameters") == 0);
+  std::ifstream layout_file(dir + "/ck/parameters.layout");
+  const std::string layout((std::istreambuf_iterator<char>(layout_file)), std::istreambuf_iterator<char>());
+  CHECK(layout.find("strategy zero2\nworld_size 4\n") != std::string::npos);
+  CHECK(layout.find(" [37,13] layers.0.weight\n") != std::string::npos);
+  CHECK(layout.find("slice parameters.rank3 ") != std::string::npos);
   run(2, {"--phase", "resume", "--dir", dir + "/ck", "--out", dir + "/world2.bin"}, zero);
   run(1, {"--phase", "resume", "--dir", dir + "/ck", "--out", dir + "/world1.bin"}, RanksOptions{});
   const auto whole = read_doubles(dir + "/whole.bin");
