@@ -12,7 +12,9 @@
 namespace accel {
 namespace {
 
-std::string rank_blob(int rank) { return std::string(kParametersBlob) + ".rank" + std::to_string(rank); }
+std::string rank_blob(int rank) {
+  return std::string(kParametersBlob) + ".rank" + std::to_string(rank);
+}
 
 std::size_t shape_count(const std::vector<std::int64_t>& shape) {
   std::size_t n = 1;
@@ -75,8 +77,8 @@ ParameterLayout describe_parameters(const std::vector<ParamRef>& params,
     ACCEL_CHECK_ARG(shape_count(shape_of(p)) == p.data.count,
                     "parameter '" + p.name + "': shape " + format_shape(shape_of(p)) +
                         " does not hold its " + std::to_string(p.data.count) + " elements");
-    out.params.push_back(
-        {p.data.dtype, p.data.count, p.group, flat.flat_of(i), flat.offset_of(i), shape_of(p), p.name});
+    out.params.push_back({p.data.dtype, p.data.count, p.group, flat.flat_of(i), flat.offset_of(i),
+                          shape_of(p), p.name});
   }
   for (const Buffer& b : buffers) out.buffers.push_back({b.dtype, b.count});
   if (!sharded) {
@@ -120,7 +122,8 @@ ParameterLayout parse_layout(std::string_view text, const std::string& where) {
   int number = 0;
   bool legacy = true;
   auto fail = [&](const std::string& what) -> void {
-    throw CheckpointError(where + ": line " + std::to_string(number) + " ('" + line + "'): " + what);
+    throw CheckpointError(where + ": line " + std::to_string(number) + " ('" + line +
+                          "'): " + what);
   };
   // The rest of the line after the stream's position, without the separating space.
   auto rest = [](std::istringstream& in) {
@@ -160,9 +163,9 @@ ParameterLayout parse_layout(std::string_view text, const std::string& where) {
     } else if (kind == "param") {
       SavedParam p;
       std::string shape;
-      const bool ok = legacy ? bool(in >> index >> dtype >> p.count)
-                             : bool(in >> index >> dtype >> p.count >> p.group >> p.flat >>
-                                    p.offset >> shape);
+      const bool ok =
+          legacy ? bool(in >> index >> dtype >> p.count)
+                 : bool(in >> index >> dtype >> p.count >> p.group >> p.flat >> p.offset >> shape);
       if (!ok || index != out.params.size()) fail("expected a parameter record, in order");
       p.dtype = dtype_of(dtype);
       p.name = rest(in);
@@ -188,7 +191,8 @@ ParameterLayout parse_layout(std::string_view text, const std::string& where) {
       out.buffers.push_back(b);
     } else if (!legacy && kind == "slice") {
       SavedSlice s;
-      if (!(in >> s.blob >> s.flat >> s.offset >> s.count)) fail("expected 'slice BLOB F OFFSET COUNT'");
+      if (!(in >> s.blob >> s.flat >> s.offset >> s.count))
+        fail("expected 'slice BLOB F OFFSET COUNT'");
       if (s.blob != kParametersBlob && s.blob.rfind(std::string(kParametersBlob) + ".rank", 0) != 0)
         fail("a slice in blob '" + s.blob + "', which is not a parameters blob");
       if (s.flat >= out.flats.size() || s.offset + s.count > out.flats[s.flat].count)
@@ -240,7 +244,8 @@ std::vector<std::span<const char>> blob_pieces(const ParameterLayout& layout,
                                                const std::vector<Buffer>& buffers) {
   // Each flat buffer's parameters by offset, to cut a slice into views of their values.
   std::vector<std::vector<std::size_t>> members(layout.flats.size());
-  for (std::size_t i = 0; i < layout.params.size(); ++i) members[layout.params[i].flat].push_back(i);
+  for (std::size_t i = 0; i < layout.params.size(); ++i)
+    members[layout.params[i].flat].push_back(i);
   std::vector<std::span<const char>> out;
   for (const SavedSlice& s : layout.slices) {
     if (s.blob != blob) continue;
@@ -274,9 +279,8 @@ FullParameters reassemble_parameters(const ParameterLayout& layout,
     if (blob == kParametersBlob)
       for (const SavedBuffer& b : layout.buffers) expected += b.count * element_size(b.dtype);
     if (bytes.size() != expected)
-      throw CheckpointError(where + "/" + blob + ": " + std::to_string(bytes.size()) +
-                            " bytes, " + kParametersLayoutBlob + " describes " +
-                            std::to_string(expected));
+      throw CheckpointError(where + "/" + blob + ": " + std::to_string(bytes.size()) + " bytes, " +
+                            kParametersLayoutBlob + " describes " + std::to_string(expected));
     std::size_t at = 0;
     for (const SavedSlice& s : layout.slices) {
       if (s.blob != blob) continue;

@@ -59,7 +59,8 @@ double prediction_difference(const std::string& merged, const std::string& predi
   const std::vector<float> saved = read_floats(predict_file);
   const std::size_t in = std::size_t(kRows) * kSizes.front();
   REQUIRE(saved.size() == in + std::size_t(kRows) * kSizes.back());
-  const torch::Tensor x = torch::from_blob(const_cast<float*>(saved.data()), {kRows, kSizes.front()}).clone();
+  const torch::Tensor x =
+      torch::from_blob(const_cast<float*>(saved.data()), {kRows, kSizes.front()}).clone();
   const torch::Tensor expected =
       torch::from_blob(const_cast<float*>(saved.data() + in), {kRows, kSizes.back()}).clone();
   torch::NoGradGuard no_grad;
@@ -131,22 +132,30 @@ TEST_CASE("merge-weights refuses a damaged or missing checkpoint and writes noth
     fs::remove(tmp / "ck/parameters.rank1");
     expect_failure(tmp / "ck", tmp / "ck/parameters.rank1: missing");
   }
-  SUBCASE("no checkpoint at all") {
-    expect_failure(tmp / "nowhere", "no checkpoint there");
+  SUBCASE("an output that cannot be written") {
+    const fs::path nowhere = tmp / "no/such/dir/model.pt";
+    const auto r = run_accel({"merge-weights", tmp / "ck", nowhere.string()});
+    INFO(describe(r));
+    CHECK(r.exit_code() != 0);
+    CHECK(r.workers.front().output.find(nowhere.string() + ".tmp-") != std::string::npos);
+    CHECK(r.workers.front().output.find("cannot create") != std::string::npos);
+    CHECK(!fs::exists(tmp / "no"));
   }
+  SUBCASE("no checkpoint at all") { expect_failure(tmp / "nowhere", "no checkpoint there"); }
   SUBCASE("a save that never finished (no MANIFEST)") {
     fs::remove(tmp / "ck/MANIFEST");
     expect_failure(tmp / "ck", "MANIFEST: missing");
   }
 }
 
-TEST_CASE("merge-weights of a LibTorch adapter checkpoint (ZeRO-2, 2 ranks) copies its state.model") {
+TEST_CASE(
+    "merge-weights of a LibTorch adapter checkpoint (ZeRO-2, 2 ranks) copies its state.model") {
   if (skip_unless(communicator_available("gloo"), "gloo communicator not built")) return;
   TempDir tmp("merge_weights_test");
   RanksOptions options;
   options.env = {{"ACCEL_DISTRIBUTED_TYPE", "ZERO"}, {"ACCEL_ZERO_STAGE", "2"}};
-  const auto trained = run_ranks(2, "torch_resume_worker",
-                                 {"--epochs", "1", "--checkpoint", tmp / "ck"}, options);
+  const auto trained =
+      run_ranks(2, "torch_resume_worker", {"--epochs", "1", "--checkpoint", tmp / "ck"}, options);
   INFO(describe(trained));
   REQUIRE(trained.exit_code() == 0);
   const auto merged = run_accel({"merge-weights", tmp / "ck", tmp / "model.pt"});

@@ -65,8 +65,8 @@ TEST_CASE("slices written at any world size reassemble into the parameters") {
       const ParameterLayout read = parse_layout(format_layout(layout), "L");
       CHECK(format_layout(read) == format_layout(layout));
       CHECK(layout_difference(read, params, buffers) == "");
-      const FullParameters full =
-          reassemble_parameters(read, [&](const std::string& b) { return blobs.at(b); }, "DIR");
+      const FullParameters full = reassemble_parameters(
+          read, [&](const std::string& b) { return blobs.at(b); }, "DIR");
       REQUIRE(full.params.size() == 3);
       CHECK(full.params[0] == bytes_of(m.w));
       CHECK(full.params[1] == bytes_of(m.b));
@@ -80,14 +80,15 @@ TEST_CASE("slices written at any world size reassemble into the parameters") {
 
 TEST_CASE("the first layout format (no shapes, values in parameter order) still reads") {
   Model m;
-  const std::string text = "param 0 f32 35 fc.weight\nparam 1 f32 7 fc.bias\nparam 2 f64 5 scale\n"
-                           "buffer 0 f32 3\n";
+  const std::string text =
+      "param 0 f32 35 fc.weight\nparam 1 f32 7 fc.bias\nparam 2 f64 5 scale\n"
+      "buffer 0 f32 3\n";
   const ParameterLayout layout = parse_layout(text, "L");
   CHECK(layout.version == 1);
   CHECK(layout_difference(layout, m.params(), m.buffers()) == "");  // shapes not compared
   const std::string blob = bytes_of(m.w) + bytes_of(m.b) + bytes_of(m.s) + bytes_of(m.running);
-  const FullParameters full =
-      reassemble_parameters(layout, [&](const std::string&) { return blob; }, "DIR");
+  const FullParameters full = reassemble_parameters(
+      layout, [&](const std::string&) { return blob; }, "DIR");
   CHECK(full.params[2] == bytes_of(m.s));
   CHECK(full.buffers[0] == bytes_of(m.running));
 }
@@ -100,9 +101,9 @@ TEST_CASE("a layout or blob that does not fit is reported by name") {
   for (const std::string& blob : layout_blobs(layout))
     blobs[blob] = join(blob_pieces(layout, blob, params, m.buffers()));
   blobs["parameters.rank1"].pop_back();
-  CHECK_THROWS_WITH_AS(
-      reassemble_parameters(layout, [&](const std::string& b) { return blobs.at(b); }, "DIR"),
-      doctest::Contains("DIR/parameters.rank1: "), CheckpointError);
+  CHECK_THROWS_WITH_AS(reassemble_parameters(
+                           layout, [&](const std::string& b) { return blobs.at(b); }, "DIR"),
+                       doctest::Contains("DIR/parameters.rank1: "), CheckpointError);
 
   auto other = m.params();
   other[0].shape = {7, 5};
@@ -114,9 +115,12 @@ TEST_CASE("a layout or blob that does not fit is reported by name") {
                        doctest::Contains("L: line 3"), CheckpointError);
   CHECK_THROWS_WITH_AS(parse_layout("layout 2\nflat 0 0 f32 4\nslice other 0 0 4\n", "L"),
                        doctest::Contains("not a parameters blob"), CheckpointError);
-  const ParameterLayout gap = parse_layout("layout 2\nflat 0 0 f32 4\nslice parameters 0 0 3\n", "L");
+  const ParameterLayout gap =
+      parse_layout("layout 2\nflat 0 0 f32 4\nslice parameters 0 0 3\n", "L");
   CHECK_THROWS_WITH_AS(
-      reassemble_parameters(gap, [](const std::string&) { return std::string(12, '\0'); }, "DIR"),
-      doctest::Contains("DIR/parameters.layout: the slices cover 3 of the 4 elements of flat buffer 0"),
+      reassemble_parameters(
+          gap, [](const std::string&) { return std::string(12, '\0'); }, "DIR"),
+      doctest::Contains(
+          "DIR/parameters.layout: the slices cover 3 of the 4 elements of flat buffer 0"),
       CheckpointError);
 }

@@ -27,8 +27,8 @@
 #include "tools/commands.hpp"
 
 #ifdef ACCEL_TOOLS_HAVE_TORCH
-#include <cstring>
 #include <fcntl.h>
+#include <cstring>
 #include <sstream>
 
 #include <ATen/Functions.h>
@@ -48,12 +48,18 @@ constexpr const char* kUsage =
 
 at::ScalarType scalar_type(DType dtype) {
   switch (dtype) {
-    case DType::f32: return at::kFloat;
-    case DType::f64: return at::kDouble;
-    case DType::f16: return at::kHalf;
-    case DType::bf16: return at::kBFloat16;
-    case DType::i32: return at::kInt;
-    case DType::i64: return at::kLong;
+    case DType::f32:
+      return at::kFloat;
+    case DType::f64:
+      return at::kDouble;
+    case DType::f16:
+      return at::kHalf;
+    case DType::bf16:
+      return at::kBFloat16;
+    case DType::i32:
+      return at::kInt;
+    case DType::i64:
+      return at::kLong;
   }
   return at::kFloat;
 }
@@ -69,7 +75,8 @@ void add(Node& root, const std::string& name, at::Tensor tensor, const std::stri
   std::size_t start = 0;
   for (std::size_t dot; (dot = name.find('.', start)) != std::string::npos; start = dot + 1) {
     const std::string part = name.substr(start, dot - start);
-    if (part.empty()) throw CheckpointError(where + ": parameter name '" + name + "' has an empty part");
+    if (part.empty())
+      throw CheckpointError(where + ": parameter name '" + name + "' has an empty part");
     node = &node->children[part];
   }
   const std::string leaf = name.substr(start);
@@ -121,30 +128,35 @@ void write_atomically(const std::string& out, const std::string& bytes) {
   const fs::path target = fs::absolute(out);
   const fs::path tmp = target.string() + ".tmp-" + std::to_string(::getpid());
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0)
-    throw CheckpointError(tmp.string() + ": cannot create: " + std::strerror(errno));
+  if (fd < 0) throw CheckpointError(tmp.string() + ": cannot create: " + std::strerror(errno));
   std::size_t at = 0;
-  bool ok = true;
-  while (ok && at < bytes.size()) {
+  int err = 0;  // the first failure's errno
+  while (err == 0 && at < bytes.size()) {
     const ssize_t n = ::write(fd, bytes.data() + at, bytes.size() - at);
     if (n < 0 && errno == EINTR) continue;
-    ok = n > 0;
-    if (ok) at += std::size_t(n);
+    if (n <= 0)
+      err = n < 0 ? errno : EIO;
+    else
+      at += std::size_t(n);
   }
-  const int err = errno;
-  ok = ok && ::fsync(fd) == 0;
+  if (err == 0 && ::fsync(fd) != 0) err = errno;
   ::close(fd);
-  if (!ok) {
-    std::error_code ec;
+  std::error_code ec;
+  if (err != 0) {
     fs::remove(tmp, ec);
     throw CheckpointError(tmp.string() + ": cannot write: " + std::strerror(err));
   }
-  std::error_code ec;
   fs::rename(tmp, target, ec);
   if (ec) {
     fs::remove(tmp, ec);
-    throw CheckpointError(target.string() + ": cannot rename the written file into place: " +
-                          ec.message());
+    throw CheckpointError(target.string() +
+                          ": cannot rename the written file into place: " + ec.message());
+  }
+  // The rename itself survives a crash once the directory is synced.
+  const int dir_fd = ::open(target.parent_path().c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir_fd >= 0) {
+    ::fsync(dir_fd);
+    ::close(dir_fd);
   }
 }
 
@@ -157,7 +169,8 @@ int run_merge_weights_command(int argc, char** argv) {
     std::fputs(kUsage, stdout);
     return 0;
   }
-  if (argc != 2) throw ConfigError(std::string("accel merge-weights: expected DIR and OUT\n") + kUsage);
+  if (argc != 2)
+    throw ConfigError(std::string("accel merge-weights: expected DIR and OUT\n") + kUsage);
 #ifndef ACCEL_TOOLS_HAVE_TORCH
   std::fprintf(stderr,
                "accel merge-weights: this build of accel has no LibTorch (configured without "
