@@ -1,9 +1,11 @@
 // Accelerator::save_state / load_state / register_state: what the Accelerator puts into a
 // checkpoint (accelerate/checkpoint.hpp does the directory, atomicity and verification).
 //
-// Blobs: "parameters" (every prepared parameter's values, then every buffer, raw bytes in
-// prepare order) with "parameters.layout" (one line per tensor: kind, index, dtype, count,
-// name) so a model that changed shape is reported by name; "state.NAME" per registered
+// Blobs: the prepared parameters' values as accelerate/parameter_layout.hpp describes them
+// ("parameters": under DDP every value, under ZeRO the buffers only; "parameters.rankR": rank
+// R's slices under ZeRO) with "parameters.layout" (names, dtypes, shapes, flat offsets and
+// every blob's slices, so any strategy and world size reassembles them and a model that
+// changed is reported by name); "state.NAME" per registered
 // shared state, "state.NAME.rankR" per per-rank one; "rng.rankR", each rank's rng() in the
 // standard library's text form (register_rng's generators are per-rank states that a
 // checkpoint of another world size reseeds instead of failing). Step, epoch, batch position
@@ -17,13 +19,14 @@
 
 #include "accelerate/accelerator.hpp"
 #include "accelerate/optimizer_state.hpp"
+#include "accelerate/parameter_layout.hpp"
 #include "backends/comm/error.hpp"
 
 namespace accel {
 namespace {
 
-constexpr const char* kParameters = "parameters";
-constexpr const char* kLayout = "parameters.layout";
+constexpr const char* kParameters = kParametersBlob;
+constexpr const char* kLayout = kParametersLayoutBlob;
 constexpr const char* kRng = "rng";
 // prepare()'s built-in optimizer: shared under DDP, per rank (its slices) under ZeRO.
 constexpr const char* kOptimizer = "optimizer";
@@ -35,30 +38,6 @@ std::span<const char> bytes_of(const Buffer& b) {
 }
 
 std::span<const char> bytes_of(const std::string& s) { return {s.data(), s.size()}; }
-
-std::string layout_of(const std::vector<ParamRef>& params, const std::vector<Buffer>& buffers) {
-  std::string out;
-  for (std::size_t i = 0; i < params.size(); ++i)
-    out += "param " + std::to_string(i) + " " + std::string(dtype_name(params[i].data.dtype)) +
-           " " + std::to_string(params[i].data.count) + " " + params[i].name + "\n";
-  for (std::size_t i = 0; i < buffers.size(); ++i)
-    out += "buffer " + std::to_string(i) + " " + std::string(dtype_name(buffers[i].dtype)) + " " +
-           std::to_string(buffers[i].count) + "\n";
-  return out;
-}
-
-// The first line where two layouts differ, for the error message.
-std::string first_difference(const std::string& saved, const std::string& ours) {
-  std::istringstream a(saved), b(ours);
-  std::string la, lb;
-  for (;;) {
-    const bool ha = bool(std::getline(a, la)), hb = bool(std::getline(b, lb));
-    if (!ha && !hb) return "";
-    if (!ha) return "this job has '" + lb + "', the checkpoint has nothing more";
-    if (!hb) return "the checkpoint has '" + la + "', this job has nothing more";
-    if (la != lb) return "the checkpoint has '" + la + "', this job has '" + lb + "'";
-  }
-}
 
 void check_on_cpu(const std::vector<ParamRef>& params, const std::vector<Buffer>& buffers) {
   bool cpu = true;
@@ -125,15 +104,22 @@ void Accelerator::save_state(const std::string& dir) {
   // Strings the blob views point into; a deque would do too, but the count is known.
   std::vector<std::string> owned;
   owned.reserve(states_.size() + 3);
-  if (is_main_process()) {
-    if (checkpoint_parameters_ && strategy_) {
-      BlobView values{kParameters, {}};
-      for (const ParamRef& p : params_) values.pieces.push_back(bytes_of(p.data));
-      for (const Buffer& b : buffers_) values.pieces.push_back(bytes_of(b));
-      contents.shared.push_back(std::move(values));
-      owned.push_back(layout_of(params_, buffers_));
+  if (checkpoint_parameters_ && strategy_) {
+    // ZeRO: each rank writes its slice of the flat buffers (stages 1 and 2 replicate the
+    // parameters, but a rank's slice is what it updated and what stage 3 will hold alone).
+    const bool sharded = strategy_->gradients_sharded();
+    const ParameterLayout layout = describe_parameters(
+        params_, buffers_, std::string(strategy_->name()), num_processes(), sharded);
+    if (is_main_process()) {
+      contents.shared.push_back({kParameters, blob_pieces(layout, kParameters, params_, buffers_)});
+      owned.push_back(format_layout(layout));
       contents.shared.push_back({kLayout, {bytes_of(owned.back())}});
     }
+    if (sharded)
+      contents.per_rank.push_back(
+          {kParameters, blob_pieces(layout, std::string(kParameters) + ".rank" +
+                                                std::to_string(process_index()),
+                                    params_, buffers_)});
   }
   for (const RegisteredState& s : states_) {
     const bool mine = s.scope == StateScope::per_rank;
@@ -166,22 +152,30 @@ void Accelerator::load_state(const std::string& dir) {
   std::string error;
   std::mt19937_64 restored_rng;
   std::string optimizer_state;  // in Optimizer::save_state's format, for this rank's segments
+  FullParameters values;        // every parameter's and buffer's saved bytes
   try {
     auto fail = [&](const std::string& what) { throw CheckpointError(ck.dir + ": " + what); };
     if (checkpoint_parameters_ && strategy_) {
       check_on_cpu(params_, buffers_);
-      const std::string difference =
-          first_difference(ck.shared_blob(kLayout), layout_of(params_, buffers_));
+      const ParameterLayout layout =
+          parse_layout(ck.shared_blob(kLayout), ck.dir + "/" + kLayout);
+      const std::string difference = layout_difference(layout, params_, buffers_);
       if (!difference.empty())
         fail("the parameters differ from the checkpoint's (" + std::string(kLayout) +
              "): " + difference);
-      std::size_t expected = 0;
-      for (const ParamRef& p : params_) expected += p.data.bytes();
-      for (const Buffer& b : buffers_) expected += b.bytes();
-      const std::size_t size = ck.shared_blob(kParameters).size();
-      if (size != expected)
-        fail(std::string(kParameters) + " has " + std::to_string(size) +
-             " bytes, the parameters need " + std::to_string(expected));
+      // Whatever strategy and world size saved them: this rank's own blobs are loaded, the
+      // other ranks' slices are read here (stages 1 and 2 keep every parameter on every rank).
+      values = reassemble_parameters(
+          layout,
+          [&](const std::string& blob) {
+            if (blob == kParameters) return ck.shared_blob(kParameters);
+            const std::string own = std::string(kParameters) + ".rank" +
+                                    std::to_string(process_index());
+            if (same_world && blob == own && ck.per_rank.count(kParameters))
+              return ck.per_rank.at(kParameters);
+            return read_blob(ck, blob);
+          },
+          ck.dir);
     } else if (checkpoint_parameters_ && ck.shared.count(kParameters)) {
       fail("has parameters but none were prepared: call prepare_parameters before load_state");
     }
@@ -260,15 +254,11 @@ void Accelerator::load_state(const std::string& dir) {
     else
       s.reseed(fresh_seed(meta.seed, process_index(), meta.step, s.name));
   }
-  if (checkpoint_parameters_ && strategy_) {
-    const std::string& values = ck.shared_blob(kParameters);  // size checked above
-    std::size_t at = 0;
-    auto copy_into = [&](const Buffer& b) {
-      std::memcpy(b.data, values.data() + at, b.bytes());
-      at += b.bytes();
-    };
-    for (const ParamRef& p : params_) copy_into(p.data);
-    for (const Buffer& b : buffers_) copy_into(b);
+  if (checkpoint_parameters_ && strategy_) {  // sizes checked above
+    for (std::size_t i = 0; i < params_.size(); ++i)
+      std::memcpy(params_[i].data.data, values.params[i].data(), params_[i].data.bytes());
+    for (std::size_t i = 0; i < buffers_.size(); ++i)
+      std::memcpy(buffers_[i].data, values.buffers[i].data(), buffers_[i].bytes());
   }
   // Parameters changed from outside (the blob above, or a front end's registered model
   // state): ZeRO's flat copy follows.

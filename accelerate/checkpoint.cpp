@@ -129,6 +129,24 @@ std::string read_file(const fs::path& path, const std::string& missing_note) {
   return out;
 }
 
+// A blob's bytes, after checking them against the MANIFEST's size and CRC-32.
+std::string read_verified(const fs::path& dir, const BlobEntry& b) {
+  const fs::path path = dir / b.name;
+  std::string bytes = read_file(path, " (listed in MANIFEST)");
+  if (bytes.size() != b.size)
+    throw CheckpointError(path.string() + ": size " + std::to_string(bytes.size()) +
+                          " bytes, MANIFEST says " + std::to_string(b.size) +
+                          " (truncated or changed after the save)");
+  const std::uint32_t crc = crc32(bytes);
+  if (crc != b.crc32) {
+    char line[96];
+    std::snprintf(line, sizeof line, ": checksum mismatch (crc32 %08x, MANIFEST says %08x)", crc,
+                  b.crc32);
+    throw CheckpointError(path.string() + line + ": the file is damaged");
+  }
+  return bytes;
+}
+
 void remove_quietly(const fs::path& p) {
   std::error_code ec;
   fs::remove_all(p, ec);  // leftovers are harmless: the next save removes them again
@@ -346,6 +364,12 @@ const std::string& LoadedCheckpoint::shared_blob(const std::string& name) const 
   return it->second;
 }
 
+std::string read_blob(const LoadedCheckpoint& ck, const std::string& file) {
+  for (const BlobEntry& b : ck.blobs)
+    if (b.name == file) return read_verified(fs::path(ck.dir), b);
+  throw CheckpointError((fs::path(ck.dir) / file).string() + ": missing (not in MANIFEST)");
+}
+
 LoadedCheckpoint read_checkpoint(const std::string& dir_name, int rank, int world_size) {
   LoadedCheckpoint out;
   out.dir = resolve_checkpoint_dir(dir_name);
@@ -360,22 +384,11 @@ LoadedCheckpoint read_checkpoint(const std::string& dir_name, int rank, int worl
   out.meta = manifest.meta;
   out.per_rank_loaded = manifest.meta.world_size == world_size;
 
+  out.blobs = manifest.blobs;
   for (const BlobEntry& b : manifest.blobs) {
     const int owner = rank_of(b.name);
     if (owner >= 0 && (!out.per_rank_loaded || owner != rank)) continue;  // another rank's
-    const fs::path path = dir / b.name;
-    std::string bytes = read_file(path, " (listed in MANIFEST)");
-    if (bytes.size() != b.size)
-      throw CheckpointError(path.string() + ": size " + std::to_string(bytes.size()) +
-                            " bytes, MANIFEST says " + std::to_string(b.size) +
-                            " (truncated or changed after the save)");
-    const std::uint32_t crc = crc32(bytes);
-    if (crc != b.crc32) {
-      char line[96];
-      std::snprintf(line, sizeof line, ": checksum mismatch (crc32 %08x, MANIFEST says %08x)", crc,
-                    b.crc32);
-      throw CheckpointError(path.string() + line + ": the file is damaged");
-    }
+    std::string bytes = read_verified(dir, b);
     if (owner >= 0)
       out.per_rank[b.name.substr(0, b.name.size() - rank_suffix(owner).size())] = std::move(bytes);
     else

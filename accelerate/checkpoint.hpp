@@ -70,10 +70,15 @@ struct LoadedCheckpoint {
   // Empty when the checkpoint was saved by a different number of processes: which rank's
   // blobs belong to whom is then undefined, and the caller decides whether that matters.
   bool per_rank_loaded = false;
+  std::vector<BlobEntry> blobs;  // every blob the MANIFEST lists, loaded here or not
 
-  // The shared blob, or CheckpointError "DIR: no blob NAME".
   const std::string& shared_blob(const std::string& name) const;
 };
+
+// Any blob FILE the MANIFEST lists (e.g. another rank's "parameters.rank3"), read from ck.dir
+// and checked against its size and CRC-32 like those load_checkpoint reads; CheckpointError
+// naming the file when it is not listed, missing or damaged.
+std::string read_blob(const LoadedCheckpoint& ck, const std::string& file);
 
 // Reads and verifies on every rank, then agrees: returns on all ranks or throws on all.
 LoadedCheckpoint load_checkpoint(Communicator& comm, const std::string& dir);

@@ -6,6 +6,7 @@
 // framework tensors: LibTorch and raw C++ loops are served alike.
 
 #include <cstddef>
+#include <cstdint>
 #include <span>
 #include <string>
 #include <string_view>
@@ -22,6 +23,9 @@ struct ParamRef {
   Buffer data;
   Buffer grad;
   std::size_t group = 0;
+  // The tensor's shape, recorded in checkpoints so `accel merge-weights` can rebuild it (the
+  // LibTorch adapter fills it in). Empty means one dimension of data.count elements.
+  std::vector<std::int64_t> shape;
 };
 
 // A run of parameter values and their synchronised gradient that this rank's optimizer

@@ -5,8 +5,13 @@
 //   zero_resume_worker --phase save --dir DIR [--save_at K]          train K steps, save_state
 //   zero_resume_worker --phase resume --dir DIR --out FILE [--steps N]
 //                                                                    load_state, train to N
-// FILE gets rank 0's final parameters (doubles), for comparing runs.
+// FILE gets rank 0's final parameters (doubles), for comparing runs. --predict FILE: rank 0
+// writes a fixed input (kPredictRows x 13 floats) and the model's logits for it (x 10 floats),
+// so a test can check a LibTorch model loaded from `accel merge-weights` against them.
+// Parameters are named and shaped as a LibTorch module with a ModuleList "layers" of Linear
+// layers would name them ("layers.0.weight" [37, 13]).
 
+#include <algorithm>
 #include <cstdio>
 #include <random>
 #include <string>
@@ -21,6 +26,23 @@ namespace {
 
 constexpr int kGlobalBatch = 24;
 const std::vector<int> kSizes = {13, 37, 29, 10};
+constexpr int kPredictRows = 5;
+
+// The MLP's logits (raw_mlp's forward: ReLU between layers, none after the last).
+std::vector<float> logits(const raw_mlp::Mlp& model, std::vector<float> a, int rows) {
+  for (std::size_t l = 0; l < model.layers().size(); ++l) {
+    const auto& L = model.layers()[l];
+    std::vector<float> next(std::size_t(rows) * L.out);
+    for (int n = 0; n < rows; ++n)
+      for (int o = 0; o < L.out; ++o) {
+        float s = L.bias[o];
+        for (int i = 0; i < L.in; ++i) s += L.weight[std::size_t(o) * L.in + i] * a[std::size_t(n) * L.in + i];
+        next[std::size_t(n) * L.out + o] = l + 1 < model.layers().size() ? std::max(s, 0.0f) : s;
+      }
+    a = std::move(next);
+  }
+  return a;
+}
 
 void batch_for(std::uint64_t step, int rank, int world, std::vector<float>& x, std::vector<int>& y) {
   std::mt19937 rng(500 + unsigned(step));
@@ -37,13 +59,14 @@ void batch_for(std::uint64_t step, int rank, int world, std::vector<float>& x, s
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string phase, dir, out;
+  std::string phase, dir, out, predict;
   std::uint64_t steps = 20, save_at = 10;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i], value = argv[i + 1];
     if (flag == "--phase") phase = value;
     else if (flag == "--dir") dir = value;
     else if (flag == "--out") out = value;
+    else if (flag == "--predict") predict = value;
     else if (flag == "--steps") steps = std::stoull(value);
     else if (flag == "--save_at") save_at = std::stoull(value);
   }
@@ -54,7 +77,7 @@ int main(int argc, char** argv) {
     for (std::size_t l = 0; l < model.layers().size(); ++l) {
       auto& L = model.layers()[l];
       params.push_back({"layers." + std::to_string(l) + ".weight", buffer_of(std::span(L.weight)),
-                        buffer_of(std::span(L.weight_grad)), 0});
+                        buffer_of(std::span(L.weight_grad)), 0, {L.out, L.in}});
       params.push_back({"layers." + std::to_string(l) + ".bias", buffer_of(std::span(L.bias)),
                         buffer_of(std::span(L.bias_grad)), 1});
     }
@@ -84,6 +107,17 @@ int main(int argc, char** argv) {
         for (float v : L.weight) { const double d = v; std::fwrite(&d, sizeof d, 1, f); }
         for (float v : L.bias) { const double d = v; std::fwrite(&d, sizeof d, 1, f); }
       }
+      std::fclose(f);
+    }
+    if (!predict.empty() && acc.is_main_process()) {
+      std::mt19937 rng(777);
+      std::normal_distribution<float> g;
+      std::vector<float> x(std::size_t(kPredictRows) * kSizes.front());
+      for (float& v : x) v = g(rng);
+      const std::vector<float> y = logits(model, x, kPredictRows);
+      std::FILE* f = std::fopen(predict.c_str(), "wb");
+      std::fwrite(x.data(), sizeof(float), x.size(), f);
+      std::fwrite(y.data(), sizeof(float), y.size(), f);
       std::fclose(f);
     }
     std::printf("rank %d of %d (%s): %s done at step %llu\n", acc.process_index(),

@@ -29,7 +29,9 @@ void usage(std::FILE* out) {
       "  config   write, show or check the config `accel launch` reads\n"
       "  env      print versions, the machine and the config in effect (for bug reports)\n"
       "  test     run a distributed self-check under the config in effect\n"
-      "  estimate-memory  per-rank memory of DDP and ZeRO stages 1-3 for a model size\n",
+      "  estimate-memory  per-rank memory of DDP and ZeRO stages 1-3 for a model size\n"
+      "  merge-weights    a checkpoint's full weights (any strategy and world size) as a\n"
+      "                   LibTorch archive that torch::load reads\n",
       out);
 }
 
@@ -47,6 +49,8 @@ int main(int argc, char** argv) {
       return accel::tools::run_test_command(argc - 2, argv + 2, self_path(argv[0]).c_str());
     if (std::strcmp(argv[1], "estimate-memory") == 0)
       return accel::tools::run_estimate_memory_command(argc - 2, argv + 2);
+    if (std::strcmp(argv[1], "merge-weights") == 0)
+      return accel::tools::run_merge_weights_command(argc - 2, argv + 2);
     if (std::strcmp(argv[1], "config") == 0) return accel::tools::run_config_command(argc - 2, argv + 2);
     std::fprintf(stderr, "accel: unknown command '%s'\n", argv[1]);
     usage(stderr);

@@ -10,6 +10,7 @@
 #include <sstream>
 #include <string>
 
+#include "accelerate/parameter_layout.hpp"
 #include "backends/comm/error.hpp"
 #include "backends/zero/memory_estimate.hpp"
 #include "tools/commands.hpp"
@@ -44,22 +45,21 @@ std::uint64_t parse_count(const std::string& text) {
   return std::uint64_t(value * scale + 0.5);
 }
 
-// The sum of the "param" lines' counts in DIR/parameters.layout (accelerator_state.cpp).
+// The parameter count of a checkpoint's parameters.layout (accelerate/parameter_layout.hpp).
 std::uint64_t checkpoint_params(const std::string& dir) {
   const std::string path = dir + "/parameters.layout";
   std::ifstream in(path);
   if (!in) throw ConfigError("accel estimate-memory: " + path + ": cannot be read");
-  std::uint64_t total = 0;
-  std::string line;
-  for (int number = 1; std::getline(in, line); ++number) {
-    std::istringstream words(line);
-    std::string kind, index, dtype;
-    std::uint64_t count = 0;
-    if (!(words >> kind >> index >> dtype >> count))
-      throw ConfigError("accel estimate-memory: " + path + ":" + std::to_string(number) +
-                        ": not a layout line");
-    if (kind == "param") total += count;
+  std::ostringstream text;
+  text << in.rdbuf();
+  ParameterLayout layout;
+  try {
+    layout = parse_layout(text.str(), path);
+  } catch (const std::exception& e) {
+    throw ConfigError(std::string("accel estimate-memory: ") + e.what());
   }
+  std::uint64_t total = 0;
+  for (const SavedParam& p : layout.params) total += p.count;
   return total;
 }
 

@@ -146,7 +146,7 @@ AcceleratedOptimizer& TorchAccelerator::prepare_module(torch::nn::Module& module
     // No gradient storage: the strategy gives each parameter its bucket slot (DDP, ZeRO-1);
     // ZeRO-2 reads autograd's own gradient.
     refs.push_back({item.key(), data, Buffer{nullptr, data.count, data.dtype, data.device},
-                    sharded ? group->second : 0});
+                    sharded ? group->second : 0, p.sizes().vec()});
     param_tensors_.push_back(p);
   }
   if (sharded) strategy_options_to_prepare().zero.release_grad = [this](std::size_t i) {

@@ -135,8 +135,10 @@ std::vector<accel::ParamRef> params_of(raw_mlp::Mlp& m) {
   for (std::size_t l = 0; l < m.layers().size(); ++l) {
     auto& L = m.layers()[l];
     const std::string prefix = "layer" + std::to_string(l) + ".";
+    // Shaped as torch::nn::Linear's weight (out x in, row-major), so `accel merge-weights`
+    // writes an archive that loads into Linear layers registered as layer0, layer1, ...
     params.push_back({prefix + "weight", accel::buffer_of(std::span(L.weight)),
-                      accel::buffer_of(std::span(L.weight_grad))});
+                      accel::buffer_of(std::span(L.weight_grad)), 0, {L.out, L.in}});
     params.push_back({prefix + "bias", accel::buffer_of(std::span(L.bias)),
                       accel::buffer_of(std::span(L.bias_grad))});
   }

@@ -1,0 +1,210 @@
+// `accel merge-weights DIR OUT`: one full set of weights from a checkpoint of any strategy and
+// world size, as a LibTorch archive that a plain LibTorch program loads with
+// torch::load(model, OUT).
+//
+// - a checkpoint of the LibTorch adapter already holds the model as such an archive
+//   (state.model): it is checked to open and copied;
+// - a checkpoint of the raw API holds parameters.layout and the parameter blobs (one per rank
+//   under ZeRO): the parameters are reassembled from the slices and written with their recorded
+//   dtypes and shapes, nested the way torch::nn::Module::save nests child modules, so the
+//   name "layers.0.weight" becomes tensor "weight" of archive "0" of archive "layers" (what
+//   named_parameters() calls "layers.0.weight"). The raw API's buffers have no names and are
+//   left out (a model with buffers would not load from OUT; the command says so).
+//
+// Every blob is checked against the MANIFEST's size and CRC-32 first; OUT is written to a
+// temporary file beside it and renamed into place, so it is either complete or absent.
+
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <string>
+
+#include <unistd.h>
+
+#include "accelerate/checkpoint.hpp"
+#include "accelerate/parameter_layout.hpp"
+#include "backends/comm/error.hpp"
+#include "tools/commands.hpp"
+
+#ifdef ACCEL_TOOLS_HAVE_TORCH
+#include <fcntl.h>
+#include <cstring>
+#include <sstream>
+
+#include <ATen/Functions.h>
+#include <torch/serialize/input-archive.h>
+#include <torch/serialize/output-archive.h>
+#endif
+
+namespace accel::tools {
+namespace {
+
+constexpr const char* kUsage =
+    "usage: accel merge-weights DIR OUT\n"
+    "  DIR  a checkpoint saved by save_state (DDP or ZeRO, any number of processes)\n"
+    "  OUT  the LibTorch archive to write: torch::load(model, OUT) loads it\n";
+
+#ifdef ACCEL_TOOLS_HAVE_TORCH
+
+at::ScalarType scalar_type(DType dtype) {
+  switch (dtype) {
+    case DType::f32:
+      return at::kFloat;
+    case DType::f64:
+      return at::kDouble;
+    case DType::f16:
+      return at::kHalf;
+    case DType::bf16:
+      return at::kBFloat16;
+    case DType::i32:
+      return at::kInt;
+    case DType::i64:
+      return at::kLong;
+  }
+  return at::kFloat;
+}
+
+// The module tree the dotted names describe: tensors of this module, then child modules.
+struct Node {
+  std::map<std::string, at::Tensor> tensors;
+  std::map<std::string, Node> children;
+};
+
+void add(Node& root, const std::string& name, at::Tensor tensor, const std::string& where) {
+  Node* node = &root;
+  std::size_t start = 0;
+  for (std::size_t dot; (dot = name.find('.', start)) != std::string::npos; start = dot + 1) {
+    const std::string part = name.substr(start, dot - start);
+    if (part.empty())
+      throw CheckpointError(where + ": parameter name '" + name + "' has an empty part");
+    node = &node->children[part];
+  }
+  const std::string leaf = name.substr(start);
+  if (leaf.empty() || !node->tensors.emplace(leaf, std::move(tensor)).second)
+    throw CheckpointError(where + ": parameter name '" + name + "' is empty or appears twice");
+}
+
+void write(const Node& node, torch::serialize::OutputArchive& archive) {
+  for (const auto& [key, tensor] : node.tensors) archive.write(key, tensor);
+  for (const auto& [key, child] : node.children) {
+    torch::serialize::OutputArchive nested(archive.compilation_unit());
+    write(child, nested);
+    archive.write(key, nested);
+  }
+}
+
+// The archive bytes for a raw-API checkpoint.
+std::string archive_from_parameters(const LoadedCheckpoint& ck) {
+  const std::string layout_path = ck.dir + "/" + kParametersLayoutBlob;
+  const ParameterLayout layout = parse_layout(ck.shared_blob(kParametersLayoutBlob), layout_path);
+  const FullParameters values = reassemble_parameters(
+      layout,
+      [&](const std::string& blob) {
+        return blob == kParametersBlob ? ck.shared_blob(blob) : read_blob(ck, blob);
+      },
+      ck.dir);
+  Node root;
+  for (std::size_t i = 0; i < layout.params.size(); ++i) {
+    const SavedParam& p = layout.params[i];
+    at::Tensor t = at::empty(p.shape, at::TensorOptions().dtype(scalar_type(p.dtype)));
+    std::memcpy(t.data_ptr(), values.params[i].data(), values.params[i].size());
+    add(root, p.name, std::move(t), layout_path);
+  }
+  if (!layout.buffers.empty())
+    std::fprintf(stderr,
+                 "accel merge-weights: %s: %zu buffer(s) left out (the raw API saves buffers "
+                 "without names); a model with buffers will not load from the output\n",
+                 layout_path.c_str(), layout.buffers.size());
+  torch::serialize::OutputArchive archive;
+  write(root, archive);
+  std::ostringstream out;
+  archive.save_to(out);
+  return out.str();
+}
+
+// OUT complete or absent: a temporary file beside it, synced, renamed over it.
+void write_atomically(const std::string& out, const std::string& bytes) {
+  namespace fs = std::filesystem;
+  const fs::path target = fs::absolute(out);
+  const fs::path tmp = target.string() + ".tmp-" + std::to_string(::getpid());
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw CheckpointError(tmp.string() + ": cannot create: " + std::strerror(errno));
+  std::size_t at = 0;
+  int err = 0;  // the first failure's errno
+  while (err == 0 && at < bytes.size()) {
+    const ssize_t n = ::write(fd, bytes.data() + at, bytes.size() - at);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0)
+      err = n < 0 ? errno : EIO;
+    else
+      at += std::size_t(n);
+  }
+  if (err == 0 && ::fsync(fd) != 0) err = errno;
+  ::close(fd);
+  std::error_code ec;
+  if (err != 0) {
+    fs::remove(tmp, ec);
+    throw CheckpointError(tmp.string() + ": cannot write: " + std::strerror(err));
+  }
+  fs::rename(tmp, target, ec);
+  if (ec) {
+    fs::remove(tmp, ec);
+    throw CheckpointError(target.string() +
+                          ": cannot rename the written file into place: " + ec.message());
+  }
+  // The rename itself survives a crash once the directory is synced.
+  const int dir_fd = ::open(target.parent_path().c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir_fd >= 0) {
+    ::fsync(dir_fd);
+    ::close(dir_fd);
+  }
+}
+
+#endif  // ACCEL_TOOLS_HAVE_TORCH
+
+}  // namespace
+
+int run_merge_weights_command(int argc, char** argv) {
+  if (argc == 1 && (std::string(argv[0]) == "-h" || std::string(argv[0]) == "--help")) {
+    std::fputs(kUsage, stdout);
+    return 0;
+  }
+  if (argc != 2)
+    throw ConfigError(std::string("accel merge-weights: expected DIR and OUT\n") + kUsage);
+#ifndef ACCEL_TOOLS_HAVE_TORCH
+  std::fprintf(stderr,
+               "accel merge-weights: this build of accel has no LibTorch (configured without "
+               "ACCEL_WITH_TORCH), so it cannot write a LibTorch archive\n");
+  return 1;
+#else
+  const std::string dir = argv[0], out = argv[1];
+  // Verifies the MANIFEST and every shared blob; per-rank blobs are verified as they are read.
+  const LoadedCheckpoint ck = read_checkpoint(dir, 0, 1);
+  std::string bytes;
+  const char* source = "";
+  if (ck.shared.count("state.model")) {
+    // The LibTorch adapter's model, already a module archive: check that it opens, copy it.
+    bytes = ck.shared.at("state.model");
+    try {
+      torch::serialize::InputArchive archive;
+      archive.load_from(bytes.data(), bytes.size());
+    } catch (const std::exception& e) {
+      throw CheckpointError(ck.dir + "/state.model: not a LibTorch archive: " + e.what());
+    }
+    source = "state.model";
+  } else if (ck.shared.count(kParametersLayoutBlob)) {
+    bytes = archive_from_parameters(ck);
+    source = kParametersLayoutBlob;
+  } else {
+    throw CheckpointError(ck.dir + ": holds no model weights (neither " + kParametersLayoutBlob +
+                          " nor state.model)");
+  }
+  write_atomically(out, bytes);
+  std::printf("accel merge-weights: %s (from %s, saved by %d process%s at step %llu) -> %s\n",
+              ck.dir.c_str(), source, ck.meta.world_size, ck.meta.world_size == 1 ? "" : "es",
+              static_cast<unsigned long long>(ck.meta.step), out.c_str());
+  return 0;
+#endif
+}
+
+}  // namespace accel::tools
