@@ -26,7 +26,6 @@
 #include "backends/comm/error.hpp"
 #include "tools/commands.hpp"
 
-#ifdef ACCEL_TOOLS_HAVE_TORCH
 #include <fcntl.h>
 #include <cstring>
 #include <sstream>
@@ -34,7 +33,6 @@
 #include <ATen/Functions.h>
 #include <torch/serialize/input-archive.h>
 #include <torch/serialize/output-archive.h>
-#endif
 
 namespace accel::tools {
 namespace {
@@ -44,7 +42,6 @@ constexpr const char* kUsage =
     "  DIR  a checkpoint saved by save_state (DDP or ZeRO, any number of processes)\n"
     "  OUT  the LibTorch archive to write: torch::load(model, OUT) loads it\n";
 
-#ifdef ACCEL_TOOLS_HAVE_TORCH
 
 at::ScalarType scalar_type(DType dtype) {
   switch (dtype) {
@@ -160,7 +157,6 @@ void write_atomically(const std::string& out, const std::string& bytes) {
   }
 }
 
-#endif  // ACCEL_TOOLS_HAVE_TORCH
 
 }  // namespace
 
@@ -171,12 +167,6 @@ int run_merge_weights_command(int argc, char** argv) {
   }
   if (argc != 2)
     throw ConfigError(std::string("accel merge-weights: expected DIR and OUT\n") + kUsage);
-#ifndef ACCEL_TOOLS_HAVE_TORCH
-  std::fprintf(stderr,
-               "accel merge-weights: this build of accel has no LibTorch (configured without "
-               "ACCEL_WITH_TORCH), so it cannot write a LibTorch archive\n");
-  return 1;
-#else
   const std::string dir = argv[0], out = argv[1];
   // Verifies the MANIFEST and every shared blob; per-rank blobs are verified as they are read.
   const LoadedCheckpoint ck = read_checkpoint(dir, 0, 1);
@@ -204,7 +194,6 @@ int run_merge_weights_command(int argc, char** argv) {
               ck.dir.c_str(), source, ck.meta.world_size, ck.meta.world_size == 1 ? "" : "es",
               static_cast<unsigned long long>(ck.meta.step), out.c_str());
   return 0;
-#endif
 }
 
 }  // namespace accel::tools
