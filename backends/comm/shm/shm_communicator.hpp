@@ -19,7 +19,7 @@
 //
 // Environment (read by rank 0 when the segment is made, for experiments):
 //   ACCEL_SHM_SLOT_BYTES   bytes per rank and chunk (default 1 MiB)
-//   ACCEL_SHM_SPIN_US      busy-wait before sleeping (default 20, 2 when ranks outnumber cores)
+//   ACCEL_SHM_SPIN_US      busy-wait before sleeping (default 200, 2 when ranks outnumber cores)
 //   ACCEL_SHM_YIELD        1 (default): sched_yield while spinning; 2: pure spin
 
 #include <memory>
