@@ -84,27 +84,28 @@ void save(int world, const std::string& dir, const std::string& predict, bool ze
   REQUIRE(r.exit_code() == 0);
 }
 
+// Trains and saves at `world` ranks, merges the checkpoint, and returns the merged model's
+// max logit difference against the trained one.
+double merged_prediction_difference(int world, bool zero) {
+  TempDir tmp("merge_weights_test");
+  save(world, tmp / "ck", tmp / "predict.bin", zero);
+  const auto merged = run_accel({"merge-weights", tmp / "ck", tmp / "model.pt"});
+  INFO(describe(merged));
+  REQUIRE(merged.exit_code() == 0);
+  return prediction_difference(tmp / "model.pt", tmp / "predict.bin");
+}
+
 }  // namespace
 
 TEST_CASE("merge-weights of a ZeRO-2 checkpoint of 4 ranks loads into a plain LibTorch model") {
   if (skip_unless(communicator_available("gloo"), "gloo communicator not built")) return;
-  TempDir tmp("merge_weights_test");
-  save(4, tmp / "ck", tmp / "predict.bin", true);
-  const auto merged = run_accel({"merge-weights", tmp / "ck", tmp / "model.pt"});
-  INFO(describe(merged));
-  REQUIRE(merged.exit_code() == 0);
-  const double d = prediction_difference(tmp / "model.pt", tmp / "predict.bin");
+  const double d = merged_prediction_difference(4, true);
   MESSAGE("ZeRO-2 world 4 -> merge-weights -> torch::load: max logit difference " << d);
   CHECK(d <= 1e-5);
 }
 
 TEST_CASE("merge-weights of a single-process checkpoint gives the same model") {
-  TempDir tmp("merge_weights_test");
-  save(1, tmp / "ck", tmp / "predict.bin", false);
-  const auto merged = run_accel({"merge-weights", tmp / "ck", tmp / "model.pt"});
-  INFO(describe(merged));
-  REQUIRE(merged.exit_code() == 0);
-  const double d = prediction_difference(tmp / "model.pt", tmp / "predict.bin");
+  const double d = merged_prediction_difference(1, false);
   MESSAGE("world 1 -> merge-weights -> torch::load: max logit difference " << d);
   CHECK(d <= 1e-5);
 }

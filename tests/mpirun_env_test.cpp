@@ -34,24 +34,10 @@ TEST_CASE("a program started by plain mpirun -np 2 gets the right rank and world
 
 TEST_CASE("accel launch --use_mpi starts the workers through mpirun with the launcher's settings") {
   if (skip_unless(!find_mpirun().empty(), "mpirun not found (openmpi-bin not installed)")) return;
-  launch::WorkerSpec spec;
-  spec.argv = {bin_path("accel"),
-               "launch",
-               "--use_mpi",
-               "--num_processes",
-               "2",
-               "--main_process_port",
-               "0",
-               "--multi_cpu",
-               bin_path("print_process_env")};
-  spec.label = "accel";
-  spec.unset_env = {"RANK", "WORLD_SIZE", "ACCEL_CONFIG_FILE", "ACCEL_NUM_PROCESSES"};
-  spec.env = {{"XDG_CONFIG_HOME", "/nonexistent-accel-test-config"}};
-  launch::WorkerGroupOptions options;
-  options.capture = true;
-  options.echo = false;
-  options.timeout = std::chrono::seconds(90);  // anti-hang only
-  const auto result = launch::run_worker_group({spec}, options);
+  // Ranks and the config come only from the launcher (run_accel clears the outer ones).
+  const auto result = run_accel({"launch", "--use_mpi", "--num_processes", "2",
+                                 "--main_process_port", "0", "--multi_cpu",
+                                 bin_path("print_process_env")});
   const std::string& out = result.workers.at(0).output;
   INFO(out);
   REQUIRE_FALSE(result.timed_out);
@@ -66,17 +52,9 @@ TEST_CASE("accel launch --use_mpi starts the workers through mpirun with the lau
 
 TEST_CASE("under --use_mpi, Gloo workers rendezvous through the launcher's store") {
   if (skip_unless(!find_mpirun().empty(), "mpirun not found (openmpi-bin not installed)")) return;
-  launch::WorkerSpec spec;
-  spec.argv = {bin_path("accel"),     "test", "--use_mpi",   "--num_processes",    "2",
-               "--main_process_port", "0",    "--multi_cpu", "--cpu_communicator", "gloo"};
-  spec.label = "accel";
-  spec.unset_env = {"RANK", "WORLD_SIZE", "ACCEL_CONFIG_FILE", "ACCEL_COMM_BACKEND"};
-  spec.env = {{"XDG_CONFIG_HOME", "/nonexistent-accel-test-config"}};
-  launch::WorkerGroupOptions options;
-  options.capture = true;
-  options.echo = false;
-  options.timeout = std::chrono::seconds(90);  // anti-hang only
-  const auto result = launch::run_worker_group({spec}, options);
+  const auto result = run_accel({"test", "--use_mpi", "--num_processes", "2",
+                                 "--main_process_port", "0", "--multi_cpu", "--cpu_communicator",
+                                 "gloo"});
   const std::string& out = result.workers.at(0).output;
   INFO(out);
   REQUIRE_FALSE(result.timed_out);

@@ -83,7 +83,8 @@ launch::GroupResult run_accel(const std::vector<std::string>& args,
   spec.argv = {bin_path("accel")};
   spec.argv.insert(spec.argv.end(), args.begin(), args.end());
   spec.label = "accel";
-  spec.unset_env = {"OMP_NUM_THREADS",     "GLIBC_TUNABLES",    "ACCEL_COMM_BACKEND",
+  spec.unset_env = {"RANK",                "WORLD_SIZE",        "LOCAL_RANK",
+                    "OMP_NUM_THREADS",     "GLIBC_TUNABLES",    "ACCEL_COMM_BACKEND",
                     "ACCEL_CONFIG_FILE",   "ACCEL_STORE_TOKEN", "ACCEL_GLOO_HOSTNAME",
                     "CUDA_VISIBLE_DEVICES"};
   for (const auto& key : config::schema()) spec.unset_env.push_back(config::env_var_for(key.name));

@@ -31,7 +31,7 @@ launch::GroupResult run_under_mpirun(int world, const std::string& program,
 // The mpirun executable, or "" when MPI is not installed.
 std::string find_mpirun();
 
-// Runs `accel ARGS...` as one process, as a user would start it: the thread, communicator,
+// Runs `accel ARGS...` as one process, as a user would start it: the rank, thread, communicator,
 // token and config variables an outer environment may set are removed (and the config home
 // points nowhere), so only `env` and the launcher's own defaults apply. Captures its output.
 launch::GroupResult run_accel(const std::vector<std::string>& args,
