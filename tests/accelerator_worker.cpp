@@ -18,6 +18,7 @@
 #include "accelerate/accelerator.hpp"
 #include "backends/optim/sgd.hpp"
 #include "examples/raw_mlp/mlp.hpp"
+#include "examples/raw_mlp/param_refs.hpp"
 
 using namespace accel;
 
@@ -50,15 +51,6 @@ Dataset select(const Dataset& d, const std::vector<std::size_t>& idx) {
     out.labels.push_back(d.labels[i]);
   }
   return out;
-}
-
-std::vector<ParamRef> params_of(raw_mlp::Mlp& m) {
-  std::vector<ParamRef> params;
-  for (auto& L : m.layers()) {
-    params.push_back({"weight", buffer_of(std::span(L.weight)), buffer_of(std::span(L.weight_grad))});
-    params.push_back({"bias", buffer_of(std::span(L.bias)), buffer_of(std::span(L.bias_grad))});
-  }
-  return params;
 }
 
 // PyTorch's clip_grad_norm_ on one process.
@@ -104,7 +96,7 @@ int main(int argc, char** argv) {
     raw_mlp::Mlp model(kSizes, 3), reference(kSizes, 3);
     // The built-in optimizer: the same loop then runs under DDP and ZeRO (ACCEL_DISTRIBUTED_TYPE).
     Sgd optimizer(SgdOptions{.lr = 0.2});
-    acc.prepare(params_of(model), optimizer);
+    acc.prepare(raw_mlp::param_refs(model), optimizer);
 
     // Training: 2 epochs, 4 samples per rank per batch, shuffled per epoch.
     const std::size_t per_rank = 4;

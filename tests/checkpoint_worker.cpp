@@ -25,6 +25,7 @@
 
 #include "accelerate/accelerator.hpp"
 #include "examples/raw_mlp/mlp.hpp"
+#include "examples/raw_mlp/param_refs.hpp"
 #include "examples/raw_mlp/momentum_sgd.hpp"
 
 using namespace accel;
@@ -48,16 +49,6 @@ Dataset make_dataset() {
   for (float& v : d.x) v = g(rng);
   for (std::size_t i = 0; i < kDatasetSize; ++i) d.labels.push_back(int(rng() % kSizes.back()));
   return d;
-}
-
-std::vector<ParamRef> params_of(raw_mlp::Mlp& m) {
-  std::vector<ParamRef> params;
-  for (auto& L : m.layers()) {
-    params.push_back(
-        {"weight", buffer_of(std::span(L.weight)), buffer_of(std::span(L.weight_grad))});
-    params.push_back({"bias", buffer_of(std::span(L.bias)), buffer_of(std::span(L.bias_grad))});
-  }
-  return params;
 }
 
 [[noreturn]] void die() {
@@ -115,7 +106,7 @@ int main(int argc, char** argv) {
     const Dataset data = make_dataset();
     raw_mlp::Mlp model(kSizes, 3);
     raw_mlp::MomentumSgd optimizer(model, 0.9f);
-    acc.prepare_parameters(params_of(model));
+    acc.prepare_parameters(raw_mlp::param_refs(model));
     acc.register_state(
         "optimizer", [&] { return optimizer.save(); },
         [&](const std::string& b) { optimizer.load(b); });
@@ -186,7 +177,7 @@ int main(int argc, char** argv) {
                 static_cast<unsigned long long>(micro_batches));
     if (!out_file.empty() && acc.is_main_process()) {
       std::ofstream out(out_file, std::ios::binary);
-      for (const ParamRef& p : params_of(model))
+      for (const ParamRef& p : raw_mlp::param_refs(model))
         out.write(static_cast<const char*>(p.data.data), std::streamsize(p.data.bytes()));
       if (!out) throw std::runtime_error(out_file + ": cannot write");
     }

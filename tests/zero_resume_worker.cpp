@@ -19,6 +19,7 @@
 #include "accelerate/accelerator.hpp"
 #include "backends/optim/adamw.hpp"
 #include "examples/raw_mlp/mlp.hpp"
+#include "examples/raw_mlp/param_refs.hpp"
 
 using namespace accel;
 
@@ -73,14 +74,7 @@ int main(int argc, char** argv) {
   try {
     Accelerator acc;
     raw_mlp::Mlp model(kSizes, 5);
-    std::vector<ParamRef> params;
-    for (std::size_t l = 0; l < model.layers().size(); ++l) {
-      auto& L = model.layers()[l];
-      params.push_back({"layers." + std::to_string(l) + ".weight", buffer_of(std::span(L.weight)),
-                        buffer_of(std::span(L.weight_grad)), 0, {L.out, L.in}});
-      params.push_back({"layers." + std::to_string(l) + ".bias", buffer_of(std::span(L.bias)),
-                        buffer_of(std::span(L.bias_grad)), 1});
-    }
+    std::vector<ParamRef> params = raw_mlp::param_refs(model, "layers.", 1);
     AdamW optimizer(std::vector<AdamWOptions>{{.lr = 3e-3, .weight_decay = 1e-2},
                                               {.lr = 1e-3, .beta1 = 0.8, .weight_decay = 0}});
     acc.prepare(params, optimizer);

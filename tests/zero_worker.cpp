@@ -29,6 +29,7 @@
 #include "backends/optim/sgd.hpp"
 #include "backends/strategy_factory.hpp"
 #include "examples/raw_mlp/mlp.hpp"
+#include "examples/raw_mlp/param_refs.hpp"
 
 using namespace accel;
 
@@ -54,19 +55,6 @@ Batch my_slice(int index, int rank, int world) {
   s.x.assign(x.begin() + std::ptrdiff_t(rank) * per * in, x.begin() + std::ptrdiff_t(rank + 1) * per * in);
   s.labels.assign(labels.begin() + rank * per, labels.begin() + (rank + 1) * per);
   return s;
-}
-
-std::vector<ParamRef> params_of(raw_mlp::Mlp& m) {
-  std::vector<ParamRef> params;
-  for (std::size_t l = 0; l < m.layers().size(); ++l) {
-    raw_mlp::Layer& L = m.layers()[l];
-    const std::string prefix = "layers." + std::to_string(l);
-    params.push_back({prefix + ".weight", buffer_of(std::span(L.weight)),
-                      buffer_of(std::span(L.weight_grad)), 0});
-    params.push_back({prefix + ".bias", buffer_of(std::span(L.bias)),
-                      buffer_of(std::span(L.bias_grad)), 1});
-  }
-  return params;
 }
 
 std::unique_ptr<Optimizer> make_optimizer(const std::string& kind) {
@@ -112,8 +100,8 @@ int parity(Communicator& comm, const Flags& f) {
   zero_options.kind = "zero";
   zero_options.zero.stage = f.stage;
   zero_options.zero.bucket_cap_bytes = 1024;  // several buckets, some straddling two slices
-  auto ddp = make_strategy(comm, params_of(ddp_model), {}, ddp_options);
-  auto zero = make_strategy(comm, params_of(zero_model), {}, zero_options);
+  auto ddp = make_strategy(comm, raw_mlp::param_refs(ddp_model, "layers.", 1), {}, ddp_options);
+  auto zero = make_strategy(comm, raw_mlp::param_refs(zero_model, "layers.", 1), {}, zero_options);
   ddp->prepare();
   zero->prepare();
   auto ddp_opt = make_optimizer(f.optimizer), zero_opt = make_optimizer(f.optimizer);

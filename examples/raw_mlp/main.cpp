@@ -21,6 +21,7 @@
 #include "backends/optim/sgd.hpp"
 #include "examples/common/idx_reader.hpp"
 #include "examples/raw_mlp/mlp.hpp"
+#include "examples/raw_mlp/param_refs.hpp"
 
 namespace {
 
@@ -130,21 +131,6 @@ void take_batch(const Data& d, const std::vector<std::size_t>& idx, std::size_t 
   }
 }
 
-std::vector<accel::ParamRef> params_of(raw_mlp::Mlp& m) {
-  std::vector<accel::ParamRef> params;
-  for (std::size_t l = 0; l < m.layers().size(); ++l) {
-    auto& L = m.layers()[l];
-    const std::string prefix = "layer" + std::to_string(l) + ".";
-    // Shaped as torch::nn::Linear's weight (out x in, row-major), so `accel merge-weights`
-    // writes an archive that loads into Linear layers registered as layer0, layer1, ...
-    params.push_back({prefix + "weight", accel::buffer_of(std::span(L.weight)),
-                      accel::buffer_of(std::span(L.weight_grad)), 0, {L.out, L.in}});
-    params.push_back({prefix + "bias", accel::buffer_of(std::span(L.bias)),
-                      accel::buffer_of(std::span(L.bias_grad))});
-  }
-  return params;
-}
-
 // Test accuracy over the whole test set: each process predicts its shard, the verdicts are
 // gathered without the sampler's padding, so exactly test.count samples are counted.
 double evaluate(accel::Accelerator& acc, raw_mlp::Mlp& model, const Data& test) {
@@ -188,7 +174,7 @@ int main(int argc, char** argv) {
     // rank's slices under ZeRO), so this loop runs unchanged under either; prepare() also puts
     // its state into checkpoints.
     accel::Sgd optimizer(accel::SgdOptions{.lr = flags.lr, .momentum = flags.momentum});
-    acc.prepare(params_of(model), optimizer);
+    acc.prepare(raw_mlp::param_refs(model), optimizer);
 
     const bool checkpoints = !flags.checkpoint_dir.empty();
     if (checkpoints && accel::checkpoint_exists(flags.checkpoint_dir)) {
