@@ -98,7 +98,13 @@ void Accelerator::prepare(std::vector<ParamRef> params, Optimizer& optimizer,
                         std::to_string(p.group) + ", the " + std::string(optimizer.name()) +
                         " optimizer has " + std::to_string(optimizer.num_groups()));
   prepare_parameters(std::move(params), std::move(buffers));
-  optimizer_ = &optimizer;  // save_state / load_state keep its state (optimizer_state.hpp)
+  optimizer_ = &optimizer;
+  // save_state / load_state keep its state (optimizer_state.hpp)
+  register_optimizer_state(
+      [&optimizer] { return optimizer.save_state(); },
+      [&optimizer](const std::string& bytes, const std::string&) -> std::function<void()> {
+        return [&optimizer, bytes] { optimizer.load_state(bytes); };  // sizes: resharded to fit
+      });
 }
 
 void Accelerator::optimizer_step() {
