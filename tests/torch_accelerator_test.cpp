@@ -1,7 +1,8 @@
 // The LibTorch adapter: in this process (the world of one) the gradient buckets, the optimizer
 // wrapper, the data loader and bf16 autocast; over real processes (torch_worker does the
-// checking) DDP training equal to one process, over Gloo with 2 and 4 ranks and over MPI; and
-// (torch_resume_worker) checkpoints of model, optimizer, scheduler and RNG resuming bitwise.
+// checking) DDP training equal to one process, over Gloo with 2 and 4 ranks and over MPI;
+// (torch_resume_worker) checkpoints of model, optimizer, scheduler and RNG resuming bitwise;
+// (torch_reshard_worker) checkpoints resuming under another strategy and number of processes.
 
 #include <cstring>
 #include <filesystem>
@@ -17,7 +18,9 @@
 #include <limits>
 #include <map>
 
+#include "accelerate/checkpoint.hpp"
 #include "accelerate/torch/torch_accelerator.hpp"
+#include "accelerate/torch/torch_state.hpp"
 #include "backends/comm/registry.hpp"
 #include "tests/support/files.hpp"
 #include "tests/support/ranks.hpp"
@@ -497,6 +500,34 @@ TEST_CASE("LibTorch SGD, Adam and AdamW state load exactly, and into another opt
     CHECK(what.find("3 state arrays per element, this SGD group keeps 1") != std::string::npos);
   }
   CHECK(wrong->state().empty());
+}
+
+TEST_CASE("an adapter checkpoint of the earlier format (optimizer state only in "
+          "state.optimizer) is refused, naming what is missing") {
+  TempDir dir("accel_torch_old_format");
+  TorchAccelerator acc(local_options());
+  auto net = small_net();
+  torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  acc.prepare(net, sgd);
+  // What the adapter wrote before its optimizer state resharded: the whole LibTorch archive.
+  const std::string model = torch_state::save_module(*net);
+  const std::string optimizer = torch_state::save_optimizer(sgd);
+  const std::string rng = torch_state::save_rng(torch::Device(torch::kCPU));
+  CheckpointContents old;
+  old.shared = {{"state.model", {{model.data(), model.size()}}},
+                {"state.optimizer", {{optimizer.data(), optimizer.size()}}}};
+  old.per_rank = {{"state.torch_rng", {{rng.data(), rng.size()}}}};
+  save_checkpoint(acc.comm(), dir / "ck", old);
+  try {
+    acc.load_state(dir / "ck");
+    FAIL("a checkpoint without optimizer blobs loaded");
+  } catch (const CheckpointError& e) {
+    const std::string what = e.what();
+    INFO(what);
+    CHECK(what.find(dir / "ck") != std::string::npos);
+    CHECK(what.find("no optimizer state ('optimizer' or 'optimizer.rankR')") != std::string::npos);
+    CHECK(what.find("state.optimizer") != std::string::npos);
+  }
 }
 
 TEST_CASE("ZeRO-1 and ZeRO-2 under the LibTorch adapter equal DDP (SGD Nesterov, Adam, AdamW)") {
