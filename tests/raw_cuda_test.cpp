@@ -7,6 +7,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <sstream>
@@ -24,7 +25,11 @@ using namespace accel::test;
 
 namespace {
 
-const std::string kData = "/usr/share/datasets/fashion-mnist";
+// ACCEL_TEST_FASHION_MNIST names another directory (scripts/gpu_check.sh --data DIR).
+const std::string kData = [] {
+  const char* dir = std::getenv("ACCEL_TEST_FASHION_MNIST");
+  return std::string(dir && *dir ? dir : "/usr/share/datasets/fashion-mnist");
+}();
 constexpr int kSteps = 40;
 
 struct Run {
