@@ -66,15 +66,19 @@ void sgd_update(Buffer values, Buffer grad, float* momentum_buffer, const SgdSte
 #endif
     return;
   }
+  // Locals, not args' fields: a float store through p could alias them, which would keep the
+  // compiler from hoisting and vectorising.
+  const float lr = a.lr, wd = a.weight_decay, mu = a.momentum, damp = a.dampening_complement;
+  const bool nesterov = a.nesterov, first = a.first_step;
   float* buf = momentum_buffer;
   for (std::size_t i = 0; i < n; ++i) {
     float d = g[i];
-    if (a.weight_decay != 0) d += a.weight_decay * p[i];
+    if (wd != 0) d += wd * p[i];
     if (buf) {
-      buf[i] = a.first_step ? d : a.momentum * buf[i] + a.dampening_complement * d;
-      d = a.nesterov ? d + a.momentum * buf[i] : buf[i];
+      buf[i] = first ? d : mu * buf[i] + damp * d;
+      d = nesterov ? d + mu * buf[i] : buf[i];
     }
-    p[i] -= a.lr * d;
+    p[i] -= lr * d;
   }
 }
 
@@ -89,16 +93,20 @@ void adamw_update(Buffer values, Buffer grad, float* m, float* v, const AdamWSte
 #endif
     return;
   }
+  const float step_size = a.step_size, b1 = a.beta1, b2 = a.beta2, c1 = a.one_minus_beta1,
+              c2 = a.one_minus_beta2, eps = a.eps, decay = a.decay, wd = a.weight_decay,
+              bias2_sqrt = a.bias2_sqrt;
+  const bool decoupled = a.decoupled;
   for (std::size_t i = 0; i < n; ++i) {
     float grad_i = g[i];
-    if (a.decoupled)
-      p[i] *= a.decay;
-    else if (a.weight_decay != 0)
-      grad_i += a.weight_decay * p[i];
-    m[i] = m[i] * a.beta1 + grad_i * a.one_minus_beta1;
-    v[i] = v[i] * a.beta2 + grad_i * grad_i * a.one_minus_beta2;
-    const float denom = std::sqrt(v[i]) / a.bias2_sqrt + a.eps;
-    p[i] -= a.step_size * (m[i] / denom);
+    if (decoupled)
+      p[i] *= decay;
+    else if (wd != 0)
+      grad_i += wd * p[i];
+    m[i] = m[i] * b1 + grad_i * c1;
+    v[i] = v[i] * b2 + grad_i * grad_i * c2;
+    const float denom = std::sqrt(v[i]) / bias2_sqrt + eps;
+    p[i] -= step_size * (m[i] / denom);
   }
 }
 
@@ -112,10 +120,12 @@ void add_sum_of_squares(Buffer grad, double& sum) {
   visit_dtype(grad.dtype, [&](auto element) {
     using T = decltype(element);
     const T* g = static_cast<const T*>(grad.data);
+    double s = sum;  // a local: `sum` could alias an f64 gradient, which stops vectorising
     for (std::size_t i = 0; i < grad.count; ++i) {
       const double v = element_to_double(g[i]);
-      sum += v * v;
+      s += v * v;
     }
+    sum = s;
   });
 }
 
