@@ -8,7 +8,7 @@
 // scalars as the CPU loops, so the optimizers are expected within 1e-6 relative (they should
 // in fact be bitwise equal; the message says how many elements differ at all); unscaling and
 // scaling go through double exactly as the CPU does: bitwise; the sum of squares is summed in
-// another order: 1e-12 relative.
+// another order: 1e-10 relative (n x double's epsilon for the largest buffer, 1e6 elements).
 
 #include <doctest/doctest.h>
 
@@ -289,7 +289,7 @@ TEST_CASE("the sum of squares and the clipping multiply on GPU buffers match the
     add_sum_of_squares(gb.view(), gpu_sum);
     add_sum_of_squares(buffer_of(std::span(f)), cpu_sum);
     add_sum_of_squares(buffer_of(std::span(b)), cpu_sum);
-    CHECK(std::fabs(gpu_sum - cpu_sum) <= 1e-12 * cpu_sum);
+    CHECK(std::fabs(gpu_sum - cpu_sum) <= 1e-10 * cpu_sum);
     // The same bits every run: a fixed reduction order.
     double again = 0.5;
     add_sum_of_squares(gf.view(), again);
