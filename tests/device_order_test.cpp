@@ -27,6 +27,7 @@ namespace {
 struct FakeDevice {
   std::mutex mutex;
   std::vector<std::thread::id> issued_on;  // on_issue's threads, in order
+  std::vector<DeviceStream> issue_streams; // the compute stream on_issue was given
   std::vector<DeviceStream> ordered;       // streams order_before was asked to order
   std::atomic<int> launched{0};
   std::atomic<int> completed_upto{0};      // operations 1..n have completed on the "device"
@@ -57,9 +58,10 @@ class LaunchingCommunicator final : public Communicator {
   std::string_view backend_name() const override { return "launching-test-double"; }
 
  protected:
-  std::shared_ptr<void> on_issue() override {
+  std::shared_ptr<void> on_issue(DeviceStream compute_stream) override {
     std::lock_guard lock(device_.mutex);
     device_.issued_on.push_back(std::this_thread::get_id());
+    device_.issue_streams.push_back(compute_stream);
     return std::make_shared<int>(int(device_.issued_on.size()));
   }
   void run_all_reduce(Buffer, ReduceOp, Milliseconds) override {
@@ -102,6 +104,7 @@ TEST_CASE("launched device operations: issue order, no held-back launches, strea
   REQUIRE(device.issued_on.size() == 2);
   CHECK(device.issued_on[0] == std::this_thread::get_id());
   CHECK(device.issued_on[1] == std::this_thread::get_id());
+  CHECK(device.issue_streams == std::vector<DeviceStream>{stream, stream});
   // The second is launched while the first has not completed.
   CHECK(eventually([&] { return device.launched.load() == 2; }));
   CHECK_FALSE(first->is_completed());

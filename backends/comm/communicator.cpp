@@ -214,7 +214,7 @@ WorkPtr Communicator::enqueue(std::string what, std::size_t payload_bytes,
   }
   std::shared_ptr<void> inputs;
   try {
-    inputs = on_issue();  // here, in issue order: what the caller queued so far
+    inputs = on_issue(compute_stream_);  // here, in issue order: what the caller queued so far
   } catch (const std::exception& e) {
     if (broken_.empty()) broken_ = name + " failed";
     work->finish(std::make_exception_ptr(CommError(name + " not issued: " + e.what())));

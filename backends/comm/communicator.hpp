@@ -147,10 +147,15 @@ class Communicator {
   // what ranks_not_heard_from is later asked about). Valid inside run_*.
   std::uint64_t current_sequence() const { return current_seq_; }
 
-  // Device backends: runs on the caller's thread as each operation is issued, in issue order;
-  // what it returns is handed to that operation's run_* as issued_inputs() (NCCL: an event
-  // recorded on compute_stream(), which its own stream then waits for). Default: nothing.
-  virtual std::shared_ptr<void> on_issue() { return nullptr; }
+  // Device backends: runs on the caller's thread as each operation is issued, in issue order
+  // (with the issue lock held: it must not call back into this class); `compute_stream` is
+  // compute_stream() at that moment. What it returns is handed to that operation's run_* as
+  // issued_inputs() (NCCL: an event recorded on the compute stream, which its own stream then
+  // waits for). Default: nothing.
+  virtual std::shared_ptr<void> on_issue(DeviceStream compute_stream) {
+    (void)compute_stream;
+    return nullptr;
+  }
   // Inside run_*: what on_issue() returned for the operation now running.
   const std::shared_ptr<void>& issued_inputs() const { return current_inputs_; }
   // Inside run_*: the operation was only launched; the worker polls `completion` until it

@@ -281,15 +281,15 @@ bool Completion::poll() {
 
 void Completion::abandon() noexcept { state_.abort(); }
 
-std::shared_ptr<void> NcclCommunicator::on_issue() {
+std::shared_ptr<void> NcclCommunicator::on_issue(DeviceStream compute_stream) {
   State& s = *state_;
   // The caller's thread: its current device becomes this rank's (events belong to a device).
   ACCEL_CUDA_CHECK(cudaSetDevice(s.device));
   auto inputs = std::make_shared<InputsEvent>();
   ACCEL_CUDA_CHECK(cudaEventCreateWithFlags(&inputs->event, cudaEventDisableTiming));
-  const DeviceStream caller = compute_stream();
-  ACCEL_CUDA_CHECK(cudaEventRecord(
-      inputs->event, caller ? static_cast<cudaStream_t>(caller) : cudaStreamLegacy));
+  ACCEL_CUDA_CHECK(cudaEventRecord(inputs->event, compute_stream
+                                                      ? static_cast<cudaStream_t>(compute_stream)
+                                                      : cudaStreamLegacy));
   return inputs;
 }
 

@@ -61,7 +61,7 @@ class NcclCommunicator final : public Communicator {
   void run_barrier(Milliseconds timeout) override;
   void run_send(Buffer data, int dst, std::uint32_t tag, Milliseconds timeout) override;
   void run_recv(Buffer data, int src, std::uint32_t tag, Milliseconds timeout) override;
-  std::shared_ptr<void> on_issue() override;
+  std::shared_ptr<void> on_issue(DeviceStream compute_stream) override;
 
  private:
   // Launches one operation after its issued inputs and defers its completion to the worker.
