@@ -155,6 +155,9 @@ void Communicator::worker_loop() {
       running_ = false;
     }
     queue_cv_.notify_all();
+    // A freshly launched operation: poll it with the short spin first.
+    idle_since = std::chrono::steady_clock::now();
+    pause = std::chrono::microseconds(0);
   }
 }
 
