@@ -1,9 +1,19 @@
-// The collective matrix over NCCL on CUDA buffers, one rank per visible GPU (1, 2 or 4 ranks
-// as the GPUs allow). Skipped, saying why, where NCCL is not built or no GPU is visible.
+// NCCL on CUDA buffers: the collective matrix, one rank per visible GPU (1, 2 or 4 ranks as
+// the GPUs allow); stream ordering against a compute stream; DDP and ZeRO on CUDA parameters
+// (world 1). Skipped, saying why, where no GPU is visible (built only with ACCEL_WITH_NCCL).
 
+#include <cuda_runtime_api.h>
 #include <doctest/doctest.h>
 
+#include <cmath>
+#include <cstring>
+
+#include "backends/comm/device_memory.hpp"
+#include "backends/comm/local_communicator.hpp"
+#include "backends/comm/memory_store.hpp"
 #include "backends/comm/registry.hpp"
+#include "backends/optim/sgd.hpp"
+#include "backends/strategy_factory.hpp"
 #include "tests/support/ranks.hpp"
 #include "tests/support/skip.hpp"
 #include "tests/support/staging.hpp"
@@ -34,21 +44,13 @@ TEST_CASE("nccl collectives match the reference on CUDA buffers") {
 // The "model" is a few parameters whose gradients the host computes from their current
 // values (so a wrong update would show in every later step); parameter 2 is never used, so
 // its gradient is whatever its buffer holds. The loop keeps its gradients where the
-// parameters live (host or GPU), copying them there on the compute stream, a non-blocking
-// stream of its own: the collectives must be ordered after those copies by the communicator's
-// events, not by the legacy default stream. The optimizer is the built-in CPU Sgd: on host
+// parameters live (host or GPU) and computes on a non-blocking stream of its own: the
+// strategies' copies into their buckets are queued there without a host wait, so each
+// collective must be ordered after them by the communicator's events, not by the legacy
+// default stream (which a non-blocking stream does not synchronise with). The optimizer is the built-in CPU Sgd: on host
 // segments directly (host loop, or ZeRO with offload), on CUDA segments through a host copy
 // (download, step, upload), so every run does the same CPU arithmetic and world 1 averages
 // nothing: the results must agree to the bit (the test allows 1e-6).
-
-#include <cmath>
-#include <cuda_runtime_api.h>
-
-#include "backends/comm/device_memory.hpp"
-#include "backends/comm/local_communicator.hpp"
-#include "backends/comm/memory_store.hpp"
-#include "backends/optim/sgd.hpp"
-#include "backends/strategy_factory.hpp"
 
 namespace {
 
@@ -222,4 +224,29 @@ TEST_CASE("ZeRO optimizer offload to CPU gives the parameters of no offload (wor
     // Both step with the same CPU Sgd on the same values: equal to the bit.
     CHECK(plain == offloaded);
   }
+}
+
+TEST_CASE("NCCL operations wait for the compute stream's earlier work, and it for them (world 1)") {
+  if (skip_without_gpu()) return;
+  auto nccl = nccl_world_of_one();
+  ComputeStream compute;
+  nccl->set_compute_stream(compute.stream);
+  // 64 MiB: the upload queued before the all_gather takes milliseconds, so an all_gather that
+  // did not wait for it would read the previous round's values (or zeros).
+  const std::size_t n = (std::size_t(64) << 20) / sizeof(float);
+  DeviceBuffer host(n, DType::f32, MemoryKind::pinned_host), back(n, DType::f32, MemoryKind::pinned_host);
+  DeviceBuffer in(n, DType::f32, MemoryKind::cuda, 0), out(n, DType::f32, MemoryKind::cuda, 0);
+  auto* h = static_cast<float*>(host.view().data);
+  for (int round = 1; round <= 3; ++round) {
+    CAPTURE(round);
+    for (std::size_t i = 0; i < n; ++i) h[i] = float(round * 1000 + int(i % 997));
+    copy_buffer(in.view(), host.view(), compute.stream);  // queued, not waited for
+    WorkPtr work = nccl->all_gather(in.view(), out.view());  // world 1: a copy by NCCL
+    work->wait_stream(compute.stream, std::chrono::seconds(60));  // no host wait for the GPU
+    copy_buffer(back.view(), out.view(), compute.stream);  // after the all_gather, by the event
+    sync(compute.stream);
+    CHECK(std::memcmp(back.view().data, host.view().data, n * sizeof(float)) == 0);
+    work->wait(std::chrono::seconds(60));
+  }
+  nccl->set_compute_stream(nullptr);
 }

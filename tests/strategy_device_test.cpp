@@ -1,5 +1,6 @@
 // Where the strategies keep their buffers, checked without a GPU: with CPU parameters the
-// ZeRO optimizer offload is a no-op (same segments, same results, bitwise), and parameters on
+// ZeRO optimizer offload is a no-op (same segments, same results, bitwise), the config's
+// offload_optimizer_device reaches the strategy through the Accelerator, and parameters on
 // another device than the communicator's are refused naming the parameter and both sides.
 // (With a GPU, nccl_test runs DDP and ZeRO on CUDA buffers.)
 
@@ -8,10 +9,12 @@
 #include <cmath>
 #include <vector>
 
+#include "accelerate/accelerator.hpp"
 #include "backends/comm/error.hpp"
 #include "backends/comm/local_communicator.hpp"
 #include "backends/optim/sgd.hpp"
 #include "backends/strategy_factory.hpp"
+#include "tests/support/files.hpp"
 
 using namespace accel;
 
@@ -89,4 +92,24 @@ TEST_CASE("parameters on another device than the communicator's are refused, nam
   CHECK_THROWS_WITH_AS(make_strategy(comm, params, {}, options),
                        doctest::Contains("the gradient of 'encoder.weight' is on another device"),
                        InvalidArgument);
+}
+
+TEST_CASE("the Accelerator hands offload_optimizer_device to ZeRO") {
+  // A world of one in this process; the setting from the environment, as a launcher passes it.
+  test::TempDir home;
+  ::setenv("XDG_CONFIG_HOME", home.path.c_str(), 1);  // no user config file
+  ::setenv("ACCEL_OFFLOAD_OPTIMIZER_DEVICE", "cpu", 1);
+  AcceleratorOptions options;
+  options.distributed_type = "ZERO";
+  options.zero_stage = 2;
+  Accelerator accelerator(options);
+  ::unsetenv("ACCEL_OFFLOAD_OPTIMIZER_DEVICE");
+  CHECK(accelerator.strategy_options().kind == "zero");
+  CHECK(accelerator.strategy_options().zero.offload_optimizer == OffloadDevice::cpu);
+  std::vector<float> w(6, 1.0f), g(6, 0.0f);
+  accelerator.prepare_parameters({{"w", buffer_of(std::span(w)), buffer_of(std::span(g))}});
+  // CPU parameters: nothing to offload, the optimizer steps the flat buffer itself.
+  auto& zero = dynamic_cast<ZeroStrategy&>(accelerator.strategy());
+  CHECK_FALSE(zero.offloads_optimizer());
+  CHECK(zero.segments()[0].values.data == zero.param_view(0).data);
 }
