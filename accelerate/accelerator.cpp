@@ -61,6 +61,8 @@ Accelerator::Accelerator(AcceleratorOptions options) : options_(std::move(option
                     "zero_stage " + std::to_string(settings.config.zero_stage) + " (from " +
                         settings.origins.at("zero_stage") +
                         ") is not available: ZeRO stages 1 and 2 are");
+    if (settings.config.offload_optimizer_device == "cpu")
+      strategy_options_.zero.offload_optimizer = OffloadDevice::cpu;
   }
 
   ProcessGroupOptions pg;
@@ -82,6 +84,8 @@ Accelerator::~Accelerator() = default;
 DeviceKind Accelerator::device() const { return group_->comm().device(); }
 
 Communicator& Accelerator::comm() { return group_->comm(); }
+
+void Accelerator::set_cuda_stream(DeviceStream stream) { comm().set_compute_stream(stream); }
 
 void Accelerator::prepare_parameters(std::vector<ParamRef> params, std::vector<Buffer> buffers) {
   ACCEL_CHECK_ARG(!strategy_, "prepare_parameters: parameters were already prepared");

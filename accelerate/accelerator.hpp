@@ -83,6 +83,12 @@ class Accelerator {
   int gradient_accumulation_steps() const { return accumulation_steps_; }
   const std::string& mixed_precision() const { return mixed_precision_; }
   Communicator& comm();
+  // The CUDA stream (a cudaStream_t) the loop computes on, when its buffers live on a GPU
+  // (NCCL); default: the legacy default stream. The strategies copy gradients and order the
+  // collectives against it, so the host does not wait for the GPU per bucket (the contract:
+  // backends/comm/communicator.hpp, "Device buffers and streams"). Set it before
+  // prepare_parameters; it is the communicator's setting.
+  void set_cuda_stream(DeviceStream stream);
 
   // ---- the raw API: a loop's own parameter and gradient buffers
   // Chooses the strategy (the config's: DDP, or ZeRO with distributed_type ZERO; the world of

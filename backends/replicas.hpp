@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "backends/backend.hpp"
+#include "backends/comm/device_memory.hpp"
 #include "backends/comm/error.hpp"
 
 namespace accel {
@@ -19,10 +20,22 @@ inline void check_replica_params(std::string_view strategy, const Communicator& 
     ACCEL_CHECK_ARG(p.data.dtype == p.grad.dtype && p.data.count == p.grad.count,
                     std::string(strategy) + ": parameter '" + p.name +
                         "' has a gradient of another shape or dtype");
-    ACCEL_CHECK_ARG(p.data.device == comm.device(), std::string(strategy) + ": parameter '" +
-                                                        p.name +
-                                                        "' is not on the communicator's device");
+    ACCEL_CHECK_ARG(p.data.device == comm.device(),
+                    std::string(strategy) + ": parameter '" + p.name + "' is in " +
+                        (p.data.device == DeviceKind::cuda ? "CUDA" : "CPU") +
+                        " memory, but the " + std::string(comm.backend_name()) +
+                        " communicator works on " +
+                        (comm.device() == DeviceKind::cuda ? "CUDA" : "CPU") + " buffers");
+    ACCEL_CHECK_ARG(p.grad.data == nullptr || p.grad.device == p.data.device,
+                    std::string(strategy) + ": the gradient of '" + p.name +
+                        "' is on another device than the parameter");
   }
+}
+
+// Where a strategy keeps its own buffers (buckets, flat buffers): beside the parameters,
+// on the communicator's device.
+inline MemoryKind replica_memory(const Communicator& comm) {
+  return comm.device() == DeviceKind::cuda ? MemoryKind::cuda : MemoryKind::host;
 }
 
 // Broadcasts from rank 0, all operations in flight at once, then waits for them.

@@ -43,6 +43,7 @@
 #include <vector>
 
 #include "accelerate/process_group.hpp"
+#include "backends/comm/device_memory.hpp"
 #include "backends/comm/error.hpp"
 #include "backends/comm/prefix_store.hpp"
 #include "backends/comm/registry.hpp"
@@ -111,7 +112,8 @@ double bus_factor(Op op, int n) {
 }
 
 // Every table the bench can print, in the order it prints them.
-constexpr std::string_view kAllTables[] = {"memcpy", "shm", "gloo", "raw_gloo", "mpi", "raw_mpi"};
+constexpr std::string_view kAllTables[] = {"memcpy", "shm",     "gloo", "raw_gloo",
+                                           "mpi",    "raw_mpi", "nccl"};
 
 struct Flags {
   std::size_t min_bytes = 4 << 10;
@@ -139,7 +141,8 @@ const char* kUsage =
     "  --max_iters N     cap on budgeted iterations                 (default 1000)\n"
     "  --warmup N        warm-up operations per row                 (default 2)\n"
     "  --ops LIST        all_reduce,all_gather,reduce_scatter,broadcast (default all)\n"
-    "  --comms LIST      memcpy,shm,gloo,raw_gloo,mpi,raw_mpi       (default all built)\n"
+    "  --comms LIST      memcpy,shm,gloo,raw_gloo,mpi,raw_mpi,nccl  (default all built;\n"
+    "                    nccl: one GPU per rank, LOCAL_RANK's, device buffers)\n"
     "  --dtype T         f32 f64 f16 bf16 i32 i64                   (default f32)\n"
     "  --port N          rendezvous store port (MASTER_PORT, else 29500)\n"
     "  --timeout_s N     per-operation timeout                      (default 300)\n"
@@ -376,13 +379,27 @@ class Target {
   // max (or sum) of v over all ranks, through this target's own library.
   virtual double across_ranks(double v, bool max) = 0;
   virtual void barrier() = 0;
+  // Validation: the host buffers were filled (before the run) / are read (after it). A target
+  // on device buffers copies them over; host targets have nothing to do.
+  virtual void to_device(const RowBuffers&) {}
+  virtual void from_device(const RowBuffers&) {}
 };
 
-// One of our communicators, driven exactly as a user drives it: call, then wait.
+// One of our communicators, driven exactly as a user drives it: call, then wait. A CUDA
+// communicator (NCCL) runs on device mirrors of the bench's two host buffers, allocated once.
 class CommTarget final : public Target {
  public:
-  explicit CommTarget(std::unique_ptr<ProcessGroup> group)
-      : group_(std::move(group)), comm_(&group_->comm()), name_(comm_->backend_name()) {}
+  CommTarget(std::unique_ptr<ProcessGroup> group, std::size_t max_bytes)
+      : group_(std::move(group)), comm_(&group_->comm()), name_(comm_->backend_name()) {
+    if (comm_->device() == DeviceKind::cuda) {
+      const int device = comm_->cuda_device();
+      const std::size_t words = (max_bytes + 7) / 8;  // any dtype's rows fit
+      device_full_ = DeviceBuffer(words, DType::i64, MemoryKind::cuda, device);
+      device_part_ = DeviceBuffer(words, DType::i64, MemoryKind::cuda, device);
+      device_scalar_ = DeviceBuffer(1, DType::f64, MemoryKind::cuda, device);
+    }
+  }
+  explicit CommTarget(std::unique_ptr<ProcessGroup> group) : CommTarget(std::move(group), 0) {}
   // A communicator made on another group's store (the job has one store, hosted once).
   explicit CommTarget(CommunicatorPtr comm)
       : own_(std::move(comm)), comm_(own_.get()), name_(comm_->backend_name()) {}
@@ -393,8 +410,9 @@ class CommTarget final : public Target {
   }
   bool supports(Op, DType) const override { return true; }
 
-  void run(Op op, const RowBuffers& b) override {
+  void run(Op op, const RowBuffers& host) override {
     Communicator& c = *comm_;
+    const RowBuffers b = on_device(host);
     switch (op) {
       case Op::all_reduce:
         return c.all_reduce(b.full, ReduceOp::sum)->wait();
@@ -408,15 +426,43 @@ class CommTarget final : public Target {
   }
 
   double across_ranks(double v, bool max) override {
-    comm_->all_reduce(Buffer{&v, 1, DType::f64}, max ? ReduceOp::max : ReduceOp::sum)->wait();
+    const Buffer host{&v, 1, DType::f64};
+    const Buffer b = device_scalar_.view().data ? device_scalar_.view() : host;
+    copy_buffer(b, host, nullptr);
+    comm_->all_reduce(b, max ? ReduceOp::max : ReduceOp::sum)->wait();
+    copy_buffer(host, b, nullptr);
+    synchronize_stream(nullptr, comm_->cuda_device(), comm_->timeout(), "comm_bench across_ranks");
     return v;
+  }
+
+  void to_device(const RowBuffers& host) override {
+    const RowBuffers b = on_device(host);
+    copy_buffer(b.full, host.full, nullptr);
+    copy_buffer(b.part, host.part, nullptr);
+    synchronize_stream(nullptr, comm_->cuda_device(), comm_->timeout(), "comm_bench upload");
+  }
+  void from_device(const RowBuffers& host) override {
+    const RowBuffers b = on_device(host);
+    copy_buffer(host.full, b.full, nullptr);
+    copy_buffer(host.part, b.part, nullptr);
+    synchronize_stream(nullptr, comm_->cuda_device(), comm_->timeout(), "comm_bench download");
   }
   void barrier() override { comm_->barrier()->wait(); }
 
   const StorePtr& store() const { return group_->store(); }
 
  private:
+  // The same row on the device mirrors (the host buffers themselves for CPU communicators).
+  RowBuffers on_device(const RowBuffers& host) const {
+    if (!device_full_.view().data) return host;
+    RowBuffers b = host;
+    b.full = Buffer{device_full_.view().data, host.full.count, host.full.dtype, DeviceKind::cuda};
+    b.part = Buffer{device_part_.view().data, host.part.count, host.part.dtype, DeviceKind::cuda};
+    return b;
+  }
+
   std::unique_ptr<ProcessGroup> group_;
+  DeviceBuffer device_full_, device_part_, device_scalar_;
   CommunicatorPtr own_;
   Communicator* comm_;
   std::string name_;
@@ -829,7 +875,9 @@ class Bench {
     row.busbw = row.algbw * bus_factor(op, world_);
     if (flags_.check) {
       prepare_validation(op, b, rank_);
+      target.to_device(b);
       target.run(op, b);
+      target.from_device(b);
       row.wrong = long(target.across_ranks(double(check_validation(op, b, world_)), false));
       // Back to zeros: the next rows' sums then stay finite and identical across runs.
       std::memset(b.full.data, 0, b.full.bytes());
@@ -927,6 +975,22 @@ int run(int argc, char** argv) {
 #else
     bench.say("# mpi, raw_mpi: skipped (built with ACCEL_WITH_MPI=OFF)\n");
 #endif
+  }
+
+  if (wanted(flags, "nccl")) {
+    if (!communicator_available("nccl")) {
+      bench.say("# nccl: skipped (built with ACCEL_WITH_NCCL=OFF)\n");
+    } else {
+      ProcessGroupOptions options;
+      options.backend = "nccl";
+      options.timeout = timeout;
+      try {
+        targets.push_back(std::make_unique<CommTarget>(init_process_group(options), flags.max_bytes));
+      } catch (const Error& e) {
+        // Every rank fails alike here (no GPU, no driver), so no rank waits for another.
+        bench.say("# nccl: skipped (%s)\n", e.what());
+      }
+    }
   }
 
   Target* control = targets.empty() ? nullptr : targets.front().get();

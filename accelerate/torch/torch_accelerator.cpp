@@ -169,6 +169,10 @@ AcceleratedOptimizer& TorchAccelerator::prepare_module(torch::nn::Module& module
     buffer_tensors_.push_back(item.value());
     buffer_data_.push_back(buffers.back().data);
   }
+  // HOOK(cuda stream): on a GPU the loop computes on LibTorch's current stream; pass it before
+  // the strategy is made, e.g. set_cuda_stream(at::cuda::getCurrentCUDAStream().stream())
+  // (needs ATen's CUDA headers; this adapter is built CPU-only so far). Until then the
+  // communicator orders against the legacy default stream, which LibTorch's default stream is.
   prepare_parameters(std::move(refs), std::move(buffers));  // broadcasts from rank 0
 
   ZeroStrategy* z = zero();

@@ -1,5 +1,6 @@
 #include "backends/comm/communicator.hpp"
 
+#include <algorithm>
 #include <sstream>
 
 #include "backends/comm/error.hpp"
@@ -58,14 +59,92 @@ void Communicator::set_inline_max_bytes(std::size_t bytes) {
   inline_max_bytes_ = bytes;
 }
 
+void Communicator::set_compute_stream(DeviceStream stream) {
+  std::lock_guard lock(mutex_);
+  compute_stream_ = stream;
+}
+
+DeviceStream Communicator::compute_stream() const {
+  std::lock_guard lock(mutex_);
+  return compute_stream_;
+}
+
+void Communicator::defer_completion(std::shared_ptr<DeviceCompletion> completion) {
+  ACCEL_CHECK_ARG(!inline_enabled_, "a backend that runs operations inline cannot defer completions");
+  deferred_ = std::move(completion);
+}
+
+bool Communicator::poll_in_flight() {
+  bool progressed = false;
+  while (!in_flight_.empty()) {
+    InFlight& f = in_flight_.front();
+    std::exception_ptr error;
+    bool done = false;
+    try {
+      done = f.completion->poll();
+    } catch (const std::exception& e) {
+      error = std::make_exception_ptr(CommError(f.name + " failed: " + e.what()));
+    }
+    if (!done && !error && std::chrono::steady_clock::now() >= f.deadline) {
+      f.completion->abandon();
+      const std::vector<int> missing = ranks_not_heard_from(f.seq);
+      std::string msg = f.name + " timed out after " + std::to_string(timeout_.count()) +
+                        " ms (launched on the device, not completed)";
+      if (!missing.empty()) msg += "; ranks not heard from: " + format_ranks(missing);
+      error = std::make_exception_ptr(TimeoutError(msg));
+    }
+    if (!done && !error) return progressed;
+    progressed = true;
+    if (error) {
+      std::string broken;
+      {
+        std::lock_guard lock(mutex_);
+        if (broken_.empty()) broken_ = f.name + " failed";
+        broken = broken_;
+      }
+      f.work->finish(error);
+      in_flight_.pop_front();
+      // Launched behind the failed one on a communicator that is now unusable.
+      for (InFlight& later : in_flight_)
+        later.work->finish(std::make_exception_ptr(
+            CommError(later.name + " not completed: the communicator is unusable since " + broken)));
+      in_flight_.clear();
+      return true;
+    }
+    f.work->finish();
+    in_flight_.pop_front();
+  }
+  return progressed;
+}
+
 void Communicator::worker_loop() {
+  // Polling launched device operations: spin briefly (small collectives finish within it),
+  // then sleep with growing pauses, woken early by a newly queued operation.
+  constexpr auto kSpin = std::chrono::microseconds(100);
+  constexpr auto kMaxPause = std::chrono::microseconds(500);
+  auto idle_since = std::chrono::steady_clock::now();
+  std::chrono::microseconds pause{0};
   for (;;) {
     std::function<void()> task;
     {
       std::unique_lock lock(mutex_);
+      if (!in_flight_.empty() && (running_ || queue_.empty())) {
+        lock.unlock();
+        if (poll_in_flight()) {
+          idle_since = std::chrono::steady_clock::now();
+          pause = std::chrono::microseconds(0);
+          continue;
+        }
+        lock.lock();
+        if (std::chrono::steady_clock::now() - idle_since > kSpin) {
+          pause = std::clamp(pause * 2, std::chrono::microseconds(20), kMaxPause);
+          queue_cv_.wait_for(lock, pause, [&] { return !running_ && !queue_.empty(); });
+        }
+        continue;
+      }
       // An inline operation may be running on a caller's thread: queued ones wait for it.
       queue_cv_.wait(lock, [&] { return !running_ && (stopping_ || !queue_.empty()); });
-      if (queue_.empty()) return;  // stopping and drained
+      if (queue_.empty()) return;  // stopping, drained, nothing in flight
       task = std::move(queue_.front());
       queue_.pop_front();
       running_ = true;
@@ -76,11 +155,15 @@ void Communicator::worker_loop() {
       running_ = false;
     }
     queue_cv_.notify_all();
+    // A freshly launched operation: poll it with the short spin first.
+    idle_since = std::chrono::steady_clock::now();
+    pause = std::chrono::microseconds(0);
   }
 }
 
 void Communicator::execute(const WorkPtr& work, const std::function<void(Milliseconds)>& run,
-                           std::uint64_t seq, const std::string& name) {
+                           std::uint64_t seq, const std::string& name,
+                           std::shared_ptr<void> inputs) {
   std::string broken;
   {
     std::lock_guard lock(mutex_);
@@ -93,6 +176,9 @@ void Communicator::execute(const WorkPtr& work, const std::function<void(Millise
   }
   std::exception_ptr error;
   current_seq_ = seq;
+  current_inputs_ = std::move(inputs);
+  deferred_.reset();
+  const auto deadline = std::chrono::steady_clock::now() + timeout_;
   try {
     run(timeout_);
   } catch (const TimeoutError& e) {
@@ -108,6 +194,13 @@ void Communicator::execute(const WorkPtr& work, const std::function<void(Millise
     std::lock_guard lock(mutex_);
     if (broken_.empty()) broken_ = name + " failed";
   }
+  current_inputs_.reset();
+  if (!error && deferred_) {
+    work->launched(deferred_);
+    in_flight_.push_back({work, std::move(deferred_), deadline, seq, name});
+    return;
+  }
+  deferred_.reset();
   work->finish(error);
 }
 
@@ -122,19 +215,28 @@ WorkPtr Communicator::enqueue(std::string what, std::size_t payload_bytes,
     work->finish(std::make_exception_ptr(CommError(name + ": communicator is shut down")));
     return work;
   }
+  std::shared_ptr<void> inputs;
+  try {
+    inputs = on_issue(compute_stream_);  // here, in issue order: what the caller queued so far
+  } catch (const std::exception& e) {
+    if (broken_.empty()) broken_ = name + " failed";
+    work->finish(std::make_exception_ptr(CommError(name + " not issued: " + e.what())));
+    return work;
+  }
   if (inline_enabled_ && payload_bytes <= inline_max_bytes_ && queue_.empty() && !running_) {
     // Nothing ahead of it: run it here, in order, without the round trip to the worker.
     running_ = true;
     lock.unlock();
-    execute(work, run, seq, name);
+    execute(work, run, seq, name, std::move(inputs));
     lock.lock();
     running_ = false;
     lock.unlock();
     queue_cv_.notify_all();  // another thread may have queued an operation meanwhile
     return work;
   }
-  queue_.push_back(
-      [this, work, run = std::move(run), seq, name] { execute(work, run, seq, name); });
+  queue_.push_back([this, work, run = std::move(run), seq, name, inputs = std::move(inputs)] {
+    execute(work, run, seq, name, inputs);
+  });
   queue_cv_.notify_all();
   return work;
 }

@@ -28,6 +28,21 @@
 //                                  counts[r] elements, in rank order (ZeRO-2: a gradient
 //                                  bucket's overlap with each rank's owned slice)
 //   barrier(), send(data, dst, tag), recv(data, src, tag)
+//
+// Device buffers and streams (CUDA communicators; CPU ones ignore all of this). The caller
+// computes on one CUDA stream, set_compute_stream() (default: the legacy default stream). The
+// contract, for every device operation:
+//   - inputs: the operation reads its buffers only after everything queued on the compute
+//     stream before the call was issued (the backend records an event on that stream in the
+//     issuing call, on_issue(), and its own stream waits for it: no host wait);
+//   - outputs: Work::wait() blocks the host until the result is in memory, as for CPU
+//     backends; Work::wait_stream(compute_stream()) instead makes the compute stream wait for
+//     the operation's completion event, so later kernels on it see the result while the host
+//     runs ahead. The host must wait (wait(), or a bounded stream synchronisation) before it
+//     reads a result itself;
+//   - timeouts: the worker polls each launched operation (DeviceCompletion) up to the timeout,
+//     then abandons it (NCCL aborts) and fails it naming the operation; the communicator is
+//     unusable afterwards, and every later wait says so.
 
 #include <atomic>
 #include <condition_variable>
@@ -77,6 +92,13 @@ class Communicator {
   virtual std::string_view backend_name() const = 0;
   // Where buffers must live for this communicator.
   virtual DeviceKind device() const { return DeviceKind::cpu; }
+  // The CUDA device this rank's operations run on (-1 for CPU communicators).
+  virtual int cuda_device() const { return -1; }
+
+  // The stream the caller computes on (see the top of this file). Set it before issuing the
+  // operations it concerns; strategies order their copies on it too.
+  void set_compute_stream(DeviceStream stream);
+  DeviceStream compute_stream() const;
 
   WorkPtr all_reduce(Buffer data, ReduceOp op);
   WorkPtr broadcast(Buffer data, int root);
@@ -125,6 +147,22 @@ class Communicator {
   // what ranks_not_heard_from is later asked about). Valid inside run_*.
   std::uint64_t current_sequence() const { return current_seq_; }
 
+  // Device backends: runs on the caller's thread as each operation is issued, in issue order
+  // (with the issue lock held: it must not call back into this class); `compute_stream` is
+  // compute_stream() at that moment. What it returns is handed to that operation's run_* as
+  // issued_inputs() (NCCL: an event recorded on the compute stream, which its own stream then
+  // waits for). Default: nothing.
+  virtual std::shared_ptr<void> on_issue(DeviceStream compute_stream) {
+    (void)compute_stream;
+    return nullptr;
+  }
+  // Inside run_*: what on_issue() returned for the operation now running.
+  const std::shared_ptr<void>& issued_inputs() const { return current_inputs_; }
+  // Inside run_*: the operation was only launched; the worker polls `completion` until it
+  // finished (up to the timeout) and then finishes the Work, while later operations are
+  // launched meanwhile. Not for backends that opt into inline execution.
+  void defer_completion(std::shared_ptr<DeviceCompletion> completion);
+
   // Divides a CPU buffer that holds a sum by the world size.
   void finish_average(Buffer data) const;
 
@@ -141,9 +179,12 @@ class Communicator {
                   std::function<void(Milliseconds)> run);
   void count_bytes(std::size_t bytes, int numerator, int denominator);
   void worker_loop();
+  // Worker thread: finishes launched device operations that completed, failed or timed out,
+  // in launch order; returns whether any did.
+  bool poll_in_flight();
   // Runs one operation (on the worker or inline) and finishes its Work.
   void execute(const WorkPtr& work, const std::function<void(Milliseconds)>& run,
-               std::uint64_t seq, const std::string& name);
+               std::uint64_t seq, const std::string& name, std::shared_ptr<void> inputs);
 
   const int rank_;
   const int world_size_;
@@ -160,6 +201,18 @@ class Communicator {
   bool inline_enabled_ = false;
   std::size_t inline_max_bytes_ = 0;
   std::string broken_;  // first failure; later operations fail fast with it
+  DeviceStream compute_stream_ = nullptr;
+  // Written and read only by whoever executes operations (as current_seq_).
+  std::shared_ptr<void> current_inputs_;
+  std::shared_ptr<DeviceCompletion> deferred_;
+  struct InFlight {
+    WorkPtr work;
+    std::shared_ptr<DeviceCompletion> completion;
+    std::chrono::steady_clock::time_point deadline;
+    std::uint64_t seq = 0;
+    std::string name;
+  };
+  std::deque<InFlight> in_flight_;  // worker thread only
   std::thread worker_;
 };
 

@@ -1,6 +1,10 @@
 #pragma once
 // The asynchronous handle every communicator call returns (c10d's Work): the operation runs
 // in the background, wait(timeout) blocks for it and rethrows the error it failed with.
+//
+// Device operations (NCCL) can also be waited for by a CUDA stream instead of the host:
+// wait_stream(stream) makes the stream wait for the operation's completion event and returns
+// without waiting for the GPU (see Communicator::set_compute_stream for the whole contract).
 
 #include <chrono>
 #include <condition_variable>
@@ -12,6 +16,25 @@
 
 namespace accel {
 
+// A CUDA stream (cudaStream_t), opaque so that no public header needs the CUDA SDK.
+// nullptr means the legacy default stream.
+using DeviceStream = void*;
+
+// What a device backend hands the worker when its run_* only launched the operation on the
+// backend's own stream: the worker polls it until the operation finished (the Work then
+// finishes), a caller's stream may be ordered after it meanwhile.
+class DeviceCompletion {
+ public:
+  virtual ~DeviceCompletion() = default;
+  // True once the operation finished on the device; throws when the backend reports an
+  // asynchronous error (a peer gone).
+  virtual bool poll() = 0;
+  // Makes `stream` wait for the operation's completion without blocking the host.
+  virtual void order_before(DeviceStream stream) = 0;
+  // The operation did not finish within its timeout: stop it (NCCL: abort the communicator).
+  virtual void abandon() noexcept = 0;
+};
+
 class Work {
  public:
   // `description` names the operation for error messages: "rank 1: all_reduce #7".
@@ -20,11 +43,19 @@ class Work {
   // Blocks until the operation finished; rethrows its error. Throws TimeoutError naming the
   // operation when it has not finished within `timeout`.
   void wait(std::chrono::milliseconds timeout = std::chrono::minutes(30));
+  // Orders `stream` after the operation: for a device operation the stream waits for its
+  // completion event and the host only waits (up to `timeout`) until the operation was
+  // launched; an operation that already finished, or a host one, is waited for as wait().
+  // An error of the operation that shows after this returned surfaces at the next host wait
+  // on the communicator (it is unusable from then on).
+  void wait_stream(DeviceStream stream, std::chrono::milliseconds timeout = std::chrono::minutes(30));
   bool is_completed() const;
   const std::string& description() const { return description_; }
 
   // Called once by whoever ran the operation.
   void finish(std::exception_ptr error = nullptr);
+  // Called by the worker when a device operation was launched and is still running.
+  void launched(std::shared_ptr<DeviceCompletion> completion);
 
  private:
   std::string description_;
@@ -32,6 +63,7 @@ class Work {
   std::condition_variable done_cv_;
   bool done_ = false;
   std::exception_ptr error_;
+  std::shared_ptr<DeviceCompletion> completion_;  // while launched and not finished
 };
 
 using WorkPtr = std::shared_ptr<Work>;

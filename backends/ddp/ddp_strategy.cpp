@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "backends/comm/device_memory.hpp"
 #include "backends/comm/error.hpp"
 #include "backends/replicas.hpp"
 
@@ -12,7 +13,7 @@ struct DdpStrategy::Bucket {
   DType dtype;
   std::vector<std::size_t> params;
   std::size_t count = 0;               // elements
-  std::vector<std::uint64_t> storage;  // 8-byte aligned for every dtype
+  DeviceBuffer storage;                // where the parameters live (replica_memory)
   Buffer flat;
   std::size_t pending = 0;             // gradients not yet ready this iteration
   WorkPtr work;
@@ -29,8 +30,6 @@ DdpStrategy::DdpStrategy(Communicator& comm, std::vector<ParamRef> params,
       ready_(params_.size(), false) {
   ACCEL_CHECK_ARG(options_.bucket_cap_bytes > 0 && options_.first_bucket_bytes > 0,
                   "DDP bucket sizes must be positive");
-  ACCEL_CHECK_ARG(comm_.device() == DeviceKind::cpu,
-                  "DDP buckets live in CPU memory so far; a CUDA communicator needs device buckets");
   check_replica_params("DDP", comm_, params_);
   // Reverse parameter order: backward produces the last layers' gradients first. Each dtype
   // fills its own open bucket; the very first bucket is capped smaller so the first
@@ -55,9 +54,9 @@ DdpStrategy::DdpStrategy(Communicator& comm, std::vector<ParamRef> params,
     buckets_[b]->count += p.data.count;
   }
   for (auto& b : buckets_) {
-    // Allocated and touched once here: fresh pages cost more than the all-reduce itself.
-    b->storage.assign((b->count * element_size(b->dtype) + 7) / 8 + 1, 0);
-    b->flat = Buffer{b->storage.data(), b->count, b->dtype, DeviceKind::cpu};
+    // Allocated (and on the host touched) once here, on the communicator's device.
+    b->storage = DeviceBuffer(b->count, b->dtype, replica_memory(comm_), comm_.cuda_device());
+    b->flat = b->storage.view();
     b->pending = b->params.size();
   }
   // A gradient given without storage lives in its bucket slot (gradient_as_bucket_view).
@@ -114,9 +113,9 @@ void DdpStrategy::sync_buffers() {
 }
 
 void DdpStrategy::copy_into_bucket(std::size_t index) {
-  const Buffer slot = grad_view(index);
-  const Buffer& grad = params_[index].grad;
-  if (grad.data != slot.data) std::memcpy(slot.data, grad.data, slot.bytes());
+  // On the compute stream, where the loop produced the gradient; the all-reduce issued after
+  // it is ordered after the copy (communicator.hpp, "Device buffers and streams").
+  copy_buffer(grad_view(index), params_[index].grad, comm_.compute_stream());
 }
 
 void DdpStrategy::grad_ready(std::size_t index) {
@@ -154,10 +153,13 @@ void DdpStrategy::sync_gradients() {
     }
     launch_ready_buckets();
   }
+  // The compute stream waits for each bucket's all-reduce; the host does not wait for the GPU
+  // (with a CPU communicator this is a plain wait).
+  const DeviceStream stream = comm_.compute_stream();
   std::exception_ptr error;
   for (auto& b : buckets_) {
     try {
-      if (b->work) b->work->wait();
+      if (b->work) b->work->wait_stream(stream, comm_.timeout());
     } catch (...) {
       if (!error) error = std::current_exception();
     }
@@ -168,11 +170,7 @@ void DdpStrategy::sync_gradients() {
   next_launch_ = 0;
   if (error) std::rethrow_exception(error);
   for (auto& b : buckets_)
-    for (std::size_t k : b->params) {
-      const Buffer slot = grad_view(k);
-      if (params_[k].grad.data != slot.data)
-        std::memcpy(params_[k].grad.data, slot.data, slot.bytes());
-    }
+    for (std::size_t k : b->params) copy_buffer(params_[k].grad, grad_view(k), stream);
 }
 
 }  // namespace accel

@@ -14,7 +14,15 @@
 // waits for it (PyTorch needs find_unused_parameters=True for that; here it is always on, and
 // costs nothing when every parameter is used).
 //
-// Gradient storage: grad_view(i) is the parameter's slot inside its bucket. A front end that
+// Devices: the buckets live where the communicator works (host memory, or CUDA memory on the
+// NCCL communicator's device), and so must the parameters and gradients. Gradient copies are
+// queued on the communicator's compute stream, each all-reduce is ordered after them by an
+// event (no host wait), and sync_gradients() leaves the compute stream waiting for the
+// all-reduces: the host does not wait for the GPU (communicator.hpp, "Device buffers and
+// streams"). With a CPU communicator all of this is plain memcpy and wait.
+//
+// Gradient storage: grad_view(i) is the parameter's slot inside its bucket (on the bucket's
+// device). A front end that
 // makes the gradient live there (PyTorch's gradient_as_bucket_view) saves both copies; any
 // other gradient buffer is copied into the bucket when ready and back after the all-reduce.
 // A ParamRef whose grad.data is null (dtype and count still given) gets its slot as its

@@ -1,7 +1,7 @@
 #include "backends/zero/zero_strategy.hpp"
 
 #include <algorithm>
-#include <cstring>
+#include <cstdio>
 
 #include "backends/comm/error.hpp"
 #include "backends/replicas.hpp"
@@ -9,13 +9,10 @@
 namespace accel {
 namespace {
 
-std::vector<std::uint64_t> words_for(std::size_t count, DType dtype) {
-  // Allocated and touched once here (zeros): fresh pages cost more than the collectives.
-  return std::vector<std::uint64_t>((count * element_size(dtype) + 7) / 8 + 1, 0);
-}
-
-Buffer view_of(const std::vector<std::uint64_t>& words, std::size_t count, DType dtype) {
-  return Buffer{const_cast<std::uint64_t*>(words.data()), count, dtype, DeviceKind::cpu};
+// A view of the first `count` elements of `dtype` of a buffer allocated as raw words.
+Buffer view_as(const DeviceBuffer& storage, std::size_t count, DType dtype) {
+  const Buffer all = storage.view();
+  return Buffer{all.data, count, dtype, all.device};
 }
 
 }  // namespace
@@ -34,15 +31,21 @@ ZeroStrategy::ZeroStrategy(Communicator& comm, std::vector<ParamRef> params,
                   "ZeRO stage " + std::to_string(options_.stage) +
                       " is not available (stages 1 and 2 are)");
   ACCEL_CHECK_ARG(options_.bucket_cap_bytes > 0, "ZeRO bucket size must be positive");
-  ACCEL_CHECK_ARG(comm_.device() == DeviceKind::cpu,
-                  "ZeRO buffers live in CPU memory so far; a CUDA communicator needs device "
-                  "buffers");
   check_replica_params("ZeRO", comm_, params_);
+  // Offloading only means something when the parameters are on a GPU (see the header).
+  offload_ = options_.offload_optimizer == OffloadDevice::cpu && comm_.device() == DeviceKind::cuda;
+  const MemoryKind memory = replica_memory(comm_);
+  const int device = comm_.cuda_device();
   const auto& groups = layout_.groups();
   for (std::size_t f = 0; f < groups.size(); ++f) {
-    param_store_.push_back(words_for(groups[f].padded, groups[f].dtype));
-    grad_store_.push_back(words_for(
-        options_.stage == 1 ? groups[f].padded : layout_.owned(f).count, groups[f].dtype));
+    const Shard own = layout_.owned(f);
+    param_store_.emplace_back(groups[f].padded, groups[f].dtype, memory, device);
+    grad_store_.emplace_back(options_.stage == 1 ? groups[f].padded : own.count,
+                             groups[f].dtype, memory, device);
+    if (offload_) {
+      host_params_.emplace_back(own.count, groups[f].dtype, MemoryKind::pinned_host);
+      host_grads_.emplace_back(own.count, groups[f].dtype, MemoryKind::pinned_host);
+    }
   }
   bucket_ranges_ = layout_.buckets(options_.bucket_cap_bytes);
   std::size_t largest = 0;  // bytes
@@ -60,7 +63,7 @@ ZeroStrategy::ZeroStrategy(Communicator& comm, std::vector<ParamRef> params,
     largest = std::max(largest, (r.end - r.begin) * element_size(groups[r.flat].dtype));
   }
   if (options_.stage == 2)
-    for (auto& s : staging_) s.assign((largest + 7) / 8 + 1, 0);
+    for (auto& s : staging_) s = DeviceBuffer((largest + 7) / 8, DType::i64, memory, device);
   // Stage 1: a gradient given without storage lives in its flat slot from the start. Stage 2
   // has no slot for it: no storage means no gradient yet (zeros) until set_grad().
   if (options_.stage == 1)
@@ -76,16 +79,12 @@ ZeroStrategy::~ZeroStrategy() {
       }
 }
 
-Buffer ZeroStrategy::flat_params(std::size_t f) const {
-  const FlatGroup& g = layout_.groups()[f];
-  return view_of(param_store_[f], g.padded, g.dtype);
-}
+Buffer ZeroStrategy::flat_params(std::size_t f) const { return param_store_[f].view(); }
 
 Buffer ZeroStrategy::grad_slice(std::size_t f) const {
-  const FlatGroup& g = layout_.groups()[f];
   const Shard own = layout_.owned(f);
-  if (options_.stage == 1) return view_of(grad_store_[f], g.padded, g.dtype).slice(own.offset, own.count);
-  return view_of(grad_store_[f], own.count, g.dtype);
+  if (options_.stage == 1) return grad_store_[f].view().slice(own.offset, own.count);
+  return grad_store_[f].view();
 }
 
 Buffer ZeroStrategy::param_view(std::size_t index) const {
@@ -97,10 +96,8 @@ Buffer ZeroStrategy::grad_view(std::size_t index) const {
   ACCEL_CHECK_ARG(index < params_.size(), "ZeRO: no parameter " + std::to_string(index));
   ACCEL_CHECK_ARG(options_.stage == 1, "ZeRO-2 keeps no full gradient of '" +
                                            params_[index].name + "' (only this rank's slice)");
-  const std::size_t f = layout_.flat_of(index);
-  const FlatGroup& g = layout_.groups()[f];
-  return view_of(grad_store_[f], g.padded, g.dtype)
-      .slice(layout_.offset_of(index), params_[index].data.count);
+  return grad_store_[layout_.flat_of(index)].view().slice(layout_.offset_of(index),
+                                                          params_[index].data.count);
 }
 
 void ZeroStrategy::set_grad(std::size_t index, Buffer grad) {
@@ -118,13 +115,24 @@ void ZeroStrategy::use_flat_parameters() {
 }
 
 void ZeroStrategy::reload_parameters() {
-  for (std::size_t i = 0; i < params_.size(); ++i) {
-    const Buffer slot = param_view(i);
-    if (slot.data != params_[i].data.data) std::memcpy(slot.data, params_[i].data.data, slot.bytes());
+  const DeviceStream stream = comm_.compute_stream();
+  for (std::size_t i = 0; i < params_.size(); ++i) copy_buffer(param_view(i), params_[i].data, stream);
+  if (!offload_) return;
+  // The optimizer's copy of the owned slices (host memory) follows the parameters.
+  for (std::size_t f = 0; f < layout_.groups().size(); ++f) {
+    const Shard own = layout_.owned(f);
+    copy_buffer(host_params_[f].view(), flat_params(f).slice(own.offset, own.count), stream);
   }
+  synchronize_stream(stream, comm_.cuda_device(), comm_.timeout(),
+                     "ZeRO offload: rank " + std::to_string(comm_.rank()) +
+                         " copying its parameter slices to host memory");
 }
 
 void ZeroStrategy::prepare() {
+  if (options_.offload_optimizer == OffloadDevice::cpu && !offload_ && comm_.rank() == 0)
+    std::fprintf(stderr,
+                 "note: offload_optimizer_device cpu has no effect here: the parameters are in "
+                 "CPU memory already, where the optimizer state lives\n");
   broadcast_from_rank0(comm_, params_, buffers_);
   reload_parameters();
 }
@@ -138,8 +146,12 @@ std::vector<ParamSegment> ZeroStrategy::segments() const {
   std::vector<ParamSegment> out;
   for (std::size_t f = 0; f < layout_.groups().size(); ++f) {
     const Shard own = layout_.owned(f);
-    out.push_back({layout_.groups()[f].group, flat_params(f).slice(own.offset, own.count),
-                   grad_slice(f), own.offset});
+    if (offload_)  // the optimizer steps the host copies (its state lives in host memory)
+      out.push_back({layout_.groups()[f].group, host_params_[f].view(), host_grads_[f].view(),
+                     own.offset});
+    else
+      out.push_back({layout_.groups()[f].group, flat_params(f).slice(own.offset, own.count),
+                     grad_slice(f), own.offset});
   }
   return out;
 }
@@ -150,7 +162,7 @@ std::size_t ZeroStrategy::gradient_bytes() const {
     const FlatGroup& g = layout_.groups()[f];
     bytes += (options_.stage == 1 ? g.padded : layout_.owned(f).count) * element_size(g.dtype);
   }
-  for (const auto& s : staging_) bytes += s.size() * sizeof(std::uint64_t);
+  for (const auto& s : staging_) bytes += s.view().bytes();
   return bytes;
 }
 
@@ -182,15 +194,16 @@ Buffer ZeroStrategy::own_part(const Bucket& b, Buffer bucket_data) const {
 void ZeroStrategy::launch(Bucket& b) {
   const FlatGroup& g = layout_.groups()[b.range.flat];
   const std::size_t count = b.range.end - b.range.begin;
+  const DeviceStream stream = comm_.compute_stream();
   Buffer data;
   if (options_.stage == 1) {
-    data = view_of(grad_store_[b.range.flat], g.padded, g.dtype).slice(b.range.begin, count);
+    data = grad_store_[b.range.flat].view().slice(b.range.begin, count);
   } else {
     // Two staging buffers: the older bucket in flight must finish before its buffer is reused.
     const int slot = next_slot_;
     next_slot_ ^= 1;
     if (in_slot_[std::size_t(slot)]) finish(*in_slot_[std::size_t(slot)]);
-    data = view_of(staging_[std::size_t(slot)], count, g.dtype);
+    data = view_as(staging_[std::size_t(slot)], count, g.dtype);
     b.slot = slot;
     in_slot_[std::size_t(slot)] = &b;
   }
@@ -202,10 +215,11 @@ void ZeroStrategy::launch(Bucket& b) {
     const std::size_t hi = std::min(offset + params_[i].data.count, b.range.end);
     const Buffer dst = data.slice(lo - b.range.begin, hi - lo);
     const Buffer& grad = params_[i].grad;
+    // On the compute stream, where the gradients were produced (see the header).
     if (grad.data == nullptr)
-      std::memset(dst.data, 0, dst.bytes());  // stage 2, a parameter without a gradient yet
-    else if (grad.slice(lo - offset, hi - lo).data != dst.data)
-      std::memcpy(dst.data, grad.slice(lo - offset, hi - lo).data, dst.bytes());
+      zero_buffer(dst, stream);  // stage 2, a parameter without a gradient yet
+    else
+      copy_buffer(dst, grad.slice(lo - offset, hi - lo), stream);
     // The buckets hold all of it now: stage 2 keeps no full gradient past this point.
     if (options_.stage == 2 && options_.release_grad && release_in_[i] == bucket_index)
       options_.release_grad(i);
@@ -218,16 +232,19 @@ void ZeroStrategy::finish(Bucket& b) {
   if (!b.work) return;
   WorkPtr work = std::move(b.work);
   if (b.slot >= 0) in_slot_[std::size_t(b.slot)] = nullptr;
-  work->wait();
+  // The compute stream (not the host) waits for the reduce-scatter; the copy below and the
+  // next bucket's copies into this staging buffer are queued after it.
+  const DeviceStream stream = comm_.compute_stream();
+  work->wait_stream(stream, comm_.timeout());
   if (options_.stage == 1) return;  // the part was reduced in place, inside the slice
   const FlatGroup& g = layout_.groups()[b.range.flat];
-  const Buffer data = view_of(staging_[std::size_t(b.slot)], b.range.end - b.range.begin, g.dtype);
+  const Buffer data = view_as(staging_[std::size_t(b.slot)], b.range.end - b.range.begin, g.dtype);
   const Buffer part = own_part(b, data);
   b.slot = -1;
   if (part.count == 0) return;
   const Shard own = layout_.owned(b.range.flat);
   const Buffer dst = grad_slice(b.range.flat).slice(std::max(b.range.begin, own.offset) - own.offset, part.count);
-  std::memcpy(dst.data, part.data, part.bytes());
+  copy_buffer(dst, part, stream);
 }
 
 void ZeroStrategy::finish_all() {
@@ -262,21 +279,31 @@ void ZeroStrategy::sync_gradients() {
     launch_ready_buckets();
     finish_all();
   }
+  if (!offload_) return;
+  // The optimizer reads the reduced slices in host memory: the one place the host waits.
+  const DeviceStream stream = comm_.compute_stream();
+  for (std::size_t f = 0; f < layout_.groups().size(); ++f)
+    copy_buffer(host_grads_[f].view(), grad_slice(f), stream);
+  synchronize_stream(stream, comm_.cuda_device(), comm_.timeout(),
+                     "ZeRO offload: rank " + std::to_string(comm_.rank()) +
+                         " copying its reduced gradient slices to host memory");
 }
 
 void ZeroStrategy::after_optimizer_step() {
+  const DeviceStream stream = comm_.compute_stream();
   std::vector<WorkPtr> works;
   for (std::size_t f = 0; f < layout_.groups().size(); ++f) {
     const Buffer full = flat_params(f);
     const Shard own = layout_.owned(f);
+    // Offloaded: the optimizer updated the host copy; the all-gather issued next is ordered
+    // after this copy on the compute stream. The host copy is not written again before the
+    // next step, after sync_gradients() waited for this stream.
+    if (offload_) copy_buffer(full.slice(own.offset, own.count), host_params_[f].view(), stream);
     works.push_back(comm_.all_gather(full.slice(own.offset, own.count), full));
   }
-  for (auto& w : works) w->wait();
+  for (auto& w : works) w->wait_stream(stream, comm_.timeout());
   if (flat_parameters_) return;
-  for (std::size_t i = 0; i < params_.size(); ++i) {
-    const Buffer slot = param_view(i);
-    if (slot.data != params_[i].data.data) std::memcpy(params_[i].data.data, slot.data, slot.bytes());
-  }
+  for (std::size_t i = 0; i < params_.size(); ++i) copy_buffer(params_[i].data, param_view(i), stream);
 }
 
 }  // namespace accel

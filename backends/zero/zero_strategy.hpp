@@ -24,6 +24,16 @@
 // owned slices), after_optimizer_step() all-gathers each flat parameter buffer and copies the
 // values into the parameters (no copy for parameters that live in the flat buffer:
 // use_flat_parameters()). Bytes moved per step: reduce-scatter + all-gather = one all-reduce.
+//
+// Devices: the flat buffers and staging buckets live where the communicator works (host, or
+// CUDA memory under NCCL), as DDP's buckets; copies and waits are ordered on the compute
+// stream, so the host does not wait for the GPU per bucket.
+// Optimizer offload (offload_optimizer = cpu, DeepSpeed's offload_optimizer device cpu): with
+// parameters on a GPU, pinned host copies of this rank's parameter and gradient slices are what
+// segments() hand the optimizer, so a CPU optimizer steps there and its state lives in host
+// memory. sync_gradients() copies the reduced gradient slices to the host and waits for them
+// (the host reads them next); after_optimizer_step() copies the updated slices back before the
+// all-gather. With CPU parameters it changes nothing (rank 0 notes so at prepare()).
 
 #include <array>
 #include <cstddef>
@@ -33,12 +43,19 @@
 #include <vector>
 
 #include "backends/backend.hpp"
+#include "backends/comm/device_memory.hpp"
 #include "backends/zero/flat_layout.hpp"
 
 namespace accel {
 
+// Where the optimizer state lives (the config's offload_optimizer_device).
+enum class OffloadDevice { none, cpu };
+
 struct ZeroOptions {
   int stage = 2;                              // 1 or 2
+  // cpu with parameters on a GPU: the optimizer steps pinned host copies of this rank's
+  // slices (see the header); with CPU parameters it changes nothing (a note says so).
+  OffloadDevice offload_optimizer = OffloadDevice::none;
   std::size_t bucket_cap_bytes = 25u << 20;   // gradient reduce-scatter buckets
   bool broadcast_buffers = true;              // as DdpOptions::broadcast_buffers
   // Stage 2: called with a parameter's index once its gradient is in a bucket, for a front
@@ -72,6 +89,8 @@ class ZeroStrategy final : public Strategy {
   std::size_t gradient_bytes() const override;
 
   const FlatLayout& layout() const { return layout_; }
+  // Whether segments() are pinned host copies (offload_optimizer cpu, parameters on a GPU).
+  bool offloads_optimizer() const { return offload_; }
   // Parameter i's place in its flat parameter buffer (same dtype and count).
   Buffer param_view(std::size_t index) const;
   // The caller made every parameter live at param_view(i): the all-gather then writes the
@@ -108,10 +127,13 @@ class ZeroStrategy final : public Strategy {
   std::vector<Buffer> buffers_;
   ZeroOptions options_;
   FlatLayout layout_;
-  // 8-byte words so every dtype is aligned. Stage 1: full flat gradients (padded); stage 2:
-  // the owned slices only.
-  std::vector<std::vector<std::uint64_t>> param_store_, grad_store_;
-  std::array<std::vector<std::uint64_t>, 2> staging_;  // stage 2
+  // On the communicator's device. Stage 1: full flat gradients (padded); stage 2: the owned
+  // slices only.
+  std::vector<DeviceBuffer> param_store_, grad_store_;
+  std::array<DeviceBuffer, 2> staging_;  // stage 2; raw words, any dtype's bucket fits
+  // Offload: pinned host copies of the owned parameter and gradient slices, per flat buffer.
+  std::vector<DeviceBuffer> host_params_, host_grads_;
+  bool offload_ = false;
   std::vector<FlatBucket> bucket_ranges_;
   std::vector<Bucket> buckets_;
   std::vector<std::vector<std::size_t>> buckets_of_;  // a split parameter is in several

@@ -1,15 +1,14 @@
 #pragma once
-// The one place NCCL and CUDA runtime return codes become accel errors:
+// The one place NCCL return codes become accel errors (CUDA runtime codes: cuda_check.hpp):
 //   "ncclCommInitRankConfig(...) failed: unhandled system error (NCCL error code 2): <NCCL's
 //    last error text> (nccl_communicator.cpp:88)"
-//   "cudaStreamCreateWithFlags(...) failed: cudaErrorNoDevice: no CUDA-capable device is
-//    detected (CUDA error code 100) (nccl_communicator.cpp:120)"
 //
 // For code built against CUDA and NCCL only: it includes <nccl.h> and the CUDA runtime
 // header, which the public communicator headers must not.
 
-#include <cuda_runtime_api.h>
 #include <nccl.h>
+
+#include "backends/comm/cuda_check.hpp"
 
 #include <string>
 
@@ -32,17 +31,6 @@ inline std::string nccl_error_text(ncclResult_t code) {
       with_location(std::string(call) + " failed: " + nccl_error_text(code), file, line));
 }
 
-inline std::string cuda_error_text(cudaError_t code) {
-  return std::string(cudaGetErrorName(code)) + ": " + cudaGetErrorString(code) +
-         " (CUDA error code " + std::to_string(static_cast<int>(code)) + ")";
-}
-
-[[noreturn]] inline void throw_cuda_error(cudaError_t code, const char* call, const char* file,
-                                          int line) {
-  throw CommError(
-      with_location(std::string(call) + " failed: " + cuda_error_text(code), file, line));
-}
-
 }  // namespace accel::detail
 
 // Runs an NCCL call; anything but ncclSuccess throws accel::CommError with file:line, the
@@ -61,13 +49,4 @@ inline std::string cuda_error_text(cudaError_t code) {
     const ncclResult_t accel_nccl_rc_ = (call);                                     \
     if (accel_nccl_rc_ != ncclSuccess && accel_nccl_rc_ != ncclInProgress)          \
       ::accel::detail::throw_nccl_error(accel_nccl_rc_, #call, __FILE__, __LINE__); \
-  } while (0)
-
-// Runs a CUDA runtime call; anything but cudaSuccess throws accel::CommError with file:line,
-// the call text, the code and cudaGetErrorName / cudaGetErrorString.
-#define ACCEL_CUDA_CHECK(call)                                                      \
-  do {                                                                              \
-    const cudaError_t accel_cuda_rc_ = (call);                                      \
-    if (accel_cuda_rc_ != cudaSuccess)                                              \
-      ::accel::detail::throw_cuda_error(accel_cuda_rc_, #call, __FILE__, __LINE__); \
   } while (0)

@@ -116,8 +116,6 @@ struct NcclCommunicator::State {
   int device = -1;
   ncclComm_t comm = nullptr;
   cudaStream_t stream = nullptr;
-  cudaEvent_t inputs_ready = nullptr;  // recorded on the legacy default stream before each op
-  cudaEvent_t done = nullptr;          // recorded on our stream after each op
   void* barrier_word = nullptr;        // one zero int: NCCL has no barrier, so we all-reduce this
   bool failed = false;                 // then only ncclCommAbort is safe
   Milliseconds finalize_wait = kMaxFinalizeWait;
@@ -167,19 +165,20 @@ struct NcclCommunicator::State {
     }
   }
 
-  // Enqueues one operation (enqueue() makes the NCCL calls, grouped) on our stream after the
-  // inputs are ready, and waits until the GPU finished it, NCCL reported an error, or the
-  // deadline passed.
+  // Launches one operation (enqueue() makes the NCCL calls, grouped) on our stream after its
+  // inputs are ready and returns its completion event: the worker polls it (Completion).
+  // `inputs`: the event on_issue() recorded on the caller's compute stream.
   template <typename Enqueue>
-  void run(const std::string& what, Milliseconds timeout, Enqueue&& enqueue) {
+  cudaEvent_t launch(const std::string& what, Milliseconds timeout, cudaEvent_t inputs,
+                     Enqueue&& enqueue) {
     if (!comm)
       throw CommError(what + ": the NCCL communicator was aborted after an earlier failure");
     const auto deadline = Clock::now() + timeout;
+    cudaEvent_t done = nullptr;
     try {
       // The current device is per thread, and this is the worker's.
       ACCEL_CUDA_CHECK(cudaSetDevice(device));
-      ACCEL_CUDA_CHECK(cudaEventRecord(inputs_ready, cudaStreamLegacy));
-      ACCEL_CUDA_CHECK(cudaStreamWaitEvent(stream, inputs_ready, 0));
+      ACCEL_CUDA_CHECK(cudaStreamWaitEvent(stream, inputs, 0));
       ACCEL_NCCL_CHECK_ASYNC(ncclGroupStart());
       try {
         enqueue();
@@ -189,23 +188,11 @@ struct NcclCommunicator::State {
       }
       ACCEL_NCCL_CHECK_ASYNC(ncclGroupEnd());
       wait_ready(what, deadline, timeout);
+      ACCEL_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
       ACCEL_CUDA_CHECK(cudaEventRecord(done, stream));
-      Backoff backoff(deadline);
-      for (;;) {
-        const cudaError_t query = cudaEventQuery(done);
-        if (query == cudaSuccess) return;
-        if (query != cudaErrorNotReady)
-          detail::throw_cuda_error(query, "cudaEventQuery (waiting for the NCCL kernels)", __FILE__,
-                                   __LINE__);
-        (void)in_progress(what);  // throws on an asynchronous NCCL error
-        if (Clock::now() >= deadline) {
-          abort();
-          throw TimeoutError(what + " did not complete within " + std::to_string(timeout.count()) +
-                             " ms; the NCCL communicator was aborted");
-        }
-        backoff.pause();
-      }
+      return done;
     } catch (...) {
+      if (done) cudaEventDestroy(done);
       failed = true;  // the destructor must abort rather than finalise
       throw;
     }
@@ -243,14 +230,77 @@ struct NcclCommunicator::State {
       comm = nullptr;
     }
     if (barrier_word) cudaFree(barrier_word);
-    if (done) cudaEventDestroy(done);
-    if (inputs_ready) cudaEventDestroy(inputs_ready);
     if (stream) cudaStreamDestroy(stream);
     barrier_word = nullptr;
-    done = inputs_ready = nullptr;
     stream = nullptr;
   }
 };
+
+namespace {
+
+// An event recorded on the caller's compute stream when an operation was issued.
+struct InputsEvent {
+  cudaEvent_t event = nullptr;
+  ~InputsEvent() {
+    if (event) cudaEventDestroy(event);
+  }
+};
+
+// A launched operation: its completion event on our stream, polled by the worker.
+class Completion final : public DeviceCompletion {
+ public:
+  Completion(NcclCommunicator::State& state, cudaEvent_t done, std::string what)
+      : state_(state), done_(done), what_(std::move(what)) {}
+  ~Completion() override { cudaEventDestroy(done_); }
+  bool poll() override;
+  void order_before(DeviceStream stream) override {
+    ACCEL_CUDA_CHECK(cudaStreamWaitEvent(
+        stream ? static_cast<cudaStream_t>(stream) : cudaStreamLegacy, done_, 0));
+  }
+  void abandon() noexcept override;
+
+ private:
+  NcclCommunicator::State& state_;
+  cudaEvent_t done_;
+  std::string what_;
+};
+
+}  // namespace
+
+bool Completion::poll() {
+  const cudaError_t query = cudaEventQuery(done_);
+  if (query == cudaSuccess) return true;
+  if (query != cudaErrorNotReady) {
+    state_.failed = true;
+    detail::throw_cuda_error(query, "cudaEventQuery (waiting for the NCCL kernels)", __FILE__,
+                             __LINE__);
+  }
+  if (state_.comm) (void)state_.in_progress(what_);  // throws on an asynchronous NCCL error
+  return false;
+}
+
+void Completion::abandon() noexcept { state_.abort(); }
+
+std::shared_ptr<void> NcclCommunicator::on_issue(DeviceStream compute_stream) {
+  State& s = *state_;
+  // The caller's thread: its current device becomes this rank's (events belong to a device).
+  ACCEL_CUDA_CHECK(cudaSetDevice(s.device));
+  auto inputs = std::make_shared<InputsEvent>();
+  ACCEL_CUDA_CHECK(cudaEventCreateWithFlags(&inputs->event, cudaEventDisableTiming));
+  ACCEL_CUDA_CHECK(cudaEventRecord(inputs->event, compute_stream
+                                                      ? static_cast<cudaStream_t>(compute_stream)
+                                                      : cudaStreamLegacy));
+  return inputs;
+}
+
+template <typename Enqueue>
+void NcclCommunicator::run(const std::string& what, Milliseconds timeout, Enqueue&& enqueue) {
+  State& s = *state_;
+  const auto* inputs = static_cast<const InputsEvent*>(issued_inputs().get());
+  ACCEL_CHECK_ARG(inputs != nullptr, "NcclCommunicator: " + what + " was not issued through on_issue");
+  cudaEvent_t done = s.launch(what, timeout, inputs->event, std::forward<Enqueue>(enqueue));
+  defer_completion(std::make_shared<Completion>(s, done, what));
+}
 
 NcclCommunicator::NcclCommunicator(const CommOptions& options)
     : Communicator(options.rank, options.world_size, options.timeout),
@@ -273,8 +323,6 @@ NcclCommunicator::NcclCommunicator(const CommOptions& options)
     // collective would stall the caller's compute (and the reverse); run() orders the inputs
     // explicitly instead.
     ACCEL_CUDA_CHECK(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking));
-    ACCEL_CUDA_CHECK(cudaEventCreateWithFlags(&s.inputs_ready, cudaEventDisableTiming));
-    ACCEL_CUDA_CHECK(cudaEventCreateWithFlags(&s.done, cudaEventDisableTiming));
     ACCEL_CUDA_CHECK(cudaMalloc(&s.barrier_word, sizeof(std::int32_t)));
     ACCEL_CUDA_CHECK(cudaMemset(s.barrier_word, 0, sizeof(std::int32_t)));
 
@@ -319,7 +367,7 @@ int NcclCommunicator::cuda_device() const { return state_->device; }
 void NcclCommunicator::run_all_reduce(Buffer data, ReduceOp op, Milliseconds timeout) {
   require_cuda(data, "all_reduce");
   State& s = *state_;
-  s.run("ncclAllReduce", timeout, [&] {
+  run("ncclAllReduce", timeout, [&] {
     ACCEL_NCCL_CHECK_ASYNC(ncclAllReduce(data.data, data.data, data.count, nccl_type(data.dtype),
                                          nccl_op(op), s.comm, s.stream));
   });
@@ -328,7 +376,7 @@ void NcclCommunicator::run_all_reduce(Buffer data, ReduceOp op, Milliseconds tim
 void NcclCommunicator::run_broadcast(Buffer data, int root, Milliseconds timeout) {
   require_cuda(data, "broadcast");
   State& s = *state_;
-  s.run("ncclBroadcast", timeout, [&] {
+  run("ncclBroadcast", timeout, [&] {
     ACCEL_NCCL_CHECK_ASYNC(ncclBroadcast(data.data, data.data, data.count, nccl_type(data.dtype),
                                          root, s.comm, s.stream));
   });
@@ -347,7 +395,7 @@ void NcclCommunicator::run_all_gather(Buffer input, Buffer output, Milliseconds 
   const ncclDataType_t type = nccl_type(output.dtype);
   State& s = *state_;
   if (output.count % static_cast<std::size_t>(world) == 0) {
-    s.run("ncclAllGather", timeout, [&] {
+    run("ncclAllGather", timeout, [&] {
       ACCEL_NCCL_CHECK_ASYNC(
           ncclAllGather(input.data, output.data, mine.count, type, s.comm, s.stream));
     });
@@ -355,7 +403,7 @@ void NcclCommunicator::run_all_gather(Buffer input, Buffer output, Milliseconds 
   }
   // Unequal parts: ncclAllGather cannot take them, so each rank broadcasts its part, all in one
   // group (NCCL then runs the broadcasts concurrently, as one operation).
-  s.run("all_gather as grouped ncclBroadcast", timeout, [&] {
+  run("all_gather as grouped ncclBroadcast", timeout, [&] {
     for (int r = 0; r < world; ++r) {
       const Shard part = shard_of(output.count, world, r);
       if (part.count == 0) continue;
@@ -384,14 +432,14 @@ void NcclCommunicator::run_reduce_scatter(Buffer input, Buffer output, ReduceOp 
   bool equal = true;
   for (const Shard& part : parts) equal = equal && part.count == mine.count;
   if (equal) {
-    s.run("ncclReduceScatter", timeout, [&] {
+    run("ncclReduceScatter", timeout, [&] {
       ACCEL_NCCL_CHECK_ASYNC(
           ncclReduceScatter(input.data, output.data, mine.count, type, nop, s.comm, s.stream));
     });
     return;
   }
   // Unequal parts: one reduce to each part's owner, all in one group.
-  s.run("reduce_scatter as grouped ncclReduce", timeout, [&] {
+  run("reduce_scatter as grouped ncclReduce", timeout, [&] {
     for (int r = 0; r < world; ++r) {
       const Shard part = parts[std::size_t(r)];
       if (part.count == 0) continue;
@@ -405,7 +453,7 @@ void NcclCommunicator::run_reduce_scatter(Buffer input, Buffer output, ReduceOp 
 
 void NcclCommunicator::run_barrier(Milliseconds timeout) {
   State& s = *state_;
-  s.run("barrier (ncclAllReduce of one int)", timeout, [&] {
+  run("barrier (ncclAllReduce of one int)", timeout, [&] {
     ACCEL_NCCL_CHECK_ASYNC(
         ncclAllReduce(s.barrier_word, s.barrier_word, 1, ncclInt32, ncclSum, s.comm, s.stream));
   });
@@ -414,7 +462,7 @@ void NcclCommunicator::run_barrier(Milliseconds timeout) {
 void NcclCommunicator::run_send(Buffer data, int dst, std::uint32_t /*tag*/, Milliseconds timeout) {
   require_cuda(data, "send");
   State& s = *state_;
-  s.run("ncclSend to rank " + std::to_string(dst), timeout, [&] {
+  run("ncclSend to rank " + std::to_string(dst), timeout, [&] {
     ACCEL_NCCL_CHECK_ASYNC(
         ncclSend(data.data, data.count, nccl_type(data.dtype), dst, s.comm, s.stream));
   });
@@ -423,7 +471,7 @@ void NcclCommunicator::run_send(Buffer data, int dst, std::uint32_t /*tag*/, Mil
 void NcclCommunicator::run_recv(Buffer data, int src, std::uint32_t /*tag*/, Milliseconds timeout) {
   require_cuda(data, "recv");
   State& s = *state_;
-  s.run("ncclRecv from rank " + std::to_string(src), timeout, [&] {
+  run("ncclRecv from rank " + std::to_string(src), timeout, [&] {
     ACCEL_NCCL_CHECK_ASYNC(
         ncclRecv(data.data, data.count, nccl_type(data.dtype), src, s.comm, s.stream));
   });

@@ -2,17 +2,24 @@
 // The Communicator over NCCL, for CUDA buffers: one process per GPU, joined through the
 // rendezvous store (rank 0 publishes the NCCL unique id there).
 //
-// Each operation is enqueued on the communicator's own CUDA stream and waited for on the
-// worker thread (polling a CUDA event and NCCL's asynchronous error state), so a Work finishes
-// when the result is in memory, as with the CPU backends. Before it starts, the operation
-// waits for all work already queued on the legacy default stream (and so on every blocking
-// stream): buffers produced there, as LibTorch and plain CUDA code do by default, are complete
-// when read. Buffers written on a non-blocking stream of the caller's must be synchronised by
-// the caller first.
+// Streams and ordering (the contract of communicator.hpp, "Device buffers and streams"):
+//   - the communicator has its own non-blocking CUDA stream; NCCL kernels run there only;
+//   - issuing an operation (on the caller's thread) records an event on the caller's compute
+//     stream (set_compute_stream; default the legacy default stream, which also covers every
+//     blocking stream); the operation's NCCL kernels wait for that event on our stream
+//     (cudaStreamWaitEvent), never on the host. So a buffer the caller filled on its compute
+//     stream before issuing is complete when NCCL reads it; work queued later is not waited for;
+//   - the worker thread launches each operation as soon as it is its turn (launches are not
+//     held back by earlier operations still running) and records a completion event after it;
+//     Work::wait_stream(s) makes stream s wait for that event, Work::wait() blocks the host until
+//     the worker saw it complete (polling the event and NCCL's asynchronous error state);
+//   - buffers written on any other stream of the caller's must be synchronised by the caller,
+//     or recorded into the compute stream, before issuing.
 //
 // Timeouts: joining (ncclCommInitRankConfig on a nonblocking communicator) and every operation
-// give up after the timeout; the NCCL communicator is then aborted (ncclCommAbort), which stops
-// its kernels, and every later operation fails.
+// (from its launch) give up after the timeout, naming the operation and its sequence number;
+// the NCCL communicator is then aborted (ncclCommAbort), which stops its kernels, and every
+// later operation fails.
 //
 // Shapes: all_gather and reduce_scatter use ncclAllGather / ncclReduceScatter when the count
 // divides evenly over the ranks; otherwise (NCCL needs equal parts) one ncclBroadcast, resp.
@@ -41,7 +48,9 @@ class NcclCommunicator final : public Communicator {
   std::string_view backend_name() const override { return "nccl"; }
   DeviceKind device() const override { return DeviceKind::cuda; }
   // The CUDA device index this rank uses.
-  int cuda_device() const;
+  int cuda_device() const override;
+
+  struct State;  // CUDA and NCCL handles; kept out of this header so users need neither SDK
 
  protected:
   void run_all_reduce(Buffer data, ReduceOp op, Milliseconds timeout) override;
@@ -52,9 +61,12 @@ class NcclCommunicator final : public Communicator {
   void run_barrier(Milliseconds timeout) override;
   void run_send(Buffer data, int dst, std::uint32_t tag, Milliseconds timeout) override;
   void run_recv(Buffer data, int src, std::uint32_t tag, Milliseconds timeout) override;
+  std::shared_ptr<void> on_issue(DeviceStream compute_stream) override;
 
  private:
-  struct State;  // CUDA and NCCL handles; kept out of this header so users need neither SDK
+  // Launches one operation after its issued inputs and defers its completion to the worker.
+  template <typename Enqueue>
+  void run(const std::string& what, Milliseconds timeout, Enqueue&& enqueue);
   std::unique_ptr<State> state_;
 };
 

@@ -1,0 +1,70 @@
+#pragma once
+// Memory for the strategies' own buffers (DDP buckets, ZeRO's flat buffers, offloaded
+// optimizer slices) wherever the parameters live, and the copies between them.
+//
+//   host         plain CPU memory, allocated and touched once (zeros): fresh pages cost more
+//                than a collective over them
+//   pinned_host  page-locked CPU memory (cudaHostAlloc), so copies to and from the GPU run
+//                asynchronously on a stream (ZeRO's optimizer offload)
+//   cuda         device memory (cudaMalloc) on a given CUDA device
+//
+// The CUDA kinds exist in builds with the CUDA runtime (ACCEL_WITH_NCCL); elsewhere asking for
+// them throws InvalidArgument saying so. No CUDA header is included here: streams are opaque
+// (DeviceStream, work.hpp).
+
+#include <cstddef>
+#include <string>
+
+#include "backends/comm/dtype.hpp"
+#include "backends/comm/store.hpp"
+#include "backends/comm/work.hpp"
+
+namespace accel {
+
+enum class MemoryKind { host, pinned_host, cuda };
+
+std::string_view memory_kind_name(MemoryKind kind);  // "host", "pinned host", "cuda"
+
+// Whether this library was built with the CUDA runtime (the cuda and pinned_host kinds).
+bool cuda_runtime_built();
+
+// An owned, zero-filled buffer of `count` elements of `dtype`. Move-only.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  // cuda_device: the device for MemoryKind::cuda (ignored otherwise). Throws InvalidArgument
+  // for a CUDA kind in a build without the CUDA runtime, CommError when CUDA refuses (no
+  // device, out of memory), naming the kind, the size and the device.
+  DeviceBuffer(std::size_t count, DType dtype, MemoryKind kind, int cuda_device = -1);
+  ~DeviceBuffer();
+  DeviceBuffer(DeviceBuffer&& other) noexcept;
+  DeviceBuffer& operator=(DeviceBuffer&& other) noexcept;
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+  // The whole buffer as a view (device: cuda for MemoryKind::cuda, else cpu).
+  Buffer view() const { return view_; }
+  MemoryKind kind() const { return kind_; }
+  int cuda_device() const { return device_; }
+
+ private:
+  void release() noexcept;
+  Buffer view_;
+  MemoryKind kind_ = MemoryKind::host;
+  int device_ = -1;
+};
+
+// Copies src into dst (same dtype and count; the views may be on any device). Between host
+// buffers: memcpy, done on return. When either is on a GPU: cudaMemcpyAsync on `stream`
+// (ordered with the work queued there; a pageable host source or destination makes CUDA
+// stage it synchronously). An empty copy does nothing.
+void copy_buffer(Buffer dst, Buffer src, DeviceStream stream);
+// Zeros dst: memset, or cudaMemsetAsync on `stream` for device memory.
+void zero_buffer(Buffer dst, DeviceStream stream);
+// Blocks the host until everything queued on `stream` of CUDA device `cuda_device` so far
+// has finished, polling up to `timeout`; TimeoutError says `who` was waiting and for what.
+// Nothing to wait for without the CUDA runtime.
+void synchronize_stream(DeviceStream stream, int cuda_device, Milliseconds timeout,
+                        const std::string& who);
+
+}  // namespace accel
