@@ -165,6 +165,14 @@ TEST_CASE("each bad config exits 2 naming the file, the line and the key") {
        4, "deepspeed_config.zero_sharding", "unknown key"},
       {"distributed_type: MULTI_CPU\nmain_process_ip: [a, b]\n", 2, "main_process_ip",
        "expects a single value, got a list"},
+      {"distributed_type: DATA_PARALLEL\nuse_cpu: true\ndata_parallel_replicas: -1\n", 3,
+       "data_parallel_replicas", "-1 is not a replica count (0 = one per CPU core, or more)"},
+      {"distributed_type: MULTI_CPU\nnum_processes: 2\ndata_parallel_replicas: 2\n", 3,
+       "data_parallel_replicas", "2 replicas need distributed_type DATA_PARALLEL, not MULTI_CPU"},
+      {"distributed_type: DATA_PARALLEL\nuse_cpu: true\ngpu_ids: 0\n", 3, "gpu_ids",
+       "DATA_PARALLEL runs on the CPU here"},
+      {"distributed_type: DATA_PARALLEL\nuse_cpu: false\ndata_parallel_replicas: 2\n", 3,
+       "data_parallel_replicas", "data_parallel_replicas is for CPU replicas"},
   };
   for (const auto& c : cases) {
     const std::string path = dir.file("bad.yaml");

@@ -136,7 +136,7 @@ double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
   return d;
 }
 
-void expect_mlp_equivalence(const MlpRun& run, const char* what) {
+void expect_mlp_equivalence(const MlpRun& run, const std::string& what) {
   const std::vector<float> one = train_mlp(0, run);
   const std::vector<float> initial = [&] {
     raw_mlp::Mlp m({int(fashion_rows().features), 48, 10}, 5);

@@ -72,7 +72,7 @@ class PreparedModel {
   auto operator()(Args&&... args) const;
 
  private:
-  Model model_;
+  mutable Model model_;  // a const holder's -> gives a const module; ours gives the module
   TorchAccelerator* accelerator_;
 };
 
