@@ -421,13 +421,33 @@ TEST_CASE("to_environment writes ACCEL_* pairs that resolve back to the same con
   for (const auto& spec : schema()) {
     INFO(spec.name);
     CHECK(get_value(r.config, spec.name) == get_value(c, spec.name));
-    CHECK(r.sources.at(spec.name) == Source::environment);
+    if (is_written(c, spec.name)) CHECK(r.sources.at(spec.name) == Source::environment);
   }
-  // Keys that do not apply are left out: no ZeRO stage for DDP.
+  // Keys that do not apply are left out: no ZeRO stage for DDP, no replica count but for
+  // DATA_PARALLEL.
   c.distributed_type = DistributedType::MULTI_CPU;
   c.zero_stage = 0;
   c.offload_optimizer_device = "none";
-  for (const auto& [name, value] : to_environment(c)) CHECK(name != "ACCEL_ZERO_STAGE");
+  for (const auto& [name, value] : to_environment(c)) {
+    CHECK(name != "ACCEL_ZERO_STAGE");
+    CHECK(name != "ACCEL_DATA_PARALLEL_REPLICAS");
+  }
+  // DATA_PARALLEL on the CPU: its replica count travels as ACCEL_DATA_PARALLEL_REPLICAS.
+  Config dp;
+  dp.distributed_type = DistributedType::DATA_PARALLEL;
+  dp.use_cpu = true;
+  dp.data_parallel_replicas = 3;
+  bool saw_replicas = false;
+  for (const auto& spec : schema()) ::unsetenv(env_var_for(spec.name).c_str());
+  for (const auto& [name, value] : to_environment(dp)) {
+    if (name == "ACCEL_DATA_PARALLEL_REPLICAS") saw_replicas = (value == "3");
+    ::setenv(name.c_str(), value.c_str(), 1);
+  }
+  CHECK(saw_replicas);
+  const auto back = resolve_config(std::nullopt, {});
+  CHECK(back.config.data_parallel_replicas == 3);
+  CHECK(back.config.num_processes == 1);
+  CHECK(back.sources.at("data_parallel_replicas") == Source::environment);
 }
 
 TEST_CASE("accel config show prints every value with where it came from") {

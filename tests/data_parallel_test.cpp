@@ -366,6 +366,9 @@ TEST_CASE("DataParallel workers get cores / K intra-op threads, the caller keeps
   CHECK(inside[0] == std::max(1, before / 2));
   CHECK(inside[1] == std::max(1, before / 2));
   CHECK(at::get_num_threads() == before);
+  int fresh = 0;  // a thread started later gets LibTorch's default, not the workers' share
+  std::thread([&] { fresh = at::get_num_threads(); }).join();
+  CHECK(fresh == before);
   // The loop that calls model->forward instead of model(x) still trains (replica 0 alone).
   const at::Tensor x = torch::randn({8, 6});
   opt.zero_grad();
