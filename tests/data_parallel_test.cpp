@@ -354,6 +354,24 @@ TEST_CASE("Fashion-MNIST CNN in training mode: replicas follow replica 0's param
   CHECK(!trained.empty());
 }
 
+TEST_CASE("accel launch with DATA_PARALLEL runs examples/fashion_mnist end to end") {
+  if (skip_unless(have_data(), "Fashion-MNIST not installed at " + kData)) return;
+  if (skip_unless(std::filesystem::exists(bin_path("fashion_mnist")), "fashion_mnist not built"))
+    return;
+  auto r = run_accel({"launch", "--data_parallel", "--data_parallel_replicas", "2",
+                      bin_path("fashion_mnist"), "--data_dir", kData, "--train_samples", "1000",
+                      "--test_samples", "500", "--epochs", "1"},
+                     {}, std::chrono::seconds(240));
+  INFO(describe(r));
+  REQUIRE(r.exit_code() == 0);
+  const std::string& out = r.workers.at(0).output;
+  static const std::regex epoch(R"(epoch 1: loss \d+\.\d+, test accuracy (\d\.\d+))");
+  std::smatch m;
+  REQUIRE(std::regex_search(out, m, epoch));
+  CHECK(std::stod(m[1]) > 0.3);  // it learned something in one short epoch (10 classes)
+  CHECK(out.find("warning: DATA_PARALLEL") == std::string::npos);  // it called model(x)
+}
+
 TEST_CASE("DataParallel workers get cores / K intra-op threads, the caller keeps its own") {
   const int before = at::get_num_threads();
   TorchAccelerator acc(options_for(2, 1));
