@@ -5,6 +5,8 @@
 #include "accelerate/process_group.hpp"
 #include "backends/comm/error.hpp"
 #include "backends/optim/clip.hpp"
+#include "backends/optim/elementwise.hpp"
+#include "backends/optim/host_collectives.hpp"
 #include "config/detect.hpp"
 #include "config/resolve.hpp"
 
@@ -33,7 +35,7 @@ std::mt19937_64 rank_rng(std::uint64_t seed, int rank) {
 template <typename T>
 std::vector<T> gather_values(Communicator& comm, const std::vector<T>& local) {
   std::vector<T> out(local.size() * std::size_t(comm.world_size()));
-  comm.all_gather(buffer_of(std::span(local)), buffer_of(std::span(out)))->wait();
+  all_gather_values(comm, buffer_of(std::span(local)), buffer_of(std::span(out)));
   return out;
 }
 
@@ -122,7 +124,13 @@ void Accelerator::prepare(std::vector<ParamRef> params, Optimizer& optimizer,
                         std::to_string(p.group) + ", the " + std::string(optimizer.name()) +
                         " optimizer has " + std::to_string(optimizer.num_groups()));
   prepare_parameters(std::move(params), std::move(buffers));
-  optimizer_ = &optimizer;  // save_state / load_state keep its state (optimizer_state.hpp)
+  optimizer_ = &optimizer;
+  // save_state / load_state keep its state (optimizer_state.hpp)
+  register_optimizer_state(
+      [&optimizer] { return optimizer.save_state(); },
+      [&optimizer](const std::string& bytes, const std::string&) -> std::function<void()> {
+        return [&optimizer, bytes] { optimizer.load_state(bytes); };  // sizes: resharded to fit
+      });
 }
 
 void Accelerator::optimizer_step() {
@@ -208,19 +216,13 @@ bool Accelerator::unscale_gradients(double scale) {
   // (each rank checks its own; the scaler agrees across ranks).
   std::vector<Buffer> grads;
   for (const ParamSegment& seg : strategy().segments()) grads.push_back(seg.grad);
-  return unscale_cpu_gradients(grads, scale);
+  return accel::unscale_gradients(grads, scale);  // CPU loops or CUDA kernels, per buffer
 }
 
 void Accelerator::discard_gradients() {
   // The synchronised gradients and the loop's own buffers (where ZeRO's differ from them).
-  auto zero = [](const Buffer& g) {
-    if (g.data == nullptr) return;
-    ACCEL_CHECK_ARG(g.device == DeviceKind::cpu,
-                    "fp16 loss scaling: gradients on a GPU are zeroed by the front end");
-    std::memset(g.data, 0, g.bytes());
-  };
-  for (const ParamSegment& seg : strategy().segments()) zero(seg.grad);
-  for (const ParamRef& p : strategy().params()) zero(p.grad);
+  for (const ParamSegment& seg : strategy().segments()) fill_zero(seg.grad);
+  for (const ParamRef& p : strategy().params()) fill_zero(p.grad);
 }
 
 double Accelerator::clip_grad_norm(double max_norm) {
@@ -232,9 +234,9 @@ ShardedSampler Accelerator::make_sampler(std::size_t size, SamplerOptions option
   return ShardedSampler(size, num_processes(), process_index(), options);
 }
 
-void Accelerator::reduce(Buffer data, ReduceOp op) { comm().all_reduce(data, op)->wait(); }
+void Accelerator::reduce(Buffer data, ReduceOp op) { all_reduce_values(comm(), data, op); }
 
-void Accelerator::broadcast(Buffer data, int root) { comm().broadcast(data, root)->wait(); }
+void Accelerator::broadcast(Buffer data, int root) { broadcast_values(comm(), data, root); }
 
 std::vector<float> Accelerator::gather(const std::vector<float>& local) {
   return gather_values(comm(), local);
@@ -256,7 +258,7 @@ std::vector<std::int64_t> Accelerator::gather_for_metrics(const std::vector<std:
 
 std::vector<float> Accelerator::pad_across_processes(std::vector<float> local, float pad) {
   std::int64_t longest = std::int64_t(local.size());
-  comm().all_reduce(buffer_of(std::span(&longest, 1)), ReduceOp::max)->wait();
+  all_reduce_values(comm(), buffer_of(std::span(&longest, 1)), ReduceOp::max);
   local.resize(std::size_t(longest), pad);
   return local;
 }

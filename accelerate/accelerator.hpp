@@ -304,6 +304,16 @@ class Accelerator {
   // DataParallel: the chunks of `rows` per replica (torch.chunk's rule), and each replica's
   // gradient weighted by its share of the rows in the coming reduction.
   static std::vector<Shard> begin_replica_chunks(DataParallelStrategy& dp, std::size_t rows);
+  // For a front end with an optimizer of its own (the LibTorch adapter): its state is saved
+  // and loaded as prepare()'s built-in optimizer's is ("optimizer": one blob under DDP, each
+  // rank's slices under ZeRO; any strategy and world size loads it). save() returns it in
+  // Optimizer::save_state's format for strategy().segments(). load(bytes, where) gets that
+  // format for this rank's segments, resharded from whatever saved it, while load_state still
+  // checks (throw from it, naming `where`, the checkpoint), and returns what applies it,
+  // called after the registered states are loaded.
+  using OptimizerStateLoader =
+      std::function<std::function<void()>(const std::string& bytes, const std::string& where)>;
+  void register_optimizer_state(std::function<std::string()> save, OptimizerStateLoader load);
 
  private:
   ProcessEnv env_;
@@ -312,6 +322,9 @@ class Accelerator {
   StrategyOptions strategy_options_;
   std::unique_ptr<Strategy> strategy_;
   Optimizer* optimizer_ = nullptr;     // prepare()'s built-in optimizer
+  // Its state (or a front end's optimizer's, register_optimizer_state) for checkpoints.
+  std::function<std::string()> save_optimizer_;
+  OptimizerStateLoader load_optimizer_;
   std::vector<ParamRef> params_;       // as prepared, for checkpoints
   std::vector<Buffer> buffers_;
   // DataParallel under the raw API: prepare(model, ...)'s model and its copies (Model erased).

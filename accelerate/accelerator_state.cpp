@@ -11,6 +11,7 @@
 // checkpoint of another world size reseeds instead of failing). Step, epoch, batch position
 // and seed are MANIFEST fields.
 
+#include <algorithm>
 #include <cstring>
 #include <random>
 #include <set>
@@ -81,6 +82,15 @@ void Accelerator::register_state(std::string name, std::function<std::string()> 
   states_.push_back({std::move(name), std::move(save), std::move(load), scope, {}});
 }
 
+void Accelerator::register_optimizer_state(std::function<std::string()> save,
+                                           OptimizerStateLoader load) {
+  ACCEL_CHECK_ARG(save && load, "register_optimizer_state: save and load must be set");
+  ACCEL_CHECK_ARG(!save_optimizer_, "register_optimizer_state: an optimizer's state is already "
+                                    "registered (one optimizer per accelerator)");
+  save_optimizer_ = std::move(save);
+  load_optimizer_ = std::move(load);
+}
+
 void Accelerator::register_rng(std::string name, std::function<std::string()> save,
                                std::function<void(const std::string&)> load,
                                std::function<void(std::uint64_t)> reseed) {
@@ -128,10 +138,10 @@ void Accelerator::save_state(const std::string& dir) {
     (mine ? contents.per_rank : contents.shared)
         .push_back({state_blob(s.name), {bytes_of(owned.back())}});
   }
-  if (optimizer_ && strategy_) {
+  if (save_optimizer_ && strategy_) {
     const bool sharded = strategy_->gradients_sharded();
     if (sharded || is_main_process()) {
-      owned.push_back(pack_optimizer_state(*optimizer_, strategy_->segments()));
+      owned.push_back(pack_optimizer_state(save_optimizer_(), strategy_->segments()));
       (sharded ? contents.per_rank : contents.shared).push_back({kOptimizer, {bytes_of(owned.back())}});
     }
   }
@@ -152,6 +162,7 @@ void Accelerator::load_state(const std::string& dir) {
   std::string error;
   std::mt19937_64 restored_rng;
   std::string optimizer_state;  // in Optimizer::save_state's format, for this rank's segments
+  std::function<void()> apply_optimizer_state;
   FullParameters values;        // every parameter's and buffer's saved bytes
   try {
     auto fail = [&](const std::string& what) { throw CheckpointError(ck.dir + ": " + what); };
@@ -179,11 +190,18 @@ void Accelerator::load_state(const std::string& dir) {
     } else if (checkpoint_parameters_ && ck.shared.count(kParameters)) {
       fail("has parameters but none were prepared: call prepare_parameters before load_state");
     }
-    if (optimizer_ && strategy_) {
+    if (load_optimizer_ && strategy_) {
       // DDP saved one blob; ZeRO one per rank. Another strategy or world size rebuilds this
       // rank's segments from all of them.
       const std::vector<ParamSegment> mine = strategy_->segments();
       const auto own = ck.per_rank.find(kOptimizer);
+      const bool any = std::any_of(ck.blobs.begin(), ck.blobs.end(), [](const BlobEntry& b) {
+        return b.name == kOptimizer || b.name.rfind(std::string(kOptimizer) + ".rank", 0) == 0;
+      });
+      if (!any)
+        fail("has no optimizer state ('" + std::string(kOptimizer) + "' or '" + kOptimizer +
+             ".rankR') for the prepared optimizer: saved without one, or (a LibTorch "
+             "checkpoint) by a version that kept it only in state.optimizer[.rankR]");
       if (ck.shared.count(kOptimizer)) {
         const std::string& blob = ck.shared_blob(kOptimizer);
         optimizer_state = same_segments(blob, mine) ? optimizer_bytes(blob, ck.dir)
@@ -202,6 +220,7 @@ void Accelerator::load_state(const std::string& dir) {
         }
         optimizer_state = reshard_optimizer_state(blobs, mine, ck.dir);
       }
+      apply_optimizer_state = load_optimizer_(optimizer_state, ck.dir);
     }
     std::set<std::string> known = {kParameters, kLayout, kOptimizer};
     for (const RegisteredState& s : states_) {
@@ -263,7 +282,7 @@ void Accelerator::load_state(const std::string& dir) {
   // Parameters changed from outside (the blob above, or a front end's registered model
   // state): ZeRO's flat copy follows.
   if (strategy_) strategy_->reload_parameters();
-  if (optimizer_ && strategy_) optimizer_->load_state(optimizer_state);
+  if (apply_optimizer_state) apply_optimizer_state();
   optimizer_steps_ = meta.step;
   micro_since_sync_ = 0;
   last_batch_ = false;

@@ -5,6 +5,7 @@
 
 #include "accelerate/checkpoint_manifest.hpp"
 #include "backends/comm/error.hpp"
+#include "backends/optim/host_collectives.hpp"
 
 namespace accel {
 
@@ -22,7 +23,7 @@ bool DynamicLossScaler::update(Communicator& comm, bool locally_finite) {
   // One rank's overflow skips the step everywhere: with DDP the average already carries the inf
   // to every rank, but a sharded strategy's ranks each see only their slice.
   std::int32_t overflow = locally_finite ? 0 : 1;
-  comm.all_reduce(buffer_of(std::span(&overflow, 1)), ReduceOp::max)->wait();
+  all_reduce_values(comm, buffer_of(std::span(&overflow, 1)), ReduceOp::max);
   if (overflow != 0) {
     scale_ *= options_.backoff_factor;
     growth_tracker_ = 0;
@@ -52,31 +53,6 @@ void DynamicLossScaler::load(const std::string& bytes) {
                           "' is not 'scale growth_tracker'");
   scale_ = scale;
   growth_tracker_ = tracker;
-}
-
-bool unscale_cpu_gradients(std::span<const Buffer> grads, double scale) {
-  bool finite = true;
-  for (const Buffer& g : grads) {
-    ACCEL_CHECK_ARG(g.device == DeviceKind::cpu,
-                    "fp16 loss scaling: gradients on a GPU are unscaled by the front end "
-                    "(the LibTorch adapter does it with tensor operations)");
-    ACCEL_CHECK_ARG(is_floating(g.dtype), "fp16 loss scaling: a gradient of dtype " +
-                                              std::string(dtype_name(g.dtype)) +
-                                              " (gradients are floating point)");
-    visit_dtype(g.dtype, [&](auto element) {
-      using T = decltype(element);
-      T* v = static_cast<T*>(g.data);
-      bool buffer_finite = true;
-      for (std::size_t i = 0; i < g.count && buffer_finite; ++i)
-        buffer_finite = std::isfinite(element_to_double(v[i]));
-      finite = finite && buffer_finite;
-      if (!buffer_finite) return;
-      const double inverse = 1.0 / scale;
-      for (std::size_t i = 0; i < g.count; ++i)
-        v[i] = element_from_double<T>(element_to_double(v[i]) * inverse);
-    });
-  }
-  return finite;
 }
 
 }  // namespace accel

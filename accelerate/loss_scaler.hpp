@@ -7,8 +7,9 @@
 //
 // The Accelerator drives it (mixed_precision fp16): loss_scale() includes scale(), and at each
 // accumulation boundary the gradients are unscaled and checked before sync_gradients() returns.
-// Which bytes to unscale is the front end's business (raw CPU buffers, LibTorch tensors on a
-// GPU); the decision (agreed by all ranks) and the scale's schedule live here.
+// Which bytes to unscale is the front end's business (raw buffers on the CPU or a GPU through
+// accel::unscale_gradients in backends/optim/elementwise.hpp, LibTorch tensors through tensor
+// operations); the decision (agreed by all ranks) and the scale's schedule live here.
 
 #include <cstdint>
 #include <span>
@@ -47,9 +48,5 @@ class DynamicLossScaler {
   double scale_;
   int growth_tracker_ = 0;
 };
-
-// Divides every element of CPU gradient buffers by `scale` in place; returns whether all of
-// them were finite before (a non-finite buffer is left as it is: its step will be skipped).
-bool unscale_cpu_gradients(std::span<const Buffer> grads, double scale);
 
 }  // namespace accel

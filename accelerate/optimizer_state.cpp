@@ -36,7 +36,7 @@ std::vector<SegmentMapEntry> read_map(Reader& r) {
 
 }  // namespace
 
-std::string pack_optimizer_state(const Optimizer& optimizer,
+std::string pack_optimizer_state(const std::string& optimizer_bytes,
                                  const std::vector<ParamSegment>& segments) {
   std::string out;
   put_u64(out, segments.size());
@@ -45,7 +45,7 @@ std::string pack_optimizer_state(const Optimizer& optimizer,
     put_u64(out, s.offset);
     put_u64(out, s.values.count);
   }
-  return out + optimizer.save_state();
+  return out + optimizer_bytes;
 }
 
 std::string optimizer_bytes(const std::string& blob, const std::string& where) {

@@ -1,20 +1,23 @@
 #pragma once
-// A built-in optimizer's state in checkpoints, in a form any strategy and world size can load:
-// the optimizer's own bytes (Optimizer::save_state) preceded by the map of its segments (param
-// group, offset among the group's parameters laid end to end, count). DDP saves one blob (rank
-// 0's, every parameter); ZeRO one per rank (its slices). Loading under another strategy or
-// world size rebuilds each slot of each group from every saved blob and cuts out what this
-// rank's segments cover (zeros past the end: padding).
+// An optimizer's state in checkpoints, in a form any strategy and world size can load: the
+// optimizer's bytes in Optimizer::save_state's format (a step count, then per segment its
+// element-wise state arrays of floats) preceded by the map of its segments (param group,
+// offset among the group's parameters laid end to end, count). DDP saves one blob (rank 0's,
+// every parameter); ZeRO one per rank (its slices). Loading under another strategy or world
+// size rebuilds each slot of each group from every saved blob and cuts out what this rank's
+// segments cover (zeros past the end: padding). The built-in optimizers write that format
+// themselves; the LibTorch adapter converts a LibTorch optimizer's state to it
+// (accelerate/torch/torch_optimizer_state.hpp).
 
 #include <string>
 #include <vector>
 
 #include "backends/backend.hpp"
-#include "backends/optim/optimizer.hpp"
 
 namespace accel {
 
-std::string pack_optimizer_state(const Optimizer& optimizer,
+// `optimizer_bytes`: Optimizer::save_state's format, for `segments`.
+std::string pack_optimizer_state(const std::string& optimizer_bytes,
                                  const std::vector<ParamSegment>& segments);
 
 // Whether `blob` was saved with exactly these segments (then its optimizer bytes load as

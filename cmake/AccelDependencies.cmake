@@ -64,6 +64,42 @@ else()
   list(APPEND _accel_off "nccl (ACCEL_WITH_NCCL=OFF)")
 endif()
 
+# CUDA device code (the optimizer kernels in backends/optim/cuda, examples/raw_cuda): nvcc
+# from CMAKE_CUDA_COMPILER or /usr/local/cuda; compiled and linked here, run where a GPU is.
+if(NOT CMAKE_CUDA_COMPILER AND EXISTS /usr/local/cuda/bin/nvcc)
+  set(CMAKE_CUDA_COMPILER /usr/local/cuda/bin/nvcc)
+endif()
+if(CMAKE_CUDA_COMPILER AND CUDAToolkit_FOUND)
+  set(_accel_cuda_ok ON)
+else()
+  set(_accel_cuda_ok OFF)
+endif()
+cmake_dependent_option(ACCEL_WITH_CUDA "Build the CUDA kernels (optimizers, clipping, loss scaling) and examples/raw_cuda" ON "_accel_cuda_ok" OFF)
+if(ACCEL_WITH_CUDA)
+  # H200 (sm_90) only by default, so the build stays fast; -DCMAKE_CUDA_ARCHITECTURES="80;90" for more.
+  set(CMAKE_CUDA_ARCHITECTURES 90 CACHE STRING "GPU architectures the CUDA code is compiled for")
+  # nvcc drives the host compiler the C++ code uses (Debian 12: g++ 12, which nvcc 13 accepts).
+  if(NOT CMAKE_CUDA_HOST_COMPILER)
+    set(CMAKE_CUDA_HOST_COMPILER ${CMAKE_CXX_COMPILER} CACHE FILEPATH "Host compiler for nvcc")
+  endif()
+  # The shared runtime, as accel_comm_nccl uses: one cudart per process, so the device NCCL set
+  # is the device the kernels run on.
+  set(CMAKE_CUDA_RUNTIME_LIBRARY Shared)
+  enable_language(CUDA)
+  # C++20 in .cu files. CMake 3.25 knows no CUDA20 flag for nvcc (CUDA_STANDARD 20 is a
+  # configure error), so the flag is passed by hand.
+  function(accel_cuda_cxx20 target)
+    target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-std=c++20>)
+  endfunction()
+  list(APPEND _accel_found "cuda kernels (nvcc ${CMAKE_CUDA_COMPILER_VERSION}, sm_${CMAKE_CUDA_ARCHITECTURES})")
+elseif(NOT CMAKE_CUDA_COMPILER)
+  list(APPEND _accel_off "cuda kernels (nvcc not found)")
+elseif(NOT CUDAToolkit_FOUND)
+  list(APPEND _accel_off "cuda kernels (CUDA toolkit not found)")
+else()
+  list(APPEND _accel_off "cuda kernels (ACCEL_WITH_CUDA=OFF)")
+endif()
+
 # LibTorch (Debian's libtorch-dev).
 find_package(Torch QUIET)
 cmake_dependent_option(ACCEL_WITH_TORCH "Build the LibTorch adapter and examples" ON "Torch_FOUND" OFF)

@@ -12,6 +12,7 @@
 
 #include "accelerate/checkpoint_manifest.hpp"
 #include "accelerate/loss_scaler.hpp"
+#include "backends/optim/elementwise.hpp"
 #include "backends/comm/local_communicator.hpp"
 #include "backends/comm/registry.hpp"
 #include "tests/support/ranks.hpp"
@@ -49,17 +50,17 @@ TEST_CASE("unscaling divides every float dtype and finds an inf or a NaN") {
   std::vector<BFloat16> b = {to_bf16(128.0f)};
   const std::vector<Buffer> grads = {buffer_of(std::span(f)), buffer_of(std::span(d)),
                                      buffer_of(std::span(h)), buffer_of(std::span(b))};
-  CHECK(unscale_cpu_gradients(grads, 2.0));
+  CHECK(unscale_gradients(grads, 2.0));
   CHECK(f == std::vector<float>{1, -2, 4});
   CHECK(d == std::vector<double>{8, 16});
   CHECK(to_float(h[0]) == 32.0f);
   CHECK(to_float(b[0]) == 64.0f);
 
   f[1] = std::numeric_limits<float>::infinity();
-  CHECK_FALSE(unscale_cpu_gradients(grads, 2.0));
+  CHECK_FALSE(unscale_gradients(grads, 2.0));
   f[1] = 0;
   d[0] = std::nan("");
-  CHECK_FALSE(unscale_cpu_gradients(grads, 2.0));
+  CHECK_FALSE(unscale_gradients(grads, 2.0));
 }
 
 TEST_CASE("a step that overflowed on one rank is skipped on every rank") {

@@ -1,7 +1,8 @@
 // The LibTorch adapter: in this process (the world of one) the gradient buckets, the optimizer
 // wrapper, the data loader and bf16 autocast; over real processes (torch_worker does the
-// checking) DDP training equal to one process, over Gloo with 2 and 4 ranks and over MPI; and
-// (torch_resume_worker) checkpoints of model, optimizer, scheduler and RNG resuming bitwise.
+// checking) DDP training equal to one process, over Gloo with 2 and 4 ranks and over MPI;
+// (torch_resume_worker) checkpoints of model, optimizer, scheduler and RNG resuming bitwise;
+// (torch_reshard_worker) checkpoints resuming under another strategy and number of processes.
 
 #include <cstring>
 #include <filesystem>
@@ -15,8 +16,11 @@
 
 #include <algorithm>
 #include <limits>
+#include <map>
 
+#include "accelerate/checkpoint.hpp"
 #include "accelerate/torch/torch_accelerator.hpp"
+#include "accelerate/torch/torch_state.hpp"
 #include "backends/comm/registry.hpp"
 #include "tests/support/files.hpp"
 #include "tests/support/ranks.hpp"
@@ -402,6 +406,130 @@ TEST_CASE("loading a LibTorch checkpoint into another model names the parameter"
   CHECK(torch::equal(wider->parameters()[0], before));  // nothing changed
 }
 
+namespace {
+
+// The state a LibTorch SGD, Adam or AdamW keeps for parameter p: (step, tensors), cloned.
+using ParamStateCopy = std::pair<std::int64_t, std::vector<torch::Tensor>>;
+ParamStateCopy state_of(const torch::optim::Optimizer& o, const torch::Tensor& p) {
+  using namespace torch::optim;
+  const auto& s = *o.state().at(c10::guts::to_string(p.unsafeGetTensorImpl()));
+  ParamStateCopy out;
+  if (const auto* a = dynamic_cast<const AdamParamState*>(&s))
+    out = {a->step(), {a->exp_avg(), a->exp_avg_sq(), a->max_exp_avg_sq()}};
+  else if (const auto* w = dynamic_cast<const AdamWParamState*>(&s))
+    out = {w->step(), {w->exp_avg(), w->exp_avg_sq()}};
+  else
+    out = {0, {dynamic_cast<const SGDParamState&>(s).momentum_buffer()}};
+  for (torch::Tensor& t : out.second)
+    if (t.defined()) t = t.clone();
+  return out;
+}
+
+// Two steps of `make` (an optimizer over small_net's parameters), saved to `dir`; returns the
+// state every parameter had then.
+template <typename Make>
+std::vector<ParamStateCopy> train_and_save(const std::string& dir, Make make) {
+  TorchAccelerator acc(local_options());
+  auto net = small_net();
+  auto optimizer = make(net);
+  auto [model, opt] = acc.prepare(net, *optimizer);
+  torch::manual_seed(3);
+  for (int step = 0; step < 2; ++step) {
+    opt.zero_grad();
+    acc.backward(model->forward(torch::randn({4, 6})).pow(2).mean());
+    opt.step();
+  }
+  acc.save_state(dir);
+  std::vector<ParamStateCopy> out;
+  for (const auto& p : net->parameters()) out.push_back(state_of(*optimizer, p));
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("LibTorch SGD, Adam and AdamW state load exactly, and into another optimizer not at all") {
+  using namespace torch::optim;
+  TempDir dir("accel_torch_optimizer_state");
+  auto sgd = [](torch::nn::Sequential& net) {
+    return std::make_unique<SGD>(net->parameters(), SGDOptions(0.1).momentum(0.9));
+  };
+  auto adam = [](torch::nn::Sequential& net) {
+    return std::make_unique<Adam>(net->parameters(), AdamOptions(0.01).amsgrad(true));
+  };
+  auto adamw = [](torch::nn::Sequential& net) {
+    return std::make_unique<AdamW>(net->parameters(), AdamWOptions(0.01));
+  };
+  auto check_round_trip = [&](auto make, const char* name) {
+    CAPTURE(name);
+    const std::vector<ParamStateCopy> expected = train_and_save(dir / name, make);
+    TorchAccelerator acc(local_options());
+    auto net = small_net();
+    auto loaded = make(net);
+    acc.prepare(net, *loaded);
+    CHECK(loaded->state().empty());
+    acc.load_state(dir / name);
+    REQUIRE(loaded->state().size() == net->parameters().size());
+    for (std::size_t i = 0; i < expected.size(); ++i) {
+      const auto [step, tensors] = state_of(*loaded, net->parameters()[i]);
+      CHECK(step == expected[i].first);
+      REQUIRE(tensors.size() == expected[i].second.size());
+      for (std::size_t k = 0; k < tensors.size(); ++k) {
+        REQUIRE(tensors[k].defined());
+        CHECK(tensors[k].sizes() == net->parameters()[i].sizes());
+        CHECK(torch::equal(tensors[k], expected[i].second[k]));
+      }
+    }
+  };
+  check_round_trip(sgd, "sgd");
+  check_round_trip(adam, "adam");
+  check_round_trip(adamw, "adamw");
+
+  // Adam's state (3 arrays per element with amsgrad) into SGD with momentum (1): refused,
+  // naming the checkpoint, before anything changed.
+  TorchAccelerator acc(local_options());
+  auto net = small_net();
+  auto wrong = sgd(net);
+  acc.prepare(net, *wrong);
+  try {
+    acc.load_state(dir / "adam");
+    FAIL("SGD loaded Adam's state");
+  } catch (const CheckpointError& e) {
+    const std::string what = e.what();
+    INFO(what);
+    CHECK(what.find(dir / "adam") != std::string::npos);
+    CHECK(what.find("3 state arrays per element, this SGD group keeps 1") != std::string::npos);
+  }
+  CHECK(wrong->state().empty());
+}
+
+TEST_CASE("an adapter checkpoint of the earlier format (optimizer state only in "
+          "state.optimizer) is refused, naming what is missing") {
+  TempDir dir("accel_torch_old_format");
+  TorchAccelerator acc(local_options());
+  auto net = small_net();
+  torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  acc.prepare(net, sgd);
+  // What the adapter wrote before its optimizer state resharded: the whole LibTorch archive.
+  const std::string model = torch_state::save_module(*net);
+  const std::string optimizer = torch_state::save_optimizer(sgd);
+  const std::string rng = torch_state::save_rng(torch::Device(torch::kCPU));
+  CheckpointContents old;
+  old.shared = {{"state.model", {{model.data(), model.size()}}},
+                {"state.optimizer", {{optimizer.data(), optimizer.size()}}}};
+  old.per_rank = {{"state.torch_rng", {{rng.data(), rng.size()}}}};
+  save_checkpoint(acc.comm(), dir / "ck", old);
+  try {
+    acc.load_state(dir / "ck");
+    FAIL("a checkpoint without optimizer blobs loaded");
+  } catch (const CheckpointError& e) {
+    const std::string what = e.what();
+    INFO(what);
+    CHECK(what.find(dir / "ck") != std::string::npos);
+    CHECK(what.find("no optimizer state ('optimizer' or 'optimizer.rankR')") != std::string::npos);
+    CHECK(what.find("state.optimizer") != std::string::npos);
+  }
+}
+
 TEST_CASE("ZeRO-1 and ZeRO-2 under the LibTorch adapter equal DDP (SGD Nesterov, Adam, AdamW)") {
   if (skip_unless(communicator_available("gloo"), "gloo communicator not built")) return;
   const std::string dir = std::string(ACCEL_BIN_DIR) + "/../torch_zero_test";
@@ -434,5 +562,121 @@ TEST_CASE("ZeRO-1 and ZeRO-2 under the LibTorch adapter equal DDP (SGD Nesterov,
       MESSAGE(line);
       CHECK(diff <= 1e-6);
     }
+  }
+}
+
+// ---- LibTorch checkpoints across strategies and numbers of processes (torch_reshard_worker)
+
+namespace {
+
+// "optimizer state: sum of squares S, step N, lr L" of rank 0, the last such line.
+std::string state_line(const launch::GroupResult& r) {
+  const std::string& o = r.workers.front().output;
+  const auto at = o.rfind("optimizer state:");
+  return at == std::string::npos ? std::string() : o.substr(at, o.find('\n', at) - at);
+}
+
+double sum_of_squares(const std::string& line) {
+  const auto at = line.find("sum of squares ");
+  return at == std::string::npos ? -1 : std::stod(line.substr(at + 15));
+}
+
+double max_difference(const std::vector<double>& a, const std::vector<double>& b) {
+  REQUIRE(!a.empty());
+  REQUIRE(a.size() == b.size());
+  double d = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) d = std::max(d, std::abs(a[i] - b[i]));
+  return d;
+}
+
+RanksOptions strategy_env(int zero_stage) {
+  RanksOptions options;
+  if (zero_stage > 0)
+    options.env = {{"ACCEL_DISTRIBUTED_TYPE", "ZERO"},
+                   {"ACCEL_ZERO_STAGE", std::to_string(zero_stage)}};
+  return options;
+}
+
+}  // namespace
+
+TEST_CASE("a LibTorch ZeRO-2 checkpoint of 4 ranks resumes at 2 (ZeRO-2, DDP) and 1, a DDP one "
+          "under ZeRO-2 at 3, and merges into a plain model") {
+  if (skip_unless(communicator_available("gloo"), "gloo communicator not built")) return;
+  constexpr int kSteps = 8;
+  for (const std::string optimizer : {"adam", "sgd"}) {
+    CAPTURE(optimizer);
+    TempDir dir("accel_torch_reshard");
+    auto args = [&](std::vector<std::string> more) {
+      more.insert(more.begin(), {"--optimizer", optimizer, "--steps", std::to_string(kSteps)});
+      return more;
+    };
+    // The uninterrupted run, which saves after step 4 on the way.
+    const auto straight = run_ranks(4, "torch_reshard_worker",
+                                    args({"--checkpoint", dir / "ck4", "--save_at", "4", "--dump",
+                                          dir / "straight", "--predict", dir / "predict"}),
+                                    strategy_env(2));
+    INFO(describe(straight));
+    REQUIRE(straight.exit_code() == 0);
+    std::map<std::string, std::string> saved;  // checkpoint -> the state its saver printed
+    saved[dir / "ck4"] = state_line(straight);
+    REQUIRE(sum_of_squares(saved[dir / "ck4"]) > 0);
+    const std::vector<double> expected = read_doubles(dir / "straight");
+
+    struct Resume {
+      std::string name;
+      int world, zero_stage;
+      std::string from;
+      std::vector<std::string> more;  // a DDP run that saves again on the way
+    };
+    std::vector<Resume> resumes = {
+        {"zero2 world 2", 2, 2, dir / "ck4", {}},
+        {"ddp world 2", 2, 0, dir / "ck4", {"--checkpoint", dir / "ck_ddp", "--save_at", "6"}},
+        {"world 1", 1, 0, dir / "ck4", {}},
+    };
+    if (optimizer == "adam") resumes.push_back({"zero2 world 3 from ddp", 3, 2, dir / "ck_ddp", {}});
+    for (const Resume& r : resumes) {
+      CAPTURE(r.name);
+      std::vector<std::string> more = {"--resume", r.from, "--dump", dir / "resumed"};
+      more.insert(more.end(), r.more.begin(), r.more.end());
+      const auto resumed = run_ranks(r.world, "torch_reshard_worker", args(more),
+                                     strategy_env(r.zero_stage));
+      INFO(describe(resumed));
+      REQUIRE(resumed.exit_code() == 0);
+      // The state arrived whole (step count and learning rate too), before any step.
+      const std::string& o = resumed.workers.front().output;
+      const auto at = o.find("optimizer state:");
+      REQUIRE(at != std::string::npos);
+      const std::string loaded = o.substr(at, o.find('\n', at) - at);
+      const std::string& before = saved.at(r.from);
+      CHECK(loaded.substr(loaded.find(", step")) == before.substr(before.find(", step")));
+      CHECK(std::abs(sum_of_squares(loaded) - sum_of_squares(before)) <=
+            1e-9 * sum_of_squares(before));
+      if (!r.more.empty()) saved[r.more[1]] = state_line(resumed);
+      const double d = max_difference(read_doubles(dir / "resumed"), expected);
+      MESSAGE(optimizer << " zero2 world 4 step 4 -> " << r.name
+                        << ": max |resumed - uninterrupted| = " << d);
+      CHECK(d <= 1e-5);
+    }
+
+    if (optimizer != "adam") continue;
+    // merge-weights of the ZeRO-2 world-4 checkpoint predicts what the trained model did.
+    const auto merged = run_accel({"merge-weights", dir / "ck4", dir / "model.pt"});
+    INFO(describe(merged));
+    REQUIRE(merged.exit_code() == 0);
+    torch::nn::Sequential plain(torch::nn::Linear(10, 16), torch::nn::Tanh(),
+                                torch::nn::Linear(16, 12), torch::nn::Tanh(),
+                                torch::nn::Linear(12, 5));
+    torch::load(plain, dir / "model.pt");
+    const std::string bytes = read_file(dir / "predict");
+    REQUIRE(bytes.size() == (7 * 10 + 7 * 5) * sizeof(float));
+    std::vector<float> floats(bytes.size() / sizeof(float));
+    std::memcpy(floats.data(), bytes.data(), bytes.size());
+    const torch::Tensor x = torch::from_blob(floats.data(), {7, 10}).clone();
+    const torch::Tensor y = torch::from_blob(floats.data() + 70, {7, 5}).clone();
+    torch::NoGradGuard no_grad;
+    const double d = (plain->forward(x) - y).abs().max().item<double>();
+    MESSAGE("merge-weights of the ZeRO-2 world-4 LibTorch checkpoint: max |logits - trained| = "
+            << d);
+    CHECK(d <= 1e-6);
   }
 }

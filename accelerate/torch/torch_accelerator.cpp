@@ -14,6 +14,7 @@
 #include <torch/csrc/autograd/variable.h>
 
 #include "accelerate/torch/tensor_buffer.hpp"
+#include "accelerate/torch/torch_optimizer_state.hpp"
 #include "accelerate/torch/torch_state.hpp"
 #include "backends/comm/error.hpp"
 
@@ -148,8 +149,12 @@ AcceleratedOptimizer& TorchAccelerator::prepare_module(torch::nn::Module& module
                         "owns every trainable parameter's slice");
     // No gradient storage: the strategy gives each parameter its bucket slot (DDP, ZeRO-1);
     // ZeRO-2 reads autograd's own gradient.
+    // The param group is ZeRO's flat buffer and, under every strategy, the coordinates the
+    // optimizer state is saved in; a parameter the optimizer does not hold (DDP only) gets a
+    // group of its own, which has no state.
     refs.push_back({item.key(), data, Buffer{nullptr, data.count, data.dtype, data.device},
-                    sharded ? group->second : 0, p.sizes().vec()});
+                    group != group_of.end() ? group->second : optimizer.param_groups().size(),
+                    p.sizes().vec()});
     param_tensors_.push_back(p);
   }
   if (sharded) strategy_options_to_prepare().zero.release_grad = [this](std::size_t i) {
@@ -192,6 +197,8 @@ AcceleratedOptimizer& TorchAccelerator::prepare_module(torch::nn::Module& module
     hook_keys_.push_back(node->add_post_hook(std::make_unique<GradReadyHook>(*this, i)));
     accumulators_.push_back(std::move(node));
   }
+  // Asked while the param groups still hold the parameters themselves.
+  const std::string flat_state_problem = torch_optimizer_state::unsupported_reason(optimizer);
   if (z) shard_optimizer(optimizer);
   if (DataParallelStrategy* dp = data_parallel_strategy()) {
     for (std::size_t k = 1; k < std::size_t(dp->replicas()); ++k) {
@@ -214,11 +221,32 @@ AcceleratedOptimizer& TorchAccelerator::prepare_module(torch::nn::Module& module
   register_state(
       "model", [&module] { return torch_state::save_module(module); },
       [&module](const std::string& bytes) { torch_state::load_module(module, bytes); });
-  // Under ZeRO the optimizer holds this rank's slices: each rank keeps its own.
-  register_state(
-      "optimizer", [&optimizer] { return torch_state::save_optimizer(optimizer); },
-      [&optimizer](const std::string& bytes) { torch_state::load_optimizer(optimizer, bytes); },
-      z ? StateScope::per_rank : StateScope::shared);
+  if (flat_state_problem.empty()) {
+    // The param groups' options (learning rates ...) from rank 0 as a LibTorch archive; the
+    // per-parameter state in flat coordinates, as the built-in optimizers' ("optimizer" under
+    // DDP, "optimizer.rankR" under ZeRO), so any strategy and number of processes resumes.
+    register_state(
+        "optimizer", [&optimizer] { return torch_state::save_optimizer_options(optimizer); },
+        [&optimizer](const std::string& bytes) {
+          torch_state::load_optimizer_options(optimizer, bytes);
+        });
+    register_optimizer_state(
+        [this, &optimizer] {
+          return torch_optimizer_state::save(optimizer, strategy().segments(),
+                                             optimizer_tensors());
+        },
+        [this, &optimizer](const std::string& bytes, const std::string& where) {
+          return torch_optimizer_state::load(optimizer, strategy().segments(),
+                                             optimizer_tensors(), bytes, where);
+        });
+  } else {
+    // The whole LibTorch archive; under ZeRO each rank's own (its slices), so such a
+    // checkpoint resumes with the same number of processes only.
+    register_state(
+        "optimizer", [&optimizer] { return torch_state::save_optimizer(optimizer); },
+        [&optimizer](const std::string& bytes) { torch_state::load_optimizer(optimizer, bytes); },
+        z ? StateScope::per_rank : StateScope::shared);
+  }
   return *optimizer_;
 }
 
@@ -357,6 +385,20 @@ void TorchAccelerator::replica_backward() {
       if (o.replica == k && o.leaf.grad().defined()) o.output.backward(o.leaf.grad());
     if (k > 0) point_replica_grads(std::size_t(k));
   });
+}
+
+std::vector<at::Tensor> TorchAccelerator::optimizer_tensors() {
+  if (sharded_optimizer_) return slice_tensors_;  // ZeRO: one slice per segment, in order
+  // DDP: the segments are the parameters (by group); the optimizer holds those of its groups.
+  const std::size_t groups = optimizer_->optimizer().param_groups().size();
+  std::unordered_map<const void*, const at::Tensor*> by_data;
+  for (const at::Tensor& p : param_tensors_) by_data.emplace(p.data_ptr(), &p);
+  std::vector<at::Tensor> out;
+  for (const ParamSegment& s : strategy().segments()) {
+    const auto it = by_data.find(s.values.data);
+    out.push_back(s.group < groups && it != by_data.end() ? *it->second : at::Tensor());
+  }
+  return out;
 }
 
 AcceleratedScheduler& TorchAccelerator::prepare_scheduler(torch::optim::LRScheduler& scheduler) {

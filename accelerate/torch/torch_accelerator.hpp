@@ -46,10 +46,17 @@
 // counters and the loop's position, what Accelerate's save_state carries:
 //   state.model             the prepared model's parameters and buffers as a LibTorch archive
 //                           (a plain LibTorch program loads it: torch::load(net, "DIR/state.model"))
-//   state.optimizer         the prepared optimizer (param groups with their learning rates,
-//                           momentum buffers, Adam moments, step counts); under ZeRO each
-//                           rank's own (state.optimizer.rankR: its slices), so such a
-//                           checkpoint resumes with the same number of processes only
+//   state.optimizer         the prepared optimizer's param groups with their options
+//                           (learning rates ...), a LibTorch archive (rank 0's)
+//   optimizer[.rankR]       its per-parameter state (SGD momentum buffers, Adam/AdamW moments
+//                           and step count) in flat coordinates, one blob under DDP, each
+//                           rank's slices under ZeRO (accelerate/torch/torch_optimizer_state.hpp),
+//                           so a checkpoint saved by ZeRO at 4 processes resumes under ZeRO at 2,
+//                           DDP, or one process, and DDP's under ZeRO; another optimizer
+//                           (RMSprop, Adagrad, LBFGS, one's own) or double parameters keep the
+//                           whole LibTorch archive in state.optimizer instead, under ZeRO each
+//                           rank's own (state.optimizer.rankR), which resumes with the same
+//                           number of processes only
 //   state.scheduler         the prepared LR scheduler's step count
 //   state.torch_rng.rankR   each rank's LibTorch generator (and state.torch_cuda_rng.rankR on
 //                           a GPU), reseeded when loading at another number of processes
@@ -244,6 +251,9 @@ class TorchAccelerator : public Accelerator {
   void discard_gradients() override;
   // What the optimizer steps on: the full gradients (DDP), this rank's slices (ZeRO).
   std::vector<at::Tensor> optimizer_gradients() const;
+  // The tensors the optimizer holds for strategy().segments(), in order (its state's keys):
+  // this rank's slices (ZeRO), the parameters (DDP; undefined for one in no param group).
+  std::vector<at::Tensor> optimizer_tensors();
 
  private:
   friend class AcceleratedOptimizer;

@@ -159,6 +159,32 @@ void load_optimizer(torch::optim::Optimizer& optimizer, const std::string& bytes
   }
 }
 
+std::string save_optimizer_options(torch::optim::Optimizer& optimizer) {
+  // LibTorch writes state and param groups in one call: the state is set aside meanwhile.
+  auto& state = optimizer.state();
+  auto kept = std::move(state);
+  state.clear();
+  struct PutBack {
+    decltype(kept)& from;
+    decltype(state)& to;
+    ~PutBack() { to = std::move(from); }
+  } put_back{kept, state};
+  return save_optimizer(optimizer);
+}
+
+void load_optimizer_options(torch::optim::Optimizer& optimizer, const std::string& bytes) {
+  torch::serialize::InputArchive archive;
+  open_archive(archive, bytes, "optimizer options");
+  try {
+    restore_param_group_options(archive, optimizer);
+  } catch (const CheckpointError&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw CheckpointError(std::string("optimizer options do not fit this optimizer: ") +
+                          e.what());
+  }
+}
+
 std::string save_scheduler(const torch::optim::LRScheduler& scheduler) {
   return std::to_string(scheduler.*SchedulerAccess::step_count());
 }

@@ -5,7 +5,8 @@
 //    with torch::load(model, "DIR/state.model");
 //  - an optimizer: its per-parameter state and its param groups' options (learning rates
 //    included: LibTorch's own load() leaves those as built, so for the optimizers LibTorch
-//    ships they are put back here; another optimizer keeps its options as built);
+//    ships they are put back here; another optimizer keeps its options as built), or the
+//    options alone;
 //  - an LR scheduler: its step count (the learning rates themselves live in the optimizer);
 //  - LibTorch's default generator of a device (dropout masks, randn).
 // Loading a module checks every name, shape and dtype before it changes any value, and copies
@@ -27,6 +28,11 @@ void load_module(torch::nn::Module& module, const std::string& bytes);
 
 std::string save_optimizer(const torch::optim::Optimizer& optimizer);
 void load_optimizer(torch::optim::Optimizer& optimizer, const std::string& bytes);
+// The same archive without the per-parameter state: the param groups' options only, for when
+// the state is saved in flat coordinates (torch_optimizer_state.hpp). load_optimizer_options
+// reads the options of either archive and leaves the state alone.
+std::string save_optimizer_options(torch::optim::Optimizer& optimizer);
+void load_optimizer_options(torch::optim::Optimizer& optimizer, const std::string& bytes);
 
 std::string save_scheduler(const torch::optim::LRScheduler& scheduler);
 void load_scheduler(torch::optim::LRScheduler& scheduler, const std::string& bytes);

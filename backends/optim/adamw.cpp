@@ -31,28 +31,22 @@ void AdamW::set_lr(std::size_t group, double lr) {
 
 void AdamW::update(const ParamSegment& segment, std::vector<float*>& state, std::uint64_t step) {
   const AdamWOptions& o = groups_[segment.group];
-  float* p = static_cast<float*>(segment.values.data);
-  const float* g = static_cast<const float*>(segment.grad.data);
-  float* m = state[0];
-  float* v = state[1];
   // PyTorch's scalar arithmetic: corrections in double, element updates in float.
   const double bias1 = 1 - std::pow(o.beta1, double(step));
   const double bias2_sqrt = std::sqrt(1 - std::pow(o.beta2, double(step)));
-  const float step_size = float(o.lr / bias1);
-  const float b1 = float(o.beta1), b2 = float(o.beta2), eps = float(o.eps);
-  const float decay = float(1 - o.lr * o.weight_decay), wd = float(o.weight_decay);
-  const float c2 = float(bias2_sqrt);
-  for (std::size_t i = 0; i < segment.values.count; ++i) {
-    float grad = g[i];
-    if (o.decoupled_weight_decay)
-      p[i] *= decay;
-    else if (wd != 0)
-      grad += wd * p[i];
-    m[i] = m[i] * b1 + grad * (1 - b1);
-    v[i] = v[i] * b2 + grad * grad * (1 - b2);
-    const float denom = std::sqrt(v[i]) / c2 + eps;
-    p[i] -= step_size * (m[i] / denom);
-  }
+  AdamWStepArgs args;
+  args.step_size = float(o.lr / bias1);
+  args.beta1 = float(o.beta1);
+  args.beta2 = float(o.beta2);
+  args.one_minus_beta1 = 1 - args.beta1;
+  args.one_minus_beta2 = 1 - args.beta2;
+  args.eps = float(o.eps);
+  args.decay = float(1 - o.lr * o.weight_decay);
+  args.weight_decay = float(o.weight_decay);
+  args.bias2_sqrt = float(bias2_sqrt);
+  args.decoupled = o.decoupled_weight_decay;
+  // On the CPU or, for a segment in GPU memory, the CUDA kernel (elementwise.hpp).
+  adamw_update(segment.values, segment.grad, state[0], state[1], args);
 }
 
 }  // namespace accel

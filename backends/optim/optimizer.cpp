@@ -38,14 +38,17 @@ void Optimizer::step(const std::vector<ParamSegment>& segments) {
     ACCEL_CHECK_ARG(s.values.count == s.grad.count,
                     std::string(name()) + ": segment " + std::to_string(k) +
                         " has a gradient of another size");
+    ACCEL_CHECK_ARG(s.values.device == s.grad.device,
+                    std::string(name()) + ": segment " + std::to_string(k) +
+                        " has its values and its gradient on different devices");
   }
   if (state_.empty() && segment_counts_.empty()) {
     // First step (or nothing loaded): allocate each segment's state, zeroed.
     for (const ParamSegment& s : segments) {
-      std::vector<std::vector<float>> slots(state_slots(s.group));
-      for (auto& slot : slots) {
-        slot.assign(s.values.count, 0.0f);
-        state_bytes_ += slot.size() * sizeof(float);
+      std::vector<StateArray> slots;
+      for (std::size_t slot = 0; slot < state_slots(s.group); ++slot) {
+        slots.emplace_back(s.values.count, s.values.device);
+        state_bytes_ += s.values.count * sizeof(float);
       }
       state_.push_back(std::move(slots));
       segment_counts_.push_back(s.values.count);
@@ -59,11 +62,15 @@ void Optimizer::step(const std::vector<ParamSegment>& segments) {
                     std::string(name()) + ": segment " + std::to_string(k) + " has " +
                         std::to_string(segments[k].values.count) + " elements, its state " +
                         std::to_string(segment_counts_[k]));
+  // State loaded from a checkpoint lands in host memory; it follows its segment to the GPU.
+  for (std::size_t k = 0; k < segments.size(); ++k)
+    for (StateArray& slot : state_[k])
+      if (slot.device() != segments[k].values.device) slot = slot.to(segments[k].values.device);
   ++steps_;
   std::vector<float*> state;
   for (std::size_t k = 0; k < segments.size(); ++k) {
     state.clear();
-    for (auto& slot : state_[k]) state.push_back(slot.data());
+    for (StateArray& slot : state_[k]) state.push_back(slot.data());
     update(segments[k], state, steps_);
   }
 }
@@ -75,8 +82,11 @@ std::string Optimizer::save_state() const {
   for (std::size_t k = 0; k < state_.size(); ++k) {
     put_u64(out, segment_counts_[k]);
     put_u64(out, state_[k].size());
-    for (const auto& slot : state_[k])
-      out.append(reinterpret_cast<const char*>(slot.data()), slot.size() * sizeof(float));
+    for (const StateArray& slot : state_[k]) {
+      const std::size_t at = out.size();
+      out.resize(at + slot.count() * sizeof(float));
+      slot.read(reinterpret_cast<float*>(out.data() + at));  // from GPU memory too
+    }
   }
   return out;
 }
@@ -88,7 +98,7 @@ void Optimizer::load_state(const std::string& bytes) {
   ACCEL_CHECK_ARG(segment_counts_.empty() || segments == segment_counts_.size(),
                   std::string(name()) + " state: " + std::to_string(segments) +
                       " segments, this optimizer has " + std::to_string(segment_counts_.size()));
-  std::vector<std::vector<std::vector<float>>> state;
+  std::vector<std::vector<StateArray>> state;
   std::vector<std::size_t> counts;
   std::size_t state_bytes = 0;
   for (std::uint64_t k = 0; k < segments; ++k) {
@@ -98,12 +108,13 @@ void Optimizer::load_state(const std::string& bytes) {
     ACCEL_CHECK_ARG(segment_counts_.empty() || count == segment_counts_[k],
                     std::string(name()) + " state: " + where + " has " + std::to_string(count) +
                         " elements, this optimizer's has " + std::to_string(segment_counts_[k]));
-    std::vector<std::vector<float>> seg(slots);
-    for (auto& slot : seg) {
+    std::vector<StateArray> seg;
+    for (std::uint64_t slot = 0; slot < slots; ++slot) {
       if (at + count * sizeof(float) > bytes.size())
         throw InvalidArgument(std::string(name()) + " state: truncated in " + where);
-      slot.resize(count);
-      std::memcpy(slot.data(), bytes.data() + at, count * sizeof(float));
+      // Host memory first; the next step moves it to its segment's device.
+      seg.emplace_back(count, DeviceKind::cpu);
+      std::memcpy(seg.back().data(), bytes.data() + at, count * sizeof(float));
       at += count * sizeof(float);
       state_bytes += count * sizeof(float);
     }

@@ -4,10 +4,11 @@
 // under DDP and only this rank's owned slices under ZeRO, with the same arithmetic on each
 // element: a world of one under ZeRO is bitwise the unsharded optimizer.
 //
-// State (momentum, Adam's moments) is allocated per segment at the first step, in the
-// parameters' memory (CPU), and counted: state_bytes() is what the ZeRO memory accounting
-// checks. f32 parameters only (LibTorch users keep their own optimizers; see
-// accelerate/torch/).
+// State (momentum, Adam's moments) is allocated per segment at the first step, where the
+// segment's parameters live (CPU memory, or GPU memory for DeviceKind::cuda segments, which
+// the CUDA kernels update: elementwise.hpp), and counted: state_bytes() is what the ZeRO
+// memory accounting checks. f32 parameters only (a mixed-precision loop keeps f32 master
+// weights and steps those; LibTorch users keep their own optimizers, see accelerate/torch/).
 
 #include <cstddef>
 #include <cstdint>
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include "backends/backend.hpp"
+#include "backends/optim/elementwise.hpp"
 
 namespace accel {
 
@@ -44,8 +46,8 @@ class Optimizer {
  protected:
   // State arrays per element for a segment of `group` (SGD with momentum 1, AdamW 2).
   virtual std::size_t state_slots(std::size_t group) const = 0;
-  // One segment's update; `state` holds state_slots(group) arrays of values.count floats,
-  // `step` counts from 1.
+  // One segment's update; `state` holds state_slots(group) arrays of values.count floats on
+  // the segment's device, `step` counts from 1.
   virtual void update(const ParamSegment& segment, std::vector<float*>& state,
                       std::uint64_t step) = 0;
   void check_group(std::size_t group) const;
@@ -53,8 +55,8 @@ class Optimizer {
  private:
   std::uint64_t steps_ = 0;
   std::size_t state_bytes_ = 0;
-  // [segment][slot] -> values.count floats
-  std::vector<std::vector<std::vector<float>>> state_;
+  // [segment][slot] -> values.count floats, on the segment's device
+  std::vector<std::vector<StateArray>> state_;
   std::vector<std::size_t> segment_counts_;  // to refuse other segments on a later step
 };
 

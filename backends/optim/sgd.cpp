@@ -32,20 +32,15 @@ std::size_t Sgd::state_slots(std::size_t group) const { return groups_[group].mo
 
 void Sgd::update(const ParamSegment& segment, std::vector<float*>& state, std::uint64_t step) {
   const SgdOptions& o = groups_[segment.group];
-  float* p = static_cast<float*>(segment.values.data);
-  const float* g = static_cast<const float*>(segment.grad.data);
-  const float lr = float(o.lr), wd = float(o.weight_decay), mu = float(o.momentum);
-  const float damp = 1.0f - float(o.dampening);
-  float* buf = state.empty() ? nullptr : state[0];
-  for (std::size_t i = 0; i < segment.values.count; ++i) {
-    float d = g[i];
-    if (wd != 0) d += wd * p[i];
-    if (buf) {
-      buf[i] = step == 1 ? d : mu * buf[i] + damp * d;  // the buffer starts as the gradient
-      d = o.nesterov ? d + mu * buf[i] : buf[i];
-    }
-    p[i] -= lr * d;
-  }
+  SgdStepArgs args;
+  args.lr = float(o.lr);
+  args.weight_decay = float(o.weight_decay);
+  args.momentum = float(o.momentum);
+  args.dampening_complement = 1.0f - float(o.dampening);
+  args.nesterov = o.nesterov;
+  args.first_step = step == 1;  // the buffer starts as the gradient
+  // On the CPU or, for a segment in GPU memory, the CUDA kernel (elementwise.hpp).
+  sgd_update(segment.values, segment.grad, state.empty() ? nullptr : state[0], args);
 }
 
 }  // namespace accel

@@ -20,7 +20,9 @@
 
 #include "accelerate/accelerator.hpp"
 #include "backends/optim/sgd.hpp"
+#include "examples/common/flags.hpp"
 #include "examples/common/idx_reader.hpp"
+#include "examples/common/image_batches.hpp"
 #include "examples/raw_mlp/mlp.hpp"
 #include "examples/raw_mlp/param_refs.hpp"
 
@@ -52,18 +54,7 @@ struct Flags {
 }
 
 Flags parse_flags(int argc, char** argv) {
-  std::map<std::string, std::string> values;
-  for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
-    if (!arg.starts_with("--")) usage("unexpected argument '" + arg + "'");
-    arg = arg.substr(2);
-    if (const auto eq = arg.find('='); eq != std::string::npos) {
-      values[arg.substr(0, eq)] = arg.substr(eq + 1);
-    } else {
-      if (i + 1 >= argc) usage("--" + arg + " needs a value");
-      values[arg] = argv[++i];
-    }
-  }
+  const auto values = examples::parse_flag_values(argc, argv, usage);
   Flags f;
   for (const auto& [key, value] : values) {
     try {
@@ -101,36 +92,8 @@ Flags parse_flags(int argc, char** argv) {
   return f;
 }
 
-// Pixels scaled to [0, 1] and standardised with Fashion-MNIST's mean and deviation.
-struct Data {
-  std::size_t count = 0, features = 0;
-  std::vector<float> x;
-  std::vector<int> labels;
-};
-
-Data to_floats(const examples::ImageDataset& d) {
-  Data out;
-  out.count = d.count;
-  out.features = d.rows * d.cols;
-  out.x.resize(d.pixels.size());
-  for (std::size_t i = 0; i < d.pixels.size(); ++i)
-    out.x[i] = (float(d.pixels[i]) / 255.0f - 0.2860f) / 0.3530f;
-  out.labels.assign(d.labels.begin(), d.labels.end());
-  return out;
-}
-
-// Rows `idx[first, first + n)` of the data, as one batch.
-void take_batch(const Data& d, const std::vector<std::size_t>& idx, std::size_t first,
-                std::size_t n, std::vector<float>& x, std::vector<int>& labels) {
-  x.resize(n * d.features);
-  labels.resize(n);
-  for (std::size_t k = 0; k < n; ++k) {
-    const std::size_t i = idx[first + k];
-    std::copy_n(d.x.begin() + std::ptrdiff_t(i * d.features), d.features,
-                x.begin() + std::ptrdiff_t(k * d.features));
-    labels[k] = d.labels[i];
-  }
-}
+using examples::take_batch;
+using Data = examples::FloatImages;
 
 // Test accuracy over the whole test set: each process predicts its shard, the verdicts are
 // gathered without the sampler's padding, so exactly test.count samples are counted.
@@ -161,9 +124,9 @@ int main(int argc, char** argv) {
     accel::Accelerator acc;
     acc.set_seed(flags.seed);
     const Data train =
-        to_floats(examples::load_mnist_split(flags.data_dir, "train", flags.train_samples));
+        examples::to_floats(examples::load_mnist_split(flags.data_dir, "train", flags.train_samples));
     const Data test =
-        to_floats(examples::load_mnist_split(flags.data_dir, "t10k", flags.test_samples));
+        examples::to_floats(examples::load_mnist_split(flags.data_dir, "t10k", flags.test_samples));
     acc.print(
         "raw_mlp: %zu training and %zu test images, %d processes x %d replica(s), %zu per batch "
         "each, MLP %zu-%d-10\n",

@@ -1,0 +1,221 @@
+// The GPU half of backends/optim/elementwise.hpp. Compiled with --fmad=false (CMakeLists.txt):
+// a fused multiply-add rounds once where the CPU loop rounds twice, and the point of these
+// kernels is the CPU loop's arithmetic, element by element, on the GPU.
+
+#include "backends/optim/cuda/optim_kernels.hpp"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "backends/comm/error.hpp"
+
+namespace accel::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr std::size_t kMaxBlocks = 4096;  // grid-stride loops cover the rest
+constexpr std::size_t kReduceBlocks = 512;  // fixed, so a sum's order depends on the count only
+
+void check(cudaError_t rc, const char* what) {
+  if (rc != cudaSuccess)
+    throw Error(std::string("CUDA kernels: ") + what + ": " + cudaGetErrorString(rc));
+}
+
+unsigned blocks_for(std::size_t count, std::size_t cap = kMaxBlocks) {
+  return unsigned(std::max<std::size_t>(1, std::min(cap, (count + kThreads - 1) / kThreads)));
+}
+
+// The element types as the device sees them; conversions as the CPU's element_to_double /
+// element_from_double (f16 and bf16 through float, rounding to nearest even).
+__device__ double load_double(const float* p, std::size_t i) { return double(p[i]); }
+__device__ double load_double(const double* p, std::size_t i) { return p[i]; }
+__device__ double load_double(const __half* p, std::size_t i) { return double(__half2float(p[i])); }
+__device__ double load_double(const __nv_bfloat16* p, std::size_t i) {
+  return double(__bfloat162float(p[i]));
+}
+__device__ void store_double(float* p, std::size_t i, double v) { p[i] = float(v); }
+__device__ void store_double(double* p, std::size_t i, double v) { p[i] = v; }
+__device__ void store_double(__half* p, std::size_t i, double v) { p[i] = __float2half_rn(float(v)); }
+__device__ void store_double(__nv_bfloat16* p, std::size_t i, double v) {
+  p[i] = __float2bfloat16_rn(float(v));
+}
+
+// Calls fn(T*) with the device element type of a floating buffer.
+template <typename Fn>
+void visit_floating(const Buffer& b, const char* what, Fn&& fn) {
+  switch (b.dtype) {
+    case DType::f32: return fn(static_cast<float*>(b.data));
+    case DType::f64: return fn(static_cast<double*>(b.data));
+    case DType::f16: return fn(static_cast<__half*>(b.data));
+    case DType::bf16: return fn(static_cast<__nv_bfloat16*>(b.data));
+    default:
+      throw InvalidArgument(std::string(what) + ": a CUDA buffer of dtype " +
+                            std::string(dtype_name(b.dtype)) + " (floating dtypes only)");
+  }
+}
+
+__global__ void sgd_kernel(float* p, const float* g, float* buf, std::size_t n, SgdStepArgs a) {
+  const std::size_t stride = std::size_t(gridDim.x) * blockDim.x;
+  for (std::size_t i = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    float d = g[i];
+    if (a.weight_decay != 0) d += a.weight_decay * p[i];
+    if (buf) {
+      buf[i] = a.first_step ? d : a.momentum * buf[i] + a.dampening_complement * d;
+      d = a.nesterov ? d + a.momentum * buf[i] : buf[i];
+    }
+    p[i] -= a.lr * d;
+  }
+}
+
+__global__ void adamw_kernel(float* p, const float* g, float* m, float* v, std::size_t n,
+                             AdamWStepArgs a) {
+  const std::size_t stride = std::size_t(gridDim.x) * blockDim.x;
+  for (std::size_t i = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    float grad = g[i];
+    if (a.decoupled)
+      p[i] *= a.decay;
+    else if (a.weight_decay != 0)
+      grad += a.weight_decay * p[i];
+    m[i] = m[i] * a.beta1 + grad * a.one_minus_beta1;
+    v[i] = v[i] * a.beta2 + grad * grad * a.one_minus_beta2;
+    const float denom = sqrtf(v[i]) / a.bias2_sqrt + a.eps;
+    p[i] -= a.step_size * (m[i] / denom);
+  }
+}
+
+// One partial sum per block: grid-stride partials per thread, then a shared-memory tree, in an
+// order fixed by the element count.
+template <typename T>
+__global__ void sum_squares_kernel(const T* g, std::size_t n, double* partials) {
+  __shared__ double sums[kThreads];
+  double s = 0;
+  const std::size_t stride = std::size_t(gridDim.x) * blockDim.x;
+  for (std::size_t i = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    const double v = load_double(g, i);
+    s += v * v;
+  }
+  sums[threadIdx.x] = s;
+  __syncthreads();
+  for (int half = kThreads / 2; half > 0; half /= 2) {
+    if (int(threadIdx.x) < half) sums[threadIdx.x] += sums[threadIdx.x + half];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) partials[blockIdx.x] = sums[0];
+}
+
+template <typename T>
+__global__ void scale_kernel(T* g, std::size_t n, double factor, const int* skip_flag) {
+  if (skip_flag && *skip_flag) return;  // unscale: a non-finite buffer is left as it is
+  const std::size_t stride = std::size_t(gridDim.x) * blockDim.x;
+  for (std::size_t i = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
+    store_double(g, i, load_double(g, i) * factor);
+}
+
+template <typename T>
+__global__ void find_non_finite_kernel(const T* g, std::size_t n, int* flag) {
+  const std::size_t stride = std::size_t(gridDim.x) * blockDim.x;
+  for (std::size_t i = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
+    if (!isfinite(load_double(g, i))) *flag = 1;  // every writer writes 1: no race to lose
+}
+
+// Device memory freed however the call ends.
+struct DeviceScratch {
+  void* ptr = nullptr;
+  explicit DeviceScratch(std::size_t bytes) { check(cudaMalloc(&ptr, bytes), "cudaMalloc"); }
+  ~DeviceScratch() { cudaFree(ptr); }
+};
+
+}  // namespace
+
+void sgd_update(float* values, const float* grad, float* momentum_buffer, std::size_t count,
+                const SgdStepArgs& args) {
+  if (count == 0) return;
+  sgd_kernel<<<blocks_for(count), kThreads>>>(values, grad, momentum_buffer, count, args);
+  check(cudaGetLastError(), "SGD kernel launch");
+}
+
+void adamw_update(float* values, const float* grad, float* exp_avg, float* exp_avg_sq,
+                  std::size_t count, const AdamWStepArgs& args) {
+  if (count == 0) return;
+  adamw_kernel<<<blocks_for(count), kThreads>>>(values, grad, exp_avg, exp_avg_sq, count, args);
+  check(cudaGetLastError(), "AdamW kernel launch");
+}
+
+double sum_of_squares(Buffer grad) {
+  if (grad.count == 0) return 0;
+  const unsigned blocks = blocks_for(grad.count, kReduceBlocks);
+  DeviceScratch partials(blocks * sizeof(double));
+  visit_floating(grad, "sum of squares", [&](auto* g) {
+    sum_squares_kernel<<<blocks, kThreads>>>(g, grad.count, static_cast<double*>(partials.ptr));
+  });
+  check(cudaGetLastError(), "sum of squares kernel launch");
+  std::vector<double> host(blocks);
+  check(cudaMemcpy(host.data(), partials.ptr, blocks * sizeof(double), cudaMemcpyDeviceToHost),
+        "sum of squares: cudaMemcpy to host");
+  double sum = 0;
+  for (double p : host) sum += p;  // block order
+  return sum;
+}
+
+void scale_in_place(Buffer grad, double factor) {
+  if (grad.count == 0) return;
+  visit_floating(grad, "scale", [&](auto* g) {
+    scale_kernel<<<blocks_for(grad.count), kThreads>>>(g, grad.count, factor, nullptr);
+  });
+  check(cudaGetLastError(), "scale kernel launch");
+}
+
+bool unscale(std::span<const Buffer> grads, double inverse) {
+  if (grads.empty()) return true;
+  // One flag per buffer: each buffer's scale kernel reads its own, so a non-finite buffer is
+  // left as it is without a round trip to the host in between.
+  DeviceScratch flags(grads.size() * sizeof(int));
+  check(cudaMemset(flags.ptr, 0, grads.size() * sizeof(int)), "unscale: cudaMemset");
+  int* flag = static_cast<int*>(flags.ptr);
+  for (std::size_t k = 0; k < grads.size(); ++k) {
+    const Buffer& b = grads[k];
+    if (b.count == 0) continue;
+    visit_floating(b, "unscale", [&](auto* g) {
+      find_non_finite_kernel<<<blocks_for(b.count), kThreads>>>(g, b.count, flag + k);
+      scale_kernel<<<blocks_for(b.count), kThreads>>>(g, b.count, inverse, flag + k);
+    });
+    check(cudaGetLastError(), "unscale kernel launch");
+  }
+  std::vector<int> host(grads.size());
+  check(cudaMemcpy(host.data(), flags.ptr, host.size() * sizeof(int), cudaMemcpyDeviceToHost),
+        "unscale: cudaMemcpy to host");
+  return std::all_of(host.begin(), host.end(), [](int f) { return f == 0; });
+}
+
+void* allocate_zeroed(std::size_t bytes) {
+  void* ptr = nullptr;
+  check(cudaMalloc(&ptr, std::max<std::size_t>(bytes, 1)), "cudaMalloc (optimizer state)");
+  const cudaError_t rc = cudaMemset(ptr, 0, bytes);
+  if (rc != cudaSuccess) cudaFree(ptr);
+  check(rc, "cudaMemset (optimizer state)");
+  return ptr;
+}
+
+void free_device(void* ptr) noexcept { cudaFree(ptr); }
+
+void fill_zero(void* ptr, std::size_t bytes) { check(cudaMemset(ptr, 0, bytes), "cudaMemset"); }
+
+void copy_to_host(void* host, const void* device, std::size_t bytes) {
+  check(cudaMemcpy(host, device, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy to host");
+}
+
+void copy_to_device(void* device, const void* host, std::size_t bytes) {
+  check(cudaMemcpy(device, host, bytes, cudaMemcpyHostToDevice), "cudaMemcpy to device");
+}
+
+void copy_device_to_device(void* dst, const void* src, std::size_t bytes) {
+  check(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice), "cudaMemcpy device to device");
+}
+
+}  // namespace accel::cuda

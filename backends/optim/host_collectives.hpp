@@ -1,0 +1,16 @@
+#pragma once
+// Collectives on a few host values (a gradient norm, an overflow flag, a seed, a metric) over
+// any communicator. NCCL moves only GPU memory, so under a CUDA communicator the values travel
+// through a device buffer of their size (copied in, the collective, copied out); CPU
+// communicators, and buffers already on the GPU, are called directly. The front end's and
+// clip_grad_norm's small collectives all go through here.
+
+#include "backends/comm/communicator.hpp"
+
+namespace accel {
+
+void all_reduce_values(Communicator& comm, Buffer values, ReduceOp op);
+void broadcast_values(Communicator& comm, Buffer values, int root);
+void all_gather_values(Communicator& comm, Buffer input, Buffer output);
+
+}  // namespace accel
