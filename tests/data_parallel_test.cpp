@@ -26,7 +26,7 @@
 #include "backends/dataparallel/data_parallel_strategy.hpp"
 #include "backends/optim/adamw.hpp"
 #include "backends/optim/sgd.hpp"
-#include "examples/common/idx_reader.hpp"
+#include "examples/common/image_batches.hpp"
 #include "examples/raw_mlp/mlp.hpp"
 #include "examples/raw_mlp/param_refs.hpp"
 #include "tests/support/ranks.hpp"
@@ -52,21 +52,9 @@ AcceleratorOptions options_for(int replicas, int accumulation) {
 
 // ---- the raw MLP
 
-struct Rows {
-  std::size_t features = 0;
-  std::vector<float> x;
-  std::vector<int> labels;
-};
-
-const Rows& fashion_rows() {
-  static const Rows rows = [] {
-    const examples::ImageDataset d = examples::load_mnist_split(kData, "train", 2048);
-    Rows r;
-    r.features = d.rows * d.cols;
-    for (std::uint8_t p : d.pixels) r.x.push_back((float(p) / 255.0f - 0.2860f) / 0.3530f);
-    r.labels.assign(d.labels.begin(), d.labels.end());
-    return r;
-  }();
+const examples::FloatImages& fashion_rows() {
+  static const examples::FloatImages rows =
+      examples::to_floats(examples::load_mnist_split(kData, "train", 2048));
   return rows;
 }
 
@@ -75,13 +63,14 @@ struct MlpRun {
   int accumulation = 1;
   double clip = 0;
   std::size_t batch = 64;
-  int steps = 20;  // optimizer steps
+  std::size_t odd_batch = 0;  // rows of every second micro-batch (0: batch)
+  int steps = 20;             // optimizer steps
 };
 
 // Trains with `replicas` DataParallel replicas (0: distributed_type NO, one replica) and
 // returns every parameter value (and checks the replicas ended equal to replica 0).
 std::vector<float> train_mlp(int replicas, const MlpRun& run) {
-  const Rows& data = fashion_rows();
+  const examples::FloatImages& data = fashion_rows();
   Accelerator acc(options_for(replicas, run.accumulation));
   CHECK(acc.data_parallel_replicas() == std::max(1, replicas));
   raw_mlp::Mlp model({int(data.features), 48, 10}, 5);
@@ -92,9 +81,10 @@ std::vector<float> train_mlp(int replicas, const MlpRun& run) {
   const std::size_t micro_batches = std::size_t(run.steps * run.accumulation);
   std::size_t next = 0;
   for (std::size_t b = 0; b < micro_batches; ++b) {
+    const std::size_t rows = b % 2 == 1 && run.odd_batch > 0 ? run.odd_batch : run.batch;
     const std::size_t first = next;
-    next = (next + run.batch) % (data.labels.size() - run.batch);
-    acc.forward_backward(model, run.batch,
+    next = (next + rows) % (data.labels.size() - 2 * run.batch);
+    acc.forward_backward(model, rows,
                          [&](raw_mlp::Mlp& m, std::size_t from, std::size_t n, auto ready) {
                            return m.forward_backward(
                                std::span<const float>(data.x).subspan(
@@ -207,7 +197,12 @@ TEST_CASE("raw MLP: DataParallel with 2 and 4 replicas equals one replica on the
     expect_mlp_equivalence({.accumulation = 2, .clip = 1.0, .batch = 30, .steps = 20},
                            "accumulation 2, batch 30, clip 1");
   }
-  SUBCASE("fewer rows than replicas get work (6 rows over 4: 2, 2, 2, 0)") {
+  SUBCASE("accumulating micro-batches of different sizes (30 then 20 rows): replica weights "
+          "change mid-accumulation") {
+    expect_mlp_equivalence({.accumulation = 2, .batch = 30, .odd_batch = 20, .steps = 20},
+                           "accumulation 2, batches 30 and 20");
+  }
+    SUBCASE("fewer rows than replicas get work (6 rows over 4: 2, 2, 2, 0)") {
     expect_mlp_equivalence({.batch = 6, .steps = 20}, "batch 6");
   }
 }
