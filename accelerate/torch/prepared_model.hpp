@@ -63,9 +63,10 @@ class PreparedModel {
 
   Impl* operator->() const { return &*model_; }
   Impl& operator*() const { return *model_; }
-  // The user's model (holder or shared_ptr), e.g. to pass where a Model is expected.
-  const Model& get() const { return model_; }
-  operator const Model&() const { return model_; }
+  // The user's model (holder or shared_ptr), e.g. to pass where a Model (or Model&) is
+  // expected: the same module, so code written for the bare model keeps compiling.
+  Model& get() const { return model_; }
+  operator Model&() const { return model_; }
 
   // The forward: model->forward(args...), or DataParallel's split-run-concatenate.
   template <typename... Args>
