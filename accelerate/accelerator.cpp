@@ -7,6 +7,7 @@
 #include "backends/optim/clip.hpp"
 #include "backends/optim/elementwise.hpp"
 #include "backends/optim/host_collectives.hpp"
+#include "config/detect.hpp"
 #include "config/resolve.hpp"
 
 namespace accel {
@@ -20,6 +21,8 @@ config::ResolvedConfig resolve_settings(const AcceleratorOptions& options) {
   if (options.mixed_precision) from_code["mixed_precision"] = *options.mixed_precision;
   if (options.distributed_type) from_code["distributed_type"] = *options.distributed_type;
   if (options.zero_stage) from_code["zero_stage"] = std::to_string(*options.zero_stage);
+  if (options.data_parallel_replicas)
+    from_code["data_parallel_replicas"] = std::to_string(*options.data_parallel_replicas);
   return config::resolve_config(options.config_file, from_code);
 }
 
@@ -64,6 +67,19 @@ Accelerator::Accelerator(AcceleratorOptions options) : options_(std::move(option
     if (settings.config.offload_optimizer_device == "cpu")
       strategy_options_.zero.offload_optimizer = OffloadDevice::cpu;
   }
+  if (settings.config.distributed_type == config::DistributedType::DATA_PARALLEL) {
+    if (config::uses_gpu(settings.config))
+      throw ConfigError(settings.origins.at("distributed_type") +
+                        ": DATA_PARALLEL on GPUs (gpu_ids " + settings.config.gpu_ids +
+                        ", use_cpu false from " +
+                        settings.origins.at("use_cpu") +
+                        ") is not implemented yet; set use_cpu true for replicas on CPU "
+                        "threads (data_parallel_replicas)");
+    strategy_options_.kind = "data_parallel";
+    const int replicas = settings.config.data_parallel_replicas;
+    strategy_options_.data_parallel.replicas =
+        replicas > 0 ? replicas : config::detect_hardware().cpu_cores;
+  }
 
   ProcessGroupOptions pg;
   if (options_.communicator) pg.backend = *options_.communicator;
@@ -89,6 +105,14 @@ void Accelerator::set_cuda_stream(DeviceStream stream) { comm().set_compute_stre
 
 void Accelerator::prepare_parameters(std::vector<ParamRef> params, std::vector<Buffer> buffers) {
   ACCEL_CHECK_ARG(!strategy_, "prepare_parameters: parameters were already prepared");
+  ACCEL_CHECK_ARG(strategy_options_.kind != "data_parallel" ||
+                      int(strategy_options_.data_parallel.replica_params.size()) + 1 ==
+                          strategy_options_.data_parallel.replicas,
+                  "prepare: DATA_PARALLEL with " +
+                      std::to_string(strategy_options_.data_parallel.replicas) +
+                      " replicas needs copies of the model: prepare(model, params_of, optimizer) "
+                      "(raw API) or the LibTorch adapter's prepare(model, optimizer), not "
+                      "prepare(params, ...)");
   params_ = params;  // views, kept for save_state / load_state
   buffers_ = buffers;
   strategy_ = make_strategy(comm(), std::move(params), std::move(buffers), strategy_options_);
@@ -119,6 +143,23 @@ void Accelerator::optimizer_step() {
   Strategy& s = strategy();
   optimizer_->step(s.segments());
   s.after_optimizer_step();
+}
+
+int Accelerator::data_parallel_replicas() const {
+  return strategy_options_.kind == "data_parallel" ? strategy_options_.data_parallel.replicas : 1;
+}
+
+DataParallelStrategy* Accelerator::data_parallel_strategy() {
+  return dynamic_cast<DataParallelStrategy*>(&strategy());
+}
+
+std::vector<Shard> Accelerator::begin_replica_chunks(DataParallelStrategy& dp, std::size_t rows) {
+  std::vector<Shard> chunks = chunk_rows(rows, dp.replicas());
+  std::vector<double> weights(chunks.size(), 0.0);
+  for (std::size_t k = 0; k < chunks.size(); ++k)
+    weights[k] = rows == 0 ? (k == 0 ? 1.0 : 0.0) : double(chunks[k].count) / double(rows);
+  dp.set_replica_weights(std::move(weights));
+  return chunks;
 }
 
 Strategy& Accelerator::strategy() {

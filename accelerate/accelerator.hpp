@@ -5,18 +5,22 @@
 //
 //   accel::Accelerator acc;                                // process state, config, comm
 //   accel::AdamW optimizer({.lr = 1e-3});                  // built in: backends/optim/
-//   acc.prepare(params, optimizer);                        // strategy chosen by the config
+//   acc.prepare(model, params_of, optimizer);              // strategy chosen by the config
 //   for (each batch of acc's shard) {
-//     model.forward_backward(x, y, acc.loss_scale(), [&](layer l) { acc.grad_ready(i); });
+//     acc.forward_backward(model, rows, [&](Model& m, size_t first, size_t n, auto ready) {
+//       return m.forward_backward(rows first..first+n, acc.loss_scale(), ready);  // mean loss
+//     });
 //     if (acc.sync_gradients()) {                          // false between accumulation steps
 //       acc.clip_grad_norm(1.0);
 //       acc.optimizer_step(); zero_grad();
 //     }
 //   }
 //
-// The same loop runs under DDP and ZeRO (distributed_type ZERO, zero_stage 1 or 2): the
-// optimizer steps what the strategy hands it (every parameter, or this rank's slices) and
-// ZeRO all-gathers the updated parameters afterwards.
+// The same loop runs under DDP, ZeRO (distributed_type ZERO, zero_stage 1 or 2) and
+// DataParallel (DATA_PARALLEL: replicas of the model on threads of this one process, the
+// batch split between them by forward_backward): the optimizer steps what the strategy hands
+// it (every parameter, this rank's slices, or replica 0's) and the strategy finishes the step
+// (ZeRO all-gathers, DataParallel copies replica 0 to the others).
 //
 // Checkpoints (save_state / load_state, see "Checkpoints" below): parameters, counters, the
 // loop's position, the seed, the RNG and every registered state, written atomically.
@@ -24,6 +28,8 @@
 // Settings: a value given in AcceleratorOptions wins over the environment (ACCEL_*, set by
 // `accel launch`), which wins over the config file, which wins over the detected default.
 
+#include <concepts>
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <functional>
@@ -31,6 +37,7 @@
 #include <optional>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "accelerate/checkpoint.hpp"
@@ -39,6 +46,8 @@
 #include "accelerate/sharded_sampler.hpp"
 #include "backends/backend.hpp"
 #include "backends/comm/communicator.hpp"
+#include "backends/comm/error.hpp"
+#include "backends/comm/reduce.hpp"
 #include "backends/optim/optimizer.hpp"
 #include "backends/strategy_factory.hpp"
 
@@ -60,6 +69,7 @@ struct AcceleratorOptions {
   std::optional<std::string> config_file;              // else ACCEL_CONFIG_FILE / default path
   std::optional<std::string> distributed_type;         // "MULTI_CPU", "ZERO", ... (config key)
   std::optional<int> zero_stage;                       // 1 or 2 with ZERO
+  std::optional<int> data_parallel_replicas;           // DATA_PARALLEL on the CPU; 0 = cores
   DdpOptions ddp;
   ZeroOptions zero;                                    // its stage comes from zero_stage
   LossScalerOptions loss_scaler;                       // mixed_precision fp16 only
@@ -104,8 +114,74 @@ class Accelerator {
   // the prepared optimizer, then lets the strategy finish the step (ZeRO: all-gather).
   void optimizer_step();
   Strategy& strategy();
-  // What the config chose: "ddp" or "zero", and the ZeRO stage (0 for DDP).
+  // What the config chose: "ddp", "zero" (with the ZeRO stage) or "data_parallel" (with the
+  // replica count).
   const StrategyOptions& strategy_options() const { return strategy_options_; }
+
+  // ---- a model the strategy may replicate (the raw API's way to run under DataParallel too)
+  // Reports parameter i's gradient final during a backward: the Accelerator's grad_ready
+  // (DDP/ZeRO start communicating), or nothing inside a DataParallel replica.
+  class GradReady {
+   public:
+    void operator()(std::size_t index) const {
+      if (accelerator_ != nullptr) accelerator_->grad_ready(index);
+    }
+
+   private:
+    friend class Accelerator;
+    explicit GradReady(Accelerator* accelerator) : accelerator_(accelerator) {}
+    Accelerator* accelerator_;
+  };
+  // prepare(params_of(model), optimizer), and under DATA_PARALLEL also K-1 copies of the model
+  // (copy-constructed now, kept here) whose parameters params_of gives the strategy.
+  // params_of(Model&) -> std::vector<ParamRef>, the same parameters in the same order for
+  // every copy.
+  template <typename Model, typename ParamsOf>
+    requires std::copy_constructible<Model> &&
+             std::is_invocable_r_v<std::vector<ParamRef>, ParamsOf&, Model&>
+  void prepare(Model& model, ParamsOf params_of, Optimizer& optimizer) {
+    for (int k = 1; k < data_parallel_replicas(); ++k) {
+      auto copy = std::make_shared<Model>(model);
+      strategy_options_.data_parallel.replica_params.push_back(params_of(*copy));
+      replica_models_.push_back(std::move(copy));
+    }
+    prepared_model_ = &model;
+    prepare(params_of(model), optimizer);
+  }
+  // One micro-batch's forward and backward over `rows` rows, through
+  //   fn(Model& replica, size_t first_row, size_t row_count, GradReady ready) -> float
+  // which computes the mean loss over rows [first_row, first_row + row_count), ADDS the
+  // gradients of (that mean loss x loss_scale()) to the replica's gradient buffers, calls
+  // ready(i) when parameter i's gradient is final, and returns the mean loss. Under DDP, ZeRO
+  // or one process fn runs once on `model` over all rows. Under DATA_PARALLEL the rows are
+  // split in contiguous chunks (torch.chunk's rule: chunk_rows), fn runs on replica k in
+  // worker thread k, and the reduction weights replica k's gradient by its share of the rows,
+  // so sync_gradients() leaves the gradient of the whole batch's mean loss. Returns the mean
+  // loss over all rows.
+  template <typename Model, typename Fn>
+  float forward_backward(Model& model, std::size_t rows, Fn&& fn) {
+    DataParallelStrategy* dp = data_parallel_strategy();
+    if (dp == nullptr) return float(fn(model, std::size_t{0}, rows, GradReady(this)));
+    ACCEL_CHECK_ARG(static_cast<const void*>(&model) == prepared_model_,
+                    "forward_backward: under DATA_PARALLEL the model must be the one given to "
+                    "prepare(model, params_of, optimizer)");
+    const std::vector<Shard> chunks = begin_replica_chunks(*dp, rows);
+    std::vector<double> losses(chunks.size(), 0.0);
+    dp->run_replicas([&](int k) {
+      const Shard c = chunks[std::size_t(k)];
+      if (c.count == 0) return;
+      Model& replica = k == 0 ? model : *static_cast<Model*>(replica_models_[std::size_t(k) - 1].get());
+      losses[std::size_t(k)] = double(fn(replica, c.offset, c.count, GradReady(nullptr)));
+    });
+    double total = 0;
+    for (std::size_t k = 0; k < chunks.size(); ++k) total += losses[k] * double(chunks[k].count);
+    return rows == 0 ? 0.0f : float(total / double(rows));
+  }
+  // The replica count under DATA_PARALLEL (data_parallel_replicas, 0 resolved to the cores);
+  // 1 otherwise.
+  int data_parallel_replicas() const;
+  // The DataParallel strategy, or null under any other.
+  DataParallelStrategy* data_parallel_strategy();
 
   // Multiply the loss (or the gradient of the mean loss) by this: 1 / accumulation steps,
   // times the dynamic loss scale under mixed_precision fp16.
@@ -231,6 +307,9 @@ class Accelerator {
   // For a front end (the LibTorch adapter) to set what only it knows (ZeroOptions::release_grad)
   // before prepare_parameters.
   StrategyOptions& strategy_options_to_prepare() { return strategy_options_; }
+  // DataParallel: the chunks of `rows` per replica (torch.chunk's rule), and each replica's
+  // gradient weighted by its share of the rows in the coming reduction.
+  static std::vector<Shard> begin_replica_chunks(DataParallelStrategy& dp, std::size_t rows);
   // For a front end with an optimizer of its own (the LibTorch adapter): its state is saved
   // and loaded as prepare()'s built-in optimizer's is ("optimizer": one blob under DDP, each
   // rank's slices under ZeRO; any strategy and world size loads it). save() returns it in
@@ -254,6 +333,9 @@ class Accelerator {
   OptimizerStateLoader load_optimizer_;
   std::vector<ParamRef> params_;       // as prepared, for checkpoints
   std::vector<Buffer> buffers_;
+  // DataParallel under the raw API: prepare(model, ...)'s model and its copies (Model erased).
+  const void* prepared_model_ = nullptr;
+  std::vector<std::shared_ptr<void>> replica_models_;
   int accumulation_steps_ = 1;
   std::string mixed_precision_ = "no";
   int micro_since_sync_ = 0;           // micro-batches since the last boundary

@@ -1,8 +1,9 @@
 #pragma once
 // What every strategy that keeps a full copy of the model on each rank (DDP, ZeRO stages 1
-// and 2) does alike: check what it was given, start every rank from rank 0's values, and keep
+// and 2, DataParallel's replicas) does alike: check what it was given, start every rank from rank 0's values, and keep
 // the non-trainable buffers (BatchNorm statistics) equal to rank 0's.
 
+#include <algorithm>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -36,6 +37,23 @@ inline void check_replica_params(std::string_view strategy, const Communicator& 
 // on the communicator's device.
 inline MemoryKind replica_memory(const Communicator& comm) {
   return comm.device() == DeviceKind::cuda ? MemoryKind::cuda : MemoryKind::host;
+}
+
+// Every full parameter as a segment the optimizer updates, ordered by param group, then
+// parameter order (what DDP and DataParallel hand the optimizer).
+inline std::vector<ParamSegment> full_segments(const std::vector<ParamRef>& params) {
+  std::size_t groups = 0;
+  for (const ParamRef& p : params) groups = std::max(groups, p.group + 1);
+  std::vector<ParamSegment> out;
+  for (std::size_t g = 0; g < groups; ++g) {
+    std::size_t offset = 0;
+    for (const ParamRef& p : params)
+      if (p.group == g) {
+        out.push_back({g, p.data, p.grad, offset});
+        offset += p.data.count;
+      }
+  }
+  return out;
 }
 
 // Broadcasts from rank 0, all operations in flight at once, then waits for them.

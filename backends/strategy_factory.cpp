@@ -12,7 +12,10 @@ std::unique_ptr<Strategy> make_strategy(Communicator& comm, std::vector<ParamRef
   if (options.kind == "zero")
     return std::make_unique<ZeroStrategy>(comm, std::move(params), std::move(buffers),
                                           options.zero);
-  throw InvalidArgument("unknown strategy '" + options.kind + "' (ddp or zero)");
+  if (options.kind == "data_parallel")
+    return std::make_unique<DataParallelStrategy>(comm, std::move(params), std::move(buffers),
+                                                  options.data_parallel);
+  throw InvalidArgument("unknown strategy '" + options.kind + "' (ddp, zero or data_parallel)");
 }
 
 }  // namespace accel

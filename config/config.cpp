@@ -67,7 +67,8 @@ std::vector<KeySpec> make_schema() {
        0,
        "",
        "MULTI_GPU with 2+ GPUs, NO with one, MULTI_CPU without",
-       "NO: one process; DATA_PARALLEL: one process, a replica per GPU; MULTI_CPU / MULTI_GPU: "
+       "NO: one process; DATA_PARALLEL: one process, a model replica per GPU (or per CPU thread: "
+       "data_parallel_replicas); MULTI_CPU / MULTI_GPU: "
        "one process per core group / GPU (DDP); ZERO: sharded optimizer state (DEEPSPEED is read "
        "as ZERO)"});
   add({"num_processes",
@@ -160,6 +161,14 @@ std::vector<KeySpec> make_schema() {
        "communicator for CPU processes: auto (shared memory when every process is on one "
        "machine, else shared memory inside machines and gloo between them), gloo (TCP), mpi "
        "(under mpirun), shm or hierarchical (forced)"});
+  add({"data_parallel_replicas",
+       K::integer,
+       {},
+       0,
+       1 << 16,
+       "a replica count (0 = one per CPU core, or more)",
+       "0 (one per CPU core)",
+       "DATA_PARALLEL on the CPU only: model replicas, each on its own thread, in the one process"});
   add({"gradient_accumulation_steps",
        K::integer,
        {},
@@ -266,12 +275,12 @@ int processes_per_machine(const Config& c) {
 bool uses_gpu(const Config& c) {
   switch (c.distributed_type) {
     case DistributedType::MULTI_GPU:
-    case DistributedType::DATA_PARALLEL:
       return true;
     case DistributedType::MULTI_CPU:
       return false;
     case DistributedType::NO:
     case DistributedType::ZERO:
+    case DistributedType::DATA_PARALLEL:
       return !c.use_cpu;
   }
   return false;
@@ -376,6 +385,7 @@ std::string get_value(const Config& c, std::string_view key) {
   if (key == "zero_stage") return std::to_string(c.zero_stage);
   if (key == "offload_optimizer_device") return c.offload_optimizer_device;
   if (key == "cpu_communicator") return c.cpu_communicator;
+  if (key == "data_parallel_replicas") return std::to_string(c.data_parallel_replicas);
   if (key == "gradient_accumulation_steps") return std::to_string(c.gradient_accumulation_steps);
   throw std::invalid_argument("get_value: unknown key " + std::string(key));
 }
@@ -418,6 +428,8 @@ void set_value(Config& c, std::string_view key, std::string_view v) {
     c.offload_optimizer_device = v;
   else if (key == "cpu_communicator")
     c.cpu_communicator = v;
+  else if (key == "data_parallel_replicas")
+    c.data_parallel_replicas = to_int();
   else if (key == "gradient_accumulation_steps")
     c.gradient_accumulation_steps = to_int();
   else
@@ -426,6 +438,7 @@ void set_value(Config& c, std::string_view key, std::string_view v) {
 
 bool is_written(const Config& c, std::string_view key) {
   if (is_zero_key(key)) return c.distributed_type == DistributedType::ZERO;
+  if (key == "data_parallel_replicas") return c.distributed_type == DistributedType::DATA_PARALLEL;
   return true;
 }
 
@@ -455,12 +468,23 @@ std::optional<std::string> consistency_problem(const Config& c, std::string_view
       c.distributed_type != DistributedType::ZERO)
     return "offloading the optimizer needs distributed_type ZERO, not " + type;
   if (key == "use_cpu") {
-    if (c.use_cpu && (c.distributed_type == DistributedType::MULTI_GPU ||
-                      c.distributed_type == DistributedType::DATA_PARALLEL))
+    if (c.use_cpu && c.distributed_type == DistributedType::MULTI_GPU)
       return "true contradicts distributed_type " + type + " (GPU processes)";
     if (!c.use_cpu && c.distributed_type == DistributedType::MULTI_CPU)
       return "false contradicts distributed_type MULTI_CPU";
   }
+  if (key == "data_parallel_replicas" && c.data_parallel_replicas != 0 &&
+      c.distributed_type != DistributedType::DATA_PARALLEL)
+    return std::to_string(c.data_parallel_replicas) +
+           " replicas need distributed_type DATA_PARALLEL, not " + type;
+  if (key == "data_parallel_replicas" && c.data_parallel_replicas != 0 && uses_gpu(c))
+    return "DATA_PARALLEL on GPUs takes one replica per GPU in gpu_ids; data_parallel_replicas "
+           "is for CPU replicas (use_cpu true)";
+  if (key == "gpu_ids" && c.distributed_type == DistributedType::DATA_PARALLEL && !uses_gpu(c) &&
+      !gpu_id_list(c).empty())
+    return "lists GPU(s) " + c.gpu_ids +
+           " but DATA_PARALLEL runs on the CPU here (use_cpu true, or no GPU found): its "
+           "replicas are threads, set data_parallel_replicas instead";
   if (key == "gpu_ids" && uses_gpu(c)) {
     const auto ids = gpu_id_list(c);
     const int per_machine = one_process ? 1 : processes_per_machine(c);

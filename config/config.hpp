@@ -37,8 +37,8 @@ struct Config {
   int machine_rank = 0;
   std::string main_process_ip = "127.0.0.1";
   int main_process_port = 29500;  // 0 = pick a free port
-  // Run on CPU although GPUs exist. Implied by MULTI_CPU (true) and MULTI_GPU/DATA_PARALLEL
-  // (false); it decides the device for NO and ZERO.
+  // Run on CPU although GPUs exist. Implied by MULTI_CPU (true) and MULTI_GPU (false); it
+  // decides the device for NO, ZERO and DATA_PARALLEL (replicas on GPUs or CPU threads).
   bool use_cpu = false;
   std::string gpu_ids = "all";  // "all" or a comma-separated list "0,1"
   MixedPrecision mixed_precision = MixedPrecision::no;
@@ -47,12 +47,14 @@ struct Config {
   // "auto" (shm on one machine, hierarchical across machines), "gloo", "mpi", "shm" or
   // "hierarchical" for CPU work
   std::string cpu_communicator = "auto";
+  // DATA_PARALLEL on the CPU: replicas (worker threads) in the one process; 0 = one per core.
+  int data_parallel_replicas = 0;
   int gradient_accumulation_steps = 1;
 };
 
 // What a config implies, so every consumer derives it the same way.
 int processes_per_machine(const Config&);  // num_processes / num_machines
-bool uses_gpu(const Config&);              // MULTI_GPU, DATA_PARALLEL, or NO/ZERO without use_cpu
+bool uses_gpu(const Config&);              // MULTI_GPU, or NO/ZERO/DATA_PARALLEL without use_cpu
 // The communicator the workers use: "nccl" for GPU work across processes, cpu_communicator
 // for CPU work across processes, "local" for one process (NO, DATA_PARALLEL).
 std::string comm_backend(const Config&);
@@ -114,11 +116,12 @@ std::string get_value(const Config&, std::string_view key);
 void set_value(Config&, std::string_view key, std::string_view canonical);
 
 // Whether a key belongs in a written file or a worker's environment for this config: the
-// ZeRO keys only with distributed_type ZERO; everything else always.
+// ZeRO keys only with distributed_type ZERO, data_parallel_replicas only with DATA_PARALLEL;
+// everything else always.
 bool is_written(const Config&, std::string_view key);
 
 // Checks one key against the others (machine_rank below num_machines, zero_stage only with
-// ZERO, ...); the problem in words, or nullopt. Errors are reported against the key named
+// ZERO, data_parallel_replicas only with DATA_PARALLEL, ...); the problem in words, or nullopt. Errors are reported against the key named
 // here, so a message points at the line (or variable, or flag) that set it.
 std::optional<std::string> consistency_problem(const Config&, std::string_view key);
 

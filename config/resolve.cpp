@@ -23,6 +23,7 @@ const std::map<std::string, std::vector<std::string>>& related_keys() {
       {"offload_optimizer_device", {"distributed_type"}},
       {"use_cpu", {"distributed_type"}},
       {"gpu_ids", {"num_processes", "num_machines"}},
+      {"data_parallel_replicas", {"distributed_type", "use_cpu"}},
       {"main_process_port", {"num_machines"}},
   };
   return table;
@@ -99,11 +100,11 @@ ResolvedConfig build_config(const Layer& given, const Hardware& hw, bool check) 
       derive("use_cpu", "true", Source::default_value, implied + type);
       break;
     case DistributedType::MULTI_GPU:
-    case DistributedType::DATA_PARALLEL:
       derive("use_cpu", "false", Source::default_value, implied + type);
       break;
     case DistributedType::NO:
     case DistributedType::ZERO:
+    case DistributedType::DATA_PARALLEL:
       derive("use_cpu", hw.gpus == 0 ? "true" : "false", Source::detected, detected);
       break;
   }

@@ -127,7 +127,8 @@ class Wizard {
            {{"LOCAL_MACHINE", "This machine", 0}});
     choose("distributed_type", "Which type of distributed training do you want?",
            {{"NO", "NO             one process, one device", 0},
-            {"DATA_PARALLEL", "DATA_PARALLEL  one process, a model replica on each GPU", 1},
+            {"DATA_PARALLEL",
+             "DATA_PARALLEL  one process, a model replica on each GPU (or CPU thread)", 1},
             {"MULTI_CPU", "MULTI_CPU      one process per CPU share (DDP over gloo or mpi)", 2},
             {"MULTI_GPU", "MULTI_GPU      one process per GPU (DDP over NCCL)", 3},
             {"ZERO", "ZERO           one process per device, optimizer state sharded (ZeRO)", 4}});
@@ -146,10 +147,15 @@ class Wizard {
                   "What is the port you will use to communicate with the main process?");
       }
     }
-    if (type() == DistributedType::NO || type() == DistributedType::ZERO)
+    if (type() == DistributedType::NO || type() == DistributedType::ZERO ||
+        type() == DistributedType::DATA_PARALLEL)
       choose("use_cpu",
              "Do you want to run your training on CPU only (even if a GPU is available)?",
              {{"false", "no", 0}, {"true", "yes", 1}});
+    if (type() == DistributedType::DATA_PARALLEL && !uses_gpu(current()))
+      free_text("data_parallel_replicas",
+                "How many model replicas (threads) should DataParallel run (0 = one per CPU "
+                "core)?");
     if (type() == DistributedType::ZERO) {
       choose("zero_stage", "What should be your ZeRO optimization stage?",
              {{"1", "stage 1: shard optimizer state", 1},

@@ -165,6 +165,14 @@ TEST_CASE("each bad config exits 2 naming the file, the line and the key") {
        4, "deepspeed_config.zero_sharding", "unknown key"},
       {"distributed_type: MULTI_CPU\nmain_process_ip: [a, b]\n", 2, "main_process_ip",
        "expects a single value, got a list"},
+      {"distributed_type: DATA_PARALLEL\nuse_cpu: true\ndata_parallel_replicas: -1\n", 3,
+       "data_parallel_replicas", "-1 is not a replica count (0 = one per CPU core, or more)"},
+      {"distributed_type: MULTI_CPU\nnum_processes: 2\ndata_parallel_replicas: 2\n", 3,
+       "data_parallel_replicas", "2 replicas need distributed_type DATA_PARALLEL, not MULTI_CPU"},
+      {"distributed_type: DATA_PARALLEL\nuse_cpu: true\ngpu_ids: 0\n", 3, "gpu_ids",
+       "DATA_PARALLEL runs on the CPU here"},
+      {"distributed_type: DATA_PARALLEL\nuse_cpu: false\ndata_parallel_replicas: 2\n", 3,
+       "data_parallel_replicas", "data_parallel_replicas is for CPU replicas"},
   };
   for (const auto& c : cases) {
     const std::string path = dir.file("bad.yaml");
@@ -413,13 +421,33 @@ TEST_CASE("to_environment writes ACCEL_* pairs that resolve back to the same con
   for (const auto& spec : schema()) {
     INFO(spec.name);
     CHECK(get_value(r.config, spec.name) == get_value(c, spec.name));
-    CHECK(r.sources.at(spec.name) == Source::environment);
+    if (is_written(c, spec.name)) CHECK(r.sources.at(spec.name) == Source::environment);
   }
-  // Keys that do not apply are left out: no ZeRO stage for DDP.
+  // Keys that do not apply are left out: no ZeRO stage for DDP, no replica count but for
+  // DATA_PARALLEL.
   c.distributed_type = DistributedType::MULTI_CPU;
   c.zero_stage = 0;
   c.offload_optimizer_device = "none";
-  for (const auto& [name, value] : to_environment(c)) CHECK(name != "ACCEL_ZERO_STAGE");
+  for (const auto& [name, value] : to_environment(c)) {
+    CHECK(name != "ACCEL_ZERO_STAGE");
+    CHECK(name != "ACCEL_DATA_PARALLEL_REPLICAS");
+  }
+  // DATA_PARALLEL on the CPU: its replica count travels as ACCEL_DATA_PARALLEL_REPLICAS.
+  Config dp;
+  dp.distributed_type = DistributedType::DATA_PARALLEL;
+  dp.use_cpu = true;
+  dp.data_parallel_replicas = 3;
+  bool saw_replicas = false;
+  for (const auto& spec : schema()) ::unsetenv(env_var_for(spec.name).c_str());
+  for (const auto& [name, value] : to_environment(dp)) {
+    if (name == "ACCEL_DATA_PARALLEL_REPLICAS") saw_replicas = (value == "3");
+    ::setenv(name.c_str(), value.c_str(), 1);
+  }
+  CHECK(saw_replicas);
+  const auto back = resolve_config(std::nullopt, {});
+  CHECK(back.config.data_parallel_replicas == 3);
+  CHECK(back.config.num_processes == 1);
+  CHECK(back.sources.at("data_parallel_replicas") == Source::environment);
 }
 
 TEST_CASE("accel config show prints every value with where it came from") {

@@ -245,6 +245,32 @@ TEST_CASE(
   CHECK(contains(out, "rank of this machine (0 .. 1)"));
 }
 
+TEST_CASE("DATA_PARALLEL: CPU replicas asked for without GPUs, GPU ids with them") {
+  // compute env, type, use_cpu (detected yes), replicas (a bad one, then 3), precision, steps.
+  const auto [c, out] =
+      wizard_in_process(lines({"", "DATA_PARALLEL", "", "-1", "3", "", ""}), Hardware{8, 0});
+  INFO(out);
+  CHECK(c.distributed_type == DistributedType::DATA_PARALLEL);
+  CHECK(c.use_cpu);
+  CHECK(c.num_processes == 1);
+  CHECK(c.data_parallel_replicas == 3);
+  CHECK(contains(out, "How many model replicas (threads) should DataParallel run"));
+  CHECK(contains(out, "-1 is not a replica count (0 = one per CPU core, or more); please answer "
+                      "again."));
+  CHECK_FALSE(contains(out, "GPU(s)"));
+  CHECK_FALSE(contains(out, "over all machines)?"));
+
+  // On 2 GPUs, not on the CPU: the replicas are the GPUs, so gpu_ids is asked instead.
+  const auto [g, gpu_out] =
+      wizard_in_process(lines({"", "DATA_PARALLEL", "no", "0,1", "", ""}), Hardware{8, 2});
+  INFO(gpu_out);
+  CHECK_FALSE(g.use_cpu);
+  CHECK(g.gpu_ids == "0,1");
+  CHECK(g.data_parallel_replicas == 0);
+  CHECK(contains(gpu_out, "GPU(s)"));
+  CHECK_FALSE(contains(gpu_out, "model replicas (threads)"));
+}
+
 TEST_CASE("a wrong answer is explained and asked again") {
   const Hardware hw{8, 0};
   const auto [c, out] = wizard_in_process(

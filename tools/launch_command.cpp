@@ -44,7 +44,8 @@ Distributed type (or --distributed_type NO|DATA_PARALLEL|MULTI_CPU|MULTI_GPU|ZER
   --multi_gpu                 one process per GPU, NCCL
   --multi_cpu                 one process per core group, Gloo (or MPI)
   --cpu                       run on CPU even where GPUs exist (use_cpu)
-  --data_parallel             one process, a replica per GPU
+  --data_parallel             one process, a replica per GPU or CPU thread
+                              (--data_parallel_replicas N on the CPU; 0 = one per core)
   --use_zero, --use_deepspeed ZeRO-sharded optimizer state
   --cpu_communicator auto|gloo|mpi|shm|hierarchical
                             communicator for CPU processes (also --comm_backend)

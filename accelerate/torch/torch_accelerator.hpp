@@ -10,7 +10,7 @@
 //     for (const auto& batch : loader) {
 //       opt.zero_grad();
 //       auto guard = acc.autocast();                          // bf16 when mixed_precision=bf16
-//       auto loss = torch::nll_loss(model->forward(batch.data), batch.target);
+//       auto loss = torch::nll_loss(model(batch.data), batch.target);
 //       acc.backward(loss);                                   // was: loss.backward()
 //       opt.step();
 //     }
@@ -27,6 +27,20 @@
 // backward(): the next forward on every rank starts from rank 0's buffers, as with DDP's
 // broadcast before forward, and after training all ranks hold the same buffers
 // (DdpOptions::broadcast_buffers = false switches it off).
+//
+// Under DATA_PARALLEL (one process, K replicas on threads; `model(x)` in the loop):
+//  - prepare clones the module K-1 times (module->clone(): the module must be Cloneable) and
+//    gives the replicas' parameters to the DataParallel strategy, which holds every replica's
+//    gradients (replica 0's .grad() aliases its storage, as under DDP);
+//  - model(x) copies replica 0's buffers and train/eval flags to the others, splits every
+//    tensor argument along dim 0, runs replica k's forward on worker thread k (intra-op
+//    threads: cores / K each) and returns the concatenated outputs. Each output is detached
+//    into a leaf, so the loss and its backward up to the outputs run cheaply on the caller's
+//    thread, and backward() then runs every replica's own graph backward on its worker;
+//  - the replicas' gradients are summed into replica 0 at the accumulation boundary, the
+//    optimizer steps replica 0 and the strategy copies its parameters to the others;
+//  - random ops (dropout) in the replicas draw from LibTorch's one CPU generator from
+//    several threads at once: which replica draws which numbers is not deterministic.
 //
 // Checkpoints: save_state / load_state (accelerator.hpp) carry, besides the Accelerator's
 // counters and the loop's position, what Accelerate's save_state carries:
@@ -68,6 +82,7 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <type_traits>
 #include <utility>
@@ -82,6 +97,7 @@
 #include "accelerate/accelerator.hpp"
 #include "accelerate/torch/autocast.hpp"
 #include "accelerate/torch/data_loader.hpp"
+#include "accelerate/torch/prepared_model.hpp"
 
 namespace torch::autograd {
 struct Node;
@@ -157,12 +173,14 @@ class TorchAccelerator : public Accelerator {
   torch::Device device_for_tensors() const;
 
   // ---- model and optimizer
-  // Returns the same model (its parameters now synchronised and hooked) and the wrapped
-  // optimizer. One model per accelerator.
+  // Returns the same model (its parameters now synchronised and hooked), wrapped so that
+  // calling it, model(x), is the forward the strategy may fan out (prepared_model.hpp), and the
+  // wrapped optimizer. One model per accelerator.
   template <TorchModel Model>
-  std::pair<Model, AcceleratedOptimizer&> prepare(Model model, torch::optim::Optimizer& optimizer) {
+  std::pair<PreparedModel<Model>, AcceleratedOptimizer&> prepare(
+      Model model, torch::optim::Optimizer& optimizer) {
     AcceleratedOptimizer& wrapped = prepare_module(*model, optimizer);
-    return {std::move(model), wrapped};
+    return {PreparedModel<Model>(std::move(model), *this), wrapped};
   }
   AcceleratedOptimizer& prepare_module(torch::nn::Module& module,
                                        torch::optim::Optimizer& optimizer);
@@ -172,9 +190,20 @@ class TorchAccelerator : public Accelerator {
   // The trainable parameters in the order the strategy knows them (module order).
   const std::vector<torch::Tensor>& prepared_parameters() const { return param_tensors_; }
 
+  // ---- DataParallel (see the top of this file)
+  // Whether a prepared model's call runs on replicas (DATA_PARALLEL).
+  bool replicates_forward() const { return !replica_modules_.empty() || data_parallel_ready_; }
+  // Replica k's module (k >= 1; replica 0 is the prepared module).
+  torch::nn::Module& replica_module(int k);
+  // The DataParallel forward over `rows` rows: forward(k, chunk) on worker k for every
+  // replica with rows, outputs concatenated along dim 0 (PreparedModel's call operator).
+  at::Tensor replica_forward(std::int64_t rows,
+                             const std::function<at::Tensor(int, Shard)>& forward);
+
   // ---- one micro-batch
   // Re-broadcasts buffers, runs (loss * loss_scale()).backward() (buckets all-reduce from
-  // the hooks while it runs), then sync_gradients(). Returns sync_gradients_happened(): false
+  // the hooks while it runs; under DATA_PARALLEL then each replica's backward on its worker),
+  // then sync_gradients(). Returns sync_gradients_happened(): false
   // between accumulation steps, and for an fp16 step skipped after an overflow (its
   // gradients are then zeroed, and the optimizer step() does nothing).
   bool backward(const torch::Tensor& loss);
@@ -239,6 +268,15 @@ class TorchAccelerator : public Accelerator {
   // Points parameter i's .grad() at its bucket slot, keeping the values it had.
   void adopt_bucket_view(std::size_t i);
   void zero_gradients();
+  // DataParallel: replica k's parameters' .grad() at the strategy's storage, and the
+  // replicas' backward from the gradients their outputs got.
+  void point_replica_grads(std::size_t k);
+  // DataParallel: K-1 clones of the module, their parameters and buffers for the strategy.
+  void make_replicas(torch::nn::Module& module, std::size_t trainable);
+  void replica_backward();
+  // Gradient storage of parameter i (DDP's bucket slot, ZeRO-1's flat slot, DataParallel's
+  // replica 0 storage).
+  Buffer gradient_slot(std::size_t i);
 
   std::vector<torch::Tensor> param_tensors_;
   std::vector<torch::Tensor> grad_views_;  // param_tensors_[i]'s bucket slot (empty: ZeRO-2)
@@ -254,6 +292,45 @@ class TorchAccelerator : public Accelerator {
   std::unique_ptr<AcceleratedScheduler> scheduler_;
   bool synced_ = false;
   bool accumulating_ = false;
+
+  // DataParallel: the replicas (1..K-1), their trainable parameters and gradient tensors,
+  // every replica's modules in pre-order (to copy train/eval flags), and the outputs of the
+  // forwards since the last backward (the graph output, the leaf given to the loop, and the
+  // replica that made it).
+  struct ReplicaOutput {
+    int replica;
+    at::Tensor output, leaf;
+  };
+  std::vector<std::shared_ptr<torch::nn::Module>> replica_modules_;
+  std::vector<std::vector<at::Tensor>> replica_params_, replica_grads_;
+  std::vector<std::vector<torch::nn::Module*>> module_lists_;  // [replica][module]
+  std::vector<ReplicaOutput> replica_outputs_;
+  bool data_parallel_ready_ = false;
+  bool warned_forward_ = false;
 };
+
+template <typename Model>
+template <typename... Args>
+auto PreparedModel<Model>::operator()(Args&&... args) const {
+  using Out = decltype((*model_).forward(std::forward<Args>(args)...));
+  if constexpr (std::is_same_v<std::remove_cvref_t<Out>, at::Tensor>) {
+    if (accelerator_->replicates_forward()) {
+      const std::int64_t rows = detail::first_rows(args...);
+      ACCEL_CHECK_ARG(rows >= 0,
+                      "DataParallel: the model's call needs a tensor argument with a batch "
+                      "dimension (dim 0) to split between the replicas");
+      ACCEL_CHECK_ARG(detail::same_rows(rows, args...),
+                      "DataParallel: every tensor argument of the model's call must have the "
+                      "same size in dim 0 (" + std::to_string(rows) + " rows)");
+      return accelerator_->replica_forward(rows, [&](int k, Shard chunk) -> at::Tensor {
+        Impl* replica = k == 0 ? &*model_ : dynamic_cast<Impl*>(&accelerator_->replica_module(k));
+        ACCEL_CHECK_ARG(replica != nullptr, "DataParallel: replica " + std::to_string(k) +
+                                                " is not of the model's type");
+        return replica->forward(detail::chunk_of(args, chunk)...);
+      });
+    }
+  }
+  return (*model_).forward(std::forward<Args>(args)...);
+}
 
 }  // namespace accel

@@ -84,20 +84,7 @@ std::vector<std::vector<std::size_t>> DdpStrategy::bucket_layout() const {
   return out;
 }
 
-std::vector<ParamSegment> DdpStrategy::segments() const {
-  std::size_t groups = 0;
-  for (const ParamRef& p : params_) groups = std::max(groups, p.group + 1);
-  std::vector<ParamSegment> out;
-  for (std::size_t g = 0; g < groups; ++g) {
-    std::size_t offset = 0;
-    for (const ParamRef& p : params_)
-      if (p.group == g) {
-        out.push_back({g, p.data, p.grad, offset});
-        offset += p.data.count;
-      }
-  }
-  return out;
-}
+std::vector<ParamSegment> DdpStrategy::segments() const { return full_segments(params_); }
 
 std::size_t DdpStrategy::gradient_bytes() const {
   std::size_t bytes = 0;

@@ -17,16 +17,19 @@ namespace fashion_mnist {
 
 namespace F = torch::nn::functional;
 
-NetImpl::NetImpl()
-    : conv1_(register_module("conv1",
-                             torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 32, 3).bias(false)))),
-      conv2_(register_module("conv2",
-                             torch::nn::Conv2d(torch::nn::Conv2dOptions(32, 64, 3).bias(false)))),
-      bn1_(register_module("bn1", torch::nn::BatchNorm2d(32))),
-      bn2_(register_module("bn2", torch::nn::BatchNorm2d(64))),
-      dropout_(register_module("dropout", torch::nn::Dropout(0.25))),
-      fc1_(register_module("fc1", torch::nn::Linear(64 * 5 * 5, 128))),
-      fc2_(register_module("fc2", torch::nn::Linear(128, 10))) {}
+NetImpl::NetImpl() { reset(); }
+
+void NetImpl::reset() {
+  conv1_ = register_module("conv1",
+                           torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 32, 3).bias(false)));
+  conv2_ = register_module("conv2",
+                           torch::nn::Conv2d(torch::nn::Conv2dOptions(32, 64, 3).bias(false)));
+  bn1_ = register_module("bn1", torch::nn::BatchNorm2d(32));
+  bn2_ = register_module("bn2", torch::nn::BatchNorm2d(64));
+  dropout_ = register_module("dropout", torch::nn::Dropout(0.25));
+  fc1_ = register_module("fc1", torch::nn::Linear(64 * 5 * 5, 128));
+  fc2_ = register_module("fc2", torch::nn::Linear(128, 10));
+}
 
 torch::Tensor NetImpl::forward(torch::Tensor x) {
   x = F::max_pool2d(F::relu(bn1_(conv1_(x))), F::MaxPool2dFuncOptions(2));  // 32 x 13 x 13

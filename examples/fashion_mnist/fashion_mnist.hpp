@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <string>
 
+#include <torch/nn/cloneable.h>
 #include <torch/nn/module.h>
 #include <torch/nn/modules/batchnorm.h>
 #include <torch/nn/modules/conv.h>
@@ -19,10 +20,12 @@ namespace fashion_mnist {
 
 // conv(1->32, 3x3)-batchnorm-relu-maxpool-conv(32->64, 3x3)-batchnorm-relu-maxpool-dropout-
 // fc(64*5*5->128)-relu-fc(128->10): 225k parameters. The batch norms' running statistics are
-// module buffers, which DDP keeps equal across the processes.
-class NetImpl : public torch::nn::Module {
+// module buffers, which DDP keeps equal across the processes. Cloneable (submodules built in
+// reset()) so DATA_PARALLEL can copy it into its replicas.
+class NetImpl : public torch::nn::Cloneable<NetImpl> {
  public:
   NetImpl();
+  void reset() override;
   torch::Tensor forward(torch::Tensor x);  // [N, 1, 28, 28] -> logits [N, 10]
 
  private:

@@ -4,6 +4,7 @@
 //
 //   build/bin/accel launch --num_processes 2 build/bin/fashion_mnist
 //   build/bin/accel launch build/bin/fashion_mnist --epochs 2 --checkpoint_dir ck
+//   build/bin/accel launch --data_parallel --data_parallel_replicas 2 build/bin/fashion_mnist
 //
 // Progress on the main process only, per epoch: "epoch 1: loss 0.4123, test accuracy 0.8765,
 // 12.3 s". With --checkpoint_dir it saves after every epoch and, when a checkpoint is there
@@ -45,10 +46,12 @@ int main(int argc, char** argv) {
         static_cast<long long>(train.images.size(0)), static_cast<long long>(test.images.size(0)),
         acc.num_processes(), flags.batch_size, torch::get_num_threads(), flags.lr, flags.momentum);
 
-    Net model;
-    torch::optim::SGD sgd(model->parameters(),
+    Net net;
+    torch::optim::SGD sgd(net->parameters(),
                           torch::optim::SGDOptions(flags.lr).momentum(flags.momentum));
-    auto& optimizer = acc.prepare(model, sgd).second;  // the same model; sgd, wrapped
+    // The same module (model->train() ...), and calling it, model(x), is the forward the
+    // strategy may split (DATA_PARALLEL: over replicas on threads); sgd, wrapped.
+    auto [model, optimizer] = acc.prepare(net, sgd);
     auto loader = acc.prepare_data_loader(train.images, train.labels,
                                           {.batch_size = flags.batch_size, .seed = flags.seed});
     auto test_loader =
@@ -75,7 +78,7 @@ int main(int argc, char** argv) {
       double batches = 0;
       for (auto& batch : *loader) {
         optimizer.zero_grad();
-        auto loss = F::cross_entropy(model->forward(batch.data), batch.target);
+        auto loss = F::cross_entropy(model(batch.data), batch.target);
         acc.backward(loss);
         optimizer.step();
         loss_sum += loss.item<double>();
@@ -92,7 +95,7 @@ int main(int argc, char** argv) {
       {
         torch::NoGradGuard no_grad;
         for (const auto& batch : test_loader) {
-          const torch::Tensor predicted = model->forward(batch.data).argmax(1);
+          const torch::Tensor predicted = model(batch.data).argmax(1);
           const torch::Tensor all_predicted =
               acc.gather_for_metrics(predicted, test_loader, batch.index);
           const torch::Tensor all_targets =

@@ -5,6 +5,7 @@
 //   build/bin/raw_mlp --epochs 2
 //   build/bin/accel launch --num_processes 2 build/bin/raw_mlp --epochs 2 --checkpoint_dir ck
 //   build/bin/accel launch --use_zero --zero_stage 2 --num_processes 2 build/bin/raw_mlp
+//   build/bin/accel launch --data_parallel --data_parallel_replicas 4 build/bin/raw_mlp
 //
 // With --checkpoint_dir it saves after every epoch (and every --save_every optimizer steps)
 // and, when a checkpoint is there at start, continues from it, mid-epoch included.
@@ -127,17 +128,19 @@ int main(int argc, char** argv) {
     const Data test =
         examples::to_floats(examples::load_mnist_split(flags.data_dir, "t10k", flags.test_samples));
     acc.print(
-        "raw_mlp: %zu training and %zu test images, %d processes, %zu per batch each, MLP "
-        "%zu-%d-10\n",
-        train.count, test.count, acc.num_processes(), flags.batch_size, train.features,
+        "raw_mlp: %zu training and %zu test images, %d processes x %d replica(s), %zu per batch "
+        "each, MLP %zu-%d-10\n",
+        train.count, test.count, acc.num_processes(), acc.data_parallel_replicas(),
+        flags.batch_size, train.features,
         flags.hidden);
 
     raw_mlp::Mlp model({int(train.features), flags.hidden, 10}, acc.seed());
     // The built-in optimizer steps what the strategy hands it (every parameter under DDP, this
-    // rank's slices under ZeRO), so this loop runs unchanged under either; prepare() also puts
-    // its state into checkpoints.
+    // rank's slices under ZeRO, replica 0's under DataParallel), so this loop runs unchanged
+    // under each; prepare() also puts its state into checkpoints, and under DATA_PARALLEL
+    // copies the model into its replicas.
     accel::Sgd optimizer(accel::SgdOptions{.lr = flags.lr, .momentum = flags.momentum});
-    acc.prepare(raw_mlp::param_refs(model), optimizer);
+    acc.prepare(model, [](raw_mlp::Mlp& m) { return raw_mlp::param_refs(m); }, optimizer);
 
     const bool checkpoints = !flags.checkpoint_dir.empty();
     if (checkpoints && accel::checkpoint_exists(flags.checkpoint_dir)) {
@@ -164,10 +167,19 @@ int main(int argc, char** argv) {
       for (std::size_t b = acc.batch_in_epoch(); b < batches; ++b) {  // mid-epoch after a resume
         take_batch(train, idx, b * flags.batch_size, flags.batch_size, x, labels);
         acc.begin_batch(b, batches);
-        loss_sum += model.forward_backward(x, labels, acc.loss_scale(), [&](std::size_t l) {
-          acc.grad_ready(2 * l);      // weight
-          acc.grad_ready(2 * l + 1);  // bias
-        });
+        // Rows [first, first + n) of the batch on `replica` (the whole batch on `model`, or a
+        // chunk on each DataParallel replica's thread).
+        loss_sum += acc.forward_backward(
+            model, labels.size(),
+            [&](raw_mlp::Mlp& replica, std::size_t first, std::size_t n, auto ready) {
+              return replica.forward_backward(
+                  std::span<const float>(x).subspan(first * train.features, n * train.features),
+                  std::span<const int>(labels).subspan(first, n), acc.loss_scale(),
+                  [&](std::size_t l) {
+                    ready(2 * l);      // weight
+                    ready(2 * l + 1);  // bias
+                  });
+            });
         ++loss_count;
         if (acc.sync_gradients()) {
           if (flags.clip > 0) acc.clip_grad_norm(flags.clip);

@@ -1,0 +1,107 @@
+#pragma once
+// DataParallel (torch.nn.DataParallel's scheme, in one process): K replicas of the model, the
+// batch split along dimension 0, each replica's forward and backward on its own worker thread,
+// then the replicas' gradients summed into replica 0, the optimizer stepping replica 0, and
+// replica 0's parameters copied to the others. The world is one process (the local
+// communicator); only CPU replicas exist so far (a replica's buffers say its device, so GPU
+// replicas can be added: everything here works on Buffer views).
+//
+// Replica 0 is the model the loop prepared (its ParamRefs as given to the Accelerator);
+// replicas 1..K-1 are copies the front end made (DataParallelOptions::replica_params, same
+// parameters in the same order, same dtypes and counts). Gradients:
+//  - each replica's backward adds into its own gradient buffers; grad_ready does nothing (the
+//    reduction waits for every replica anyway, so there is nothing to overlap);
+//  - sync_gradients() at an accumulation boundary: replica 0's gradient becomes
+//    sum_k weight_k x gradient_k (set_replica_weights; 1 by default), over element ranges in
+//    parallel on the workers, and the other replicas' gradients are zeroed. Between
+//    boundaries (set_sync_enabled(false)) every replica accumulates its own, so the sum at the
+//    boundary covers the whole accumulation window;
+//  - a ParamRef given with grad.data == nullptr gets gradient storage allocated here
+//    (grad_view(replica, i)), which the LibTorch adapter makes the tensors' .grad().
+// Parameters: after_optimizer_step() and reload_parameters() copy replica 0's values to the
+// others. Buffers (BatchNorm statistics): sync_buffers() copies replica 0's to the others; the
+// front end calls it before each parallel forward, so buffers follow replica 0.
+
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "backends/backend.hpp"
+#include "backends/comm/reduce.hpp"
+#include "backends/dataparallel/replica_pool.hpp"
+
+namespace accel {
+
+// How `rows` rows are split between `replicas` replicas: torch.chunk's rule (what
+// torch.nn.DataParallel scatters by): contiguous chunks of ceil(rows / replicas) rows, the last
+// one shorter, so fewer replicas get rows when rows does not fill them (10 over 4: 3, 3, 3, 1;
+// 6 over 4: 2, 2, 2, 0). Always `replicas` entries, empty ones at the end.
+std::vector<Shard> chunk_rows(std::size_t rows, int replicas);
+
+struct DataParallelOptions {
+  int replicas = 1;  // K, replica 0 included
+  // Runs once on each worker thread k before its first task (the LibTorch adapter sets the
+  // worker's intra-op thread count there).
+  std::function<void(int)> worker_init;
+  // Replicas 1..K-1: parameters (matching replica 0's one for one) and buffers.
+  std::vector<std::vector<ParamRef>> replica_params;
+  std::vector<std::vector<Buffer>> replica_buffers;
+};
+
+class DataParallelStrategy final : public Strategy {
+ public:
+  // `comm` must be a world of one: DataParallel is one process.
+  DataParallelStrategy(Communicator& comm, std::vector<ParamRef> params,
+                       std::vector<Buffer> buffers, DataParallelOptions options);
+  ~DataParallelStrategy() override;
+
+  std::string_view name() const override { return "data_parallel"; }
+  // Copies replica 0's parameters and buffers to the others.
+  void prepare() override;
+  void grad_ready(std::size_t) override {}
+  void sync_gradients() override;
+  void set_sync_enabled(bool enabled) override { sync_enabled_ = enabled; }
+  bool sync_enabled() const override { return sync_enabled_; }
+  // Copies replica 0's buffers to the other replicas.
+  void sync_buffers() override;
+  const std::vector<ParamRef>& params() const override { return replicas_[0]; }
+
+  // Replica 0's full parameters, as DDP hands out in a world of one.
+  std::vector<ParamSegment> segments() const override;
+  bool gradients_sharded() const override { return false; }
+  // Copies replica 0's updated parameters to the others.
+  void after_optimizer_step() override { copy_parameters(); }
+  void reload_parameters() override { copy_parameters(); }
+  // The gradient storage allocated here (for ParamRefs given without one).
+  std::size_t gradient_bytes() const override { return gradient_bytes_; }
+
+  int replicas() const { return int(replicas_.size()); }
+  const std::vector<ParamRef>& replica_params(int k) const { return replicas_[std::size_t(k)]; }
+  // Parameter i's gradient storage of replica k (allocated here or the one given).
+  Buffer grad_view(int replica, std::size_t index) const;
+  // Runs fn(k) for every replica k on worker thread k; see ReplicaPool::run.
+  void run_replicas(const std::function<void(int)>& fn) { pool_.run(fn); }
+  // The weight of each replica's gradient in the next reductions (K values; default all 1).
+  // Changing them while gradients accumulate first folds what was accumulated under the old
+  // weights into replica 0 (scaled so the final sum is still exact up to rounding).
+  void set_replica_weights(std::vector<double> weights);
+
+ private:
+  void copy_parameters();
+  // Replica 0's gradient := sum_k weight_k x gradient_k (divided by new_weight0 when folding
+  // mid-accumulation), others zeroed.
+  void reduce_into_replica0(double divide_by = 1.0);
+
+  Communicator& comm_;
+  std::vector<std::vector<ParamRef>> replicas_;
+  std::vector<std::vector<Buffer>> buffers_;
+  std::vector<std::unique_ptr<std::byte[]>> owned_grads_;
+  std::size_t gradient_bytes_ = 0;
+  std::vector<double> weights_;
+  bool sync_enabled_ = true;
+  bool accumulated_ = false;  // backward ran since the last reduction
+  ReplicaPool pool_;
+};
+
+}  // namespace accel
