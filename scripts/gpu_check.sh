@@ -16,7 +16,7 @@
 # kernels on a non-blocking compute stream vs the host loop; ZeRO offload).
 # Exit status: 0 only when every test passed. A test skipped on a machine with a GPU is a
 # failure (it means something is missing); without a GPU the script says so and exits 1.
-# Logs: build-gpu/<test>.log, build-gpu.cmake.log, build-gpu.build.log.
+# Logs: build-gpu/<test>.log, build-gpu/cmake.log, build-gpu/build.log, build-gpu/comm_bench.log.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -46,19 +46,20 @@ else
   have_gpu=0
 fi
 
-# LibTorch is not needed by any of these (and Debian's is CPU-only): not configured at all.
+# LibTorch is not needed by any of these (and Debian's is CPU-only): not even looked for.
+mkdir -p build-gpu
 cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
   -DACCEL_WITH_TORCH=OFF -DACCEL_BUILD_TESTS=ON -DACCEL_BUILD_EXAMPLES=ON -DACCEL_BUILD_BENCH=ON \
-  >build-gpu.cmake.log 2>&1 \
-  || { echo "gpu_check: cmake failed (build-gpu.cmake.log)"; tail -20 build-gpu.cmake.log; exit 1; }
-grep "accelerate-cpp:" build-gpu.cmake.log
-if ! grep -q "cuda kernels (nvcc" build-gpu.cmake.log || ! grep -q "nccl (cuda" build-gpu.cmake.log; then
+  >build-gpu/cmake.log 2>&1 \
+  || { echo "gpu_check: cmake failed (build-gpu/cmake.log)"; tail -20 build-gpu/cmake.log; exit 1; }
+grep "accelerate-cpp:" build-gpu/cmake.log
+if ! grep -q "cuda kernels (nvcc" build-gpu/cmake.log || ! grep -q "nccl (cuda" build-gpu/cmake.log; then
   echo "gpu_check: FAIL: this build has no CUDA kernels or no NCCL communicator (line above)"
   exit 1
 fi
-if ! cmake --build build-gpu -j"$jobs" --target "${targets[@]}" >build-gpu.build.log 2>&1; then
-  echo "gpu_check: FAIL: build (build-gpu.build.log):"
-  grep -E "error|Error" build-gpu.build.log | head -30
+if ! cmake --build build-gpu -j"$jobs" --target "${targets[@]}" >build-gpu/build.log 2>&1; then
+  echo "gpu_check: FAIL: build (build-gpu/build.log):"
+  grep -E "error|Error" build-gpu/build.log | head -30
   exit 1
 fi
 echo "gpu_check: built ${targets[*]} in $((SECONDS - started)) s"
@@ -71,7 +72,7 @@ for t in "${tests[@]}"; do
     >"build-gpu/$t.log" 2>&1
   rc=$?
   if grep -q "SKIPPED\|\*\*\*Skipped" "build-gpu/$t.log" && [ $rc -eq 0 ]; then
-    reason=$(grep -m1 "SKIPPED" "build-gpu/$t.log" | sed 's/^[0-9]*: //')
+    reason=$(grep -m1 "SKIPPED" "build-gpu/$t.log" | sed 's/^[0-9]*: //; s/^SKIPPED: //')
     verdict="SKIP ($reason)"
     [ $have_gpu -eq 1 ] && { verdict="FAIL: skipped on a GPU machine ($reason)"; status=1; }
   elif [ $rc -eq 0 ]; then
