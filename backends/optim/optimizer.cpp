@@ -41,6 +41,10 @@ void Optimizer::step(const std::vector<ParamSegment>& segments, const DeviceCont
     ACCEL_CHECK_ARG(s.values.device == s.grad.device,
                     std::string(name()) + ": segment " + std::to_string(k) +
                         " has its values and its gradient on different devices");
+    ACCEL_CHECK_ARG(s.values.device == DeviceKind::cpu || cuda_kernels_built(),
+                    std::string(name()) + ": segment " + std::to_string(k) +
+                        " is in CUDA memory, and this build of accelerate-cpp has no CUDA "
+                        "kernels (configured with ACCEL_WITH_CUDA=OFF or without nvcc)");
   }
   if (state_.empty() && segment_counts_.empty()) {
     // First step (or nothing loaded): allocate each segment's state, zeroed.
