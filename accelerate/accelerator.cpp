@@ -141,7 +141,7 @@ void Accelerator::optimizer_step() {
   ACCEL_CHECK_ARG(optimizer_ != nullptr,
                   "optimizer_step: no optimizer prepared (prepare(params, optimizer))");
   Strategy& s = strategy();
-  optimizer_->step(s.segments());
+  optimizer_->step(s.segments(), compute_context(comm()));  // kernels on the compute stream
   s.after_optimizer_step();
 }
 
@@ -220,13 +220,15 @@ bool Accelerator::unscale_gradients(double scale) {
   // (each rank checks its own; the scaler agrees across ranks).
   std::vector<Buffer> grads;
   for (const ParamSegment& seg : strategy().segments()) grads.push_back(seg.grad);
-  return accel::unscale_gradients(grads, scale);  // CPU loops or CUDA kernels, per buffer
+  // CPU loops or CUDA kernels (on the compute stream), per buffer
+  return accel::unscale_gradients(grads, scale, compute_context(comm()));
 }
 
 void Accelerator::discard_gradients() {
   // The synchronised gradients and the loop's own buffers (where ZeRO's differ from them).
-  for (const ParamSegment& seg : strategy().segments()) fill_zero(seg.grad);
-  for (const ParamRef& p : strategy().params()) fill_zero(p.grad);
+  const DeviceContext ctx = compute_context(comm());
+  for (const ParamSegment& seg : strategy().segments()) fill_zero(seg.grad, ctx);
+  for (const ParamRef& p : strategy().params()) fill_zero(p.grad, ctx);
 }
 
 double Accelerator::clip_grad_norm(double max_norm) {

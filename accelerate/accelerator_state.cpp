@@ -19,8 +19,10 @@
 #include <vector>
 
 #include "accelerate/accelerator.hpp"
+#include "accelerate/checkpoint.hpp"
 #include "accelerate/optimizer_state.hpp"
 #include "accelerate/parameter_layout.hpp"
+#include "backends/comm/device_memory.hpp"
 #include "backends/comm/error.hpp"
 
 namespace accel {
@@ -40,14 +42,42 @@ std::span<const char> bytes_of(const Buffer& b) {
 
 std::span<const char> bytes_of(const std::string& s) { return {s.data(), s.size()}; }
 
-void check_on_cpu(const std::vector<ParamRef>& params, const std::vector<Buffer>& buffers) {
-  bool cpu = true;
-  for (const ParamRef& p : params) cpu = cpu && p.data.device == DeviceKind::cpu;
-  for (const Buffer& b : buffers) cpu = cpu && b.device == DeviceKind::cpu;
-  ACCEL_CHECK_ARG(cpu,
-                  "checkpoints: prepared parameters live on a GPU; call "
-                  "set_checkpoint_parameters(false) and register the model's state with "
-                  "register_state (the LibTorch adapter does)");
+// Host copies of the prepared parameters and buffers that live on a GPU: a checkpoint's bytes
+// are read and written on the host. Views of host memory for every one (CPU ones as they are).
+struct HostParameters {
+  std::vector<ParamRef> params;
+  std::vector<Buffer> buffers;
+  std::vector<DeviceBuffer> owned;  // the host copies of GPU values
+
+  Buffer on_host(const Buffer& b) {
+    if (b.device == DeviceKind::cpu) return b;
+    owned.emplace_back(b.count, b.dtype, MemoryKind::host);
+    return owned.back().view();
+  }
+};
+
+// The parameters' and buffers' values in host memory: copied from the GPU on the compute
+// stream after waiting for it (bounded), so save_state reads what the last step wrote.
+HostParameters host_parameters(const std::vector<ParamRef>& params,
+                               const std::vector<Buffer>& buffers, const DeviceContext& ctx,
+                               const std::string& who) {
+  HostParameters out;
+  out.owned.reserve(params.size() + buffers.size());  // the views stay valid
+  bool on_gpu = false;
+  for (const ParamRef& p : params) on_gpu = on_gpu || p.data.device == DeviceKind::cuda;
+  for (const Buffer& b : buffers) on_gpu = on_gpu || b.device == DeviceKind::cuda;
+  if (on_gpu) synchronize_stream(ctx, who);  // the copies below then find the stream idle
+  for (const ParamRef& p : params) {
+    ParamRef copy = p;
+    copy.data = out.on_host(p.data);
+    copy_buffer(copy.data, p.data, ctx.stream);
+    out.params.push_back(std::move(copy));
+  }
+  for (const Buffer& b : buffers) {
+    out.buffers.push_back(out.on_host(b));
+    copy_buffer(out.buffers.back(), b, ctx.stream);
+  }
+  return out;
 }
 
 // A generator's seed for a rank that has no saved stream of its own (a checkpoint of another
@@ -62,13 +92,6 @@ std::uint64_t fresh_seed(std::uint64_t seed, int rank, std::uint64_t step,
   std::uint32_t out[2];
   seq.generate(out, out + 2);
   return std::uint64_t(out[0]) | std::uint64_t(out[1]) << 32;
-}
-
-// Agreement after each rank's own checks: the lowest failing rank, or -1.
-int first_failed_rank(Communicator& comm, bool ok) {
-  std::int64_t v = ok ? comm.world_size() : comm.rank();
-  comm.all_reduce(buffer_of(std::span(&v, 1)), ReduceOp::min)->wait();
-  return v < comm.world_size() ? int(v) : -1;
 }
 
 }  // namespace
@@ -103,7 +126,6 @@ void Accelerator::save_state(const std::string& dir) {
   ACCEL_CHECK_ARG(micro_since_sync_ == 0,
                   "save_state between accumulation steps would lose the gradients accumulated "
                   "so far; save after an optimizer step (sync_gradients() returned true)");
-  if (checkpoint_parameters_) check_on_cpu(params_, buffers_);
 
   CheckpointContents contents;
   contents.meta.step = optimizer_steps_;
@@ -114,14 +136,20 @@ void Accelerator::save_state(const std::string& dir) {
   // Strings the blob views point into; a deque would do too, but the count is known.
   std::vector<std::string> owned;
   owned.reserve(states_.size() + 3);
+  HostParameters staged;  // the parameters' values in host memory, which the blobs point into
   if (checkpoint_parameters_ && strategy_) {
     // ZeRO: each rank writes its slice of the flat buffers (stages 1 and 2 replicate the
     // parameters, but a rank's slice is what it updated and what stage 3 will hold alone).
     const bool sharded = strategy_->gradients_sharded();
+    // GPU parameters are copied to host memory first (CPU ones are written from where they are).
+    staged = host_parameters(params_, buffers_, compute_context(comm()),
+                             "save_state: rank " + std::to_string(process_index()) +
+                                 " copying the parameters from the GPU");
     const ParameterLayout layout = describe_parameters(
-        params_, buffers_, std::string(strategy_->name()), num_processes(), sharded);
+        staged.params, staged.buffers, std::string(strategy_->name()), num_processes(), sharded);
     if (is_main_process()) {
-      contents.shared.push_back({kParameters, blob_pieces(layout, kParameters, params_, buffers_)});
+      contents.shared.push_back(
+          {kParameters, blob_pieces(layout, kParameters, staged.params, staged.buffers)});
       owned.push_back(format_layout(layout));
       contents.shared.push_back({kLayout, {bytes_of(owned.back())}});
     }
@@ -129,7 +157,7 @@ void Accelerator::save_state(const std::string& dir) {
       contents.per_rank.push_back(
           {kParameters, blob_pieces(layout, std::string(kParameters) + ".rank" +
                                                 std::to_string(process_index()),
-                                    params_, buffers_)});
+                                    staged.params, staged.buffers)});
   }
   for (const RegisteredState& s : states_) {
     const bool mine = s.scope == StateScope::per_rank;
@@ -167,7 +195,6 @@ void Accelerator::load_state(const std::string& dir) {
   try {
     auto fail = [&](const std::string& what) { throw CheckpointError(ck.dir + ": " + what); };
     if (checkpoint_parameters_ && strategy_) {
-      check_on_cpu(params_, buffers_);
       const ParameterLayout layout =
           parse_layout(ck.shared_blob(kLayout), ck.dir + "/" + kLayout);
       const std::string difference = layout_difference(layout, params_, buffers_);
@@ -274,10 +301,16 @@ void Accelerator::load_state(const std::string& dir) {
       s.reseed(fresh_seed(meta.seed, process_index(), meta.step, s.name));
   }
   if (checkpoint_parameters_ && strategy_) {  // sizes checked above
+    // Into CPU or GPU memory; GPU copies are queued on the compute stream (from pageable
+    // memory CUDA stages them before returning), ahead of the strategy's reload below.
+    const DeviceStream stream = comm().compute_stream();
+    auto host = [](const std::string& bytes, const Buffer& like) {
+      return Buffer{const_cast<char*>(bytes.data()), like.count, like.dtype, DeviceKind::cpu};
+    };
     for (std::size_t i = 0; i < params_.size(); ++i)
-      std::memcpy(params_[i].data.data, values.params[i].data(), params_[i].data.bytes());
+      copy_buffer(params_[i].data, host(values.params[i], params_[i].data), stream);
     for (std::size_t i = 0; i < buffers_.size(); ++i)
-      std::memcpy(buffers_[i].data, values.buffers[i].data(), buffers_[i].bytes());
+      copy_buffer(buffers_[i], host(values.buffers[i], buffers_[i]), stream);
   }
   // Parameters changed from outside (the blob above, or a front end's registered model
   // state): ZeRO's flat copy follows.

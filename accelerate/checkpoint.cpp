@@ -8,6 +8,8 @@
 #include <filesystem>
 #include <set>
 
+#include "backends/optim/host_collectives.hpp"
+
 namespace accel {
 namespace fs = std::filesystem;
 
@@ -152,13 +154,6 @@ void remove_quietly(const fs::path& p) {
   fs::remove_all(p, ec);  // leftovers are harmless: the next save removes them again
 }
 
-// Every rank says whether its part worked; all learn the lowest failing rank (or -1).
-// Doubles as the barrier between the stages of a save.
-int first_failed_rank(Communicator& comm, bool ok) {
-  std::int64_t v = ok ? comm.world_size() : comm.rank();
-  comm.all_reduce(buffer_of(std::span(&v, 1)), ReduceOp::min)->wait();
-  return v < comm.world_size() ? int(v) : -1;
-}
 
 // Rank 0's part of step 1: a fresh DIR.tmp-<pid>, after checking DIR may be replaced.
 fs::path prepare_tmp_dir(const fs::path& dir) {
@@ -270,6 +265,13 @@ void install(const fs::path& tmp, const fs::path& dir) {
 
 }  // namespace
 
+// Doubles as the barrier between the stages of a save.
+int first_failed_rank(Communicator& comm, bool ok) {
+  std::int64_t v = ok ? comm.world_size() : comm.rank();
+  all_reduce_values(comm, buffer_of(std::span(&v, 1)), ReduceOp::min);
+  return v < comm.world_size() ? int(v) : -1;
+}
+
 void save_checkpoint(Communicator& comm, const std::string& dir_name,
                      const CheckpointContents& contents) {
   const fs::path dir = normalized(dir_name);
@@ -287,7 +289,7 @@ void save_checkpoint(Communicator& comm, const std::string& dir_name,
       error = e.what();
     }
   }
-  comm.broadcast(buffer_of(std::span(&pid, 1)), 0)->wait();
+  broadcast_values(comm, buffer_of(std::span(&pid, 1)), 0);
   if (pid < 0) {
     if (rank == 0) throw CheckpointError(error);
     throw CheckpointError(dir.string() +
@@ -327,7 +329,7 @@ void save_checkpoint(Communicator& comm, const std::string& dir_name,
       if (!installed) remove_quietly(tmp);
     }
   }
-  comm.broadcast(buffer_of(std::span(&ok, 1)), 0)->wait();
+  broadcast_values(comm, buffer_of(std::span(&ok, 1)), 0);
   if (!ok) {
     if (rank == 0) throw CheckpointError(error);
     throw CheckpointError(dir.string() +

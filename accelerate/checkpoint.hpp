@@ -83,6 +83,10 @@ std::string read_blob(const LoadedCheckpoint& ck, const std::string& file);
 // Reads and verifies on every rank, then agrees: returns on all ranks or throws on all.
 LoadedCheckpoint load_checkpoint(Communicator& comm, const std::string& dir);
 
+// Every rank says whether its part of a save or load worked; all learn the lowest failing
+// rank, or -1 (an all-reduce through host_collectives, so NCCL jobs stage it on the GPU).
+int first_failed_rank(Communicator& comm, bool ok);
+
 // The same for one process, without communication (tools, tests): `rank` picks the
 // per-rank blobs, loaded when the checkpoint was saved by `world_size` processes.
 LoadedCheckpoint read_checkpoint(const std::string& dir, int rank, int world_size);

@@ -100,10 +100,17 @@ else()
   list(APPEND _accel_off "cuda kernels (ACCEL_WITH_CUDA=OFF)")
 endif()
 
-# LibTorch (Debian's libtorch-dev).
-find_package(Torch QUIET)
+# LibTorch (Debian's libtorch-dev); not even looked for with -DACCEL_WITH_TORCH=OFF (its
+# config is slow, and scripts/gpu_check.sh needs none of it).
+if(DEFINED ACCEL_WITH_TORCH AND NOT ACCEL_WITH_TORCH)
+  set(_accel_torch_off_by_hand ON)
+else()
+  find_package(Torch QUIET)
+endif()
 cmake_dependent_option(ACCEL_WITH_TORCH "Build the LibTorch adapter and examples" ON "Torch_FOUND" OFF)
-if(ACCEL_WITH_TORCH)
+if(_accel_torch_off_by_hand)
+  list(APPEND _accel_off "torch (ACCEL_WITH_TORCH=OFF)")
+elseif(ACCEL_WITH_TORCH)
   list(APPEND _accel_found "torch ${Torch_VERSION}")
 elseif(NOT Torch_FOUND)
   list(APPEND _accel_off "torch (libtorch-dev not found)")

@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "backends/comm/error.hpp"
 #include "backends/optim/adamw.hpp"
 #include "backends/optim/elementwise.hpp"
 #include "backends/optim/sgd.hpp"
@@ -307,3 +308,25 @@ TEST_CASE("the sum of squares and the clipping multiply on GPU buffers match the
   }
 #endif
 }
+
+#if !ACCEL_TEST_HAVE_CUDA_KERNELS
+// A build without the kernels (ACCEL_WITH_CUDA=OFF, with or without NCCL): a CUDA buffer is
+// refused before anything is allocated or touched, naming the operation (the buffers are
+// marked CUDA and never dereferenced).
+TEST_CASE("without the CUDA kernels, CUDA buffers are refused naming the operation") {
+  CHECK_FALSE(cuda_kernels_built());
+  float values[4] = {}, grads[4] = {};
+  const Buffer v{values, 4, DType::f32, DeviceKind::cuda}, g{grads, 4, DType::f32, DeviceKind::cuda};
+  Sgd sgd(SgdOptions{.lr = 0.1, .momentum = 0.9});
+  CHECK_THROWS_WITH_AS(sgd.step({ParamSegment{0, v, g, 0}}),
+                       doctest::Contains("SGD: segment 0 is in CUDA memory, and this build"),
+                       InvalidArgument);
+  CHECK(sgd.state_bytes() == 0);
+  double sum = 0;
+  CHECK_THROWS_WITH_AS(add_sum_of_squares(g, sum), doctest::Contains("clip_grad_norm"),
+                       InvalidArgument);
+  const Buffer grads_list[] = {g};
+  CHECK_THROWS_WITH_AS(unscale_gradients(grads_list, 2.0),
+                       doctest::Contains("fp16 loss scaling"), InvalidArgument);
+}
+#endif

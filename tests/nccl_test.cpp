@@ -12,6 +12,7 @@
 #include "backends/comm/local_communicator.hpp"
 #include "backends/comm/memory_store.hpp"
 #include "backends/comm/registry.hpp"
+#include "backends/optim/elementwise.hpp"
 #include "backends/optim/sgd.hpp"
 #include "backends/strategy_factory.hpp"
 #include "tests/support/ranks.hpp"
@@ -47,10 +48,11 @@ TEST_CASE("nccl collectives match the reference on CUDA buffers") {
 // parameters live (host or GPU) and computes on a non-blocking stream of its own: the
 // strategies' copies into their buckets are queued there without a host wait, so each
 // collective must be ordered after them by the communicator's events, not by the legacy
-// default stream (which a non-blocking stream does not synchronise with). The optimizer is the built-in CPU Sgd: on host
-// segments directly (host loop, or ZeRO with offload), on CUDA segments through a host copy
-// (download, step, upload), so every run does the same CPU arithmetic and world 1 averages
-// nothing: the results must agree to the bit (the test allows 1e-6).
+// default stream (which a non-blocking stream does not synchronise with). The optimizer is the
+// built-in Sgd: on host segments the CPU loop (host loop, or ZeRO with offload), on CUDA
+// segments its CUDA kernels on that same compute stream (compute_context(comm); through a host
+// copy in a build without the kernels). The kernels do the CPU loop's arithmetic (no fused
+// multiply-add) and world 1 averages nothing: the results must agree (the test allows 1e-6).
 
 namespace {
 
@@ -120,7 +122,11 @@ std::vector<std::vector<float>> train(Communicator& comm, const LoopSettings& se
     }
     std::vector<ParamSegment> segments = strategy->segments();
     const bool on_device = !segments.empty() && segments[0].values.device == DeviceKind::cuda;
-    if (on_device) {
+    if (on_device && cuda_kernels_built()) {
+      // The built-in Sgd's CUDA kernels, queued on the non-blocking compute stream after the
+      // strategy's copies and before its all-gather, with no host wait in between.
+      sgd.step(segments, compute_context(comm));
+    } else if (on_device) {  // NCCL without the kernels (ACCEL_WITH_CUDA=OFF): a host copy
       if (staged_values.empty())
         for (const ParamSegment& s : segments) {
           staged_values.emplace_back(s.values.count);

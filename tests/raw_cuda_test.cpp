@@ -1,7 +1,9 @@
 // examples/raw_cuda at world 1 over the NCCL communicator, for a few dozen steps on a subset of
 // Fashion-MNIST: the loss falls (DDP, ZeRO 1 and 2, fp16 with dynamic loss scaling, bf16), two
-// runs with the same seed end with the same parameters bit for bit, and ZeRO at world 1 ends
-// where DDP does. Skipped, saying why, without a GPU (after checking that raw_cuda itself says
+// runs with the same seed end with the same parameters bit for bit, ZeRO at world 1 ends
+// where DDP does, and a run stopped at step N and resumed from its checkpoint (--checkpoint_dir:
+// GPU parameters and optimizer state through save_state / load_state) ends where an
+// uninterrupted run does. Skipped, saying why, without a GPU (after checking that raw_cuda itself says
 // it needs one), without the NCCL communicator, or without the dataset.
 
 #include <doctest/doctest.h>
@@ -41,11 +43,11 @@ struct Run {
 // raw_cuda as rank 0 of a world of one over NCCL; env adds the strategy's settings.
 Run run_raw_cuda(const TempDir& dir, const std::string& name,
                  const std::vector<std::pair<std::string, std::string>>& env,
-                 std::vector<std::string> extra = {}) {
+                 std::vector<std::string> extra = {}, int steps = kSteps) {
   const std::string params = dir / (name + ".params");
   std::vector<std::string> args = {"--data_dir", kData, "--train_samples", "4096",
                                    "--test_samples", "512", "--epochs", "1", "--batch_size", "64",
-                                   "--max_steps", std::to_string(kSteps), "--log_every", "1",
+                                   "--max_steps", std::to_string(steps), "--log_every", "1",
                                    "--seed", "7", "--save_params", params};
   args.insert(args.end(), extra.begin(), extra.end());
   RanksOptions options;
@@ -140,4 +142,55 @@ TEST_CASE("raw_cuda trains the MLP on a GPU under DDP, ZeRO 1/2, fp16 and bf16, 
   check_learns(bf16, "bf16");
   CHECK(bf16.output.find("bf16 compute") != std::string::npos);
   CHECK(bf16.params != ddp.params);  // it really computed in bf16
+}
+
+TEST_CASE("raw_cuda stopped at step N and resumed from its checkpoint ends where a whole run does") {
+  if (skip_unless(communicator_available("nccl"), "nccl communicator not built")) return;
+  if (skip_unless(cuda_device_count() > 0, "no CUDA device visible: raw_cuda needs a GPU")) return;
+  if (skip_unless(std::filesystem::exists(kData + "/train-images-idx3-ubyte.gz"),
+                  "Fashion-MNIST not installed at " + kData +
+                      " (Debian package dataset-fashion-mnist)"))
+    return;
+  TempDir dir("raw_cuda_resume_test");
+  constexpr int kStop = kSteps / 2;  // mid-epoch: 64 batches of 64 in the 4096 samples
+  struct Setting {
+    std::string name;
+    std::vector<std::pair<std::string, std::string>> env;
+    std::vector<std::string> flags;
+  };
+  const std::vector<Setting> settings = {
+      {"ddp_sgd", {}, {"--clip", "1"}},  // momentum state, clipping on the GPU
+      {"zero1_adamw",
+       {{"ACCEL_DISTRIBUTED_TYPE", "ZERO"}, {"ACCEL_ZERO_STAGE", "1"}},
+       {"--optimizer", "adamw", "--lr", "0.002"}},
+      {"zero2_sgd", {{"ACCEL_DISTRIBUTED_TYPE", "ZERO"}, {"ACCEL_ZERO_STAGE", "2"}}, {}},
+  };
+  for (const Setting& s : settings) {
+    CAPTURE(s.name);
+    const std::string ck = dir / (s.name + ".ck");
+    std::vector<std::string> with_ck = s.flags;
+    with_ck.insert(with_ck.end(), {"--checkpoint_dir", ck});
+    const Run whole = run_raw_cuda(dir, s.name + "_whole", s.env, s.flags);
+    const Run first = run_raw_cuda(dir, s.name + "_first", s.env, with_ck, kStop);
+    REQUIRE(first.losses.size() == std::size_t(kStop));
+    REQUIRE(std::filesystem::exists(ck + "/MANIFEST"));
+    const Run resumed = run_raw_cuda(dir, s.name + "_resumed", s.env, with_ck);
+    INFO(resumed.output);
+    CHECK(resumed.output.find("resumed from") != std::string::npos);
+    // Steps kStop+1 .. kSteps again, on the restored parameters, optimizer state and batches.
+    REQUIRE(resumed.losses.size() == std::size_t(kSteps - kStop));
+    CHECK(std::vector<double>(whole.losses.begin(), whole.losses.begin() + kStop) ==
+          first.losses);
+    CHECK(std::vector<double>(whole.losses.begin() + kStop, whole.losses.end()) ==
+          resumed.losses);
+    REQUIRE(resumed.params.size() == whole.params.size());
+    double worst = 0;
+    std::size_t differ = 0;
+    for (std::size_t i = 0; i < whole.params.size(); ++i) {
+      worst = std::max(worst, double(std::fabs(resumed.params[i] - whole.params[i])));
+      differ += resumed.params[i] != whole.params[i];
+    }
+    INFO(differ << " of " << whole.params.size() << " parameters differ at all");
+    CHECK(worst <= 1e-6);
+  }
 }

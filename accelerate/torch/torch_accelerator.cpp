@@ -17,6 +17,7 @@
 #include "accelerate/torch/torch_optimizer_state.hpp"
 #include "accelerate/torch/torch_state.hpp"
 #include "backends/comm/error.hpp"
+#include "backends/optim/host_collectives.hpp"
 
 namespace accel {
 namespace {
@@ -570,7 +571,7 @@ void TorchAccelerator::broadcast(torch::Tensor& t, int root) {
 torch::Tensor TorchAccelerator::pad_across_processes(const torch::Tensor& t, double value) {
   ACCEL_CHECK_ARG(t.dim() >= 1, "pad_across_processes: the tensor needs a dimension 0");
   std::int64_t longest = t.size(0);
-  comm().all_reduce(buffer_of(std::span(&longest, 1)), ReduceOp::max)->wait();
+  all_reduce_values(comm(), buffer_of(std::span(&longest, 1)), ReduceOp::max);  // NCCL too
   if (longest == t.size(0)) return t;
   std::vector<std::int64_t> shape = t.sizes().vec();
   shape[0] = longest - t.size(0);

@@ -55,7 +55,8 @@ cudaStream_t as_cuda(DeviceStream stream) { return static_cast<cudaStream_t>(str
 [[noreturn]] void no_cuda(const std::string& what) {
   throw InvalidArgument(what +
                         ": this build of accelerate-cpp has no CUDA runtime (configure with "
-                        "ACCEL_WITH_NCCL=ON where the CUDA toolkit and NCCL are installed)");
+                        "ACCEL_WITH_NCCL=ON or ACCEL_WITH_CUDA=ON where the CUDA toolkit is "
+                        "installed)");
 }
 #endif
 
@@ -74,6 +75,16 @@ std::string_view memory_kind_name(MemoryKind kind) {
 }
 
 bool cuda_runtime_built() { return ACCEL_HAVE_CUDA_RUNTIME != 0; }
+
+int current_cuda_device() {
+#if ACCEL_HAVE_CUDA_RUNTIME
+  int device = -1;
+  ACCEL_CUDA_CHECK(cudaGetDevice(&device));
+  return device;
+#else
+  return -1;
+#endif
+}
 
 DeviceBuffer::DeviceBuffer(std::size_t count, DType dtype, MemoryKind kind, int cuda_device)
     : kind_(kind), device_(kind == MemoryKind::cuda ? cuda_device : -1) {

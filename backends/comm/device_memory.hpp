@@ -8,13 +8,16 @@
 //                asynchronously on a stream (ZeRO's optimizer offload)
 //   cuda         device memory (cudaMalloc) on a given CUDA device
 //
-// The CUDA kinds exist in builds with the CUDA runtime (ACCEL_WITH_NCCL); elsewhere asking for
-// them throws InvalidArgument saying so. No CUDA header is included here: streams are opaque
-// (DeviceStream, work.hpp).
+// The CUDA kinds exist in builds with the CUDA runtime (ACCEL_WITH_NCCL or ACCEL_WITH_CUDA);
+// elsewhere asking for them throws InvalidArgument saying so. No CUDA header is included here:
+// streams are opaque (DeviceStream, work.hpp). This is the one place device memory is
+// allocated, copied and waited for: the strategies' buffers, the built-in optimizers' state
+// (StateArray), the staging of host values (host_collectives) and checkpoints all use it.
 
 #include <cstddef>
 #include <string>
 
+#include "backends/comm/communicator.hpp"
 #include "backends/comm/dtype.hpp"
 #include "backends/comm/store.hpp"
 #include "backends/comm/work.hpp"
@@ -27,6 +30,25 @@ std::string_view memory_kind_name(MemoryKind kind);  // "host", "pinned host", "
 
 // Whether this library was built with the CUDA runtime (the cuda and pinned_host kinds).
 bool cuda_runtime_built();
+
+// The calling thread's current CUDA device (cudaGetDevice), or -1 without the CUDA runtime.
+int current_cuda_device();
+
+// Where a call's GPU work goes: the stream the loop computes on, its device and how long a
+// call that hands a value back to the host may wait for that stream. Everything that queues
+// GPU work for the loop (the strategies' copies, the optimizer kernels, clipping, unscaling,
+// checkpoint copies) takes the communicator's: compute_context(comm). The default is the
+// legacy default stream on the current device.
+struct DeviceContext {
+  DeviceStream stream = nullptr;  // nullptr: the legacy default stream
+  int cuda_device = -1;           // -1: the calling thread's current device
+  Milliseconds timeout = kDefaultCommTimeout;
+};
+
+// The communicator's compute stream (set_compute_stream), device and timeout.
+inline DeviceContext compute_context(const Communicator& comm) {
+  return {comm.compute_stream(), comm.cuda_device(), comm.timeout()};
+}
 
 // An owned, zero-filled buffer of `count` elements of `dtype`. Move-only.
 class DeviceBuffer {
@@ -66,5 +88,8 @@ void zero_buffer(Buffer dst, DeviceStream stream);
 // Nothing to wait for without the CUDA runtime.
 void synchronize_stream(DeviceStream stream, int cuda_device, Milliseconds timeout,
                         const std::string& who);
+inline void synchronize_stream(const DeviceContext& ctx, const std::string& who) {
+  synchronize_stream(ctx.stream, ctx.cuda_device, ctx.timeout, who);
+}
 
 }  // namespace accel

@@ -29,7 +29,8 @@ void AdamW::set_lr(std::size_t group, double lr) {
   groups_[group].lr = lr;
 }
 
-void AdamW::update(const ParamSegment& segment, std::vector<float*>& state, std::uint64_t step) {
+void AdamW::update(const ParamSegment& segment, std::vector<float*>& state, std::uint64_t step,
+                   const DeviceContext& ctx) {
   const AdamWOptions& o = groups_[segment.group];
   // PyTorch's scalar arithmetic: corrections in double, element updates in float.
   const double bias1 = 1 - std::pow(o.beta1, double(step));
@@ -46,7 +47,7 @@ void AdamW::update(const ParamSegment& segment, std::vector<float*>& state, std:
   args.bias2_sqrt = float(bias2_sqrt);
   args.decoupled = o.decoupled_weight_decay;
   // On the CPU or, for a segment in GPU memory, the CUDA kernel (elementwise.hpp).
-  adamw_update(segment.values, segment.grad, state[0], state[1], args);
+  adamw_update(segment.values, segment.grad, state[0], state[1], args, ctx);
 }
 
 }  // namespace accel

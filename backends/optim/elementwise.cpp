@@ -55,14 +55,17 @@ bool cuda_kernels_built() {
 #endif
 }
 
-void sgd_update(Buffer values, Buffer grad, float* momentum_buffer, const SgdStepArgs& a) {
+void sgd_update(Buffer values, Buffer grad, float* momentum_buffer, const SgdStepArgs& a,
+                const DeviceContext& ctx) {
   check_update(values, grad, "SGD");
   float* p = static_cast<float*>(values.data);
   const float* g = static_cast<const float*>(grad.data);
   const std::size_t n = values.count;
   if (on_cuda(values, "SGD")) {
 #if ACCEL_HAVE_CUDA_KERNELS
-    cuda::sgd_update(p, g, momentum_buffer, n, a);
+    cuda::sgd_update(p, g, momentum_buffer, n, a, ctx);
+#else
+    (void)ctx;
 #endif
     return;
   }
@@ -82,14 +85,17 @@ void sgd_update(Buffer values, Buffer grad, float* momentum_buffer, const SgdSte
   }
 }
 
-void adamw_update(Buffer values, Buffer grad, float* m, float* v, const AdamWStepArgs& a) {
+void adamw_update(Buffer values, Buffer grad, float* m, float* v, const AdamWStepArgs& a,
+                  const DeviceContext& ctx) {
   check_update(values, grad, "AdamW");
   float* p = static_cast<float*>(values.data);
   const float* g = static_cast<const float*>(grad.data);
   const std::size_t n = values.count;
   if (on_cuda(values, "AdamW")) {
 #if ACCEL_HAVE_CUDA_KERNELS
-    cuda::adamw_update(p, g, m, v, n, a);
+    cuda::adamw_update(p, g, m, v, n, a, ctx);
+#else
+    (void)ctx;
 #endif
     return;
   }
@@ -110,10 +116,12 @@ void adamw_update(Buffer values, Buffer grad, float* m, float* v, const AdamWSte
   }
 }
 
-void add_sum_of_squares(Buffer grad, double& sum) {
+void add_sum_of_squares(Buffer grad, double& sum, const DeviceContext& ctx) {
   if (on_cuda(grad, "clip_grad_norm")) {
 #if ACCEL_HAVE_CUDA_KERNELS
-    sum += cuda::sum_of_squares(grad);
+    sum += cuda::sum_of_squares(grad, ctx);
+#else
+    (void)ctx;
 #endif
     return;
   }
@@ -129,10 +137,12 @@ void add_sum_of_squares(Buffer grad, double& sum) {
   });
 }
 
-void scale_in_place(Buffer grad, double factor) {
+void scale_in_place(Buffer grad, double factor, const DeviceContext& ctx) {
   if (on_cuda(grad, "clip_grad_norm")) {
 #if ACCEL_HAVE_CUDA_KERNELS
-    cuda::scale_in_place(grad, factor);
+    cuda::scale_in_place(grad, factor, ctx);
+#else
+    (void)ctx;
 #endif
     return;
   }
@@ -144,7 +154,7 @@ void scale_in_place(Buffer grad, double factor) {
   });
 }
 
-bool unscale_gradients(std::span<const Buffer> grads, double scale) {
+bool unscale_gradients(std::span<const Buffer> grads, double scale, const DeviceContext& ctx) {
   const double inverse = 1.0 / scale;
   bool finite = true;
   std::vector<Buffer> on_gpu;
@@ -167,91 +177,56 @@ bool unscale_gradients(std::span<const Buffer> grads, double scale) {
     });
   }
 #if ACCEL_HAVE_CUDA_KERNELS
-  if (!on_gpu.empty()) finite = cuda::unscale(on_gpu, inverse) && finite;
+  if (!on_gpu.empty()) finite = cuda::unscale(on_gpu, inverse, ctx) && finite;
+#else
+  (void)ctx;
 #endif
   return finite;
 }
 
-void fill_zero(Buffer buffer) {
+void fill_zero(Buffer buffer, const DeviceContext& ctx) {
   if (buffer.data == nullptr || buffer.count == 0) return;
-  if (on_cuda(buffer, "zeroing gradients")) {
-#if ACCEL_HAVE_CUDA_KERNELS
-    cuda::fill_zero(buffer.data, buffer.bytes());
-#endif
-    return;
-  }
-  std::memset(buffer.data, 0, buffer.bytes());
+  zero_buffer(buffer, ctx.stream);  // memset, or cudaMemsetAsync on the stream
 }
 
-StateArray::StateArray(std::size_t count, DeviceKind device) : count_(count), device_(device) {
-  if (on_cuda(Buffer{nullptr, count, DType::f32, device}, "optimizer state")) {
-#if ACCEL_HAVE_CUDA_KERNELS
-    data_ = static_cast<float*>(cuda::allocate_zeroed(count * sizeof(float)));
-#endif
-  } else {
-    data_ = new float[count]();
-  }
+namespace {
+
+MemoryKind memory_for(DeviceKind device) {
+  return device == DeviceKind::cuda ? MemoryKind::cuda : MemoryKind::host;
 }
 
-StateArray::~StateArray() { release(); }
-
-void StateArray::release() {
-  if (data_ == nullptr) return;
-#if ACCEL_HAVE_CUDA_KERNELS
-  if (device_ == DeviceKind::cuda) {
-    cuda::free_device(data_);
-    data_ = nullptr;
-    return;
-  }
-#endif
-  delete[] data_;
-  data_ = nullptr;
+int device_for(DeviceKind device, const DeviceContext& ctx) {
+  if (device != DeviceKind::cuda) return -1;
+  return ctx.cuda_device >= 0 ? ctx.cuda_device : current_cuda_device();
 }
 
-StateArray::StateArray(StateArray&& other) noexcept
-    : data_(std::exchange(other.data_, nullptr)),
-      count_(std::exchange(other.count_, 0)),
-      device_(other.device_) {}
+}  // namespace
 
-StateArray& StateArray::operator=(StateArray&& other) noexcept {
-  if (this != &other) {
-    release();
-    data_ = std::exchange(other.data_, nullptr);
-    count_ = std::exchange(other.count_, 0);
-    device_ = other.device_;
-  }
-  return *this;
+StateArray::StateArray(std::size_t count, DeviceKind device, const DeviceContext& ctx)
+    : buffer_(count, DType::f32, memory_for(device), device_for(device, ctx)) {
+  // Zeroed again on the stream the kernels use: the allocation's memset runs on the legacy
+  // default stream, which a non-blocking compute stream is not ordered after.
+  if (device == DeviceKind::cuda) zero_buffer(buffer_.view(), ctx.stream);
 }
 
-void StateArray::read(float* host_out) const {
-  const std::size_t bytes = count_ * sizeof(float);
-  if (bytes == 0) return;
-#if ACCEL_HAVE_CUDA_KERNELS
-  if (device_ == DeviceKind::cuda) return cuda::copy_to_host(host_out, data_, bytes);
-#endif
-  std::memcpy(host_out, data_, bytes);
+void StateArray::read(float* host_out, const DeviceContext& ctx) const {
+  const Buffer host{host_out, count(), DType::f32, DeviceKind::cpu};
+  if (device() == DeviceKind::cuda)  // the bounded wait first: the copy then finds it idle
+    synchronize_stream(ctx, "optimizer state: reading it from the GPU");
+  copy_buffer(host, view(), ctx.stream);
 }
 
-void StateArray::write(const float* host_in) {
-  const std::size_t bytes = count_ * sizeof(float);
-  if (bytes == 0) return;
-#if ACCEL_HAVE_CUDA_KERNELS
-  if (device_ == DeviceKind::cuda) return cuda::copy_to_device(data_, host_in, bytes);
-#endif
-  std::memcpy(data_, host_in, bytes);
+void StateArray::write(const float* host_in, const DeviceContext& ctx) {
+  copy_buffer(view(), Buffer{const_cast<float*>(host_in), count(), DType::f32, DeviceKind::cpu},
+              ctx.stream);
 }
 
-StateArray StateArray::to(DeviceKind device) const {
-  StateArray out(count_, device);
-  if (device_ == DeviceKind::cpu) {
-    out.write(data_);
-  } else if (device == DeviceKind::cpu) {
-    read(out.data_);
-  } else {
-#if ACCEL_HAVE_CUDA_KERNELS
-    if (count_ > 0) cuda::copy_device_to_device(out.data_, data_, count_ * sizeof(float));
-#endif
-  }
+StateArray StateArray::to(DeviceKind device, const DeviceContext& ctx) const {
+  StateArray out(count(), device, ctx);
+  if (device == DeviceKind::cpu && this->device() == DeviceKind::cuda)
+    read(out.data(), ctx);
+  else
+    copy_buffer(out.view(), view(), ctx.stream);
   return out;
 }
 

@@ -6,10 +6,18 @@
 // loop on CUDA buffers does not change. Both sides take the same float scalars computed once
 // by the caller, so they do the same arithmetic element by element (the kernels are compiled
 // without fused multiply-add for that reason).
+//
+// GPU work goes to ctx.stream (DeviceContext, device_memory.hpp): the loop's compute stream,
+// compute_context(comm) for the communicator the strategy uses, so kernels are ordered after
+// the strategy's copies and before its next collective without a host wait. Calls that return
+// a host value (add_sum_of_squares, unscale_gradients, StateArray::read) wait for that stream,
+// bounded by ctx.timeout. The default context is the legacy default stream. CPU buffers ignore
+// the context.
 
 #include <cstddef>
 #include <span>
 
+#include "backends/comm/device_memory.hpp"
 #include "backends/comm/dtype.hpp"
 
 namespace accel {
@@ -23,7 +31,8 @@ struct SgdStepArgs {
 };
 // values -= lr * d (d: the gradient plus weight decay, through the momentum buffer when
 // `momentum_buffer` is not null; it lives on values.device). f32 values and gradient.
-void sgd_update(Buffer values, Buffer grad, float* momentum_buffer, const SgdStepArgs& args);
+void sgd_update(Buffer values, Buffer grad, float* momentum_buffer, const SgdStepArgs& args,
+                const DeviceContext& ctx = {});
 
 // torch.optim.AdamW's (or Adam's, decoupled = false) per-element update.
 struct AdamWStepArgs {
@@ -36,49 +45,44 @@ struct AdamWStepArgs {
   bool decoupled = true;
 };
 void adamw_update(Buffer values, Buffer grad, float* exp_avg, float* exp_avg_sq,
-                  const AdamWStepArgs& args);
+                  const AdamWStepArgs& args, const DeviceContext& ctx = {});
 
 // sum += g[i]^2 over the buffer, in double. On the CPU one running sum in element order
 // (so summing several buffers one after the other equals summing them end to end); on a GPU
 // the buffer's own sum, reduced in a fixed order (the same bits every run), then added.
-void add_sum_of_squares(Buffer grad, double& sum);
+void add_sum_of_squares(Buffer grad, double& sum, const DeviceContext& ctx = {});
 
 // g[i] = g[i] * factor, through double (clip_grad_norm's multiply).
-void scale_in_place(Buffer grad, double factor);
+void scale_in_place(Buffer grad, double factor, const DeviceContext& ctx = {});
 
 // fp16 loss scaling: divides every buffer by `scale` (multiplying by 1 / scale in double) and
 // returns whether all were finite; a buffer holding an inf or NaN is left as it is (its step
 // is skipped). Floating dtypes only. CUDA buffers are checked together: one flag read per call.
-bool unscale_gradients(std::span<const Buffer> grads, double scale);
+bool unscale_gradients(std::span<const Buffer> grads, double scale,
+                       const DeviceContext& ctx = {});
 
-// Zeroes the buffer (a skipped step's gradients).
-void fill_zero(Buffer buffer);
+// Zeroes the buffer (a skipped step's gradients): zero_buffer on ctx.stream.
+void fill_zero(Buffer buffer, const DeviceContext& ctx = {});
 
-// Optimizer state: `count` zeroed floats where the parameters live, owned.
+// Optimizer state: `count` zeroed floats where the parameters live (a DeviceBuffer: host
+// memory, or CUDA memory on ctx's device, zeroed on ctx.stream), owned. Move-only.
 class StateArray {
  public:
-  StateArray(std::size_t count, DeviceKind device);
-  ~StateArray();
-  StateArray(StateArray&& other) noexcept;
-  StateArray& operator=(StateArray&& other) noexcept;
-  StateArray(const StateArray&) = delete;
-  StateArray& operator=(const StateArray&) = delete;
+  StateArray(std::size_t count, DeviceKind device, const DeviceContext& ctx = {});
 
-  float* data() const { return data_; }
-  std::size_t count() const { return count_; }
-  DeviceKind device() const { return device_; }
-  // Host copies in and out (a checkpoint's bytes).
-  void read(float* host_out) const;
-  void write(const float* host_in);
+  float* data() const { return static_cast<float*>(buffer_.view().data); }
+  std::size_t count() const { return buffer_.view().count; }
+  DeviceKind device() const { return buffer_.view().device; }
+  Buffer view() const { return buffer_.view(); }
+  // Host copies in and out (a checkpoint's bytes), on ctx.stream; read waits for it.
+  void read(float* host_out, const DeviceContext& ctx = {}) const;
+  void write(const float* host_in, const DeviceContext& ctx = {});
   // The same values on another device (the state of a checkpoint loaded before the first step
   // moves to the parameters' device there).
-  StateArray to(DeviceKind device) const;
+  StateArray to(DeviceKind device, const DeviceContext& ctx = {}) const;
 
  private:
-  void release();
-  float* data_ = nullptr;
-  std::size_t count_ = 0;
-  DeviceKind device_ = DeviceKind::cpu;
+  DeviceBuffer buffer_;
 };
 
 // Whether this build has the CUDA kernels (ACCEL_WITH_CUDA).

@@ -1,13 +1,8 @@
 #include "backends/optim/host_collectives.hpp"
 
-#include <cstring>
 #include <string>
 
-#include "backends/comm/error.hpp"
-
-#if ACCEL_HAVE_CUDA_KERNELS
-#include "backends/optim/cuda/optim_kernels.hpp"
-#endif
+#include "backends/comm/device_memory.hpp"
 
 namespace accel {
 namespace {
@@ -16,38 +11,32 @@ bool needs_staging(const Communicator& comm, const Buffer& b) {
   return comm.device() == DeviceKind::cuda && b.device == DeviceKind::cpu && b.count > 0;
 }
 
-// A device copy of a host buffer for the length of one collective.
+// A device copy of a host buffer for the length of one collective, on the communicator's
+// device, filled and read back on its compute stream (device_memory.hpp's DeviceBuffer and
+// copy_buffer, as everything else that moves device memory).
 class DeviceCopy {
  public:
-  DeviceCopy(const Buffer& host, bool fill, const char* what) : host_(host) {
-#if ACCEL_HAVE_CUDA_KERNELS
-    (void)what;
-    ptr_ = cuda::allocate_zeroed(host.bytes());
-    if (fill) cuda::copy_to_device(ptr_, host.data, host.bytes());
-#else
-    (void)fill;
-    throw InvalidArgument(std::string(what) +
-                          ": the communicator moves CUDA memory, and this build has no CUDA "
-                          "support to stage host values (ACCEL_WITH_CUDA=OFF)");
-#endif
+  DeviceCopy(Communicator& comm, const Buffer& host, bool fill)
+      : comm_(comm),
+        host_(host),
+        device_(host.count, host.dtype, MemoryKind::cuda, comm.cuda_device()) {
+    if (fill) copy_buffer(device_.view(), host_, comm_.compute_stream());
   }
-  ~DeviceCopy() {
-#if ACCEL_HAVE_CUDA_KERNELS
-    cuda::free_device(ptr_);
-#endif
-  }
-  DeviceCopy(const DeviceCopy&) = delete;
-  DeviceCopy& operator=(const DeviceCopy&) = delete;
-  Buffer view() const { return Buffer{ptr_, host_.count, host_.dtype, DeviceKind::cuda}; }
-  void copy_back() {
-#if ACCEL_HAVE_CUDA_KERNELS
-    cuda::copy_to_host(host_.data, ptr_, host_.bytes());
-#endif
+  Buffer view() const { return device_.view(); }
+  // After the collective (the host waits for it, so its error names it), the host waits for
+  // the compute stream too (bounded by the communicator's timeout), so the copy into pageable
+  // memory below finds it idle.
+  void copy_back(Work& work, const char* what) {
+    work.wait(comm_.timeout());
+    synchronize_stream(compute_context(comm_), "rank " + std::to_string(comm_.rank()) + ": " +
+                                                   what + " (staged through GPU memory)");
+    copy_buffer(host_, device_.view(), comm_.compute_stream());
   }
 
  private:
+  Communicator& comm_;
   Buffer host_;
-  void* ptr_ = nullptr;
+  DeviceBuffer device_;
 };
 
 }  // namespace
@@ -57,9 +46,8 @@ void all_reduce_values(Communicator& comm, Buffer values, ReduceOp op) {
     comm.all_reduce(values, op)->wait();
     return;
   }
-  DeviceCopy staged(values, true, "all_reduce of host values");
-  comm.all_reduce(staged.view(), op)->wait();
-  staged.copy_back();
+  DeviceCopy staged(comm, values, true);
+  staged.copy_back(*comm.all_reduce(staged.view(), op), "all_reduce of host values");
 }
 
 void broadcast_values(Communicator& comm, Buffer values, int root) {
@@ -67,9 +55,8 @@ void broadcast_values(Communicator& comm, Buffer values, int root) {
     comm.broadcast(values, root)->wait();
     return;
   }
-  DeviceCopy staged(values, true, "broadcast of host values");
-  comm.broadcast(staged.view(), root)->wait();
-  staged.copy_back();
+  DeviceCopy staged(comm, values, true);
+  staged.copy_back(*comm.broadcast(staged.view(), root), "broadcast of host values");
 }
 
 void all_gather_values(Communicator& comm, Buffer input, Buffer output) {
@@ -77,10 +64,9 @@ void all_gather_values(Communicator& comm, Buffer input, Buffer output) {
     comm.all_gather(input, output)->wait();
     return;
   }
-  DeviceCopy in(input, true, "all_gather of host values");
-  DeviceCopy out(output, false, "all_gather of host values");
-  comm.all_gather(in.view(), out.view())->wait();
-  out.copy_back();
+  DeviceCopy in(comm, input, true);
+  DeviceCopy out(comm, output, false);
+  out.copy_back(*comm.all_gather(in.view(), out.view()), "all_gather of host values");
 }
 
 }  // namespace accel

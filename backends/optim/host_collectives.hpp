@@ -1,9 +1,11 @@
 #pragma once
 // Collectives on a few host values (a gradient norm, an overflow flag, a seed, a metric) over
 // any communicator. NCCL moves only GPU memory, so under a CUDA communicator the values travel
-// through a device buffer of their size (copied in, the collective, copied out); CPU
-// communicators, and buffers already on the GPU, are called directly. The front end's and
-// clip_grad_norm's small collectives all go through here.
+// through a device buffer of their size (a DeviceBuffer on the communicator's device, copied in
+// and out on its compute stream); CPU communicators, and buffers already on the GPU, are called
+// directly. The front end's, clip_grad_norm's, the loss scaler's and the checkpoints' small
+// collectives all go through here. Needs the CUDA runtime (ACCEL_WITH_NCCL brings it), not the
+// kernels.
 
 #include "backends/comm/communicator.hpp"
 

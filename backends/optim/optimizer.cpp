@@ -25,7 +25,7 @@ void Optimizer::check_group(std::size_t group) const {
                                             std::to_string(num_groups()) + " groups)");
 }
 
-void Optimizer::step(const std::vector<ParamSegment>& segments) {
+void Optimizer::step(const std::vector<ParamSegment>& segments, const DeviceContext& ctx) {
   // Checked first, so a bad segment changes nothing.
   for (std::size_t k = 0; k < segments.size(); ++k) {
     const ParamSegment& s = segments[k];
@@ -41,13 +41,17 @@ void Optimizer::step(const std::vector<ParamSegment>& segments) {
     ACCEL_CHECK_ARG(s.values.device == s.grad.device,
                     std::string(name()) + ": segment " + std::to_string(k) +
                         " has its values and its gradient on different devices");
+    ACCEL_CHECK_ARG(s.values.device == DeviceKind::cpu || cuda_kernels_built(),
+                    std::string(name()) + ": segment " + std::to_string(k) +
+                        " is in CUDA memory, and this build of accelerate-cpp has no CUDA "
+                        "kernels (configured with ACCEL_WITH_CUDA=OFF or without nvcc)");
   }
   if (state_.empty() && segment_counts_.empty()) {
     // First step (or nothing loaded): allocate each segment's state, zeroed.
     for (const ParamSegment& s : segments) {
       std::vector<StateArray> slots;
       for (std::size_t slot = 0; slot < state_slots(s.group); ++slot) {
-        slots.emplace_back(s.values.count, s.values.device);
+        slots.emplace_back(s.values.count, s.values.device, ctx);
         state_bytes_ += s.values.count * sizeof(float);
       }
       state_.push_back(std::move(slots));
@@ -65,13 +69,14 @@ void Optimizer::step(const std::vector<ParamSegment>& segments) {
   // State loaded from a checkpoint lands in host memory; it follows its segment to the GPU.
   for (std::size_t k = 0; k < segments.size(); ++k)
     for (StateArray& slot : state_[k])
-      if (slot.device() != segments[k].values.device) slot = slot.to(segments[k].values.device);
+      if (slot.device() != segments[k].values.device) slot = slot.to(segments[k].values.device, ctx);
   ++steps_;
+  context_ = ctx;
   std::vector<float*> state;
   for (std::size_t k = 0; k < segments.size(); ++k) {
     state.clear();
     for (StateArray& slot : state_[k]) state.push_back(slot.data());
-    update(segments[k], state, steps_);
+    update(segments[k], state, steps_, ctx);
   }
 }
 
@@ -85,7 +90,7 @@ std::string Optimizer::save_state() const {
     for (const StateArray& slot : state_[k]) {
       const std::size_t at = out.size();
       out.resize(at + slot.count() * sizeof(float));
-      slot.read(reinterpret_cast<float*>(out.data() + at));  // from GPU memory too
+      slot.read(reinterpret_cast<float*>(out.data() + at), context_);  // from GPU memory too
     }
   }
   return out;

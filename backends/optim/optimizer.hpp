@@ -26,8 +26,11 @@ class Optimizer {
   virtual ~Optimizer() = default;
   virtual std::string_view name() const = 0;
 
-  // One update of every segment (the same segments, in the same order, at every step).
-  void step(const std::vector<ParamSegment>& segments);
+  // One update of every segment (the same segments, in the same order, at every step). GPU
+  // segments are updated by kernels queued on ctx.stream (the Accelerator passes its
+  // communicator's compute stream: compute_context(comm)); save_state reads the state back on
+  // the last step's stream.
+  void step(const std::vector<ParamSegment>& segments, const DeviceContext& ctx = {});
 
   // Param groups and their learning rate (what an LR schedule changes).
   virtual std::size_t num_groups() const = 0;
@@ -49,7 +52,7 @@ class Optimizer {
   // One segment's update; `state` holds state_slots(group) arrays of values.count floats on
   // the segment's device, `step` counts from 1.
   virtual void update(const ParamSegment& segment, std::vector<float*>& state,
-                      std::uint64_t step) = 0;
+                      std::uint64_t step, const DeviceContext& ctx) = 0;
   void check_group(std::size_t group) const;
 
  private:
@@ -58,6 +61,7 @@ class Optimizer {
   // [segment][slot] -> values.count floats, on the segment's device
   std::vector<std::vector<StateArray>> state_;
   std::vector<std::size_t> segment_counts_;  // to refuse other segments on a later step
+  DeviceContext context_;                    // the last step's stream (save_state reads on it)
 };
 
 }  // namespace accel

@@ -30,7 +30,8 @@ void Sgd::set_lr(std::size_t group, double lr) {
 
 std::size_t Sgd::state_slots(std::size_t group) const { return groups_[group].momentum != 0; }
 
-void Sgd::update(const ParamSegment& segment, std::vector<float*>& state, std::uint64_t step) {
+void Sgd::update(const ParamSegment& segment, std::vector<float*>& state, std::uint64_t step,
+                    const DeviceContext& ctx) {
   const SgdOptions& o = groups_[segment.group];
   SgdStepArgs args;
   args.lr = float(o.lr);
@@ -40,7 +41,7 @@ void Sgd::update(const ParamSegment& segment, std::vector<float*>& state, std::u
   args.nesterov = o.nesterov;
   args.first_step = step == 1;  // the buffer starts as the gradient
   // On the CPU or, for a segment in GPU memory, the CUDA kernel (elementwise.hpp).
-  sgd_update(segment.values, segment.grad, state.empty() ? nullptr : state[0], args);
+  sgd_update(segment.values, segment.grad, state.empty() ? nullptr : state[0], args, ctx);
 }
 
 }  // namespace accel

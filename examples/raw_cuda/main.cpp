@@ -9,6 +9,11 @@
 //   build/bin/accel launch --use_zero --zero_stage 2 --num_processes 2 build/bin/raw_cuda
 //   build/bin/raw_cuda --mixed_precision fp16     (one process)
 //
+// With --checkpoint_dir it saves after every epoch (every --save_every optimizer steps, and
+// when --max_steps stops it) and, when a checkpoint is there at start, continues from it,
+// mid-epoch included, as raw_mlp does: the GPU parameters and optimizer state are copied
+// through host memory (Accelerator::save_state / load_state).
+//
 // --mixed_precision fp16|bf16 (or the config's mixed_precision) computes with f16/bf16 copies
 // of the fp32 master weights; under fp16 the Accelerator's dynamic loss scaling scales the
 // loss, unscales the gradients on the GPU and skips steps that overflowed.
@@ -25,6 +30,7 @@
 #include <vector>
 
 #include "accelerate/accelerator.hpp"
+#include "accelerate/checkpoint.hpp"
 #include "backends/optim/adamw.hpp"
 #include "backends/optim/sgd.hpp"
 #include "examples/common/flags.hpp"
@@ -51,6 +57,8 @@ struct Flags {
   std::uint64_t max_steps = 0;  // stop after this many optimizer steps; 0 = run every epoch
   std::uint64_t log_every = 0;  // print "step S loss X" every this many steps; 0 = never
   std::string save_params;      // the main process writes the final fp32 parameters here
+  std::string checkpoint_dir;
+  std::uint64_t save_every = 0;  // optimizer steps between mid-epoch checkpoints; 0 = none
 };
 
 [[noreturn]] void usage(const std::string& problem) {
@@ -60,7 +68,8 @@ struct Flags {
                "                [--momentum X] [--weight_decay X] [--clip X]\n"
                "                [--mixed_precision no|fp16|bf16] [--data_dir DIR] [--hidden N]\n"
                "                [--train_samples N] [--test_samples N] [--seed N]\n"
-               "                [--max_steps N] [--log_every N] [--save_params FILE]\n",
+               "                [--max_steps N] [--log_every N] [--save_params FILE]\n"
+               "                [--checkpoint_dir DIR] [--save_every STEPS]\n",
                problem.c_str());
   std::exit(2);
 }
@@ -85,6 +94,8 @@ Flags parse_flags(int argc, char** argv) {
       else if (key == "max_steps") f.max_steps = std::stoull(value);
       else if (key == "log_every") f.log_every = std::stoull(value);
       else if (key == "save_params") f.save_params = value;
+      else if (key == "checkpoint_dir") f.checkpoint_dir = value;
+      else if (key == "save_every") f.save_every = std::stoull(value);
       else usage("unknown flag --" + key);
     } catch (const std::logic_error&) {
       usage("--" + key + ": bad value '" + value + "'");
@@ -176,13 +187,25 @@ int main(int argc, char** argv) {
     model.refresh_compute_weights();  // prepare() broadcast rank 0's master weights
     acc.print("raw_cuda: strategy %s\n", std::string(acc.strategy().name()).c_str());
 
+    const bool checkpoints = !flags.checkpoint_dir.empty();
+    if (checkpoints && accel::checkpoint_exists(flags.checkpoint_dir)) {
+      acc.load_state(flags.checkpoint_dir);
+      model.refresh_compute_weights();  // the loaded master weights
+      acc.print("resumed from %s: epoch %llu, batch %llu, step %llu\n",
+                flags.checkpoint_dir.c_str(),
+                static_cast<unsigned long long>(acc.resume_epoch() + 1),
+                static_cast<unsigned long long>(acc.resume_batch()),
+                static_cast<unsigned long long>(acc.step()));
+    }
+
     accel::ShardedSampler sampler =
         acc.make_sampler(train.count, {flags.batch_size, true, 0, false});
     std::vector<float> x;
     std::vector<int> labels;
     std::uint64_t skipped = 0;
-    bool done = false;
-    for (std::uint64_t epoch = 0; epoch < std::uint64_t(flags.epochs) && !done; ++epoch) {
+    bool done = flags.max_steps > 0 && acc.step() >= flags.max_steps;
+    for (std::uint64_t epoch = acc.resume_epoch(); epoch < std::uint64_t(flags.epochs) && !done;
+         ++epoch) {
       const auto started = std::chrono::steady_clock::now();
       acc.set_epoch(epoch);
       sampler.set_epoch(epoch);
@@ -190,7 +213,7 @@ int main(int argc, char** argv) {
       const std::size_t batches = sampler.num_batches();
       double loss_sum = 0;
       std::size_t loss_count = 0;
-      for (std::size_t b = 0; b < batches; ++b) {
+      for (std::size_t b = acc.batch_in_epoch(); b < batches; ++b) {  // mid-epoch on a resume
         examples::take_batch(train, idx, b * flags.batch_size, flags.batch_size, x, labels);
         acc.begin_batch(b, batches);
         const float loss = model.forward_backward(x, labels, acc.loss_scale(), [&](std::size_t l) {
@@ -211,6 +234,9 @@ int main(int argc, char** argv) {
             done = true;
             break;
           }
+          if (checkpoints && flags.save_every > 0 && acc.step() % flags.save_every == 0 &&
+              b + 1 < batches)
+            acc.save_state(flags.checkpoint_dir);
         } else if (acc.optimizer_step_was_skipped()) {
           ++skipped;  // fp16 overflow: the Accelerator zeroed the gradients
         }
@@ -223,6 +249,7 @@ int main(int argc, char** argv) {
       acc.print("epoch %llu/%d: loss %.4f, test accuracy %.4f (%.1f s)\n",
                 static_cast<unsigned long long>(epoch + 1), flags.epochs,
                 mean[1] > 0 ? double(mean[0] / mean[1]) : 0.0, accuracy, seconds);
+      if (checkpoints) acc.save_state(flags.checkpoint_dir);  // at --max_steps too
     }
     if (acc.loss_scaler())
       acc.print("fp16: %llu steps skipped on overflow, loss scale now %g\n",

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -124,98 +125,81 @@ __global__ void find_non_finite_kernel(const T* g, std::size_t n, int* flag) {
     if (!isfinite(load_double(g, i))) *flag = 1;  // every writer writes 1: no race to lose
 }
 
-// Device memory freed however the call ends.
-struct DeviceScratch {
-  void* ptr = nullptr;
-  explicit DeviceScratch(std::size_t bytes) { check(cudaMalloc(&ptr, bytes), "cudaMalloc"); }
-  ~DeviceScratch() { cudaFree(ptr); }
-};
+cudaStream_t stream_of(const DeviceContext& ctx) { return static_cast<cudaStream_t>(ctx.stream); }
+
+int device_of(const DeviceContext& ctx) {
+  return ctx.cuda_device >= 0 ? ctx.cuda_device : current_cuda_device();
+}
 
 }  // namespace
 
 void sgd_update(float* values, const float* grad, float* momentum_buffer, std::size_t count,
-                const SgdStepArgs& args) {
+                const SgdStepArgs& args, const DeviceContext& ctx) {
   if (count == 0) return;
-  sgd_kernel<<<blocks_for(count), kThreads>>>(values, grad, momentum_buffer, count, args);
+  sgd_kernel<<<blocks_for(count), kThreads, 0, stream_of(ctx)>>>(values, grad, momentum_buffer,
+                                                                  count, args);
   check(cudaGetLastError(), "SGD kernel launch");
 }
 
 void adamw_update(float* values, const float* grad, float* exp_avg, float* exp_avg_sq,
-                  std::size_t count, const AdamWStepArgs& args) {
+                  std::size_t count, const AdamWStepArgs& args, const DeviceContext& ctx) {
   if (count == 0) return;
-  adamw_kernel<<<blocks_for(count), kThreads>>>(values, grad, exp_avg, exp_avg_sq, count, args);
+  adamw_kernel<<<blocks_for(count), kThreads, 0, stream_of(ctx)>>>(values, grad, exp_avg,
+                                                                    exp_avg_sq, count, args);
   check(cudaGetLastError(), "AdamW kernel launch");
 }
 
-double sum_of_squares(Buffer grad) {
+double sum_of_squares(Buffer grad, const DeviceContext& ctx) {
   if (grad.count == 0) return 0;
   const unsigned blocks = blocks_for(grad.count, kReduceBlocks);
-  DeviceScratch partials(blocks * sizeof(double));
+  const DeviceBuffer partials(blocks, DType::f64, MemoryKind::cuda, device_of(ctx));
   visit_floating(grad, "sum of squares", [&](auto* g) {
-    sum_squares_kernel<<<blocks, kThreads>>>(g, grad.count, static_cast<double*>(partials.ptr));
+    sum_squares_kernel<<<blocks, kThreads, 0, stream_of(ctx)>>>(
+        g, grad.count, static_cast<double*>(partials.view().data));
   });
   check(cudaGetLastError(), "sum of squares kernel launch");
+  // The bounded wait first, so the copy into pageable memory finds the stream idle.
+  synchronize_stream(ctx, "clip_grad_norm: the sum of squares of a gradient on the GPU");
   std::vector<double> host(blocks);
-  check(cudaMemcpy(host.data(), partials.ptr, blocks * sizeof(double), cudaMemcpyDeviceToHost),
-        "sum of squares: cudaMemcpy to host");
+  copy_buffer(buffer_of(std::span(host)), partials.view(), ctx.stream);
   double sum = 0;
   for (double p : host) sum += p;  // block order
   return sum;
 }
 
-void scale_in_place(Buffer grad, double factor) {
+void scale_in_place(Buffer grad, double factor, const DeviceContext& ctx) {
   if (grad.count == 0) return;
   visit_floating(grad, "scale", [&](auto* g) {
-    scale_kernel<<<blocks_for(grad.count), kThreads>>>(g, grad.count, factor, nullptr);
+    scale_kernel<<<blocks_for(grad.count), kThreads, 0, stream_of(ctx)>>>(g, grad.count, factor,
+                                                                           nullptr);
   });
   check(cudaGetLastError(), "scale kernel launch");
 }
 
-bool unscale(std::span<const Buffer> grads, double inverse) {
+bool unscale(std::span<const Buffer> grads, double inverse, const DeviceContext& ctx) {
   if (grads.empty()) return true;
-  // One flag per buffer: each buffer's scale kernel reads its own, so a non-finite buffer is
-  // left as it is without a round trip to the host in between.
-  DeviceScratch flags(grads.size() * sizeof(int));
-  check(cudaMemset(flags.ptr, 0, grads.size() * sizeof(int)), "unscale: cudaMemset");
-  int* flag = static_cast<int*>(flags.ptr);
+  // One flag per buffer: each buffer's scale kernel reads its own, so a
+  // non-finite buffer is left as it is without a round trip to the host in between.
+  const DeviceBuffer flags(grads.size(), DType::i32, MemoryKind::cuda, device_of(ctx));
+  // Zeroed again on the stream: the allocation's memset runs on the legacy default stream, which
+  // a non-blocking compute stream is not ordered after.
+  zero_buffer(flags.view(), ctx.stream);
+  int* flag = static_cast<int*>(flags.view().data);
   for (std::size_t k = 0; k < grads.size(); ++k) {
     const Buffer& b = grads[k];
     if (b.count == 0) continue;
     visit_floating(b, "unscale", [&](auto* g) {
-      find_non_finite_kernel<<<blocks_for(b.count), kThreads>>>(g, b.count, flag + k);
-      scale_kernel<<<blocks_for(b.count), kThreads>>>(g, b.count, inverse, flag + k);
+      find_non_finite_kernel<<<blocks_for(b.count), kThreads, 0, stream_of(ctx)>>>(g, b.count,
+                                                                                   flag + k);
+      scale_kernel<<<blocks_for(b.count), kThreads, 0, stream_of(ctx)>>>(g, b.count, inverse,
+                                                                          flag + k);
     });
     check(cudaGetLastError(), "unscale kernel launch");
   }
-  std::vector<int> host(grads.size());
-  check(cudaMemcpy(host.data(), flags.ptr, host.size() * sizeof(int), cudaMemcpyDeviceToHost),
-        "unscale: cudaMemcpy to host");
-  return std::all_of(host.begin(), host.end(), [](int f) { return f == 0; });
-}
-
-void* allocate_zeroed(std::size_t bytes) {
-  void* ptr = nullptr;
-  check(cudaMalloc(&ptr, std::max<std::size_t>(bytes, 1)), "cudaMalloc (optimizer state)");
-  const cudaError_t rc = cudaMemset(ptr, 0, bytes);
-  if (rc != cudaSuccess) cudaFree(ptr);
-  check(rc, "cudaMemset (optimizer state)");
-  return ptr;
-}
-
-void free_device(void* ptr) noexcept { cudaFree(ptr); }
-
-void fill_zero(void* ptr, std::size_t bytes) { check(cudaMemset(ptr, 0, bytes), "cudaMemset"); }
-
-void copy_to_host(void* host, const void* device, std::size_t bytes) {
-  check(cudaMemcpy(host, device, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy to host");
-}
-
-void copy_to_device(void* device, const void* host, std::size_t bytes) {
-  check(cudaMemcpy(device, host, bytes, cudaMemcpyHostToDevice), "cudaMemcpy to device");
-}
-
-void copy_device_to_device(void* dst, const void* src, std::size_t bytes) {
-  check(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice), "cudaMemcpy device to device");
+  synchronize_stream(ctx, "fp16 loss scaling: unscaling the gradients on the GPU");
+  std::vector<std::int32_t> host(grads.size());
+  copy_buffer(buffer_of(std::span(host)), flags.view(), ctx.stream);
+  return std::all_of(host.begin(), host.end(), [](std::int32_t f) { return f == 0; });
 }
 
 }  // namespace accel::cuda

@@ -4,34 +4,31 @@
 // backends/optim/elementwise.cpp calls them for DeviceKind::cuda buffers and is what users
 // call (accel::Sgd, accel::AdamW, clip_grad_norm, the loss scaler); these are the GPU half.
 //
-// Every kernel runs on the legacy default stream, after whatever the loop queued there (its
-// backward kernels) and before the next collective (the NCCL communicator waits on that
-// stream before each operation). Calls that return a value wait for their result; the others
-// only queue work. Errors throw accel::Error naming the call and CUDA's message.
+// Every kernel runs on ctx.stream, the loop's compute stream (compute_context(comm): the
+// communicator's, so the next collective is ordered after it and the strategies' copies before
+// it). Calls that hand a value back to the host (the sum of squares, unscale's found-inf) wait
+// for that stream with synchronize_stream, bounded by ctx.timeout; the others only queue work.
+// Scratch memory and copies go through backends/comm/device_memory.hpp, the one place device
+// memory is handled; this file holds kernels only. Errors throw accel::Error naming the call
+// and CUDA's message.
 
 #include <cstddef>
 #include <span>
 
+#include "backends/comm/device_memory.hpp"
 #include "backends/comm/dtype.hpp"
 #include "backends/optim/elementwise.hpp"
 
 namespace accel::cuda {
 
 void sgd_update(float* values, const float* grad, float* momentum_buffer, std::size_t count,
-                const SgdStepArgs& args);
+                const SgdStepArgs& args, const DeviceContext& ctx);
 void adamw_update(float* values, const float* grad, float* exp_avg, float* exp_avg_sq,
-                  std::size_t count, const AdamWStepArgs& args);
+                  std::size_t count, const AdamWStepArgs& args, const DeviceContext& ctx);
 // The buffer's sum of squares in double (f32, f64, f16, bf16), reduced in a fixed order.
-double sum_of_squares(Buffer grad);
-void scale_in_place(Buffer grad, double factor);
+double sum_of_squares(Buffer grad, const DeviceContext& ctx);
+void scale_in_place(Buffer grad, double factor, const DeviceContext& ctx);
 // Unscales every buffer whose elements are all finite; returns whether all were.
-bool unscale(std::span<const Buffer> grads, double inverse);
-
-void* allocate_zeroed(std::size_t bytes);
-void free_device(void* ptr) noexcept;
-void fill_zero(void* ptr, std::size_t bytes);
-void copy_to_host(void* host, const void* device, std::size_t bytes);
-void copy_to_device(void* device, const void* host, std::size_t bytes);
-void copy_device_to_device(void* dst, const void* src, std::size_t bytes);
+bool unscale(std::span<const Buffer> grads, double inverse, const DeviceContext& ctx);
 
 }  // namespace accel::cuda
