@@ -97,7 +97,7 @@ IFS=, read -ra optimizer_list <<<"$optimizers"
 IFS=, read -ra comm_list <<<"$comms"
 
 # ---- the one environment
-export GLIBC_TUNABLES=glibc.malloc.hugetlb=1:glibc.malloc.mmap_threshold=4294967296:glibc.malloc.trim_threshold=4294967296
+export GLIBC_TUNABLES=glibc.malloc.hugetlb=1:glibc.malloc.mmap_threshold=4294967296:glibc.malloc.trim_threshold=4294967296:glibc.malloc.arena_max=1
 openblas_dir=/usr/lib/x86_64-linux-gnu/openblas-openmp
 if [[ -e "$openblas_dir/libblas.so.3" ]]; then
   export LD_LIBRARY_PATH="$openblas_dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"

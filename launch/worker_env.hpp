@@ -16,10 +16,11 @@ namespace accel::launch {
 using EnvList = std::vector<std::pair<std::string, std::string>>;
 
 // GLIBC_TUNABLES for CPU workers unless the user set it (worker_env.cpp says why): malloc on
-// transparent huge pages, and the mmap and trim thresholds out of reach.
+// transparent huge pages, the mmap and trim thresholds out of reach, and one arena for all
+// threads.
 inline constexpr const char* kWorkerMallocTunables =
     "glibc.malloc.hugetlb=1:glibc.malloc.mmap_threshold=4294967296:"
-    "glibc.malloc.trim_threshold=4294967296";
+    "glibc.malloc.trim_threshold=4294967296:glibc.malloc.arena_max=1";
 
 // Where this machine's workers sit in the job.
 struct JobLayout {
