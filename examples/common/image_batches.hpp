@@ -5,8 +5,10 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <vector>
 
+#include "accelerate/accelerator.hpp"
 #include "examples/common/idx_reader.hpp"
 
 namespace examples {
@@ -41,6 +43,29 @@ inline void take_batch(const FloatImages& d, const std::vector<std::size_t>& idx
                 x.begin() + std::ptrdiff_t(k * d.features));
     labels[k] = d.labels[i];
   }
+}
+
+// Test accuracy over the whole test set: each process predicts its shard (model.predict(x, n)
+// returns n class indices), the verdicts are gathered without the sampler's padding, so
+// exactly test.count samples are counted.
+template <typename Model>
+double test_accuracy(accel::Accelerator& acc, Model& model, const FloatImages& test) {
+  const std::size_t batch = 256;
+  accel::ShardedSampler sampler = acc.make_sampler(test.count, {batch, false, 0, false});
+  const auto idx = sampler.indices();
+  std::vector<float> x;
+  std::vector<int> labels;
+  std::size_t correct = 0, seen = 0;
+  for (std::size_t b = 0; b < sampler.num_batches(); ++b) {
+    take_batch(test, idx, b * batch, batch, x, labels);
+    const std::vector<int> predicted = model.predict(x, int(batch));
+    std::vector<std::int64_t> hit(batch);
+    for (std::size_t k = 0; k < batch; ++k) hit[k] = predicted[k] == labels[k];
+    const auto all = acc.gather_for_metrics(hit, sampler, b);
+    for (std::int64_t h : all) correct += std::size_t(h);
+    seen += all.size();
+  }
+  return double(correct) / double(seen);
 }
 
 }  // namespace examples

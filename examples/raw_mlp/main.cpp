@@ -95,27 +95,6 @@ Flags parse_flags(int argc, char** argv) {
 using examples::take_batch;
 using Data = examples::FloatImages;
 
-// Test accuracy over the whole test set: each process predicts its shard, the verdicts are
-// gathered without the sampler's padding, so exactly test.count samples are counted.
-double evaluate(accel::Accelerator& acc, raw_mlp::Mlp& model, const Data& test) {
-  const std::size_t batch = 256;
-  accel::ShardedSampler sampler = acc.make_sampler(test.count, {batch, false, 0, false});
-  const auto idx = sampler.indices();
-  std::vector<float> x;
-  std::vector<int> labels;
-  std::size_t correct = 0, seen = 0;
-  for (std::size_t b = 0; b < sampler.num_batches(); ++b) {
-    take_batch(test, idx, b * batch, batch, x, labels);
-    const std::vector<int> predicted = model.predict(x, int(batch));
-    std::vector<std::int64_t> hit(batch);
-    for (std::size_t k = 0; k < batch; ++k) hit[k] = predicted[k] == labels[k];
-    const auto all = acc.gather_for_metrics(hit, sampler, b);
-    for (std::int64_t h : all) correct += std::size_t(h);
-    seen += all.size();
-  }
-  return double(correct) / double(seen);
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -193,7 +172,7 @@ int main(int argc, char** argv) {
       // The mean loss over every process's batches.
       float mean[2] = {float(loss_sum), float(loss_count)};
       acc.reduce(accel::buffer_of(std::span<float>(mean, 2)), accel::ReduceOp::sum);
-      const double accuracy = evaluate(acc, model, test);
+      const double accuracy = examples::test_accuracy(acc, model, test);
       const double seconds =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
       acc.print("epoch %llu/%d: loss %.4f, test accuracy %.4f (%.1f s)\n",
