@@ -4,6 +4,7 @@
 #include <cstring>
 #include <string>
 
+#include "backends/comm/device_memory.hpp"
 #include "backends/comm/error.hpp"
 #include "backends/comm/reduce.hpp"
 #include "backends/replicas.hpp"
@@ -110,11 +111,9 @@ DataParallelStrategy::DataParallelStrategy(Communicator& comm, std::vector<Param
                       who + ": parameter '" + p.name +
                           "' is not on the CPU (only CPU replicas are implemented)");
       if (p.grad.data == nullptr) {  // storage from here, zeroed
-        auto storage = std::make_unique<std::byte[]>(p.data.bytes());
-        std::memset(storage.get(), 0, p.data.bytes());
-        p.grad = Buffer{storage.get(), p.data.count, p.data.dtype, p.data.device};
+        owned_grads_.emplace_back(p.data.count, p.data.dtype, MemoryKind::host);
+        p.grad = owned_grads_.back().view();
         gradient_bytes_ += p.data.bytes();
-        owned_grads_.push_back(std::move(storage));
       }
       ACCEL_CHECK_ARG(p.grad.dtype == p.data.dtype && p.grad.count == p.data.count,
                       who + ": parameter '" + p.name +

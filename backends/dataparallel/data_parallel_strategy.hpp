@@ -24,10 +24,10 @@
 
 #include <cstddef>
 #include <functional>
-#include <memory>
 #include <vector>
 
 #include "backends/backend.hpp"
+#include "backends/comm/device_memory.hpp"
 #include "backends/comm/reduce.hpp"
 #include "backends/dataparallel/replica_pool.hpp"
 
@@ -96,7 +96,7 @@ class DataParallelStrategy final : public Strategy {
   Communicator& comm_;
   std::vector<std::vector<ParamRef>> replicas_;
   std::vector<std::vector<Buffer>> buffers_;
-  std::vector<std::unique_ptr<std::byte[]>> owned_grads_;
+  std::vector<DeviceBuffer> owned_grads_;  // gradient storage for ParamRefs given without
   std::size_t gradient_bytes_ = 0;
   std::vector<double> weights_;
   bool sync_enabled_ = true;
