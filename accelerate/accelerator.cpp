@@ -1,9 +1,11 @@
 #include "accelerate/accelerator.hpp"
 
+#include <cstdlib>
 #include <cstring>
 
 #include "accelerate/process_group.hpp"
 #include "backends/comm/error.hpp"
+#include "backends/comm/local_communicator.hpp"
 #include "backends/optim/clip.hpp"
 #include "backends/optim/elementwise.hpp"
 #include "backends/optim/host_collectives.hpp"
@@ -49,12 +51,40 @@ std::vector<T> drop_padding(std::vector<T> gathered, const ShardedSampler& sampl
   return gathered;
 }
 
+// DATA_PARALLEL on GPUs: a replica per GPU of gpu_ids. Under `accel launch` the launcher has
+// narrowed CUDA_VISIBLE_DEVICES to gpu_ids, so whenever that variable is set the replicas are
+// every visible GPU, 0 .. n-1; a program run without it takes gpu_ids as CUDA's indices.
+std::vector<int> data_parallel_gpus(const config::ResolvedConfig& settings) {
+  const config::Config& c = settings.config;
+  const std::string what = settings.origins.at("distributed_type") +
+                           ": DATA_PARALLEL on GPUs (use_cpu false, from " +
+                           settings.origins.at("use_cpu") + ")";
+  const std::string instead =
+      "; set use_cpu true for replicas on CPU threads (data_parallel_replicas)";
+  if (!cuda_runtime_built())
+    throw ConfigError(what + ": this build of accelerate-cpp has no CUDA runtime" + instead);
+  const int visible = config::detect_hardware().gpus;
+  if (visible == 0) throw ConfigError(what + ": no CUDA device is visible" + instead);
+  std::vector<int> ids;
+  if (c.gpu_ids == "all" || std::getenv("CUDA_VISIBLE_DEVICES") != nullptr)
+    for (int i = 0; i < visible; ++i) ids.push_back(i);
+  else
+    ids = config::gpu_id_list(c);
+  for (int id : ids)
+    if (id >= visible)
+      throw ConfigError(settings.origins.at("gpu_ids") + ": gpu_ids " + c.gpu_ids +
+                        " names GPU " + std::to_string(id) + ", but " + std::to_string(visible) +
+                        " GPU(s) are visible");
+  return ids;
+}
+
 }  // namespace
 
 Accelerator::Accelerator(AcceleratorOptions options) : options_(std::move(options)) {
   const config::ResolvedConfig settings = resolve_settings(options_);
   accumulation_steps_ = settings.config.gradient_accumulation_steps;
   mixed_precision_ = config::to_string(settings.config.mixed_precision);
+  uses_gpu_ = config::uses_gpu(settings.config);
   strategy_options_.ddp = options_.ddp;
   strategy_options_.zero = options_.zero;
   if (settings.config.distributed_type == config::DistributedType::ZERO) {
@@ -68,17 +98,15 @@ Accelerator::Accelerator(AcceleratorOptions options) : options_(std::move(option
       strategy_options_.zero.offload_optimizer = OffloadDevice::cpu;
   }
   if (settings.config.distributed_type == config::DistributedType::DATA_PARALLEL) {
-    if (config::uses_gpu(settings.config))
-      throw ConfigError(settings.origins.at("distributed_type") +
-                        ": DATA_PARALLEL on GPUs (gpu_ids " + settings.config.gpu_ids +
-                        ", use_cpu false from " +
-                        settings.origins.at("use_cpu") +
-                        ") is not implemented yet; set use_cpu true for replicas on CPU "
-                        "threads (data_parallel_replicas)");
     strategy_options_.kind = "data_parallel";
-    const int replicas = settings.config.data_parallel_replicas;
-    strategy_options_.data_parallel.replicas =
-        replicas > 0 ? replicas : config::detect_hardware().cpu_cores;
+    DataParallelOptions& dp = strategy_options_.data_parallel;
+    if (config::uses_gpu(settings.config)) {
+      dp.cuda_devices = data_parallel_gpus(settings);
+      dp.replicas = int(dp.cuda_devices.size());
+    } else {
+      const int replicas = settings.config.data_parallel_replicas;
+      dp.replicas = replicas > 0 ? replicas : config::detect_hardware().cpu_cores;
+    }
   }
 
   ProcessGroupOptions pg;
@@ -97,7 +125,22 @@ Accelerator::Accelerator(AcceleratorOptions options) : options_(std::move(option
 
 Accelerator::~Accelerator() = default;
 
-DeviceKind Accelerator::device() const { return group_->comm().device(); }
+DeviceKind Accelerator::device() const {
+  return replica_cuda_device(0) >= 0 ? DeviceKind::cuda : group_->comm().device();
+}
+
+int Accelerator::cuda_device() const {
+  if (replica_cuda_device(0) >= 0) return replica_cuda_device(0);
+  const Communicator& c = group_->comm();
+  if (c.device() == DeviceKind::cuda) return c.cuda_device();
+  return uses_gpu_ ? env_.local_rank : -1;  // the world of one before prepare: LOCAL_RANK's GPU
+}
+
+int Accelerator::replica_cuda_device(int replica) const {
+  const DataParallelOptions& dp = strategy_options_.data_parallel;
+  if (strategy_options_.kind != "data_parallel" || dp.cuda_devices.empty()) return -1;
+  return dp.cuda_devices[std::size_t(replica)];
+}
 
 Communicator& Accelerator::comm() { return group_->comm(); }
 
@@ -115,6 +158,11 @@ void Accelerator::prepare_parameters(std::vector<ParamRef> params, std::vector<B
                       "prepare(params, ...)");
   params_ = params;  // views, kept for save_state / load_state
   buffers_ = buffers;
+  // The world of one works where the parameters are (replica 0's GPU under DataParallel).
+  if (auto* local = dynamic_cast<LocalCommunicator*>(&comm());
+      local != nullptr && !params.empty() && params[0].data.device == DeviceKind::cuda)
+    local->use_cuda_device(replica_cuda_device(0) >= 0 ? replica_cuda_device(0)
+                                                       : current_cuda_device());
   strategy_ = make_strategy(comm(), std::move(params), std::move(buffers), strategy_options_);
   strategy_->prepare();
   strategy_->set_sync_enabled(is_accumulation_boundary());

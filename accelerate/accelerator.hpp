@@ -17,8 +17,9 @@
 //   }
 //
 // The same loop runs under DDP, ZeRO (distributed_type ZERO, zero_stage 1 or 2) and
-// DataParallel (DATA_PARALLEL: replicas of the model on threads of this one process, the
-// batch split between them by forward_backward): the optimizer steps what the strategy hands
+// DataParallel (DATA_PARALLEL: replicas of the model on threads of this one process, each on
+// its own GPU of gpu_ids or, with use_cpu, on the CPU; the batch split between them by
+// forward_backward): the optimizer steps what the strategy hands
 // it (every parameter, this rank's slices, or replica 0's) and the strategy finishes the step
 // (ZeRO all-gathers, DataParallel copies replica 0 to the others).
 //
@@ -46,6 +47,7 @@
 #include "accelerate/sharded_sampler.hpp"
 #include "backends/backend.hpp"
 #include "backends/comm/communicator.hpp"
+#include "backends/comm/device_memory.hpp"
 #include "backends/comm/error.hpp"
 #include "backends/comm/reduce.hpp"
 #include "backends/optim/optimizer.hpp"
@@ -88,7 +90,13 @@ class Accelerator {
   int num_processes() const { return env_.world_size; }
   bool is_main_process() const { return env_.rank == 0; }
   bool is_local_main_process() const { return env_.local_rank == 0; }
+  // Where the prepared parameters must live: CPU memory, or CUDA memory under the NCCL
+  // communicator and under DATA_PARALLEL on GPUs.
   DeviceKind device() const;
+  // The GPU the loop's model goes on (make it current, cudaSetDevice(acc.cuda_device()), before
+  // allocating the model): the NCCL communicator's (LOCAL_RANK's of the visible GPUs), or
+  // under DATA_PARALLEL on GPUs replica 0's; -1 on the CPU.
+  int cuda_device() const;
   const ProcessEnv& process_env() const { return env_; }
   int gradient_accumulation_steps() const { return accumulation_steps_; }
   const std::string& mixed_precision() const { return mixed_precision_; }
@@ -133,7 +141,10 @@ class Accelerator {
     Accelerator* accelerator_;
   };
   // prepare(params_of(model), optimizer), and under DATA_PARALLEL also K-1 copies of the model
-  // (copy-constructed now, kept here) whose parameters params_of gives the strategy.
+  // (copy-constructed now, kept here) whose parameters params_of gives the strategy. On GPUs
+  // copy k is constructed with replica k's device current, so a copy constructor that
+  // allocates with cudaMalloc and copies with cudaMemcpy(..., cudaMemcpyDefault) puts the
+  // replica on its GPU.
   // params_of(Model&) -> std::vector<ParamRef>, the same parameters in the same order for
   // every copy.
   template <typename Model, typename ParamsOf>
@@ -141,6 +152,7 @@ class Accelerator {
              std::is_invocable_r_v<std::vector<ParamRef>, ParamsOf&, Model&>
   void prepare(Model& model, ParamsOf params_of, Optimizer& optimizer) {
     for (int k = 1; k < data_parallel_replicas(); ++k) {
+      CudaDeviceGuard on(replica_cuda_device(k));
       auto copy = std::make_shared<Model>(model);
       strategy_options_.data_parallel.replica_params.push_back(params_of(*copy));
       replica_models_.push_back(std::move(copy));
@@ -155,7 +167,7 @@ class Accelerator {
   // ready(i) when parameter i's gradient is final, and returns the mean loss. Under DDP, ZeRO
   // or one process fn runs once on `model` over all rows. Under DATA_PARALLEL the rows are
   // split in contiguous chunks (torch.chunk's rule: chunk_rows), fn runs on replica k in
-  // worker thread k, and the reduction weights replica k's gradient by its share of the rows,
+  // worker thread k (with replica k's GPU current), and the reduction weights replica k's gradient by its share of the rows,
   // so sync_gradients() leaves the gradient of the whole batch's mean loss. Returns the mean
   // loss over all rows.
   template <typename Model, typename Fn>
@@ -182,6 +194,8 @@ class Accelerator {
   int data_parallel_replicas() const;
   // The DataParallel strategy, or null under any other.
   DataParallelStrategy* data_parallel_strategy();
+  // Replica k's GPU under DATA_PARALLEL on GPUs, else -1.
+  int replica_cuda_device(int replica) const;
 
   // Multiply the loss (or the gradient of the mean loss) by this: 1 / accumulation steps,
   // times the dynamic loss scale under mixed_precision fp16.
@@ -337,6 +351,7 @@ class Accelerator {
   const void* prepared_model_ = nullptr;
   std::vector<std::shared_ptr<void>> replica_models_;
   int accumulation_steps_ = 1;
+  bool uses_gpu_ = false;              // the config's choice (use_cpu false, or MULTI_GPU)
   std::string mixed_precision_ = "no";
   int micro_since_sync_ = 0;           // micro-batches since the last boundary
   std::unique_ptr<DynamicLossScaler> scaler_;  // mixed_precision fp16

@@ -14,23 +14,30 @@
 
 namespace accel {
 
-// Each gradient matches its parameter, and everything lives where the communicator works.
-inline void check_replica_params(std::string_view strategy, const Communicator& comm,
-                                 const std::vector<ParamRef>& params) {
+// Each gradient matches its parameter, and everything is in `device`'s memory; `why` says why
+// it must be ("the gloo communicator works on CPU buffers"). `who` starts the message.
+inline void check_params_on(std::string_view who, const std::vector<ParamRef>& params,
+                            DeviceKind device, std::string_view why) {
   for (const ParamRef& p : params) {
     ACCEL_CHECK_ARG(p.data.dtype == p.grad.dtype && p.data.count == p.grad.count,
-                    std::string(strategy) + ": parameter '" + p.name +
+                    std::string(who) + ": parameter '" + p.name +
                         "' has a gradient of another shape or dtype");
-    ACCEL_CHECK_ARG(p.data.device == comm.device(),
-                    std::string(strategy) + ": parameter '" + p.name + "' is in " +
-                        (p.data.device == DeviceKind::cuda ? "CUDA" : "CPU") +
-                        " memory, but the " + std::string(comm.backend_name()) +
-                        " communicator works on " +
-                        (comm.device() == DeviceKind::cuda ? "CUDA" : "CPU") + " buffers");
+    ACCEL_CHECK_ARG(p.data.device == device,
+                    std::string(who) + ": parameter '" + p.name + "' is in " +
+                        (p.data.device == DeviceKind::cuda ? "CUDA" : "CPU") + " memory, but " +
+                        std::string(why));
     ACCEL_CHECK_ARG(p.grad.data == nullptr || p.grad.device == p.data.device,
-                    std::string(strategy) + ": the gradient of '" + p.name +
+                    std::string(who) + ": the gradient of '" + p.name +
                         "' is on another device than the parameter");
   }
+}
+
+// check_params_on for a strategy over a communicator: everything where the communicator works.
+inline void check_replica_params(std::string_view strategy, const Communicator& comm,
+                                 const std::vector<ParamRef>& params) {
+  check_params_on(strategy, params, comm.device(),
+                  "the " + std::string(comm.backend_name()) + " communicator works on " +
+                      (comm.device() == DeviceKind::cuda ? "CUDA" : "CPU") + " buffers");
 }
 
 // Where a strategy keeps its own buffers (buckets, flat buffers): beside the parameters,

@@ -18,6 +18,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "backends/comm/error.hpp"
@@ -306,6 +307,43 @@ TEST_CASE("the sum of squares and the clipping multiply on GPU buffers match the
     const auto back = gb.download();
     CHECK(std::memcmp(back.data(), b.data(), n * sizeof(BFloat16)) == 0);
   }
+#endif
+}
+
+TEST_CASE("DataParallel's gradient sum on GPU buffers matches the CPU bit for bit") {
+  if (no_gpu()) return;
+#if ACCEL_TEST_HAVE_CUDA_KERNELS
+  // Plain sums add one source at a time in the dtype; weighted sums accumulate in double and
+  // round once, on both sides (no fused multiply-add in the kernel): so bitwise.
+  std::mt19937 rng(11);
+  const std::size_t n = 300007;
+  const std::vector<double> weights = {0.4, 0.35, 0.25}, ones = {1.0, 1.0, 1.0};
+  auto run = [&](auto element, const std::vector<double>& w, double divide_by) {
+    using T = decltype(element);
+    std::vector<std::vector<T>> host(3);
+    for (auto& h : host) {
+      const std::vector<float> f = random_floats(n, rng);
+      h.resize(n);
+      for (std::size_t i = 0; i < n; ++i) {
+        if constexpr (std::is_same_v<T, BFloat16>) h[i] = to_bf16(f[i]);
+        else h[i] = T(f[i]);
+      }
+    }
+    std::vector<std::unique_ptr<DeviceVector<T>>> gpu;
+    for (const auto& h : host) gpu.push_back(std::make_unique<DeviceVector<T>>(h));
+    const Buffer gpu_sources[] = {gpu[1]->view(), gpu[2]->view()};
+    const Buffer cpu_sources[] = {buffer_of(std::span(host[1])), buffer_of(std::span(host[2]))};
+    weighted_sum(gpu[0]->view(), gpu_sources, w, divide_by);
+    weighted_sum(buffer_of(std::span(host[0])), cpu_sources, w, divide_by);
+    const std::vector<T> back = gpu[0]->download();
+    CHECK(std::memcmp(back.data(), host[0].data(), n * sizeof(T)) == 0);
+  };
+  SUBCASE("weighted f32") { run(float{}, weights, 1.0); }
+  SUBCASE("weighted f32, divided (folding mid-accumulation)") { run(float{}, weights, 0.4); }
+  SUBCASE("weighted f64") { run(double{}, weights, 1.0); }
+  SUBCASE("plain f32") { run(float{}, ones, 1.0); }
+  SUBCASE("plain f64") { run(double{}, ones, 1.0); }
+  SUBCASE("plain bf16") { run(BFloat16{}, ones, 1.0); }
 #endif
 }
 

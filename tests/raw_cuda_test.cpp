@@ -40,7 +40,8 @@ struct Run {
   std::string output;
 };
 
-// raw_cuda as rank 0 of a world of one over NCCL; env adds the strategy's settings.
+// raw_cuda as rank 0 of a world of one over NCCL (unless env names ACCEL_COMM_BACKEND); env
+// adds the strategy's settings.
 Run run_raw_cuda(const TempDir& dir, const std::string& name,
                  const std::vector<std::pair<std::string, std::string>>& env,
                  std::vector<std::string> extra = {}, int steps = kSteps) {
@@ -51,8 +52,10 @@ Run run_raw_cuda(const TempDir& dir, const std::string& name,
                                    "--seed", "7", "--save_params", params};
   args.insert(args.end(), extra.begin(), extra.end());
   RanksOptions options;
-  options.env = {{"ACCEL_COMM_BACKEND", "nccl"}};
-  options.env.insert(options.env.end(), env.begin(), env.end());
+  options.env = env;
+  bool chooses_backend = false;
+  for (const auto& [name, value] : env) chooses_backend = chooses_backend || name == "ACCEL_COMM_BACKEND";
+  if (!chooses_backend) options.env.emplace_back("ACCEL_COMM_BACKEND", "nccl");
   const auto result = run_ranks(1, "raw_cuda", args, options);
   INFO(name << ": " << describe(result));
   REQUIRE(result.exit_code() == 0);
@@ -142,6 +145,44 @@ TEST_CASE("raw_cuda trains the MLP on a GPU under DDP, ZeRO 1/2, fp16 and bf16, 
   check_learns(bf16, "bf16");
   CHECK(bf16.output.find("bf16 compute") != std::string::npos);
   CHECK(bf16.params != ddp.params);  // it really computed in bf16
+}
+
+TEST_CASE("raw_cuda in one process without NCCL, and DataParallel over one GPU, end where DDP does") {
+  if (skip_unless(communicator_available("nccl"), "nccl communicator not built")) return;
+  if (skip_unless(cuda_device_count() > 0, "no CUDA device visible: raw_cuda needs a GPU")) return;
+  if (skip_unless(std::filesystem::exists(kData + "/train-images-idx3-ubyte.gz"),
+                  "Fashion-MNIST not installed at " + kData +
+                      " (Debian package dataset-fashion-mnist)"))
+    return;
+  TempDir dir("raw_cuda_one_process_test");
+  // The same kernels on the same gradients: DDP's average over one rank, the world of one's
+  // no-op and one replica's reduction change nothing, so the parameters should agree bit for
+  // bit; the limit is 1e-6 and the message says how many differ at all.
+  const Run ddp = run_raw_cuda(dir, "ddp", {}, {"--optimizer", "adamw", "--lr", "0.002"});
+  const Run local = run_raw_cuda(dir, "local", {{"ACCEL_COMM_BACKEND", "local"}},
+                                 {"--optimizer", "adamw", "--lr", "0.002"});
+  const Run dp = run_raw_cuda(dir, "data_parallel",
+                              {{"ACCEL_COMM_BACKEND", "local"},
+                               {"ACCEL_DISTRIBUTED_TYPE", "DATA_PARALLEL"},
+                               {"ACCEL_USE_CPU", "false"},
+                               {"CUDA_VISIBLE_DEVICES", "0"}},
+                              {"--optimizer", "adamw", "--lr", "0.002"});
+  CHECK(local.output.find("strategy ddp") != std::string::npos);
+  CHECK(dp.output.find("1 processes x 1 replica(s)") != std::string::npos);
+  CHECK(dp.output.find("strategy data_parallel") != std::string::npos);
+  check_learns(local, "the world of one on a GPU");
+  check_learns(dp, "DataParallel over one GPU");
+  for (const Run* run : {&local, &dp}) {
+    REQUIRE(run->params.size() == ddp.params.size());
+    double worst = 0;
+    std::size_t differ = 0;
+    for (std::size_t i = 0; i < ddp.params.size(); ++i) {
+      worst = std::max(worst, double(std::fabs(run->params[i] - ddp.params[i])));
+      differ += run->params[i] != ddp.params[i];
+    }
+    MESSAGE(differ << " of " << ddp.params.size() << " parameters differ from DDP's, max " << worst);
+    CHECK(worst <= 1e-6);
+  }
 }
 
 TEST_CASE("raw_cuda stopped at step N and resumed from its checkpoint ends where a whole run does") {

@@ -257,6 +257,13 @@ AcceleratedOptimizer& TorchAccelerator::prepare_module(torch::nn::Module& module
 
 void TorchAccelerator::make_replicas(torch::nn::Module& module, std::size_t trainable) {
   DataParallelOptions& options = strategy_options_to_prepare().data_parallel;
+  // The replicas are clone()s in the module's own memory and the forward fans out on the CPU;
+  // GPU replicas (cloning to each device, scattering inputs, gathering outputs) are only
+  // implemented for the raw API, and a CUDA LibTorch is not available to test them here.
+  ACCEL_CHECK_ARG(options.cuda_devices.empty(),
+                  "prepare: DATA_PARALLEL on GPUs is not supported by the LibTorch adapter (its "
+                  "replicas run on CPU threads: set use_cpu true); for GPUs use MULTI_GPU, DDP "
+                  "with one process per GPU, as PyTorch recommends over DataParallel");
   const int replicas = options.replicas;
   module_lists_.push_back({});
   for (const auto& m : module.modules(/*include_self=*/true)) module_lists_[0].push_back(m.get());

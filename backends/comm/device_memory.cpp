@@ -31,25 +31,6 @@ void check_same_shape(const Buffer& dst, const Buffer& src, const char* what) {
 }
 
 #if ACCEL_HAVE_CUDA_RUNTIME
-// Switches the calling thread to `device` for the lifetime of the guard (-1: leave it).
-class DeviceGuard {
- public:
-  explicit DeviceGuard(int device) {
-    if (device < 0) return;
-    ACCEL_CUDA_CHECK(cudaGetDevice(&previous_));
-    if (previous_ != device) ACCEL_CUDA_CHECK(cudaSetDevice(device));
-    else previous_ = -1;
-  }
-  ~DeviceGuard() {
-    if (previous_ >= 0) cudaSetDevice(previous_);
-  }
-  DeviceGuard(const DeviceGuard&) = delete;
-  DeviceGuard& operator=(const DeviceGuard&) = delete;
-
- private:
-  int previous_ = -1;
-};
-
 cudaStream_t as_cuda(DeviceStream stream) { return static_cast<cudaStream_t>(stream); }
 #else
 [[noreturn]] void no_cuda(const std::string& what) {
@@ -86,6 +67,41 @@ int current_cuda_device() {
 #endif
 }
 
+int cuda_device_of(const void* pointer) {
+#if ACCEL_HAVE_CUDA_RUNTIME
+  cudaPointerAttributes attributes{};
+  if (pointer == nullptr || cudaPointerGetAttributes(&attributes, pointer) != cudaSuccess) {
+    cudaGetLastError();  // not a pointer CUDA knows: host memory
+    return -1;
+  }
+  return attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged
+             ? attributes.device
+             : -1;
+#else
+  (void)pointer;
+  return -1;
+#endif
+}
+
+CudaDeviceGuard::CudaDeviceGuard(int device) {
+  if (device < 0) return;
+#if ACCEL_HAVE_CUDA_RUNTIME
+  int previous = -1;
+  ACCEL_CUDA_CHECK(cudaGetDevice(&previous));
+  if (previous == device) return;
+  ACCEL_CUDA_CHECK(cudaSetDevice(device));
+  previous_ = previous;
+#else
+  no_cuda("switching to CUDA device " + std::to_string(device));
+#endif
+}
+
+CudaDeviceGuard::~CudaDeviceGuard() {
+#if ACCEL_HAVE_CUDA_RUNTIME
+  if (previous_ >= 0) cudaSetDevice(previous_);
+#endif
+}
+
 DeviceBuffer::DeviceBuffer(std::size_t count, DType dtype, MemoryKind kind, int cuda_device)
     : kind_(kind), device_(kind == MemoryKind::cuda ? cuda_device : -1) {
   // One extra 8-byte word: never a zero-byte allocation, and every dtype stays aligned.
@@ -99,7 +115,7 @@ DeviceBuffer::DeviceBuffer(std::size_t count, DType dtype, MemoryKind kind, int 
       if (kind == MemoryKind::cuda) {
         ACCEL_CHECK_ARG(cuda_device >= 0, "a CUDA buffer needs a device index, got " +
                                               std::to_string(cuda_device));
-        DeviceGuard guard(cuda_device);
+        CudaDeviceGuard guard(cuda_device);
         ACCEL_CUDA_CHECK(cudaMalloc(&data, bytes));
         const cudaError_t rc = cudaMemset(data, 0, bytes);
         if (rc != cudaSuccess) {
@@ -190,7 +206,7 @@ void synchronize_stream(DeviceStream stream, int cuda_device, Milliseconds timeo
                         const std::string& who) {
 #if ACCEL_HAVE_CUDA_RUNTIME
   using Clock = std::chrono::steady_clock;
-  DeviceGuard guard(cuda_device);
+  CudaDeviceGuard guard(cuda_device);
   cudaEvent_t event = nullptr;
   ACCEL_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
   struct Destroy {
@@ -218,6 +234,31 @@ void synchronize_stream(DeviceStream stream, int cuda_device, Milliseconds timeo
   }
 #else
   (void)stream, (void)cuda_device, (void)timeout, (void)who;
+#endif
+}
+
+void stream_wait(const DeviceContext& waiter, const DeviceContext& signaller) {
+#if ACCEL_HAVE_CUDA_RUNTIME
+  if (waiter.stream == signaller.stream && waiter.cuda_device == signaller.cuda_device) return;
+  cudaEvent_t event = nullptr;
+  {
+    CudaDeviceGuard guard(signaller.cuda_device);  // an event belongs to its stream's device
+    ACCEL_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+    const cudaError_t rc = cudaEventRecord(event, as_cuda(signaller.stream));
+    if (rc != cudaSuccess) {
+      cudaEventDestroy(event);
+      detail::throw_cuda_error(rc, "cudaEventRecord", __FILE__, __LINE__);
+    }
+  }
+  // Destroying it while the wait is pending is allowed: CUDA releases it once the wait is done.
+  struct Destroy {
+    cudaEvent_t e;
+    ~Destroy() { cudaEventDestroy(e); }
+  } destroy{event};
+  CudaDeviceGuard guard(waiter.cuda_device);
+  ACCEL_CUDA_CHECK(cudaStreamWaitEvent(as_cuda(waiter.stream), event, 0));
+#else
+  (void)waiter, (void)signaller;
 #endif
 }
 

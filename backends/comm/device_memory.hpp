@@ -34,6 +34,24 @@ bool cuda_runtime_built();
 // The calling thread's current CUDA device (cudaGetDevice), or -1 without the CUDA runtime.
 int current_cuda_device();
 
+// The CUDA device holding `pointer` (cudaPointerGetAttributes), or -1 for host memory (and
+// always -1 without the CUDA runtime). For checks that name a buffer on the wrong GPU.
+int cuda_device_of(const void* pointer);
+
+// Makes `device` the calling thread's current CUDA device until the guard ends, then restores
+// the previous one. -1 leaves the device as it is (so CPU code passes -1 and needs no CUDA);
+// a device index in a build without the CUDA runtime throws InvalidArgument.
+class CudaDeviceGuard {
+ public:
+  explicit CudaDeviceGuard(int device);
+  ~CudaDeviceGuard();
+  CudaDeviceGuard(const CudaDeviceGuard&) = delete;
+  CudaDeviceGuard& operator=(const CudaDeviceGuard&) = delete;
+
+ private:
+  int previous_ = -1;  // -1: nothing to restore
+};
+
 // Where a call's GPU work goes: the stream the loop computes on, its device and how long a
 // call that hands a value back to the host may wait for that stream. Everything that queues
 // GPU work for the loop (the strategies' copies, the optimizer kernels, clipping, unscaling,
@@ -91,5 +109,10 @@ void synchronize_stream(DeviceStream stream, int cuda_device, Milliseconds timeo
 inline void synchronize_stream(const DeviceContext& ctx, const std::string& who) {
   synchronize_stream(ctx.stream, ctx.cuda_device, ctx.timeout, who);
 }
+// Makes `waiter`'s stream wait, on the GPU (no host wait), for everything queued on
+// `signaller`'s stream so far: an event recorded there, cudaStreamWaitEvent here. The two may
+// be on different devices (DataParallel's replicas). Does nothing when they are the same
+// stream on the same device, or without the CUDA runtime (no device work to order).
+void stream_wait(const DeviceContext& waiter, const DeviceContext& signaller);
 
 }  // namespace accel

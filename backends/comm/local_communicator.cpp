@@ -3,6 +3,7 @@
 #include <cstring>
 #include <limits>
 
+#include "backends/comm/device_memory.hpp"
 #include "backends/comm/error.hpp"
 
 namespace accel {
@@ -16,18 +17,35 @@ LocalCommunicator::LocalCommunicator(Milliseconds timeout) : Communicator(0, 1, 
 
 LocalCommunicator::~LocalCommunicator() { stop_worker(); }
 
+void LocalCommunicator::use_cuda_device(int device) {
+  ACCEL_CHECK_ARG(cuda_runtime_built(),
+                  "the world of one on CUDA device " + std::to_string(device) +
+                      ": this build has no CUDA runtime");
+  cuda_device_ = device;
+}
+
 // With one rank, sum/min/max/avg of one contribution is that contribution.
 void LocalCommunicator::run_all_reduce(Buffer, ReduceOp, Milliseconds) {}
 
 void LocalCommunicator::run_broadcast(Buffer, int, Milliseconds) {}
 
+// The one contribution is the result: a copy (on the compute stream for GPU buffers; the
+// strategies' in-place calls pass the same pointer and copy nothing).
 void LocalCommunicator::run_all_gather(Buffer input, Buffer output, Milliseconds) {
-  if (input.data != output.data) std::memmove(output.data, input.data, input.bytes());
+  if (input.data == output.data) return;
+  if (input.device == DeviceKind::cpu && output.device == DeviceKind::cpu)
+    std::memmove(output.data, input.data, input.bytes());
+  else
+    copy_buffer(output.slice(0, input.count), input, compute_stream());
 }
 
 void LocalCommunicator::run_reduce_scatter(Buffer input, Buffer output, ReduceOp,
                                            const std::vector<Shard>&, Milliseconds) {
-  if (input.data != output.data) std::memmove(output.data, input.data, output.bytes());
+  if (input.data == output.data) return;
+  if (input.device == DeviceKind::cpu && output.device == DeviceKind::cpu)
+    std::memmove(output.data, input.data, output.bytes());
+  else
+    copy_buffer(output, input.slice(0, output.count), compute_stream());
 }
 
 void LocalCommunicator::run_barrier(Milliseconds) {}

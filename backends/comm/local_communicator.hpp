@@ -12,6 +12,13 @@ class LocalCommunicator final : public Communicator {
   ~LocalCommunicator() override;
   std::string_view backend_name() const override { return "local"; }
 
+  // The world of one works wherever the parameters are. It starts on the CPU; the Accelerator
+  // switches it to CUDA memory on `device` when it prepares parameters on a GPU, so the
+  // strategies keep their buffers beside them, and its copies then run on the compute stream.
+  void use_cuda_device(int device);
+  DeviceKind device() const override { return cuda_device_ >= 0 ? DeviceKind::cuda : DeviceKind::cpu; }
+  int cuda_device() const override { return cuda_device_; }
+
  protected:
   void run_all_reduce(Buffer data, ReduceOp op, Milliseconds timeout) override;
   void run_broadcast(Buffer data, int root, Milliseconds timeout) override;
@@ -21,6 +28,9 @@ class LocalCommunicator final : public Communicator {
   void run_barrier(Milliseconds timeout) override;
   void run_send(Buffer data, int dst, std::uint32_t tag, Milliseconds timeout) override;
   void run_recv(Buffer data, int src, std::uint32_t tag, Milliseconds timeout) override;
+
+ private:
+  int cuda_device_ = -1;  // -1: CPU buffers
 };
 
 }  // namespace accel

@@ -6,7 +6,7 @@
 
 #include "backends/comm/device_memory.hpp"
 #include "backends/comm/error.hpp"
-#include "backends/comm/reduce.hpp"
+#include "backends/optim/elementwise.hpp"
 #include "backends/replicas.hpp"
 
 namespace accel {
@@ -30,31 +30,6 @@ std::vector<Span> spans_of(const std::vector<ParamRef>& params, std::size_t from
   return out;
 }
 
-template <typename T>
-T* at(const Buffer& b, std::size_t offset) {
-  return static_cast<T*>(b.data) + offset;
-}
-
-// dst[j] = (w[0] dst[j] + sum_k w[k] src_k[j]) / divide_by over [begin, end), in T (float
-// weights 1 and no division: plain additions, as one replica summing its rows would round).
-template <typename T>
-void weighted_sum(const std::vector<Buffer>& grads, const std::vector<double>& w,
-                  double divide_by, bool plain, std::size_t begin, std::size_t end) {
-  T* dst = at<T>(grads[0], 0);
-  if (plain) {
-    for (std::size_t k = 1; k < grads.size(); ++k) {
-      const T* src = at<T>(grads[k], 0);
-      for (std::size_t j = begin; j < end; ++j) dst[j] += src[j];
-    }
-    return;
-  }
-  for (std::size_t j = begin; j < end; ++j) {
-    double s = w[0] * double(dst[j]);
-    for (std::size_t k = 1; k < grads.size(); ++k) s += w[k] * double(at<T>(grads[k], 0)[j]);
-    dst[j] = T(s / divide_by);
-  }
-}
-
 }  // namespace
 
 std::vector<Shard> chunk_rows(std::size_t rows, int replicas) {
@@ -72,7 +47,9 @@ std::vector<Shard> chunk_rows(std::size_t rows, int replicas) {
 DataParallelStrategy::DataParallelStrategy(Communicator& comm, std::vector<ParamRef> params,
                                            std::vector<Buffer> buffers,
                                            DataParallelOptions options)
-    : comm_(comm), pool_(options.replicas, std::move(options.worker_init)) {
+    : comm_(comm),
+      devices_(std::move(options.cuda_devices)),
+      pool_(options.replicas, std::move(options.worker_init)) {
   ACCEL_CHECK_ARG(comm.world_size() == 1,
                   "DataParallel runs in one process; this job has " +
                       std::to_string(comm.world_size()) +
@@ -86,6 +63,12 @@ DataParallelStrategy::DataParallelStrategy(Communicator& comm, std::vector<Param
                   "DataParallel: buffers given for " +
                       std::to_string(options.replica_buffers.size()) + " replicas, expected " +
                       std::to_string(k_count - 1));
+  ACCEL_CHECK_ARG(devices_.empty() || devices_.size() == k_count,
+                  "DataParallel: " + std::to_string(devices_.size()) + " CUDA devices for " +
+                      std::to_string(k_count) + " replicas");
+  ACCEL_CHECK_ARG(!on_gpu() || k_count <= kMaxSummedSources + 1,
+                  "DataParallel: " + std::to_string(k_count) + " GPU replicas, at most " +
+                      std::to_string(kMaxSummedSources + 1) + " are summed on one GPU");
   replicas_.push_back(std::move(params));
   buffers_.push_back(std::move(buffers));
   for (std::size_t k = 1; k < k_count; ++k) {
@@ -96,6 +79,7 @@ DataParallelStrategy::DataParallelStrategy(Communicator& comm, std::vector<Param
   const std::vector<ParamRef>& first = replicas_[0];
   for (std::size_t k = 0; k < k_count; ++k) {
     const std::string who = replica_name(k);
+    const int device = cuda_device(int(k));
     ACCEL_CHECK_ARG(replicas_[k].size() == first.size(),
                     who + " has " + std::to_string(replicas_[k].size()) +
                         " parameters, replica 0 has " + std::to_string(first.size()));
@@ -107,22 +91,39 @@ DataParallelStrategy::DataParallelStrategy(Communicator& comm, std::vector<Param
       ACCEL_CHECK_ARG(p.data.dtype == first[i].data.dtype && p.data.count == first[i].data.count,
                       who + ": parameter " + std::to_string(i) + " ('" + p.name +
                           "') differs from replica 0's in dtype or size");
-      ACCEL_CHECK_ARG(p.data.device == DeviceKind::cpu,
-                      who + ": parameter '" + p.name +
-                          "' is not on the CPU (only CPU replicas are implemented)");
-      if (p.grad.data == nullptr) {  // storage from here, zeroed
-        owned_grads_.emplace_back(p.data.count, p.data.dtype, MemoryKind::host);
+      ACCEL_CHECK_ARG(!on_gpu() || cuda_device_of(p.data.data) == device,
+                      who + ": parameter '" + p.name + "' is not on CUDA device " +
+                          std::to_string(device) + ", the replica's (it is on " +
+                          (cuda_device_of(p.data.data) < 0
+                               ? std::string("the host")
+                               : "device " + std::to_string(cuda_device_of(p.data.data))) +
+                          ")");
+      if (p.grad.data == nullptr) {  // storage from here, zeroed (on the replica's stream too,
+        // which the allocation's memset on the legacy default stream may not be ordered before)
+        owned_grads_.emplace_back(p.data.count, p.data.dtype,
+                                  on_gpu() ? MemoryKind::cuda : MemoryKind::host, device);
         p.grad = owned_grads_.back().view();
         gradient_bytes_ += p.data.bytes();
+        if (on_gpu()) {
+          CudaDeviceGuard guard(device);
+          zero_buffer(p.grad, replica_context(int(k)).stream);
+        }
       }
-      ACCEL_CHECK_ARG(p.grad.dtype == p.data.dtype && p.grad.count == p.data.count,
-                      who + ": parameter '" + p.name +
-                          "' has a gradient of another shape or dtype");
     }
+    check_params_on(who, replicas_[k], on_gpu() ? DeviceKind::cuda : DeviceKind::cpu,
+                    on_gpu() ? "its replica is on CUDA device " + std::to_string(device)
+                             : std::string("the replicas are CPU threads (no cuda_devices)"));
     for (std::size_t b = 0; b < buffers_[k].size(); ++b)
       ACCEL_CHECK_ARG(buffers_[k][b].bytes() == buffers_[0][b].bytes(),
                       who + ": buffer " + std::to_string(b) + " differs from replica 0's in size");
   }
+  staging_.resize(k_count - 1);
+  for (std::size_t k = 1; on_gpu() && k < k_count; ++k)
+    if (devices_[k] != devices_[0])
+      for (const ParamRef& p : first) {
+        staging_[k - 1].emplace_back(p.data.count, p.data.dtype, MemoryKind::cuda, devices_[0]);
+        gradient_bytes_ += p.data.bytes();
+      }
   weights_.assign(k_count, 1.0);
 }
 
@@ -144,29 +145,63 @@ std::vector<ParamSegment> DataParallelStrategy::segments() const {
   return full_segments(replicas_[0]);
 }
 
-void DataParallelStrategy::copy_parameters() {
-  if (replicas() == 1) return;
+int DataParallelStrategy::cuda_device(int replica) const {
+  return on_gpu() ? devices_[std::size_t(replica)] : -1;
+}
+
+DeviceContext DataParallelStrategy::replica_context(int replica) const {
+  if (!on_gpu()) return {};
+  DeviceContext ctx{nullptr, devices_[std::size_t(replica)], comm_.timeout()};
+  if (replica == 0) ctx.stream = comm_.compute_stream();
+  return ctx;
+}
+
+void DataParallelStrategy::run_replicas(const std::function<void(int)>& fn) {
+  if (!on_gpu()) return pool_.run(fn);
+  pool_.run([&](int k) {
+    CudaDeviceGuard guard(devices_[std::size_t(k)]);
+    fn(k);
+  });
+}
+
+void DataParallelStrategy::copy_from_replica0(const std::vector<std::vector<Buffer>>& views) {
+  if (views.size() < 2 || views[0].empty()) return;
+  if (on_gpu()) {
+    const DeviceContext first = replica_context(0);
+    CudaDeviceGuard guard(first.cuda_device);
+    for (int k = 1; k < replicas(); ++k)  // replica k is done with its old values
+      stream_wait(first, replica_context(k));
+    for (std::size_t k = 1; k < views.size(); ++k)
+      for (std::size_t i = 0; i < views[0].size(); ++i)
+        copy_buffer(views[k][i], views[0][i], first.stream);
+    for (int k = 1; k < replicas(); ++k) stream_wait(replica_context(k), first);
+    return;
+  }
   std::size_t total = 0;
-  for (const ParamRef& p : replicas_[0]) total += p.data.count;
-  pool_.run_ranges(total, [&](std::size_t from, std::size_t to) {
-    for (const Span& s : spans_of(replicas_[0], from, to)) {
-      const Buffer& src = replicas_[0][s.param].data;
-      const std::size_t size = element_size(src.dtype);
-      for (std::size_t k = 1; k < replicas_.size(); ++k)
-        std::memcpy(static_cast<std::byte*>(replicas_[k][s.param].data.data) + s.begin * size,
-                    static_cast<const std::byte*>(src.data) + s.begin * size,
-                    (s.end - s.begin) * size);
+  for (const Buffer& b : views[0]) total += b.bytes();
+  pool_.run_ranges(total, [&](std::size_t from, std::size_t to) {  // byte ranges
+    std::size_t start = 0;
+    for (std::size_t i = 0; i < views[0].size() && start < to; ++i) {
+      const std::size_t base = start, n = views[0][i].bytes();
+      start += n;
+      const std::size_t b = std::max(from, base), e = std::min(to, base + n);
+      if (b >= e) continue;
+      for (std::size_t k = 1; k < views.size(); ++k)
+        if (views[k][i].data != views[0][i].data)
+          std::memcpy(static_cast<std::byte*>(views[k][i].data) + (b - base),
+                      static_cast<const std::byte*>(views[0][i].data) + (b - base), e - b);
     }
   });
 }
 
-void DataParallelStrategy::sync_buffers() {
-  // Small (BatchNorm statistics): copied on the calling thread.
-  for (std::size_t k = 1; k < buffers_.size(); ++k)
-    for (std::size_t b = 0; b < buffers_[0].size(); ++b)
-      if (buffers_[k][b].data != buffers_[0][b].data)
-        std::memcpy(buffers_[k][b].data, buffers_[0][b].data, buffers_[0][b].bytes());
+void DataParallelStrategy::copy_parameters() {
+  std::vector<std::vector<Buffer>> views(replicas_.size());
+  for (std::size_t k = 0; k < replicas_.size(); ++k)
+    for (const ParamRef& p : replicas_[k]) views[k].push_back(p.data);
+  copy_from_replica0(views);
 }
+
+void DataParallelStrategy::sync_buffers() { copy_from_replica0(buffers_); }
 
 void DataParallelStrategy::set_replica_weights(std::vector<double> weights) {
   ACCEL_CHECK_ARG(weights.size() == replicas_.size(),
@@ -192,34 +227,48 @@ void DataParallelStrategy::reduce_into_replica0(double divide_by) {
   if (replicas() == 1 && weights_[0] == 1.0 && divide_by == 1.0) return;
   bool plain = divide_by == 1.0;
   for (double w : weights_) plain = plain && w == 1.0;
-  std::size_t total = 0;
-  for (const ParamRef& p : replicas_[0]) {
-    total += p.data.count;
+  for (const ParamRef& p : replicas_[0])  // before anything changes
     ACCEL_CHECK_ARG(plain || p.data.dtype == DType::f32 || p.data.dtype == DType::f64,
                     "DataParallel: weighted gradient sums need f32 or f64 gradients, parameter '" +
                         p.name + "' is " + std::string(dtype_name(p.data.dtype)));
-  }
+  if (on_gpu()) return reduce_on_gpu(divide_by);
+  std::size_t total = 0;
+  for (const ParamRef& p : replicas_[0]) total += p.data.count;
   pool_.run_ranges(total, [&](std::size_t from, std::size_t to) {
-    std::vector<Buffer> grads(replicas_.size());
+    std::vector<Buffer> sources(replicas_.size() - 1);
     for (const Span& s : spans_of(replicas_[0], from, to)) {
-      for (std::size_t k = 0; k < replicas_.size(); ++k) grads[k] = replicas_[k][s.param].grad;
-      const DType dtype = grads[0].dtype;
-      if (dtype == DType::f32)
-        weighted_sum<float>(grads, weights_, divide_by, plain, s.begin, s.end);
-      else if (dtype == DType::f64)
-        weighted_sum<double>(grads, weights_, divide_by, plain, s.begin, s.end);
-      else  // plain sums of other dtypes: the communicators' reduction kernels
-        for (std::size_t k = 1; k < grads.size(); ++k)
-          reduce_elements(grads[0].slice(s.begin, s.end - s.begin).data,
-                          grads[0].slice(s.begin, s.end - s.begin).data,
-                          grads[k].slice(s.begin, s.end - s.begin).data, s.end - s.begin, dtype,
-                          ReduceOp::sum);
-      const std::size_t size = element_size(dtype);
-      for (std::size_t k = 1; k < grads.size(); ++k)
-        std::memset(static_cast<std::byte*>(grads[k].data) + s.begin * size, 0,
-                    (s.end - s.begin) * size);
+      const std::size_t n = s.end - s.begin;
+      for (std::size_t k = 1; k < replicas_.size(); ++k)
+        sources[k - 1] = replicas_[k][s.param].grad.slice(s.begin, n);
+      weighted_sum(replicas_[0][s.param].grad.slice(s.begin, n), sources, weights_, divide_by);
+      for (const Buffer& g : sources) zero_buffer(g, nullptr);
     }
   });
+}
+
+void DataParallelStrategy::reduce_on_gpu(double divide_by) {
+  const DeviceContext first = replica_context(0);
+  CudaDeviceGuard guard(first.cuda_device);
+  for (int k = 1; k < replicas(); ++k)  // every replica's backward is queued before the sum
+    stream_wait(first, replica_context(k));
+  std::vector<Buffer> sources(replicas_.size() - 1);
+  for (std::size_t i = 0; i < replicas_[0].size(); ++i) {
+    for (std::size_t k = 1; k < replicas_.size(); ++k) {
+      sources[k - 1] = replicas_[k][i].grad;
+      if (!staging_[k - 1].empty()) {  // another device: bring it over first
+        const Buffer staged = staging_[k - 1][i].view();
+        copy_buffer(staged, sources[k - 1], first.stream);
+        sources[k - 1] = staged;
+      }
+    }
+    weighted_sum(replicas_[0][i].grad, sources, weights_, divide_by, first);
+  }
+  for (int k = 1; k < replicas(); ++k) {  // zeroed once the sum has read them
+    const DeviceContext ctx = replica_context(k);
+    stream_wait(ctx, first);
+    CudaDeviceGuard on(ctx.cuda_device);
+    for (const ParamRef& p : replicas_[std::size_t(k)]) zero_buffer(p.grad, ctx.stream);
+  }
 }
 
 }  // namespace accel

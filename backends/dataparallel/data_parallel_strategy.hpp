@@ -3,8 +3,18 @@
 // batch split along dimension 0, each replica's forward and backward on its own worker thread,
 // then the replicas' gradients summed into replica 0, the optimizer stepping replica 0, and
 // replica 0's parameters copied to the others. The world is one process (the local
-// communicator); only CPU replicas exist so far (a replica's buffers say its device, so GPU
-// replicas can be added: everything here works on Buffer views).
+// communicator). Replicas are CPU threads, or GPUs (DataParallelOptions::cuda_devices): then
+// worker k runs with replica k's device current, and the reduction and copies are queued on
+// replica 0's device without host waits:
+//  - replica 0 computes on the communicator's compute stream (Accelerator::set_cuda_stream),
+//    replica k > 0 on its device's legacy default stream; stream_wait orders them (events);
+//  - a gradient of a replica on another device is copied to replica 0's device first
+//    (cudaMemcpyAsync between devices: a peer copy where the GPUs allow it, else through the
+//    host), into staging buffers allocated once; replicas sharing replica 0's device are read
+//    in place;
+//  - the weighted sum is elementwise.hpp's weighted_sum (a kernel on replica 0's stream), and
+//    parameters and buffers go back with copies on replica 0's stream, which each replica's
+//    stream then waits for.
 //
 // Replica 0 is the model the loop prepared (its ParamRefs as given to the Accelerator);
 // replicas 1..K-1 are copies the front end made (DataParallelOptions::replica_params, same
@@ -41,6 +51,9 @@ std::vector<Shard> chunk_rows(std::size_t rows, int replicas);
 
 struct DataParallelOptions {
   int replicas = 1;  // K, replica 0 included
+  // Empty: CPU replicas. Else the CUDA device of each replica (K entries; devices may repeat,
+  // several replicas sharing a GPU), which its parameters and gradients must be on.
+  std::vector<int> cuda_devices;
   // Runs once on each worker thread k before its first task (the LibTorch adapter sets the
   // worker's intra-op thread count there).
   std::function<void(int)> worker_init;
@@ -73,30 +86,45 @@ class DataParallelStrategy final : public Strategy {
   // Copies replica 0's updated parameters to the others.
   void after_optimizer_step() override { copy_parameters(); }
   void reload_parameters() override { copy_parameters(); }
-  // The gradient storage allocated here (for ParamRefs given without one).
+  // The gradient storage allocated here (for ParamRefs given without one), and the staging
+  // copies of other devices' gradients on replica 0's GPU.
   std::size_t gradient_bytes() const override { return gradient_bytes_; }
 
   int replicas() const { return int(replicas_.size()); }
   const std::vector<ParamRef>& replica_params(int k) const { return replicas_[std::size_t(k)]; }
   // Parameter i's gradient storage of replica k (allocated here or the one given).
   Buffer grad_view(int replica, std::size_t index) const;
-  // Runs fn(k) for every replica k on worker thread k; see ReplicaPool::run.
-  void run_replicas(const std::function<void(int)>& fn) { pool_.run(fn); }
+  // Runs fn(k) for every replica k on worker thread k, with replica k's CUDA device current
+  // for GPU replicas; see ReplicaPool::run.
+  void run_replicas(const std::function<void(int)>& fn);
+  // Replica k's CUDA device, or -1 for CPU replicas.
+  int cuda_device(int replica) const;
+  // Where replica k's GPU work goes (see above); the default context for CPU replicas.
+  DeviceContext replica_context(int replica) const;
   // The weight of each replica's gradient in the next reductions (K values; default all 1).
   // Changing them while gradients accumulate first folds what was accumulated under the old
   // weights into replica 0 (scaled so the final sum is still exact up to rounding).
   void set_replica_weights(std::vector<double> weights);
 
  private:
+  bool on_gpu() const { return !devices_.empty(); }
   void copy_parameters();
+  // Copies replica 0's views[0][i] to every views[k][i]: on the workers (CPU) or on replica
+  // 0's stream (GPU).
+  void copy_from_replica0(const std::vector<std::vector<Buffer>>& views);
   // Replica 0's gradient := sum_k weight_k x gradient_k (divided by new_weight0 when folding
   // mid-accumulation), others zeroed.
   void reduce_into_replica0(double divide_by = 1.0);
+  void reduce_on_gpu(double divide_by);
 
   Communicator& comm_;
   std::vector<std::vector<ParamRef>> replicas_;
   std::vector<std::vector<Buffer>> buffers_;
+  std::vector<int> devices_;  // per replica; empty for CPU replicas
   std::vector<DeviceBuffer> owned_grads_;  // gradient storage for ParamRefs given without
+  // GPU replicas on another device than replica 0: [k - 1][i], replica k's gradient i on
+  // replica 0's device (empty vectors for replicas on replica 0's device).
+  std::vector<std::vector<DeviceBuffer>> staging_;
   std::size_t gradient_bytes_ = 0;
   std::vector<double> weights_;
   bool sync_enabled_ = true;

@@ -3,10 +3,12 @@
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "backends/comm/error.hpp"
+#include "backends/comm/reduce.hpp"
 
 #if ACCEL_HAVE_CUDA_KERNELS
 #include "backends/optim/cuda/optim_kernels.hpp"
@@ -182,6 +184,45 @@ bool unscale_gradients(std::span<const Buffer> grads, double scale, const Device
   (void)ctx;
 #endif
   return finite;
+}
+
+void weighted_sum(Buffer dst, std::span<const Buffer> sources, std::span<const double> weights,
+                  double divide_by, const DeviceContext& ctx) {
+  ACCEL_CHECK_ARG(weights.size() == sources.size() + 1,
+                  "weighted_sum: " + std::to_string(weights.size()) + " weights for " +
+                      std::to_string(sources.size() + 1) + " buffers");
+  bool plain = divide_by == 1.0;
+  for (double w : weights) plain = plain && w == 1.0;
+  ACCEL_CHECK_ARG(plain || dst.dtype == DType::f32 || dst.dtype == DType::f64,
+                  "weighted_sum: weighted gradient sums need f32 or f64, got " +
+                      std::string(dtype_name(dst.dtype)));
+  for (const Buffer& s : sources)
+    ACCEL_CHECK_ARG(s.dtype == dst.dtype && s.count == dst.count && s.device == dst.device,
+                    "weighted_sum: a source differs from the destination in dtype, size or "
+                    "device");
+  if (dst.count == 0) return;
+  if (on_cuda(dst, "DataParallel's gradient sum")) {
+#if ACCEL_HAVE_CUDA_KERNELS
+    cuda::weighted_sum(dst, sources, weights, divide_by, plain, ctx);
+#endif
+    return;
+  }
+  if (plain) {  // the communicators' reduction kernels: dst[i] = dst[i] + src[i]
+    for (const Buffer& s : sources)
+      reduce_elements(dst.data, dst.data, s.data, dst.count, dst.dtype, ReduceOp::sum);
+    return;
+  }
+  auto run = [&](auto* d) {
+    using T = std::remove_pointer_t<decltype(d)>;
+    for (std::size_t j = 0; j < dst.count; ++j) {
+      double sum = weights[0] * double(d[j]);
+      for (std::size_t k = 0; k < sources.size(); ++k)
+        sum += weights[k + 1] * double(static_cast<const T*>(sources[k].data)[j]);
+      d[j] = T(sum / divide_by);
+    }
+  };
+  if (dst.dtype == DType::f32) run(static_cast<float*>(dst.data));
+  else run(static_cast<double*>(dst.data));
 }
 
 void fill_zero(Buffer buffer, const DeviceContext& ctx) {

@@ -61,6 +61,16 @@ void scale_in_place(Buffer grad, double factor, const DeviceContext& ctx = {});
 bool unscale_gradients(std::span<const Buffer> grads, double scale,
                        const DeviceContext& ctx = {});
 
+// DataParallel's gradient reduction into replica 0:
+//   dst = (weights[0] dst + sum_k weights[k + 1] sources[k]) / divide_by
+// element by element in double (f32 and f64 only), or, when every weight is 1 and divide_by is
+// 1, the plain sums dst += sources[0], dst += sources[1], ... in the buffers' dtype (as one
+// replica accumulating all rows would round). The sources have dst's dtype and count and live
+// where dst does (the same CUDA device). At most kMaxSummedSources sources on a GPU.
+inline constexpr std::size_t kMaxSummedSources = 15;
+void weighted_sum(Buffer dst, std::span<const Buffer> sources, std::span<const double> weights,
+                  double divide_by, const DeviceContext& ctx = {});
+
 // Zeroes the buffer (a skipped step's gradients): zero_buffer on ctx.stream.
 void fill_zero(Buffer buffer, const DeviceContext& ctx = {});
 

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <random>
 #include <stdexcept>
+#include <utility>
 
 #include "examples/raw_cuda/mlp_kernels.hpp"
 
@@ -41,43 +42,63 @@ cudaDataType cuda_type(accel::DType dtype) {
 }  // namespace
 
 CudaMlp::CudaMlp(std::vector<int> sizes, std::uint64_t seed, accel::DType dtype, int max_batch)
-    : dtype_(dtype), max_batch_(max_batch) {
+    : dtype_(dtype), max_batch_(max_batch), sizes_(std::move(sizes)) {
   if (dtype != accel::DType::f32 && dtype != accel::DType::f16 && dtype != accel::DType::bf16)
     throw std::invalid_argument("raw_cuda: compute precision f32, f16 or bf16");
-  check(cublasCreate(&cublas_), "cublasCreate");
+  allocate(sizes_);
   // raw_mlp's initialisation, drawn on the host in the same order.
   std::mt19937_64 rng(seed);
-  int widest = 0;
-  for (std::size_t l = 0; l + 1 < sizes.size(); ++l) {
-    CudaLayer L;
-    L.in = sizes[l];
-    L.out = sizes[l + 1];
+  for (CudaLayer& L : layers_) {
     const float bound = 1.0f / std::sqrt(float(L.in));
     std::uniform_real_distribution<float> u(-bound, bound);
     std::vector<float> w(std::size_t(L.out) * L.in), b(L.out);
     for (float& v : w) v = u(rng);
     for (float& v : b) v = u(rng);
-    L.weight = device_alloc<float>(w.size() * sizeof(float));
-    L.bias = device_alloc<float>(b.size() * sizeof(float));
-    L.weight_grad = device_alloc<float>(w.size() * sizeof(float));
-    L.bias_grad = device_alloc<float>(b.size() * sizeof(float));
     check(cudaMemcpy(L.weight, w.data(), w.size() * sizeof(float), cudaMemcpyHostToDevice),
           "cudaMemcpy weights");
     check(cudaMemcpy(L.bias, b.data(), b.size() * sizeof(float), cudaMemcpyHostToDevice),
           "cudaMemcpy bias");
-    if (dtype_ != accel::DType::f32)
-      L.weight_compute = device_alloc(w.size() * accel::element_size(dtype_));
+  }
+}
+
+CudaMlp::CudaMlp(const CudaMlp& other)
+    : dtype_(other.dtype_), max_batch_(other.max_batch_), sizes_(other.sizes_) {
+  allocate(sizes_);
+  for (std::size_t l = 0; l < layers_.size(); ++l) {
+    const CudaLayer& from = other.layers_[l];
+    CudaLayer& to = layers_[l];
+    // cudaMemcpyDefault: unified addressing finds both devices (a peer copy between GPUs).
+    check(cudaMemcpy(to.weight, from.weight, std::size_t(to.out) * to.in * sizeof(float),
+                     cudaMemcpyDefault),
+          "cudaMemcpy weights (copying the model)");
+    check(cudaMemcpy(to.bias, from.bias, std::size_t(to.out) * sizeof(float), cudaMemcpyDefault),
+          "cudaMemcpy bias (copying the model)");
+  }
+}
+
+void CudaMlp::allocate(const std::vector<int>& sizes) {
+  check(cublasCreate(&cublas_), "cublasCreate");
+  int widest = 0;
+  for (std::size_t l = 0; l + 1 < sizes.size(); ++l) {
+    CudaLayer L;
+    L.in = sizes[l];
+    L.out = sizes[l + 1];
+    const std::size_t nw = std::size_t(L.out) * L.in;
+    L.weight = device_alloc<float>(nw * sizeof(float));
+    L.bias = device_alloc<float>(std::size_t(L.out) * sizeof(float));
+    L.weight_grad = device_alloc<float>(nw * sizeof(float));
+    L.bias_grad = device_alloc<float>(std::size_t(L.out) * sizeof(float));
+    if (dtype_ != accel::DType::f32) L.weight_compute = device_alloc(nw * accel::element_size(dtype_));
     widest = std::max({widest, L.in, L.out});
     layers_.push_back(L);
   }
   const std::size_t e = accel::element_size(dtype_);
-  input_f32_ = device_alloc<float>(std::size_t(max_batch) * sizes.front() * sizeof(float));
-  for (int width : sizes) acts_.push_back(device_alloc(std::size_t(max_batch) * width * e));
-  for (void*& d : delta_) d = device_alloc(std::size_t(max_batch) * widest * e);
-  labels_ = device_alloc<int>(std::size_t(max_batch) * sizeof(int));
-  losses_ = device_alloc<float>(std::size_t(max_batch) * sizeof(float));
-  predicted_ = device_alloc<int>(std::size_t(max_batch) * sizeof(int));
-  refresh_compute_weights();
+  input_f32_ = device_alloc<float>(std::size_t(max_batch_) * sizes.front() * sizeof(float));
+  for (int width : sizes) acts_.push_back(device_alloc(std::size_t(max_batch_) * width * e));
+  for (void*& d : delta_) d = device_alloc(std::size_t(max_batch_) * widest * e);
+  labels_ = device_alloc<int>(std::size_t(max_batch_) * sizeof(int));
+  losses_ = device_alloc<float>(std::size_t(max_batch_) * sizeof(float));
+  predicted_ = device_alloc<int>(std::size_t(max_batch_) * sizeof(int));
 }
 
 CudaMlp::~CudaMlp() {
@@ -127,6 +148,7 @@ void CudaMlp::zero_grad() {
 // W (out x in row-major) as an in x out column-major matrix and transposes it.
 void CudaMlp::forward(std::span<const float> x, int batch) {
   if (batch > max_batch_) throw std::invalid_argument("raw_cuda: batch larger than max_batch");
+  refresh_compute_weights();
   const cudaDataType type = cuda_type(dtype_);
   check(cudaMemcpy(input_f32_, x.data(), x.size() * sizeof(float), cudaMemcpyHostToDevice),
         "cudaMemcpy batch");

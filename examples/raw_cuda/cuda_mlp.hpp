@@ -6,9 +6,14 @@
 //
 // Mixed precision (dtype f16 or bf16): the parameters the Accelerator and the optimizer see
 // are fp32 master weights with fp32 gradients; the forward and backward passes run on a
-// compute copy of the weights and on activations in f16/bf16 (refresh_compute_weights() after
-// each optimizer step), and cuBLAS writes the weight gradients straight into the fp32
+// compute copy of the weights (cast from the masters at the start of every forward, so it
+// follows whatever changed them: the optimizer, a checkpoint, DataParallel's copies) and on
+// activations in f16/bf16, and cuBLAS writes the weight gradients straight into the fp32
 // gradient buffers. With f32 nothing is copied.
+//
+// Every buffer is on the GPU that was current when the model was made; a copy (the
+// Accelerator's DataParallel replicas) goes on the GPU current when it is made, with the
+// original's parameters and zero gradients, and must be used with that GPU current.
 
 #include <cublas_v2.h>
 
@@ -36,16 +41,16 @@ class CudaMlp {
   // sizes = {784, 64, 10}; `dtype` is the compute precision (f32, f16, bf16); batches of at
   // most max_batch samples.
   CudaMlp(std::vector<int> sizes, std::uint64_t seed, accel::DType dtype, int max_batch);
+  // On the current GPU: the same parameters (copied from wherever the original is), zero
+  // gradients.
+  CudaMlp(const CudaMlp& other);
   ~CudaMlp();
-  CudaMlp(const CudaMlp&) = delete;
   CudaMlp& operator=(const CudaMlp&) = delete;
 
   // One ParamRef per weight and bias (raw_mlp's names and shapes) over the fp32 master
   // buffers in GPU memory (DeviceKind::cuda); biases in param group `bias_group`.
   std::vector<accel::ParamRef> param_refs(std::size_t bias_group = 0);
 
-  // The f16/bf16 compute copies from the master weights (after every optimizer step).
-  void refresh_compute_weights();
   void zero_grad();
 
   // Forward and backward over a batch from host memory. Gradients of (mean loss) * loss_scale
@@ -59,11 +64,16 @@ class CudaMlp {
   std::vector<float> download_parameters() const;
 
  private:
+  // Every buffer on the current GPU, for layers_' shapes (gradients and scratch zeroed).
+  void allocate(const std::vector<int>& sizes);
+  // The f16/bf16 compute copies from the master weights.
+  void refresh_compute_weights();
   void forward(std::span<const float> x, int batch);
 
   std::vector<CudaLayer> layers_;
   accel::DType dtype_;
   int max_batch_;
+  std::vector<int> sizes_;  // {inputs, hidden..., classes}
   cublasHandle_t cublas_ = nullptr;
   float* input_f32_ = nullptr;             // max_batch x in (the batch as uploaded)
   std::vector<void*> acts_;                // per layer boundary: max_batch x width, dtype_

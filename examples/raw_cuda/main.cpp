@@ -1,13 +1,15 @@
 // examples/raw_mlp's hand-written MLP on a GPU (cuda_mlp.hpp: cudaMalloc'd buffers, cuBLAS
 // for the matrix products, small kernels for the rest), trained on Fashion-MNIST through the
-// raw Accelerator API exactly as raw_mlp is: prepare(params, optimizer) with ParamRefs over
-// GPU memory, grad_ready per layer during backward, sync_gradients, clip_grad_norm,
-// optimizer_step (the built-in SGD / AdamW, whose CUDA kernels step GPU segments). So the
-// config chooses DDP or ZeRO stage 1/2 over NCCL and the loop does not change:
+// raw Accelerator API exactly as raw_mlp is: prepare(model, params_of, optimizer) with
+// ParamRefs over GPU memory, forward_backward reporting each layer's gradients as ready,
+// sync_gradients, clip_grad_norm, optimizer_step (the built-in SGD / AdamW, whose CUDA
+// kernels step GPU segments). So the config chooses DDP or ZeRO stage 1/2 over NCCL, or
+// DataParallel over the GPUs of one process, and the loop does not change:
 //
 //   build/bin/accel launch --multi_gpu --num_processes 2 build/bin/raw_cuda --epochs 2
 //   build/bin/accel launch --use_zero --zero_stage 2 --num_processes 2 build/bin/raw_cuda
-//   build/bin/raw_cuda --mixed_precision fp16     (one process)
+//   build/bin/accel launch --data_parallel --gpu_ids 0,1 build/bin/raw_cuda
+//   build/bin/raw_cuda --mixed_precision fp16     (one process, one GPU)
 //
 // With --checkpoint_dir it saves after every epoch (every --save_every optimizer steps, and
 // when --max_steps stops it) and, when a checkpoint is there at start, continues from it,
@@ -131,29 +133,34 @@ int main(int argc, char** argv) {
     accel::AcceleratorOptions options;
     if (!flags.mixed_precision.empty()) options.mixed_precision = flags.mixed_precision;
     accel::Accelerator acc(options);
-    // One GPU per local process, the one the NCCL communicator uses.
-    if (acc.local_process_index() >= devices)
-      throw std::runtime_error("local process " + std::to_string(acc.local_process_index()) +
-                               " has no GPU of its own (" + std::to_string(devices) + " visible)");
-    if (cudaSetDevice(acc.local_process_index()) != cudaSuccess)
-      throw std::runtime_error("cudaSetDevice(" + std::to_string(acc.local_process_index()) +
-                               ") failed");
+    // The GPU the config gives this process (LOCAL_RANK's, or DataParallel's replica 0's).
+    if (acc.cuda_device() < 0)
+      throw std::runtime_error("the configuration runs on the CPU (use_cpu true or MULTI_CPU); "
+                               "raw_cuda needs use_cpu false (MULTI_GPU, ZERO or DATA_PARALLEL "
+                               "on GPUs, or NO on a GPU)");
+    if (acc.cuda_device() >= devices)
+      throw std::runtime_error("this process's GPU is " + std::to_string(acc.cuda_device()) +
+                               ", but " + std::to_string(devices) + " are visible");
+    if (cudaSetDevice(acc.cuda_device()) != cudaSuccess)
+      throw std::runtime_error("cudaSetDevice(" + std::to_string(acc.cuda_device()) + ") failed");
     acc.set_seed(flags.seed);
     const auto train = examples::to_floats(
         examples::load_mnist_split(flags.data_dir, "train", flags.train_samples));
     const auto test = examples::to_floats(
         examples::load_mnist_split(flags.data_dir, "t10k", flags.test_samples));
     const accel::DType dtype = compute_dtype(acc.mixed_precision());
-    acc.print("raw_cuda: %zu training and %zu test images, %d processes, %zu per batch each, MLP "
-              "%zu-%d-10, %s compute, %s\n",
-              train.count, test.count, acc.num_processes(), flags.batch_size, train.features,
+    acc.print("raw_cuda: %zu training and %zu test images, %d processes x %d replica(s), %zu per "
+              "batch each, MLP %zu-%d-10, %s compute, %s\n",
+              train.count, test.count, acc.num_processes(), acc.data_parallel_replicas(),
+              flags.batch_size, train.features,
               flags.hidden, std::string(accel::dtype_name(dtype)).c_str(),
               flags.optimizer.c_str());
 
     raw_cuda::CudaMlp model({int(train.features), flags.hidden, 10}, acc.seed(), dtype,
                             int(std::max<std::size_t>(flags.batch_size, 256)));
     // The built-in optimizers step GPU segments with their CUDA kernels: every parameter under
-    // DDP, this rank's slices of the flat buffers under ZeRO.
+    // DDP, this rank's slices of the flat buffers under ZeRO, replica 0's under DataParallel
+    // (whose replicas are copies of the model, each made on its own GPU).
     std::unique_ptr<accel::Optimizer> optimizer;
     if (flags.optimizer == "sgd")
       optimizer = std::make_unique<accel::Sgd>(accel::SgdOptions{
@@ -161,14 +168,12 @@ int main(int argc, char** argv) {
     else
       optimizer = std::make_unique<accel::AdamW>(
           accel::AdamWOptions{.lr = flags.lr, .weight_decay = flags.weight_decay});
-    acc.prepare(model.param_refs(), *optimizer);
-    model.refresh_compute_weights();  // prepare() broadcast rank 0's master weights
+    acc.prepare(model, [](raw_cuda::CudaMlp& m) { return m.param_refs(); }, *optimizer);
     acc.print("raw_cuda: strategy %s\n", std::string(acc.strategy().name()).c_str());
 
     const bool checkpoints = !flags.checkpoint_dir.empty();
     if (checkpoints && accel::checkpoint_exists(flags.checkpoint_dir)) {
       acc.load_state(flags.checkpoint_dir);
-      model.refresh_compute_weights();  // the loaded master weights
       acc.print("resumed from %s: epoch %llu, batch %llu, step %llu\n",
                 flags.checkpoint_dir.c_str(),
                 static_cast<unsigned long long>(acc.resume_epoch() + 1),
@@ -194,16 +199,24 @@ int main(int argc, char** argv) {
       for (std::size_t b = acc.batch_in_epoch(); b < batches; ++b) {  // mid-epoch on a resume
         examples::take_batch(train, idx, b * flags.batch_size, flags.batch_size, x, labels);
         acc.begin_batch(b, batches);
-        const float loss = model.forward_backward(x, labels, acc.loss_scale(), [&](std::size_t l) {
-          acc.grad_ready(2 * l);      // weight
-          acc.grad_ready(2 * l + 1);  // bias
-        });
+        // Rows [first, first + n) of the batch on `replica` (the whole batch on `model`, or a
+        // chunk on each DataParallel replica's thread, with that replica's GPU current).
+        const float loss = acc.forward_backward(
+            model, labels.size(),
+            [&](raw_cuda::CudaMlp& replica, std::size_t first, std::size_t n, auto ready) {
+              return replica.forward_backward(
+                  std::span<const float>(x).subspan(first * train.features, n * train.features),
+                  std::span<const int>(labels).subspan(first, n), acc.loss_scale(),
+                  [&](std::size_t l) {
+                    ready(2 * l);      // weight
+                    ready(2 * l + 1);  // bias
+                  });
+            });
         loss_sum += loss;
         ++loss_count;
         if (acc.sync_gradients()) {
           if (flags.clip > 0) acc.clip_grad_norm(flags.clip);
           acc.optimizer_step();
-          model.refresh_compute_weights();
           model.zero_grad();
           if (flags.log_every > 0 && acc.step() % flags.log_every == 0)
             acc.print("step %llu loss %.6f\n", static_cast<unsigned long long>(acc.step()),

@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "backends/comm/error.hpp"
@@ -125,6 +126,36 @@ __global__ void find_non_finite_kernel(const T* g, std::size_t n, int* flag) {
     if (!isfinite(load_double(g, i))) *flag = 1;  // every writer writes 1: no race to lose
 }
 
+// DataParallel's reduction: the sources by value (a kernel argument), at most kMaxSummedSources.
+template <typename T>
+struct SummedSources {
+  const T* source[kMaxSummedSources];
+  double weight[kMaxSummedSources + 1];  // weight[0] is the destination's
+  int count;
+};
+
+// As elementwise.cpp's CPU loop: plain sums add one source at a time in the dtype (f16/bf16
+// through float, as reduce_elements does); weighted sums accumulate in double and round once.
+template <typename T>
+__global__ void weighted_sum_kernel(T* dst, SummedSources<T> s, double divide_by, bool plain,
+                                    std::size_t n) {
+  const std::size_t stride = std::size_t(gridDim.x) * blockDim.x;
+  for (std::size_t i = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    if (plain) {
+      for (int k = 0; k < s.count; ++k) {
+        if constexpr (std::is_same_v<T, double>)
+          dst[i] += s.source[k][i];
+        else  // f32 adds in float; f16/bf16 widen to float, add, round back
+          store_double(dst, i, double(float(load_double(dst, i)) + float(load_double(s.source[k], i))));
+      }
+    } else {
+      double sum = s.weight[0] * load_double(dst, i);
+      for (int k = 0; k < s.count; ++k) sum += s.weight[k + 1] * load_double(s.source[k], i);
+      store_double(dst, i, sum / divide_by);
+    }
+  }
+}
+
 cudaStream_t stream_of(const DeviceContext& ctx) { return static_cast<cudaStream_t>(ctx.stream); }
 
 int device_of(const DeviceContext& ctx) {
@@ -174,6 +205,28 @@ void scale_in_place(Buffer grad, double factor, const DeviceContext& ctx) {
                                                                            nullptr);
   });
   check(cudaGetLastError(), "scale kernel launch");
+}
+
+void weighted_sum(Buffer dst, std::span<const Buffer> sources, std::span<const double> weights,
+                  double divide_by, bool plain, const DeviceContext& ctx) {
+  if (dst.count == 0) return;
+  if (sources.size() > kMaxSummedSources)
+    throw InvalidArgument("DataParallel's gradient sum on a GPU: " +
+                          std::to_string(sources.size() + 1) + " replicas, at most " +
+                          std::to_string(kMaxSummedSources + 1));
+  visit_floating(dst, "DataParallel's gradient sum", [&](auto* d) {
+    using T = std::remove_pointer_t<decltype(d)>;
+    SummedSources<T> s{};
+    s.count = int(sources.size());
+    s.weight[0] = weights[0];
+    for (std::size_t k = 0; k < sources.size(); ++k) {
+      s.source[k] = static_cast<const T*>(sources[k].data);
+      s.weight[k + 1] = weights[k + 1];
+    }
+    weighted_sum_kernel<<<blocks_for(dst.count), kThreads, 0, stream_of(ctx)>>>(d, s, divide_by,
+                                                                               plain, dst.count);
+  });
+  check(cudaGetLastError(), "DataParallel gradient sum kernel launch");
 }
 
 bool unscale(std::span<const Buffer> grads, double inverse, const DeviceContext& ctx) {

@@ -28,6 +28,9 @@ void adamw_update(float* values, const float* grad, float* exp_avg, float* exp_a
 // The buffer's sum of squares in double (f32, f64, f16, bf16), reduced in a fixed order.
 double sum_of_squares(Buffer grad, const DeviceContext& ctx);
 void scale_in_place(Buffer grad, double factor, const DeviceContext& ctx);
+// elementwise.hpp's weighted_sum (arguments checked there; `plain`: every weight 1, no division).
+void weighted_sum(Buffer dst, std::span<const Buffer> sources, std::span<const double> weights,
+                  double divide_by, bool plain, const DeviceContext& ctx);
 // Unscales every buffer whose elements are all finite; returns whether all were.
 bool unscale(std::span<const Buffer> grads, double inverse, const DeviceContext& ctx);
 
