@@ -9,8 +9,10 @@
 #   scripts/gpu_check.sh --data DIR      Fashion-MNIST's .gz files in DIR instead of
 #                                        /usr/share/datasets/fashion-mnist (raw_cuda_test)
 #
-# Tests: cuda_kernels_test (the optimizer/clipping/unscale kernels against the CPU loops),
-# raw_cuda_test (examples/raw_cuda under DDP, ZeRO 1/2, fp16, bf16, and checkpoint resume),
+# Tests: cuda_kernels_test (the optimizer/clipping/unscale/DataParallel-sum kernels against the
+# CPU loops), data_parallel_cuda_test (DataParallel's GPU replicas: 2 and 3 sharing GPU 0, and
+# GPUs 0/1 when there are two), raw_cuda_test (examples/raw_cuda under DDP, ZeRO 1/2, fp16,
+# bf16, checkpoint resume, one process without NCCL and DataParallel over one GPU),
 # device_order_test and strategy_device_test (the device side of the communicator and the
 # strategies), nccl_test (the collective matrix; DDP and ZeRO-1/2 on CUDA parameters with the
 # kernels on a non-blocking compute stream vs the host loop; ZeRO offload).
@@ -30,7 +32,7 @@ while [ $# -gt 0 ]; do
 done
 [ -n "$data" ] && export ACCEL_TEST_FASHION_MNIST="$data"
 
-tests=(cuda_kernels_test raw_cuda_test device_order_test strategy_device_test nccl_test)
+tests=(cuda_kernels_test data_parallel_cuda_test raw_cuda_test device_order_test strategy_device_test nccl_test)
 # What they run besides themselves: raw_cuda (raw_cuda_test), comm_collectives_worker
 # (nccl_test), comm_bench.
 targets=("${tests[@]}" raw_cuda comm_collectives_worker comm_bench)

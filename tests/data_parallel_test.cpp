@@ -30,6 +30,7 @@
 #include "examples/raw_mlp/mlp.hpp"
 #include "examples/raw_mlp/param_refs.hpp"
 #include "tests/support/ranks.hpp"
+#include "tests/support/staging.hpp"
 #include "tests/support/skip.hpp"
 
 using namespace accel;
@@ -271,8 +272,16 @@ TEST_CASE("bad DATA_PARALLEL settings are refused naming the key") {
   refused({"--data_parallel", "--data_parallel_replicas", "-1"}, "data_parallel_replicas");
   refused({"--data_parallel", "--data_parallel_replicas=x"}, "data_parallel_replicas");
   refused({"--multi_cpu", "--data_parallel_replicas", "2"}, "data_parallel_replicas");
-  // No GPU: the config refuses it; with GPUs: DataParallel on GPUs is not implemented yet.
-  refused({"--data_parallel", "--gpu_ids", "0"}, "gpu_ids");
+  if (cuda_device_count() == 0) {
+    // gpu_ids with DATA_PARALLEL on the CPU (use_cpu detected true without a GPU) ...
+    refused({"--data_parallel", "--gpu_ids", "0"}, "gpu_ids");
+    // ... and DATA_PARALLEL on GPUs asked for where there is none.
+    refused({"--data_parallel", "--use_cpu=false"}, "use_cpu false");
+    refused({"--data_parallel", "--use_cpu=false"}, "no CUDA device is visible");
+  } else {
+    // DataParallel on GPUs with raw_mlp's parameters in host memory.
+    refused({"--data_parallel", "--gpu_ids", "0"}, "is not on CUDA device 0");
+  }
 }
 
 #ifdef ACCEL_TEST_WITH_TORCH

@@ -13,6 +13,10 @@
 #include <torch/csrc/autograd/grad_mode.h>
 #include <torch/csrc/autograd/variable.h>
 
+#if ACCEL_TORCH_WITH_CUDA  // a CUDA-enabled LibTorch (accelerate/torch/CMakeLists.txt)
+#include <c10/cuda/CUDAStream.h>
+#endif
+
 #include "accelerate/torch/tensor_buffer.hpp"
 #include "accelerate/torch/torch_optimizer_state.hpp"
 #include "accelerate/torch/torch_state.hpp"
@@ -173,10 +177,14 @@ AcceleratedOptimizer& TorchAccelerator::prepare_module(torch::nn::Module& module
     buffer_tensors_.push_back(item.value());
     buffer_data_.push_back(buffers.back().data);
   }
-  // HOOK(cuda stream): on a GPU the loop computes on LibTorch's current stream; pass it before
-  // the strategy is made, e.g. set_cuda_stream(at::cuda::getCurrentCUDAStream().stream())
-  // (needs ATen's CUDA headers; this adapter is built CPU-only so far). Until then the
-  // communicator orders against the legacy default stream, which LibTorch's default stream is.
+  // On a GPU the loop computes on LibTorch's current stream of the parameters' device: the
+  // communicator orders its collectives and the strategies their copies against it. Debian's
+  // LibTorch is CPU-only, so this is compiled only against a CUDA-enabled one; without it the
+  // compute stream stays the legacy default stream, which is LibTorch's default stream too.
+#if ACCEL_TORCH_WITH_CUDA
+  if (!param_tensors_.empty() && param_tensors_[0].is_cuda())
+    set_cuda_stream(c10::cuda::getCurrentCUDAStream(param_tensors_[0].device().index()).stream());
+#endif
   if (strategy_options().kind == "data_parallel") make_replicas(module, refs.size());
   prepare_parameters(std::move(refs), std::move(buffers));  // broadcasts from rank 0
 
