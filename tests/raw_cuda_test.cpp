@@ -8,6 +8,7 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -74,6 +75,22 @@ Run run_raw_cuda(const TempDir& dir, const std::string& name,
   return run;
 }
 
+// Largest |a[i] - b[i]| and how many elements differ at all (the message says, so a bitwise
+// expectation shows even under a tolerance).
+struct ParamDiff {
+  double worst = 0;
+  std::size_t differ = 0;
+};
+ParamDiff compare_params(const std::vector<float>& a, const std::vector<float>& b) {
+  REQUIRE(a.size() == b.size());
+  ParamDiff d;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    d.worst = std::max(d.worst, double(std::fabs(a[i] - b[i])));
+    d.differ += a[i] != b[i];
+  }
+  return d;
+}
+
 double mean(const std::vector<double>& v, std::size_t first, std::size_t n) {
   double s = 0;
   for (std::size_t i = first; i < first + n; ++i) s += v[i];
@@ -123,11 +140,9 @@ TEST_CASE("raw_cuda trains the MLP on a GPU under DDP, ZeRO 1/2, fp16 and bf16, 
                                   {"--clip", "0"});
     CHECK(zero.output.find("strategy zero" + stage) != std::string::npos);
     check_learns(zero, "ZeRO " + stage);
-    REQUIRE(zero.params.size() == ddp.params.size());
-    double worst = 0;
-    for (std::size_t i = 0; i < ddp.params.size(); ++i)
-      worst = std::max(worst, double(std::fabs(zero.params[i] - ddp.params[i])));
-    CHECK(worst <= 1e-6);
+    const ParamDiff d = compare_params(zero.params, ddp.params);
+    INFO(d.differ << " of " << ddp.params.size() << " parameters differ at all");
+    CHECK(d.worst <= 1e-6);
   }
 
   // Clipping on the GPU (the sum of squares and the multiply kernels) and AdamW.
@@ -173,15 +188,10 @@ TEST_CASE("raw_cuda in one process without NCCL, and DataParallel over one GPU, 
   check_learns(local, "the world of one on a GPU");
   check_learns(dp, "DataParallel over one GPU");
   for (const Run* run : {&local, &dp}) {
-    REQUIRE(run->params.size() == ddp.params.size());
-    double worst = 0;
-    std::size_t differ = 0;
-    for (std::size_t i = 0; i < ddp.params.size(); ++i) {
-      worst = std::max(worst, double(std::fabs(run->params[i] - ddp.params[i])));
-      differ += run->params[i] != ddp.params[i];
-    }
-    MESSAGE(differ << " of " << ddp.params.size() << " parameters differ from DDP's, max " << worst);
-    CHECK(worst <= 1e-6);
+    const ParamDiff d = compare_params(run->params, ddp.params);
+    MESSAGE(d.differ << " of " << ddp.params.size() << " parameters differ from DDP's, max "
+                     << d.worst);
+    CHECK(d.worst <= 1e-6);
   }
 }
 
@@ -224,14 +234,8 @@ TEST_CASE("raw_cuda stopped at step N and resumed from its checkpoint ends where
           first.losses);
     CHECK(std::vector<double>(whole.losses.begin() + kStop, whole.losses.end()) ==
           resumed.losses);
-    REQUIRE(resumed.params.size() == whole.params.size());
-    double worst = 0;
-    std::size_t differ = 0;
-    for (std::size_t i = 0; i < whole.params.size(); ++i) {
-      worst = std::max(worst, double(std::fabs(resumed.params[i] - whole.params[i])));
-      differ += resumed.params[i] != whole.params[i];
-    }
-    INFO(differ << " of " << whole.params.size() << " parameters differ at all");
-    CHECK(worst <= 1e-6);
+    const ParamDiff d = compare_params(resumed.params, whole.params);
+    INFO(d.differ << " of " << whole.params.size() << " parameters differ at all");
+    CHECK(d.worst <= 1e-6);
   }
 }

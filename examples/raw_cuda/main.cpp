@@ -199,19 +199,9 @@ int main(int argc, char** argv) {
       for (std::size_t b = acc.batch_in_epoch(); b < batches; ++b) {  // mid-epoch on a resume
         examples::take_batch(train, idx, b * flags.batch_size, flags.batch_size, x, labels);
         acc.begin_batch(b, batches);
-        // Rows [first, first + n) of the batch on `replica` (the whole batch on `model`, or a
-        // chunk on each DataParallel replica's thread, with that replica's GPU current).
-        const float loss = acc.forward_backward(
-            model, labels.size(),
-            [&](raw_cuda::CudaMlp& replica, std::size_t first, std::size_t n, auto ready) {
-              return replica.forward_backward(
-                  std::span<const float>(x).subspan(first * train.features, n * train.features),
-                  std::span<const int>(labels).subspan(first, n), acc.loss_scale(),
-                  [&](std::size_t l) {
-                    ready(2 * l);      // weight
-                    ready(2 * l + 1);  // bias
-                  });
-            });
+        // The batch's rows on `model`, or split between DataParallel's replicas (each with its
+        // GPU current).
+        const float loss = examples::forward_backward_rows(acc, model, x, labels, train.features);
         loss_sum += loss;
         ++loss_count;
         if (acc.sync_gradients()) {
