@@ -36,6 +36,14 @@ std::vector<SegmentMapEntry> read_map(Reader& r) {
 
 }  // namespace
 
+SavedOptimizerState read_optimizer_bytes(std::string_view bytes, const std::string& where) {
+  try {
+    return parse_optimizer_state(bytes, where + ": optimizer state");
+  } catch (const InvalidArgument& e) {
+    throw CheckpointError(e.what());
+  }
+}
+
 std::string pack_optimizer_state(const std::string& optimizer_bytes,
                                  const std::vector<ParamSegment>& segments) {
   std::string out;
@@ -76,30 +84,29 @@ std::string reshard_optimizer_state(const std::vector<std::string>& blobs,
   for (const std::string& blob : blobs) {
     Reader r{blob, 0, where};
     const auto map = read_map(r);
-    const std::uint64_t blob_steps = r.u64();
-    const std::uint64_t stored = r.u64();
-    if (!first && blob_steps != steps)
+    const SavedOptimizerState saved = read_optimizer_bytes(std::string_view(blob).substr(r.at), where);
+    if (!first && saved.step != steps)
       throw CheckpointError(where + ": the ranks' optimizer states are at different steps (" +
-                            std::to_string(steps) + " and " + std::to_string(blob_steps) + ")");
+                            std::to_string(steps) + " and " + std::to_string(saved.step) + ")");
     first = false;
-    steps = blob_steps;
-    if (stored == 0) continue;  // not stepped yet: no state
-    if (stored != map.size())
-      throw CheckpointError(where + ": optimizer state for " + std::to_string(stored) +
-                            " segments, its map names " + std::to_string(map.size()));
+    steps = saved.step;
+    if (saved.segments.empty()) continue;  // not stepped yet: no state
+    if (saved.segments.size() != map.size())
+      throw CheckpointError(where + ": optimizer state for " +
+                            std::to_string(saved.segments.size()) + " segments, its map names " +
+                            std::to_string(map.size()));
     any_state = true;
-    for (const SegmentMapEntry& e : map) {
-      const std::uint64_t count = r.u64(), slots = r.u64();
-      if (count != e.count) throw CheckpointError(where + ": optimizer segment sizes disagree");
+    for (std::size_t k = 0; k < map.size(); ++k) {
+      const SegmentMapEntry& e = map[k];
+      const SavedOptimizerState::Segment& in = saved.segments[k];
+      if (in.count != e.count) throw CheckpointError(where + ": optimizer segment sizes disagree");
       auto& group = full[e.group];
-      if (group.size() < slots) group.resize(slots);
-      for (std::uint64_t s = 0; s < slots; ++s) {
-        if (r.at + count * sizeof(float) > blob.size())
-          throw CheckpointError(where + ": optimizer state truncated");
+      if (group.size() < in.slots) group.resize(in.slots);
+      for (std::uint64_t s = 0; s < in.slots; ++s) {
         std::vector<float>& values = group[s];
-        if (values.size() < e.offset + count) values.resize(e.offset + count, 0.0f);
-        std::memcpy(values.data() + e.offset, blob.data() + r.at, count * sizeof(float));
-        r.at += count * sizeof(float);
+        if (values.size() < e.offset + in.count) values.resize(e.offset + in.count, 0.0f);
+        std::memcpy(values.data() + e.offset, in.data + s * in.count * sizeof(float),
+                    in.count * sizeof(float));
       }
     }
   }

@@ -10,9 +10,11 @@
 // (accelerate/torch/torch_optimizer_state.hpp).
 
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "backends/backend.hpp"
+#include "backends/optim/optimizer.hpp"
 
 namespace accel {
 
@@ -30,6 +32,10 @@ bool same_segments(const std::string& blob, const std::vector<ParamSegment>& seg
 std::string reshard_optimizer_state(const std::vector<std::string>& blobs,
                                     const std::vector<ParamSegment>& segments,
                                     const std::string& where);
+
+// Optimizer::save_state's bytes from a checkpoint, parsed (parse_optimizer_state); damaged
+// ones throw CheckpointError naming `where`.
+SavedOptimizerState read_optimizer_bytes(std::string_view bytes, const std::string& where);
 
 // The optimizer bytes inside a blob.
 std::string optimizer_bytes(const std::string& blob, const std::string& where);

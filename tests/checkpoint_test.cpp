@@ -15,6 +15,9 @@
 
 #include "accelerate/accelerator.hpp"
 #include "accelerate/checkpoint.hpp"
+#include "accelerate/checkpoint_manifest.hpp"
+#include "accelerate/optimizer_state.hpp"
+#include "backends/optim/sgd.hpp"
 #include "backends/comm/local_communicator.hpp"
 #include "backends/comm/registry.hpp"
 #include "examples/raw_mlp/mlp.hpp"
@@ -173,6 +176,39 @@ TEST_CASE("crc32 and the manifest") {
   CHECK_THROWS_AS(check_blob_name("../x"), InvalidArgument);
   CHECK_THROWS_AS(check_blob_name(".hidden"), InvalidArgument);
   CHECK_THROWS_AS(check_blob_name("a b"), InvalidArgument);
+}
+
+TEST_CASE("optimizer state bytes parse; truncated or overlong ones are refused, nothing loaded") {
+  // SGD with momentum on two segments: one state array each, the momentum buffer.
+  std::vector<float> a = {1, 2, 3}, ga = {0.5f, -1, 2}, b = {4, 5}, gb = {1, 1};
+  const std::vector<ParamSegment> segments = {{0, buffer_of(std::span(a)), buffer_of(std::span(ga)), 0},
+                                              {0, buffer_of(std::span(b)), buffer_of(std::span(gb)), 3}};
+  Sgd sgd(SgdOptions{.lr = 0.1, .momentum = 0.9});
+  sgd.step(segments);
+  sgd.step(segments);
+  const std::string bytes = sgd.save_state();
+  const SavedOptimizerState saved = parse_optimizer_state(bytes, "test");
+  CHECK(saved.step == 2);
+  REQUIRE(saved.segments.size() == 2);
+  CHECK(saved.segments[0].count == 3);
+  CHECK(saved.segments[1].count == 2);
+  CHECK(saved.segments[0].slots == 1);
+  // Momentum after two steps of the same gradient g: g + 0.9 g.
+  CHECK(saved.segments[0].slot(0) == std::vector<float>{0.5f + 0.9f * 0.5f, -1.9f, 3.8f});
+
+  CHECK_THROWS_WITH_AS(parse_optimizer_state(bytes.substr(0, bytes.size() - 1), "test"),
+                       doctest::Contains("test: truncated in segment 1"), InvalidArgument);
+  CHECK_THROWS_WITH_AS(parse_optimizer_state(bytes + "x", "test"),
+                       doctest::Contains("test: 1 bytes left over"), InvalidArgument);
+  CHECK_THROWS_WITH_AS(read_optimizer_bytes(bytes.substr(0, 12), "ck/state.optimizer"),
+                       doctest::Contains("ck/state.optimizer: optimizer state: truncated at the "
+                                         "segment count"),
+                       CheckpointError);
+  // A damaged blob changes nothing: the optimizer still saves what it had.
+  Sgd other(SgdOptions{.lr = 0.1, .momentum = 0.9});
+  other.load_state(bytes);
+  CHECK_THROWS_AS(other.load_state(bytes.substr(0, bytes.size() - 4)), InvalidArgument);
+  CHECK(other.save_state() == bytes);
 }
 
 TEST_CASE("a checkpoint directory round-trips; damage is reported naming the file") {

@@ -15,6 +15,7 @@
 #include <torch/optim/sgd.h>
 
 #include "accelerate/checkpoint_manifest.hpp"
+#include "accelerate/optimizer_state.hpp"
 
 namespace accel::torch_optimizer_state {
 namespace {
@@ -108,19 +109,6 @@ std::unique_ptr<torch::optim::OptimizerParamState> make_state(Kind kind,
 
 void put_u64(std::string& out, std::uint64_t v) { out.append(reinterpret_cast<const char*>(&v), 8); }
 
-struct Reader {
-  const std::string& bytes;
-  const std::string& where;
-  std::size_t at = 0;
-  std::uint64_t u64() {
-    if (at + 8 > bytes.size()) throw CheckpointError(where + ": optimizer state truncated");
-    std::uint64_t v = 0;
-    std::memcpy(&v, bytes.data() + at, 8);
-    at += 8;
-    return v;
-  }
-};
-
 }  // namespace
 
 std::string unsupported_reason(const torch::optim::Optimizer& optimizer) {
@@ -202,36 +190,32 @@ std::function<void()> load(torch::optim::Optimizer& optimizer,
   const std::optional<Kind> kind = kind_of(optimizer);
   ACCEL_CHECK_ARG(kind && tensors.size() == segments.size(),
                   "optimizer state: an SGD, Adam or AdamW optimizer and one tensor per segment");
-  Reader r{bytes, where};
-  const std::uint64_t step = r.u64();
-  const std::uint64_t stored = r.u64();
-  if (stored != 0 && stored != segments.size())
-    throw CheckpointError(where + ": optimizer state for " + std::to_string(stored) +
-                          " segments, this rank has " + std::to_string(segments.size()));
+  const SavedOptimizerState saved = read_optimizer_bytes(bytes, where);
+  const std::uint64_t step = saved.step;
+  if (!saved.segments.empty() && saved.segments.size() != segments.size())
+    throw CheckpointError(where + ": optimizer state for " +
+                          std::to_string(saved.segments.size()) + " segments, this rank has " +
+                          std::to_string(segments.size()));
   // Every new state built (and checked) before the optimizer's is touched.
   auto states = std::make_shared<
       std::vector<std::pair<std::string, std::unique_ptr<torch::optim::OptimizerParamState>>>>();
   torch::NoGradGuard no_grad;
-  for (std::size_t k = 0; k < stored; ++k) {
-    const std::uint64_t count = r.u64(), n_slots = r.u64();
+  for (std::size_t k = 0; k < saved.segments.size(); ++k) {
+    const SavedOptimizerState::Segment& in = saved.segments[k];
     const std::string what = where + ": optimizer state of param group " +
                              std::to_string(segments[k].group);
-    if (count != segments[k].values.count)
-      throw CheckpointError(what + ": a segment of " + std::to_string(count) +
+    if (in.count != segments[k].values.count)
+      throw CheckpointError(what + ": a segment of " + std::to_string(in.count) +
                             " elements where this rank's has " +
                             std::to_string(segments[k].values.count));
-    if (r.at + n_slots * count * sizeof(float) > bytes.size())
-      throw CheckpointError(where + ": optimizer state truncated");
     const at::Tensor& t = tensors[k];
-    const char* data = bytes.data() + r.at;
-    r.at += n_slots * count * sizeof(float);
-    if (n_slots == 0) continue;  // none saved: none restored (SGD without momentum)
+    if (in.slots == 0) continue;  // none saved: none restored (SGD without momentum)
     if (!t.defined())
       throw CheckpointError(what + ": state for parameters this optimizer does not hold");
     const std::size_t expected =
         expected_slots(*kind, optimizer.param_groups()[segments[k].group].options());
-    if (n_slots != expected)
-      throw CheckpointError(what + ": " + std::to_string(n_slots) +
+    if (in.slots != expected)
+      throw CheckpointError(what + ": " + std::to_string(in.slots) +
                             " state arrays per element, this " + kind_name(*kind) +
                             " group keeps " + std::to_string(expected) +
                             " (another optimizer, or other momentum/amsgrad options?)");
@@ -239,16 +223,14 @@ std::function<void()> load(torch::optim::Optimizer& optimizer,
       throw CheckpointError(what + ": no step count, which " + std::string(kind_name(*kind)) +
                             " state has (saved by SGD?)");
     std::vector<at::Tensor> arrays;
-    for (std::uint64_t s = 0; s < n_slots; ++s) {
-      const at::Tensor f = at::from_blob(const_cast<char*>(data) + s * count * sizeof(float),
-                                         {std::int64_t(count)}, at::kFloat);
+    for (std::uint64_t s = 0; s < in.slots; ++s) {
+      const at::Tensor f =
+          at::from_blob(const_cast<char*>(in.data) + s * in.count * sizeof(float),
+                        {std::int64_t(in.count)}, at::kFloat);
       arrays.push_back(f.to(t.options(), /*non_blocking=*/false, /*copy=*/true).view(t.sizes()));
     }
     states->emplace_back(state_key(t), make_state(*kind, std::move(arrays), std::int64_t(step)));
   }
-  if (r.at != bytes.size())
-    throw CheckpointError(where + ": " + std::to_string(bytes.size() - r.at) +
-                          " bytes of optimizer state left over");
   std::vector<std::string> keys;
   for (const at::Tensor& t : tensors)
     if (t.defined()) keys.push_back(state_key(t));

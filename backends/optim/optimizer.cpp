@@ -9,14 +9,6 @@ namespace {
 
 void put_u64(std::string& out, std::uint64_t v) { out.append(reinterpret_cast<const char*>(&v), 8); }
 
-std::uint64_t get_u64(const std::string& in, std::size_t& at, const std::string& what) {
-  if (at + 8 > in.size()) throw InvalidArgument("optimizer state: truncated at " + what);
-  std::uint64_t v = 0;
-  std::memcpy(&v, in.data() + at, 8);
-  at += 8;
-  return v;
-}
-
 }  // namespace
 
 void Optimizer::check_group(std::size_t group) const {
@@ -97,42 +89,69 @@ std::string Optimizer::save_state() const {
 }
 
 void Optimizer::load_state(const std::string& bytes) {
-  std::size_t at = 0;
-  const std::uint64_t steps = get_u64(bytes, at, "the step count");
-  const std::uint64_t segments = get_u64(bytes, at, "the segment count");
-  ACCEL_CHECK_ARG(segment_counts_.empty() || segments == segment_counts_.size(),
-                  std::string(name()) + " state: " + std::to_string(segments) +
+  const SavedOptimizerState saved = parse_optimizer_state(bytes, std::string(name()) + " state");
+  ACCEL_CHECK_ARG(segment_counts_.empty() || saved.segments.size() == segment_counts_.size(),
+                  std::string(name()) + " state: " + std::to_string(saved.segments.size()) +
                       " segments, this optimizer has " + std::to_string(segment_counts_.size()));
   std::vector<std::vector<StateArray>> state;
   std::vector<std::size_t> counts;
   std::size_t state_bytes = 0;
-  for (std::uint64_t k = 0; k < segments; ++k) {
-    const std::string where = "segment " + std::to_string(k);
-    const std::uint64_t count = get_u64(bytes, at, where);
-    const std::uint64_t slots = get_u64(bytes, at, where);
-    ACCEL_CHECK_ARG(segment_counts_.empty() || count == segment_counts_[k],
-                    std::string(name()) + " state: " + where + " has " + std::to_string(count) +
-                        " elements, this optimizer's has " + std::to_string(segment_counts_[k]));
+  for (std::size_t k = 0; k < saved.segments.size(); ++k) {
+    const SavedOptimizerState::Segment& in = saved.segments[k];
+    ACCEL_CHECK_ARG(segment_counts_.empty() || in.count == segment_counts_[k],
+                    std::string(name()) + " state: segment " + std::to_string(k) + " has " +
+                        std::to_string(in.count) + " elements, this optimizer's has " +
+                        std::to_string(segment_counts_[k]));
     std::vector<StateArray> seg;
-    for (std::uint64_t slot = 0; slot < slots; ++slot) {
-      if (at + count * sizeof(float) > bytes.size())
-        throw InvalidArgument(std::string(name()) + " state: truncated in " + where);
+    for (std::uint64_t slot = 0; slot < in.slots; ++slot) {
       // Host memory first; the next step moves it to its segment's device.
-      seg.emplace_back(count, DeviceKind::cpu);
-      std::memcpy(seg.back().data(), bytes.data() + at, count * sizeof(float));
-      at += count * sizeof(float);
-      state_bytes += count * sizeof(float);
+      seg.emplace_back(in.count, DeviceKind::cpu);
+      std::memcpy(seg.back().data(), in.data + slot * in.count * sizeof(float),
+                  in.count * sizeof(float));
+      state_bytes += in.count * sizeof(float);
     }
     state.push_back(std::move(seg));
-    counts.push_back(count);
+    counts.push_back(in.count);
   }
-  ACCEL_CHECK_ARG(at == bytes.size(), std::string(name()) + " state: " +
-                                          std::to_string(bytes.size() - at) +
-                                          " bytes left over");
-  steps_ = steps;
+  steps_ = saved.step;
   state_ = std::move(state);
   segment_counts_ = std::move(counts);
   state_bytes_ = state_bytes;
+}
+
+std::vector<float> SavedOptimizerState::Segment::slot(std::uint64_t s) const {
+  std::vector<float> out(count);
+  std::memcpy(out.data(), data + s * count * sizeof(float), count * sizeof(float));
+  return out;
+}
+
+SavedOptimizerState parse_optimizer_state(std::string_view bytes, const std::string& what) {
+  std::size_t at = 0;
+  auto u64 = [&](const std::string& of) {
+    if (at + 8 > bytes.size()) throw InvalidArgument(what + ": truncated at " + of);
+    std::uint64_t v = 0;
+    std::memcpy(&v, bytes.data() + at, 8);
+    at += 8;
+    return v;
+  };
+  SavedOptimizerState out;
+  out.step = u64("the step count");
+  const std::uint64_t segments = u64("the segment count");
+  for (std::uint64_t k = 0; k < segments; ++k) {
+    const std::string of = "segment " + std::to_string(k);
+    SavedOptimizerState::Segment seg;
+    seg.count = u64(of);
+    seg.slots = u64(of);
+    const std::size_t left = bytes.size() - at;  // (no product that could overflow)
+    if (seg.slots > left || (seg.slots > 0 && seg.count > left / (seg.slots * sizeof(float))))
+      throw InvalidArgument(what + ": truncated in " + of);
+    seg.data = bytes.data() + at;
+    at += seg.count * seg.slots * sizeof(float);
+    out.segments.push_back(seg);
+  }
+  if (at != bytes.size())
+    throw InvalidArgument(what + ": " + std::to_string(bytes.size() - at) + " bytes left over");
+  return out;
 }
 
 }  // namespace accel

@@ -64,4 +64,21 @@ class Optimizer {
   DeviceContext context_;                    // the last step's stream (save_state reads on it)
 };
 
+// Optimizer::save_state's bytes, parsed: the step count and, per segment, its element count
+// and its `slots` state arrays of `count` floats, one after the other from `data` (a view into
+// the parsed bytes; read with memcpy). The one reader of the format: Optimizer::load_state,
+// checkpoints' resharding (accelerate/optimizer_state.cpp) and the LibTorch adapter's state.
+// Throws InvalidArgument starting with `what` when the bytes are truncated or have any left.
+struct SavedOptimizerState {
+  struct Segment {
+    std::uint64_t count = 0, slots = 0;
+    const char* data = nullptr;
+    // Slot s's floats, copied out.
+    std::vector<float> slot(std::uint64_t s) const;
+  };
+  std::uint64_t step = 0;
+  std::vector<Segment> segments;
+};
+SavedOptimizerState parse_optimizer_state(std::string_view bytes, const std::string& what);
+
 }  // namespace accel
