@@ -106,6 +106,17 @@ void check_learns(const Run& run, const std::string& what) {
   CHECK(mean(run.losses, kSteps - 10, 10) < 0.8 * mean(run.losses, 0, 10));
 }
 
+// What every case but the first needs: the NCCL communicator, a GPU, the dataset (skipped,
+// saying which is missing).
+bool cannot_run() {
+  if (skip_unless(communicator_available("nccl"), "nccl communicator not built")) return true;
+  if (skip_unless(cuda_device_count() > 0, "no CUDA device visible: raw_cuda needs a GPU"))
+    return true;
+  return skip_unless(std::filesystem::exists(kData + "/train-images-idx3-ubyte.gz"),
+                     "Fashion-MNIST not installed at " + kData +
+                         " (Debian package dataset-fashion-mnist)");
+}
+
 }  // namespace
 
 TEST_CASE("raw_cuda trains the MLP on a GPU under DDP, ZeRO 1/2, fp16 and bf16, reproducibly") {
@@ -163,12 +174,7 @@ TEST_CASE("raw_cuda trains the MLP on a GPU under DDP, ZeRO 1/2, fp16 and bf16, 
 }
 
 TEST_CASE("raw_cuda in one process without NCCL, and DataParallel over one GPU, end where DDP does") {
-  if (skip_unless(communicator_available("nccl"), "nccl communicator not built")) return;
-  if (skip_unless(cuda_device_count() > 0, "no CUDA device visible: raw_cuda needs a GPU")) return;
-  if (skip_unless(std::filesystem::exists(kData + "/train-images-idx3-ubyte.gz"),
-                  "Fashion-MNIST not installed at " + kData +
-                      " (Debian package dataset-fashion-mnist)"))
-    return;
+  if (cannot_run()) return;
   TempDir dir("raw_cuda_one_process_test");
   // The same kernels on the same gradients: DDP's average over one rank, the world of one's
   // no-op and one replica's reduction change nothing, so the parameters should agree bit for
@@ -196,12 +202,7 @@ TEST_CASE("raw_cuda in one process without NCCL, and DataParallel over one GPU, 
 }
 
 TEST_CASE("raw_cuda stopped at step N and resumed from its checkpoint ends where a whole run does") {
-  if (skip_unless(communicator_available("nccl"), "nccl communicator not built")) return;
-  if (skip_unless(cuda_device_count() > 0, "no CUDA device visible: raw_cuda needs a GPU")) return;
-  if (skip_unless(std::filesystem::exists(kData + "/train-images-idx3-ubyte.gz"),
-                  "Fashion-MNIST not installed at " + kData +
-                      " (Debian package dataset-fashion-mnist)"))
-    return;
+  if (cannot_run()) return;
   TempDir dir("raw_cuda_resume_test");
   constexpr int kStop = kSteps / 2;  // mid-epoch: 64 batches of 64 in the 4096 samples
   struct Setting {
