@@ -94,6 +94,9 @@ class Communicator {
   virtual DeviceKind device() const { return DeviceKind::cpu; }
   // The CUDA device this rank's operations run on (-1 for CPU communicators).
   virtual int cuda_device() const { return -1; }
+  // Whether host buffers work too (small host values need no staging through device memory):
+  // CPU communicators, and the world of one wherever it works.
+  virtual bool accepts_host_buffers() const { return device() == DeviceKind::cpu; }
 
   // The stream the caller computes on (see the top of this file). Set it before issuing the
   // operations it concerns; strategies order their copies on it too.

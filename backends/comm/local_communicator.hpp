@@ -18,6 +18,8 @@ class LocalCommunicator final : public Communicator {
   void use_cuda_device(int device);
   DeviceKind device() const override { return cuda_device_ >= 0 ? DeviceKind::cuda : DeviceKind::cpu; }
   int cuda_device() const override { return cuda_device_; }
+  // Its collectives move nothing between ranks: host values never need staging.
+  bool accepts_host_buffers() const override { return true; }
 
  protected:
   void run_all_reduce(Buffer data, ReduceOp op, Milliseconds timeout) override;

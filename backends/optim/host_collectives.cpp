@@ -8,7 +8,7 @@ namespace accel {
 namespace {
 
 bool needs_staging(const Communicator& comm, const Buffer& b) {
-  return comm.device() == DeviceKind::cuda && b.device == DeviceKind::cpu && b.count > 0;
+  return !comm.accepts_host_buffers() && b.device == DeviceKind::cpu && b.count > 0;
 }
 
 // A device copy of a host buffer for the length of one collective, on the communicator's

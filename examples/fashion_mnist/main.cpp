@@ -19,6 +19,7 @@
 #include <torch/utils.h>
 
 #include "accelerate/torch/torch_accelerator.hpp"
+#include "examples/common/resume.hpp"
 #include "examples/fashion_mnist/fashion_mnist.hpp"
 
 using namespace fashion_mnist;
@@ -59,15 +60,9 @@ int main(int argc, char** argv) {
 
     // Checkpoints: save_state keeps the model, the optimizer's momentum, LibTorch's RNG
     // (dropout), the counters and the loop's position; load_state restores them.
-    if (!flags.checkpoint_dir.empty() && accel::checkpoint_exists(flags.checkpoint_dir)) {
-      acc.load_state(flags.checkpoint_dir);
+    if (examples::resume_if_saved(acc, flags.checkpoint_dir)) {
       loader.set_epoch(acc.resume_epoch());  // the loader counts its epochs from here on
       loader.skip_first_batches(acc.resume_batch());
-      acc.print("resumed from %s: epoch %llu, batch %llu, step %llu\n",
-                flags.checkpoint_dir.c_str(),
-                static_cast<unsigned long long>(acc.resume_epoch() + 1),
-                static_cast<unsigned long long>(acc.resume_batch()),
-                static_cast<unsigned long long>(acc.step()));
     }
 
     for (int epoch = int(acc.resume_epoch()); epoch < flags.epochs; ++epoch) {

@@ -38,6 +38,7 @@
 #include "examples/common/flags.hpp"
 #include "examples/common/idx_reader.hpp"
 #include "examples/common/image_batches.hpp"
+#include "examples/common/resume.hpp"
 #include "examples/raw_cuda/cuda_mlp.hpp"
 
 namespace {
@@ -172,14 +173,7 @@ int main(int argc, char** argv) {
     acc.print("raw_cuda: strategy %s\n", std::string(acc.strategy().name()).c_str());
 
     const bool checkpoints = !flags.checkpoint_dir.empty();
-    if (checkpoints && accel::checkpoint_exists(flags.checkpoint_dir)) {
-      acc.load_state(flags.checkpoint_dir);
-      acc.print("resumed from %s: epoch %llu, batch %llu, step %llu\n",
-                flags.checkpoint_dir.c_str(),
-                static_cast<unsigned long long>(acc.resume_epoch() + 1),
-                static_cast<unsigned long long>(acc.resume_batch()),
-                static_cast<unsigned long long>(acc.step()));
-    }
+    examples::resume_if_saved(acc, flags.checkpoint_dir);
 
     accel::ShardedSampler sampler =
         acc.make_sampler(train.count, {flags.batch_size, true, 0, false});
