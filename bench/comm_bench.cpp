@@ -112,8 +112,8 @@ double bus_factor(Op op, int n) {
 }
 
 // Every table the bench can print, in the order it prints them.
-constexpr std::string_view kAllTables[] = {"memcpy", "shm",     "gloo", "raw_gloo",
-                                           "mpi",    "raw_mpi", "nccl"};
+constexpr std::string_view kAllTables[] = {"memcpy",  "shm", "hierarchical", "gloo", "raw_gloo",
+                                           "mpi",     "raw_mpi", "nccl"};
 
 struct Flags {
   std::size_t min_bytes = 4 << 10;
@@ -141,7 +141,8 @@ const char* kUsage =
     "  --max_iters N     cap on budgeted iterations                 (default 1000)\n"
     "  --warmup N        warm-up operations per row                 (default 2)\n"
     "  --ops LIST        all_reduce,all_gather,reduce_scatter,broadcast (default all)\n"
-    "  --comms LIST      memcpy,shm,gloo,raw_gloo,mpi,raw_mpi,nccl  (default all built;\n"
+    "  --comms LIST      memcpy,shm,hierarchical,gloo,raw_gloo,mpi,raw_mpi,nccl\n"
+    "                    (default all built;\n"
     "                    nccl: one GPU per rank, LOCAL_RANK's, device buffers)\n"
     "  --dtype T         f32 f64 f16 bf16 i32 i64                   (default f32)\n"
     "  --port N          rendezvous store port (MASTER_PORT, else 29500)\n"
@@ -427,34 +428,43 @@ class CommTarget final : public Target {
 
   double across_ranks(double v, bool max) override {
     const Buffer host{&v, 1, DType::f64};
-    const Buffer b = device_scalar_.view().data ? device_scalar_.view() : host;
+    const Buffer b = on_gpu() ? device_scalar_.view() : host;
     copy_buffer(b, host, nullptr);
     comm_->all_reduce(b, max ? ReduceOp::max : ReduceOp::sum)->wait();
     copy_buffer(host, b, nullptr);
-    synchronize_stream(nullptr, comm_->cuda_device(), comm_->timeout(), "comm_bench across_ranks");
+    wait_for_copies("comm_bench across_ranks");
     return v;
   }
 
   void to_device(const RowBuffers& host) override {
+    if (!on_gpu()) return;
     const RowBuffers b = on_device(host);
     copy_buffer(b.full, host.full, nullptr);
     copy_buffer(b.part, host.part, nullptr);
-    synchronize_stream(nullptr, comm_->cuda_device(), comm_->timeout(), "comm_bench upload");
+    wait_for_copies("comm_bench upload");
   }
   void from_device(const RowBuffers& host) override {
+    if (!on_gpu()) return;
     const RowBuffers b = on_device(host);
     copy_buffer(host.full, b.full, nullptr);
     copy_buffer(host.part, b.part, nullptr);
-    synchronize_stream(nullptr, comm_->cuda_device(), comm_->timeout(), "comm_bench download");
+    wait_for_copies("comm_bench download");
   }
   void barrier() override { comm_->barrier()->wait(); }
 
   const StorePtr& store() const { return group_->store(); }
 
  private:
+  // Only a CUDA communicator has device mirrors: a CPU one never reaches the CUDA runtime, so
+  // it runs on a machine with the CUDA toolkit but no driver.
+  bool on_gpu() const { return device_full_.view().data != nullptr; }
+  void wait_for_copies(const std::string& who) const {
+    if (on_gpu()) synchronize_stream(nullptr, comm_->cuda_device(), comm_->timeout(), who);
+  }
+
   // The same row on the device mirrors (the host buffers themselves for CPU communicators).
   RowBuffers on_device(const RowBuffers& host) const {
-    if (!device_full_.view().data) return host;
+    if (!on_gpu()) return host;
     RowBuffers b = host;
     b.full = Buffer{device_full_.view().data, host.full.count, host.full.dtype, DeviceKind::cuda};
     b.part = Buffer{device_part_.view().data, host.part.count, host.part.dtype, DeviceKind::cuda};
@@ -917,7 +927,8 @@ int run(int argc, char** argv) {
   // The targets, in table order; a table that cannot run here says why.
   std::vector<std::unique_ptr<Target>> targets;
   StorePtr store;  // the gloo group's store, which raw Gloo and shm also rendezvous on
-  if (wanted(flags, "gloo") || wanted(flags, "raw_gloo") || wanted(flags, "shm")) {
+  const bool on_gloo_store = wanted(flags, "shm") || wanted(flags, "hierarchical");
+  if (wanted(flags, "gloo") || wanted(flags, "raw_gloo") || on_gloo_store) {
     if (communicator_available("gloo")) {
       ProcessGroupOptions options;
       options.backend = "gloo";
@@ -930,21 +941,24 @@ int run(int argc, char** argv) {
       bench.say("# gloo: skipped (built with ACCEL_WITH_GLOO=OFF)\n");
     }
   }
-  if (wanted(flags, "shm")) {
+  // shm and hierarchical rendezvous through the gloo group's store; first in table order, so
+  // the fastest tables are printed first.
+  std::size_t front = 0;
+  for (const char* name : {"shm", "hierarchical"}) {
+    if (!wanted(flags, name)) continue;
     if (!store) {
-      bench.say("# shm: skipped (it rendezvouses through the gloo group's store)\n");
-    } else if (!communicator_available("shm")) {
-      bench.say("# shm: skipped (built with ACCEL_WITH_SHM=OFF)\n");
+      bench.say("# %s: skipped (it rendezvouses through the gloo group's store)\n", name);
+    } else if (!communicator_available(name)) {
+      bench.say("# %s: skipped (built with ACCEL_WITH_SHM=OFF)\n", name);
     } else {
       CommOptions options;
       options.rank = env.rank;
       options.world_size = env.world_size;
       options.store = store;
       options.timeout = timeout;
-      options.group_name = "bench";
-      // First in table order: the fastest tables are printed first.
-      targets.insert(targets.begin(),
-                     std::make_unique<CommTarget>(create_communicator("shm", options)));
+      options.group_name = std::string("bench-") + name;
+      targets.insert(targets.begin() + std::ptrdiff_t(front++),
+                     std::make_unique<CommTarget>(create_communicator(name, options)));
     }
   }
   if (wanted(flags, "raw_gloo")) {
