@@ -104,6 +104,10 @@ TEST_CASE("comm_bench over every CPU communicator reaches no CUDA call") {
                  "comm_bench under mpirun");
 }
 
+TEST_CASE("accel test's collective checks reach no CUDA call") {
+  expect_no_cuda({"test", "--main_process_port", "0", "--num_processes", "2"}, "accel test");
+}
+
 TEST_CASE("training on the CPU under every strategy reaches no CUDA call") {
   if (skip_unless(fs::exists(kData + "/train-images-idx3-ubyte.gz"),
                   "Fashion-MNIST not installed at " + kData))
