@@ -180,6 +180,29 @@ std::vector<KeySpec> make_schema() {
   return s;
 }
 
+// A value as messages show it: quoted, and cut short when long, so a 50 MB value gives a
+// one-line error.
+std::string quoted(std::string_view text) {
+  constexpr std::size_t kShown = 40;
+  if (text.size() <= kShown + 20) return "'" + std::string(text) + "'";
+  return "'" + std::string(text.substr(0, kShown)) + "...' (" + std::to_string(text.size()) +
+         " characters)";
+}
+
+// A host name (at most 253 characters, as DNS allows), an IPv4 address or an IPv6 one (with
+// a %zone); nothing else reaches the resolver.
+std::optional<std::string> check_host(std::string_view text) {
+  constexpr std::size_t kMaxHostLength = 253;
+  const bool ok =
+      text.size() <= kMaxHostLength && std::all_of(text.begin(), text.end(), [](char c) {
+        return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-' || c == '_' ||
+               c == ':' || c == '%';
+      });
+  if (ok) return std::nullopt;
+  return "expects a host name or IP address (at most " + std::to_string(kMaxHostLength) +
+         " letters, digits and . - _ : %), got " + quoted(text);
+}
+
 std::optional<std::string> check_gpu_ids(std::string_view text, std::string* canonical) {
   if (lower(text) == "all") {
     *canonical = "all";
@@ -193,7 +216,7 @@ std::optional<std::string> check_gpu_ids(std::string_view text, std::string* can
     const auto item = trim(rest.substr(0, comma));
     const auto id = parse_integer(item);
     if (!id || *id < 0 || *id > 1023)
-      return "expects 'all' or GPU ids like 0,1, got '" + std::string(text) + "'";
+      return "expects 'all' or GPU ids like 0,1, got " + quoted(text);
     if (!seen.insert(*id).second) return "GPU id " + std::to_string(*id) + " is listed twice";
     ids.push_back(std::to_string(*id));
     if (comma == std::string_view::npos) break;
@@ -324,7 +347,7 @@ Parsed parse_value(std::string_view key, std::string_view raw) {
   const KeySpec* spec = find_key(key);
   if (spec == nullptr) return {std::nullopt, unknown_key_problem(key)};
   const std::string_view text = trim(raw);
-  const std::string shown = "'" + std::string(text) + "'";
+  const std::string shown = quoted(text);
   switch (spec->kind) {
     case ValueKind::integer: {
       const auto v = parse_integer(text);
@@ -357,6 +380,8 @@ Parsed parse_value(std::string_view key, std::string_view raw) {
       if (std::any_of(text.begin(), text.end(),
                       [](char c) { return std::isspace(static_cast<unsigned char>(c)); }))
         return {std::nullopt, "expects one word, got " + shown};
+      if (key == "main_process_ip")
+        if (auto problem = check_host(text)) return {std::nullopt, *problem};
       return {std::string(text), ""};
     }
   }
@@ -460,6 +485,12 @@ std::optional<std::string> consistency_problem(const Config& c, std::string_view
       return std::to_string(c.num_processes) +
              " processes do not divide evenly over num_machines (" +
              std::to_string(c.num_machines) + ")";
+    if (processes_per_machine(c) > kMaxProcessesPerMachine)
+      return std::to_string(c.num_processes) + " processes" +
+             (c.num_machines == 1 ? std::string(" on one machine")
+                                  : " over " + std::to_string(c.num_machines) + " machines are " +
+                                        std::to_string(processes_per_machine(c)) + " per machine") +
+             "; at most " + std::to_string(kMaxProcessesPerMachine) + " run on one machine";
   }
   if (key == "zero_stage" && c.zero_stage != 0 && c.distributed_type != DistributedType::ZERO)
     return "zero_stage " + std::to_string(c.zero_stage) + " needs distributed_type ZERO, not " +

@@ -52,6 +52,10 @@ struct Config {
   int gradient_accumulation_steps = 1;
 };
 
+// The most processes one machine runs (num_processes / num_machines): more than any machine
+// has cores or GPUs, and few enough that the launcher's descriptors and process table hold.
+inline constexpr int kMaxProcessesPerMachine = 1024;
+
 // What a config implies, so every consumer derives it the same way.
 int processes_per_machine(const Config&);  // num_processes / num_machines
 bool uses_gpu(const Config&);              // MULTI_GPU, or NO/ZERO/DATA_PARALLEL without use_cpu
@@ -121,7 +125,8 @@ void set_value(Config&, std::string_view key, std::string_view canonical);
 bool is_written(const Config&, std::string_view key);
 
 // Checks one key against the others (machine_rank below num_machines, zero_stage only with
-// ZERO, data_parallel_replicas only with DATA_PARALLEL, ...); the problem in words, or nullopt. Errors are reported against the key named
+// ZERO, data_parallel_replicas only with DATA_PARALLEL, at most kMaxProcessesPerMachine per
+// machine, ...); the problem in words, or nullopt. Errors are reported against the key named
 // here, so a message points at the line (or variable, or flag) that set it.
 std::optional<std::string> consistency_problem(const Config&, std::string_view key);
 

@@ -10,8 +10,8 @@
 #include <cerrno>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
+#include <string_view>
+#include <vector>
 
 #include "backends/comm/error.hpp"
 #include "config/detect.hpp"
@@ -33,6 +33,49 @@ std::string kind_of(const YAML::Node& node) {
   if (node.IsSequence()) return "a list";
   if (node.IsMap()) return "a map";
   return "nothing";
+}
+
+// What a file is, for "it is a FIFO, not a regular file".
+std::string file_kind(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO (named pipe)";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "not a regular file";
+}
+
+// The whole file, refusing anything that is not a regular file of at most kMaxConfigFileBytes:
+// a FIFO would block the reader forever and /dev/zero would fill memory. O_NONBLOCK makes
+// opening a FIFO return at once, so fstat can refuse it; it changes nothing for a regular file.
+std::string read_text(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+  if (fd < 0) throw ConfigError(path + ": cannot read config file: " + errno_text(errno));
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat st {};
+  if (::fstat(fd, &st) != 0)
+    throw ConfigError(path + ": cannot read config file: " + errno_text(errno));
+  if (!S_ISREG(st.st_mode))
+    throw ConfigError(path + ": cannot read config file: it is " + file_kind(st.st_mode) +
+                      ", not a regular file");
+  const std::string too_big = path + ": cannot read config file: it is larger than " +
+                              std::to_string(kMaxConfigFileBytes >> 20) +
+                              " MiB, the most a config file may be";
+  if (st.st_size > static_cast<off_t>(kMaxConfigFileBytes)) throw ConfigError(too_big);
+  std::string text;
+  char buffer[16384];
+  for (;;) {  // to the end, not st_size: the file may grow while it is read
+    const ssize_t n = ::read(fd, buffer, sizeof(buffer));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) throw ConfigError(path + ": cannot read config file: " + errno_text(errno));
+    if (n == 0) break;
+    text.append(buffer, static_cast<std::size_t>(n));
+    if (text.size() > kMaxConfigFileBytes) throw ConfigError(too_big);
+  }
+  return text;
 }
 
 class FileReader {
@@ -62,18 +105,57 @@ class FileReader {
 
  private:
   YAML::Node parse() {
-    std::error_code ec;
-    if (fs::is_directory(path_, ec))
-      throw ConfigError(path_ + ": cannot read config file: it is a directory");
-    std::ifstream in(path_);
-    if (!in) throw ConfigError(path_ + ": cannot read config file: " + errno_text(errno));
-    std::stringstream text;
-    text << in.rdbuf();
+    text_ = read_text(path_);
+    std::vector<YAML::Node> documents;
     try {
-      return YAML::Load(text.str());
+      documents = YAML::LoadAll(text_);
     } catch (const YAML::ParserException& e) {
       throw ConfigError(path_ + ":" + std::to_string(e.mark.line + 1) + ": invalid YAML: " + e.msg);
     }
+    // LoadAll, not Load: Load reads the first document and drops the rest without a word.
+    if (documents.size() > 1)
+      throw ConfigError(path_ + ":" + std::to_string(documents[1].Mark().line + 1) +
+                        ": a second YAML document (after '---'); a config file holds one");
+    return documents.empty() ? YAML::Node() : documents.front();
+  }
+
+  // yaml-cpp takes a quote that is never closed as running to the end of the file (PyYAML
+  // refuses it): `main_process_ip: '10.0.0.1` would read as valid, the keys after it lost.
+  void check_quote_closed(const YAML::Node& node, const std::string& what) const {
+    if (!node.IsScalar() || node.Mark().pos < 0) return;
+    const auto pos = static_cast<std::size_t>(node.Mark().pos);
+    if (pos >= text_.size() || (text_[pos] != '\'' && text_[pos] != '"')) return;
+    const char quote = text_[pos];
+    for (std::size_t i = pos + 1; i < text_.size(); ++i) {
+      if (quote == '"' && text_[i] == '\\') {
+        ++i;  // an escaped character, maybe a quote
+      } else if (text_[i] == quote) {
+        if (quote == '\'' && i + 1 < text_.size() && text_[i + 1] == '\'') {
+          ++i;  // '' is a quote inside a single-quoted scalar
+          continue;
+        }
+        return;
+      }
+    }
+    throw ConfigError(at(node) + ": " + what + ": the quote (" + std::string(1, quote) +
+                      ") opened here is never closed");
+  }
+
+  // `key: null` (or ~) is how Accelerate writes "not set"; `key:` with nothing after it is a
+  // value forgotten, and taking the default for it would hide that.
+  bool is_written_null(const YAML::Node& value) const {
+    if (value.Mark().pos < 0) return false;
+    const std::string_view rest = std::string_view(text_).substr(
+        std::min(text_.size(), static_cast<std::size_t>(value.Mark().pos)));
+    for (std::string_view word : {"null", "Null", "NULL", "~"}) {
+      if (!rest.starts_with(word)) continue;
+      const std::string_view after = rest.substr(word.size());
+      if (after.empty() || after.front() == ' ' || after.front() == '\t' || after.front() == '\n' ||
+          after.front() == '\r' || after.front() == '#' || after.front() == ',' ||
+          after.front() == '}' || after.front() == ']')
+        return true;
+    }
+    return false;
   }
 
   std::string at(const YAML::Node& node) const {
@@ -83,6 +165,7 @@ class FileReader {
   std::string key_name(const YAML::Node& key) const {
     if (!key.IsScalar())
       throw ConfigError(at(key) + ": keys must be plain names, got " + kind_of(key));
+    check_quote_closed(key, "a key");
     return key.Scalar();
   }
 
@@ -112,9 +195,14 @@ class FileReader {
       throw ConfigError(where + ": key '" + shown + "': given twice (first on line " +
                         std::to_string(first->second) + ")");
     lines_[key] = key_node.Mark().line + 1;
-    if (value.IsNull()) return;  // Accelerate writes `main_process_ip: null` for "not set"
+    if (value.IsNull()) {
+      if (is_written_null(value)) return;  // Accelerate writes `main_process_ip: null`
+      throw ConfigError(where + ": key '" + shown +
+                        "': no value given (write one, or null to keep the default)");
+    }
     std::string text;
     if (value.IsScalar()) {
+      check_quote_closed(value, "key '" + shown + "'");
       text = value.Scalar();
     } else if (value.IsSequence() && key == "gpu_ids") {
       // gpu_ids: [0, 1] means the same as gpu_ids: 0,1
@@ -122,6 +210,7 @@ class FileReader {
         if (!item.IsScalar())
           throw ConfigError(where + ": key '" + shown + "': expects GPU ids, got a nested " +
                             kind_of(item));
+        check_quote_closed(item, "key '" + shown + "'");
         text += (text.empty() ? "" : ",") + item.Scalar();
       }
     } else {
@@ -134,6 +223,7 @@ class FileReader {
   }
 
   std::string path_;
+  std::string text_;  // the whole file, for what yaml-cpp's nodes do not tell (quotes, null)
   detail::FileSettings out_;
   std::map<std::string, int> lines_;
 };

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/random.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -134,6 +135,62 @@ void check_program(const std::string& program) {
   throw ConfigError("accel launch: cannot run '" + program + "': not found in PATH");
 }
 
+// Descriptors the launcher holds per local worker: its stdout and stderr pipes, its log file
+// and its connection to the rendezvous store; and a reserve for the launcher's own work.
+constexpr rlim_t kDescriptorsPerWorker = 4;
+constexpr rlim_t kDescriptorReserve = 64;
+
+// Settings that are each valid but cannot work together on this machine, refused before
+// anything starts (every worker would fail the same way, or the launcher half-way through).
+void check_settings(const config::ResolvedConfig& resolved, const LaunchOptions& options) {
+  const config::Config& cfg = resolved.config;
+  const int local = config::processes_per_machine(cfg);
+
+  // The mpi communicator joins MPI_COMM_WORLD, which only mpirun makes bigger than one.
+  const char* env_backend = std::getenv("ACCEL_COMM_BACKEND");
+  const bool from_env = env_backend != nullptr && *env_backend != '\0';
+  const std::string backend = from_env ? env_backend : config::comm_backend(cfg);
+  if (backend == "mpi" && !options.use_mpi && cfg.num_processes > 1)
+    throw ConfigError(
+        "accel launch: " +
+        (from_env ? std::string("ACCEL_COMM_BACKEND=mpi (environment)")
+                  : "cpu_communicator mpi (" + resolved.origins.at("cpu_communicator") + ")") +
+        " needs the " + std::to_string(cfg.num_processes) +
+        " processes started by mpirun: add --use_mpi, or choose another cpu_communicator");
+
+  if (config::uses_gpu(cfg)) {
+    const config::Hardware hw = config::detect_hardware();
+    if (hw.gpus == 0)
+      throw ConfigError(
+          "accel launch: distributed_type " + config::to_string(cfg.distributed_type) + " (" +
+          resolved.origins.at("distributed_type") + ") runs on GPUs (use_cpu false, " +
+          resolved.origins.at("use_cpu") + "), but no CUDA device is visible on this machine (" +
+          config::describe(hw) + "); use --multi_cpu or --cpu to run on the CPU");
+  }
+
+  // Starting more workers than descriptors allow would fail half-way ("pipe failed"), with
+  // the first workers already waiting for the others.
+  struct rlimit limit {};
+  if (!options.use_mpi && ::getrlimit(RLIMIT_NOFILE, &limit) == 0) {
+    const rlim_t needed = kDescriptorReserve + kDescriptorsPerWorker * rlim_t(local);
+    if (limit.rlim_cur != RLIM_INFINITY && limit.rlim_cur < needed) {
+      // Raising the soft limit up to the hard one is what it is for (Go's runtime does it too).
+      if (limit.rlim_max == RLIM_INFINITY || limit.rlim_max >= needed) {
+        limit.rlim_cur = needed;
+        ::setrlimit(RLIMIT_NOFILE, &limit);
+      } else {
+        throw ConfigError("accel launch: " + std::to_string(local) +
+                          " processes on this machine (num_processes, " +
+                          resolved.origins.at("num_processes") + ") need about " +
+                          std::to_string(needed) + " file descriptors, but at most " +
+                          std::to_string(limit.rlim_max) +
+                          " may be open here (ulimit -n); raise the limit or run fewer "
+                          "processes per machine");
+      }
+    }
+  }
+}
+
 std::string plural(int n, const char* word) {
   return std::to_string(n) + " " + word +
          (n == 1 ? "" : (std::string(word).ends_with("s") ? "es" : "s"));
@@ -148,11 +205,20 @@ int launch(const LaunchOptions& options) {
   config::ResolvedConfig resolved = config::resolve_config(options.config_file, options.overrides);
   if (options.nproc_per_node) {
     // Per machine, as torchrun counts; the config counts over all machines.
+    const std::string total = std::to_string(static_cast<long long>(*options.nproc_per_node) *
+                                             resolved.config.num_machines);
+    if (options.overrides.count("num_processes") != 0 &&
+        std::to_string(resolved.config.num_processes) != total)
+      throw ConfigError("accel launch: --nproc_per_node " +
+                        std::to_string(*options.nproc_per_node) + " (x " +
+                        plural(resolved.config.num_machines, "machine") + " = " + total +
+                        " processes) contradicts --num_processes " +
+                        std::to_string(resolved.config.num_processes) + "; give one of them");
     config::Overrides overrides = options.overrides;
-    overrides["num_processes"] =
-        std::to_string(*options.nproc_per_node * resolved.config.num_machines);
+    overrides["num_processes"] = total;
     resolved = config::resolve_config(options.config_file, overrides);
   }
+  check_settings(resolved, options);
   const config::Config& cfg = resolved.config;
   if (options.use_mpi && cfg.machine_rank != 0)
     throw ConfigError(

@@ -173,6 +173,21 @@ TEST_CASE("each bad config exits 2 naming the file, the line and the key") {
        "DATA_PARALLEL runs on the CPU here"},
       {"distributed_type: DATA_PARALLEL\nuse_cpu: false\ndata_parallel_replicas: 2\n", 3,
        "data_parallel_replicas", "data_parallel_replicas is for CPU replicas"},
+      // A value forgotten is not a default taken (null is how "not set" is written).
+      {"num_processes: 1\nmixed_precision:\n", 2, "mixed_precision", "no value given"},
+      {"mixed_precision:   # fp16 later\nnum_processes: 1\n", 1, "mixed_precision",
+       "no value given"},
+      // yaml-cpp would read the quote to the end of the file, swallowing the keys after it.
+      {"distributed_type: MULTI_CPU\nmain_process_ip: '10.0.0.1\nnum_processes: 2\n", 2,
+       "main_process_ip", "the quote (') opened here is never closed"},
+      {"distributed_type: MULTI_CPU\nnum_processes: 2\nmain_process_ip: \"10.0.0.1\n", 3,
+       "main_process_ip", "the quote (\") opened here is never closed"},
+      {"distributed_type: MULTI_CPU\nnum_processes: 100000\n", 2, "num_processes",
+       "100000 processes on one machine; at most 1024 run on one machine"},
+      {"distributed_type: MULTI_CPU\nnum_machines: 2\nnum_processes: 4000\n", 3, "num_processes",
+       "4000 processes over 2 machines are 2000 per machine; at most 1024"},
+      {"distributed_type: MULTI_CPU\nmain_process_ip: 10.0.0.1;reboot\n", 2, "main_process_ip",
+       "expects a host name or IP address"},
   };
   for (const auto& c : cases) {
     const std::string path = dir.file("bad.yaml");
@@ -217,6 +232,21 @@ TEST_CASE(
   out = run_accel({"config", "validate", missing});
   CHECK(out.exit_code == 2);
   CHECK(contains(out.output, missing + ": cannot read config file: No such file or directory"));
+
+  // A second document would be dropped without a word; one is all a config file holds.
+  write_file(path, "distributed_type: MULTI_CPU\nnum_processes: 2\n---\nnum_processes: 4\n");
+  out = run_accel({"config", "validate", path});
+  INFO(out.output);
+  CHECK(out.exit_code == 2);
+  CHECK(contains(out.output, path + ":4: a second YAML document (after '---')"));
+
+  // null (and ~) still mean "not set", as Accelerate writes them; so does an empty file.
+  write_file(path, "mixed_precision: null\nnum_processes: ~\ngpu_ids: Null # later\n");
+  out = run_accel({"config", "validate", path});
+  INFO(out.output);
+  CHECK(out.exit_code == 0);
+  write_file(path, "");
+  CHECK(run_accel({"config", "validate", path}).exit_code == 0);
 }
 
 TEST_CASE(

@@ -52,7 +52,7 @@ Distributed type (or --distributed_type NO|DATA_PARALLEL|MULTI_CPU|MULTI_GPU|ZER
 
 Supervision:
   --max_restarts N            restart every worker up to N times after a failure (0)
-  --monitor_interval SECONDS  how often workers are checked (0.1)
+  --monitor_interval SECONDS  how often workers are checked (0.1; at least 0.01)
   --grace_period SECONDS      SIGTERM -> SIGKILL when stopping workers (5)
   --rdzv_timeout SECONDS      how long machines wait for each other to join (300)
 Output:
@@ -73,12 +73,20 @@ MPI:
   --mpirun_arg ARG            passed to mpirun as is (repeat for several)
 )";
 
+// Durations are at most 11 days (1e6 s): beyond, the milliseconds would overflow.
+constexpr double kMaxSeconds = 1e6;
+// Checking the workers more often than this only burns a core (0 would spin it).
+constexpr double kMinMonitorInterval = 0.01;
+
 double parse_number(std::string_view flag, const std::string& text) {
   double out = 0;
   auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), out);
   if (ec != std::errc() || ptr != text.data() + text.size() || !std::isfinite(out) || out < 0)
     throw ConfigError("accel launch: " + std::string(flag) + " expects a number of seconds, got '" +
                       text + "'");
+  if (out > kMaxSeconds)
+    throw ConfigError("accel launch: " + std::string(flag) +
+                      " must be at most 1000000 seconds, got " + text);
   return out;
 }
 
@@ -135,8 +143,12 @@ std::map<std::string, Flag> flag_table(launch::LaunchOptions& o) {
   t["config_file"] = {true, [&o](auto&, auto& v) { o.config_file = v; }};
   t["max_restarts"] = {true, [&o](auto& f, auto& v) { o.max_restarts = parse_int(f, v, 0); }};
   t["monitor_interval"] = {true, [&o](auto& f, auto& v) {
-                             o.monitor_interval =
-                                 std::max(seconds(f, v), std::chrono::milliseconds(1));
+                             if (parse_number(f, v) < kMinMonitorInterval)
+                               throw ConfigError("accel launch: " + f +
+                                                 " must be at least 0.01 seconds (checking more "
+                                                 "often only burns a core), got " +
+                                                 v);
+                             o.monitor_interval = seconds(f, v);
                            }};
   t["grace_period"] = {true, [&o](auto& f, auto& v) { o.grace = seconds(f, v); }};
   t["rdzv_timeout"] = {true, [&o](auto& f, auto& v) { o.rdzv_timeout = seconds(f, v); }};

@@ -78,9 +78,10 @@ launch::GroupResult run_under_mpirun(int world, const std::string& program,
 
 launch::GroupResult run_accel(const std::vector<std::string>& args,
                               const std::vector<std::pair<std::string, std::string>>& env,
-                              std::chrono::milliseconds timeout) {
+                              std::chrono::milliseconds timeout, const std::string& shell_prefix) {
   launch::WorkerSpec spec;
-  spec.argv = {bin_path("accel")};
+  if (!shell_prefix.empty()) spec.argv = {"sh", "-c", shell_prefix + " && exec \"$0\" \"$@\""};
+  spec.argv.push_back(bin_path("accel"));
   spec.argv.insert(spec.argv.end(), args.begin(), args.end());
   spec.label = "accel";
   spec.unset_env = {"RANK",                "WORLD_SIZE",        "LOCAL_RANK",

@@ -34,9 +34,11 @@ std::string find_mpirun();
 // Runs `accel ARGS...` as one process, as a user would start it: the rank, thread, communicator,
 // token and config variables an outer environment may set are removed (and the config home
 // points nowhere), so only `env` and the launcher's own defaults apply. Captures its output.
+// A shell_prefix runs first in `sh -c` (e.g. "ulimit -n 100"), then execs accel.
 launch::GroupResult run_accel(const std::vector<std::string>& args,
                               const std::vector<std::pair<std::string, std::string>>& env = {},
-                              std::chrono::milliseconds timeout = std::chrono::seconds(90));
+                              std::chrono::milliseconds timeout = std::chrono::seconds(90),
+                              const std::string& shell_prefix = "");
 
 // Everything the ranks printed, rank by rank, for a failure message.
 std::string describe(const launch::GroupResult& result);

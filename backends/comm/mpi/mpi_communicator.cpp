@@ -393,6 +393,17 @@ MpiCommunicator::World MpiCommunicator::join_world(const CommOptions& options) {
   }
   const bool rank_ok = options.rank < 0 || options.rank == world.rank;
   const bool size_ok = options.world_size < 0 || options.world_size == world.size;
+  // The usual way to get here: a job's processes started by something other than mpirun
+  // (`accel launch` without --use_mpi, torchrun), each of them an MPI world of one.
+  if (world.size == 1 && options.world_size > 1)
+    throw InvalidArgument(
+        "MpiCommunicator: rank " + std::to_string(options.rank) + " of " +
+        std::to_string(options.world_size) +
+        " asked for the mpi communicator, but this process was not started by mpirun (its "
+        "MPI_COMM_WORLD holds only itself): start the job with `accel launch --use_mpi` (or "
+        "mpirun -np " +
+        std::to_string(options.world_size) +
+        "), or choose another communicator (cpu_communicator, ACCEL_COMM_BACKEND)");
   if (!rank_ok || !size_ok)
     throw InvalidArgument("MpiCommunicator: the options say rank " + std::to_string(options.rank) +
                           " of world size " + std::to_string(options.world_size) +
