@@ -69,6 +69,7 @@ std::vector<fs::path> siblings(const fs::path& dir, const std::string& marker) {
 void write_all(int fd, std::span<const char> bytes, const fs::path& path) {
   std::size_t done = 0;
   while (done < bytes.size()) {
+    at_stage("fs:write");
     const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) throw CheckpointError(path.string() + ": cannot write: " + errno_text(errno));
@@ -78,10 +79,12 @@ void write_all(int fd, std::span<const char> bytes, const fs::path& path) {
 
 // The file exists with these bytes on disk (fsync'ed) when this returns.
 void write_file_synced(const fs::path& path, const std::vector<std::span<const char>>& pieces) {
+  at_stage("fs:create");
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) throw CheckpointError(path.string() + ": cannot create: " + errno_text(errno));
   try {
     for (const auto& piece : pieces) write_all(fd, piece, path);
+    at_stage("fs:sync");
     if (::fsync(fd) != 0)
       throw CheckpointError(path.string() + ": cannot sync: " + errno_text(errno));
   } catch (...) {
@@ -100,6 +103,7 @@ void write_file_synced(const fs::path& path, std::string_view text) {
 void sync_dir(const fs::path& dir) {
   const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) throw CheckpointError(dir.string() + ": cannot open to sync: " + errno_text(errno));
+  at_stage("fs:sync dir");
   const int rc = ::fsync(fd);
   const int err = errno;
   ::close(fd);
@@ -149,9 +153,14 @@ std::string read_verified(const fs::path& dir, const BlobEntry& b) {
   return bytes;
 }
 
+// fs::remove_all, one entry at a time so that a test can crash the process between any two.
 void remove_quietly(const fs::path& p) {
   std::error_code ec;
-  fs::remove_all(p, ec);  // leftovers are harmless: the next save removes them again
+  if (fs::is_directory(fs::symlink_status(p, ec)))
+    for (fs::directory_iterator it(p, ec), end; !ec && it != end; it.increment(ec))
+      remove_quietly(it->path());
+  at_stage("fs:remove");
+  ::remove(p.c_str());  // leftovers are harmless: the next save removes them again
 }
 
 
@@ -175,6 +184,7 @@ fs::path prepare_tmp_dir(const fs::path& dir) {
   }
   for (const fs::path& stale : siblings(dir, ".tmp-")) remove_quietly(stale);
   const fs::path tmp = dir.string() + ".tmp-" + std::to_string(::getpid());
+  at_stage("fs:mkdir");
   if (::mkdir(tmp.c_str(), 0755) != 0)
     throw CheckpointError(tmp.string() + ": cannot create: " + errno_text(errno));
   return tmp;
@@ -248,10 +258,12 @@ void install(const fs::path& tmp, const fs::path& dir) {
   remove_quietly(old);
   std::error_code ec;
   const bool had_old = fs::exists(dir, ec);
+  if (had_old) at_stage("fs:rename aside");
   if (had_old && ::rename(dir.c_str(), old.c_str()) != 0)
     throw CheckpointError(dir.string() + ": cannot move aside to " + old.string() + ": " +
                           errno_text(errno));
   at_stage("moved_aside");
+  at_stage("fs:rename in");
   if (::rename(tmp.c_str(), dir.c_str()) != 0) {
     const int err = errno;
     if (had_old) ::rename(old.c_str(), dir.c_str());  // put the previous one back

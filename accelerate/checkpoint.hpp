@@ -99,8 +99,11 @@ bool checkpoint_exists(const std::string& dir);
 namespace checkpoint_testing {
 // Called by rank 0 at each stage of a save: "blobs_written" (before MANIFEST),
 // "manifest_written" (before the renames), "moved_aside" (DIR renamed away, the new one not
-// yet in place), "renamed" (before DIR.old-* is removed). Tests kill the process there to
-// check that every stage leaves a loadable checkpoint. Not for production use.
+// yet in place), "renamed" (before DIR.old-* is removed); and by every rank just before each
+// change it makes to the filesystem: "fs:mkdir", "fs:create", "fs:write", "fs:sync",
+// "fs:sync dir", "fs:rename aside" (DIR away), "fs:rename in" (the new one to DIR),
+// "fs:remove" (one file or empty directory). Tests kill the process there to check that
+// every point of a save leaves a loadable checkpoint. Not for production use.
 void set_stage_hook(std::function<void(std::string_view stage)> hook);
 }  // namespace checkpoint_testing
 
