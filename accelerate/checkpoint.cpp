@@ -75,7 +75,7 @@ std::string id_text(std::uint64_t v) {
 std::uint64_t fresh_id_value() {
   std::uint64_t v = 0;
   if (::getrandom(&v, sizeof v, 0) != ssize_t(sizeof v)) {
-    // No getrandom (old kernel, seccomp): time, pid and a counter still never repeat here.
+    // No getrandom (old kernel, seccomp): a repeat would then need the same clock reading.
     static std::atomic<std::uint64_t> counter{0};
     v = std::uint64_t(std::chrono::system_clock::now().time_since_epoch().count()) ^
         (std::uint64_t(::getpid()) << 40) ^ counter.fetch_add(0x9e3779b97f4a7c15u);
@@ -89,9 +89,9 @@ fs::path sibling(const fs::path& dir, const char* marker, const std::string& id)
   return dir.string() + marker + id;
 }
 
-// Siblings of DIR named DIR<marker><id>, where id is ours: 16 lowercase hex digits, or all
-// digits (the pid, as versions before named them): so a user's own "DIR.old-backup" is never
-// read or removed.
+// Siblings of DIR named DIR<marker><id>, where id is ours: 16 lowercase hex digits, or for
+// .tmp- and .old- all digits (the pid, as versions before named them): so a user's own
+// "DIR.old-backup" is never read or removed.
 std::vector<fs::path> siblings(const fs::path& dir, const std::string& marker) {
   std::vector<fs::path> out;
   const std::string prefix = dir.filename().string() + marker;
@@ -100,7 +100,8 @@ std::vector<fs::path> siblings(const fs::path& dir, const std::string& marker) {
     const std::string name = it->path().filename().string();
     if (!name.starts_with(prefix) || name.size() == prefix.size()) continue;
     const std::string id = name.substr(prefix.size());
-    const bool digits = id.find_first_not_of("0123456789") == std::string::npos;
+    const bool digits =
+        marker != kTrashMarker && id.find_first_not_of("0123456789") == std::string::npos;
     const bool hex =
         id.size() == kIdDigits && id.find_first_not_of("0123456789abcdef") == std::string::npos;
     if (digits || hex) out.push_back(it->path());
@@ -347,7 +348,7 @@ void save_checkpoint(Communicator& comm, const std::string& dir_name,
   const fs::path dir = normalized(dir_name);
   const int rank = comm.rank(), world = comm.world_size();
 
-  // Step 1: rank 0 prepares DIR.tmp-<id> and tells everyone the name (empty: it failed).
+  // Step 1: rank 0 prepares DIR.tmp-<id> and tells everyone the id (and whether it worked).
   std::string error;
   std::int64_t prepared[2] = {0, 0};  // worked, id
   if (rank == 0) {

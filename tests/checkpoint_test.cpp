@@ -336,8 +336,9 @@ TEST_CASE(
   save_small(dir, 3);
   // Names that are not ours (our ids are 16 hex digits, or a pid in older versions) are a
   // user's: never read or removed, though saved later than ours.
-  for (const char* mine : {"ck.old-backup", "ck.tmp-keep", "ck.trash-mine"})
-    save_small(tmp / mine, 1);
+  const std::vector<std::string> users = {"ck.old-backup", "ck.tmp-keep", "ck.trash-mine",
+                                          "ck.trash-2024"};
+  for (const std::string& mine : users) save_small(tmp / mine, 1);
   // A crash between the two renames: DIR moved aside, the new one still DIR.tmp-*.
   fs::rename(dir, tmp / "ck.old-4242");
   fs::create_directories(tmp / "ck.tmp-777");
@@ -348,10 +349,10 @@ TEST_CASE(
 
   save_small(dir, 4);  // the next save puts a new DIR in place and removes both leftovers
   CHECK(read_checkpoint(dir.string(), 0, 1).meta.step == 4);
-  for (const char* mine : {"ck.old-backup", "ck.tmp-keep", "ck.trash-mine"})
+  for (const std::string& mine : users) {
     CHECK(read_checkpoint((tmp / mine).string(), 0, 1).meta.step == 1);
-  for (const char* mine : {"ck.old-backup", "ck.tmp-keep", "ck.trash-mine"})
     fs::remove_all(tmp / mine);
+  }
   CHECK(siblings_of(dir).empty());
 
   // A directory that is not a checkpoint is never replaced.
