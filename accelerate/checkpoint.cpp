@@ -1,10 +1,14 @@
 #include "accelerate/checkpoint.hpp"
 
 #include <fcntl.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
+#include <chrono>
+#include <cinttypes>
 #include <filesystem>
 #include <set>
 
@@ -17,6 +21,13 @@ namespace {
 
 constexpr const char* kManifestName = "MANIFEST";
 constexpr const char* kIndexPrefix = ".index.rank";  // per-rank index, merged by rank 0
+// Siblings of DIR, each DIR<marker><id>: the save being written, the previous checkpoint moved
+// aside, and a directory being deleted (renamed first, so a crash mid-removal never leaves a
+// partial copy under a name the loader reads).
+constexpr const char* kTmpMarker = ".tmp-";
+constexpr const char* kOldMarker = ".old-";
+constexpr const char* kTrashMarker = ".trash-";
+constexpr std::size_t kIdDigits = 16;
 
 std::function<void(std::string_view)>& stage_hook() {
   static std::function<void(std::string_view)> hook;
@@ -49,19 +60,51 @@ int rank_of(std::string_view name) {
   return r;
 }
 
-// Siblings of DIR named DIR<marker><digits> (DIR.tmp-123, DIR.old-123): only names we make,
-// so a user's own "DIR.old-backup" is never read or removed.
+fs::path parent_of(const fs::path& dir) {
+  return dir.has_parent_path() ? dir.parent_path() : fs::path(".");
+}
+
+// A sibling's id: 16 hex digits, random, so no later run (a restarted container's rank 0 has
+// the same pid) makes a name an earlier one left behind.
+std::string id_text(std::uint64_t v) {
+  char text[kIdDigits + 1];
+  std::snprintf(text, sizeof text, "%016" PRIx64, v);
+  return text;
+}
+
+std::uint64_t fresh_id_value() {
+  std::uint64_t v = 0;
+  if (::getrandom(&v, sizeof v, 0) != ssize_t(sizeof v)) {
+    // No getrandom (old kernel, seccomp): a repeat would then need the same clock reading.
+    static std::atomic<std::uint64_t> counter{0};
+    v = std::uint64_t(std::chrono::system_clock::now().time_since_epoch().count()) ^
+        (std::uint64_t(::getpid()) << 40) ^ counter.fetch_add(0x9e3779b97f4a7c15u);
+  }
+  return v;
+}
+
+std::string fresh_id() { return id_text(fresh_id_value()); }
+
+fs::path sibling(const fs::path& dir, const char* marker, const std::string& id) {
+  return dir.string() + marker + id;
+}
+
+// Siblings of DIR named DIR<marker><id>, where id is ours: 16 lowercase hex digits, or for
+// .tmp- and .old- all digits (the pid, as versions before named them): so a user's own
+// "DIR.old-backup" is never read or removed.
 std::vector<fs::path> siblings(const fs::path& dir, const std::string& marker) {
   std::vector<fs::path> out;
-  const fs::path parent = dir.has_parent_path() ? dir.parent_path() : fs::path(".");
   const std::string prefix = dir.filename().string() + marker;
   std::error_code ec;
-  for (fs::directory_iterator it(parent, ec), end; !ec && it != end; it.increment(ec)) {
+  for (fs::directory_iterator it(parent_of(dir), ec), end; !ec && it != end; it.increment(ec)) {
     const std::string name = it->path().filename().string();
     if (!name.starts_with(prefix) || name.size() == prefix.size()) continue;
-    bool digits = true;
-    for (char c : name.substr(prefix.size())) digits = digits && c >= '0' && c <= '9';
-    if (digits) out.push_back(it->path());
+    const std::string id = name.substr(prefix.size());
+    const bool digits =
+        marker != kTrashMarker && id.find_first_not_of("0123456789") == std::string::npos;
+    const bool hex =
+        id.size() == kIdDigits && id.find_first_not_of("0123456789abcdef") == std::string::npos;
+    if (digits || hex) out.push_back(it->path());
   }
   return out;
 }
@@ -69,6 +112,7 @@ std::vector<fs::path> siblings(const fs::path& dir, const std::string& marker) {
 void write_all(int fd, std::span<const char> bytes, const fs::path& path) {
   std::size_t done = 0;
   while (done < bytes.size()) {
+    at_stage("fs:write");
     const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) throw CheckpointError(path.string() + ": cannot write: " + errno_text(errno));
@@ -78,10 +122,12 @@ void write_all(int fd, std::span<const char> bytes, const fs::path& path) {
 
 // The file exists with these bytes on disk (fsync'ed) when this returns.
 void write_file_synced(const fs::path& path, const std::vector<std::span<const char>>& pieces) {
+  at_stage("fs:create");
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) throw CheckpointError(path.string() + ": cannot create: " + errno_text(errno));
   try {
     for (const auto& piece : pieces) write_all(fd, piece, path);
+    at_stage("fs:sync");
     if (::fsync(fd) != 0)
       throw CheckpointError(path.string() + ": cannot sync: " + errno_text(errno));
   } catch (...) {
@@ -100,6 +146,7 @@ void write_file_synced(const fs::path& path, std::string_view text) {
 void sync_dir(const fs::path& dir) {
   const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) throw CheckpointError(dir.string() + ": cannot open to sync: " + errno_text(errno));
+  at_stage("fs:sync dir");
   const int rc = ::fsync(fd);
   const int err = errno;
   ::close(fd);
@@ -149,14 +196,38 @@ std::string read_verified(const fs::path& dir, const BlobEntry& b) {
   return bytes;
 }
 
+// fs::remove_all, one entry at a time so that a test can crash the process between any two.
+// Only for what nothing reads: a directory a loader may consider goes through discard().
 void remove_quietly(const fs::path& p) {
   std::error_code ec;
-  fs::remove_all(p, ec);  // leftovers are harmless: the next save removes them again
+  if (fs::is_directory(fs::symlink_status(p, ec)))
+    for (fs::directory_iterator it(p, ec), end; !ec && it != end; it.increment(ec))
+      remove_quietly(it->path());
+  at_stage("fs:remove");
+  ::remove(p.c_str());  // leftovers are harmless: the next save removes them again
 }
 
+// Removes these siblings of DIR so that a crash at any point leaves each either whole under
+// its name or under DIR.trash-<id>, which nothing reads: renamed first (and the renames made
+// durable), then deleted. Also finishes the removals an earlier crash interrupted.
+void discard(const fs::path& dir, const std::vector<fs::path>& leftovers) {
+  bool renamed = false;
+  for (const fs::path& p : leftovers) {
+    at_stage("fs:rename trash");
+    renamed = ::rename(p.c_str(), sibling(dir, kTrashMarker, fresh_id()).c_str()) == 0 || renamed;
+  }
+  if (renamed) {
+    try {
+      sync_dir(parent_of(dir));
+    } catch (const CheckpointError&) {
+      return;  // removal is tidying up: the next save tries again
+    }
+  }
+  for (const fs::path& trash : siblings(dir, kTrashMarker)) remove_quietly(trash);
+}
 
-// Rank 0's part of step 1: a fresh DIR.tmp-<pid>, after checking DIR may be replaced.
-fs::path prepare_tmp_dir(const fs::path& dir) {
+// Rank 0's part of step 1: DIR.tmp-<id>, after checking DIR may be replaced.
+void prepare_tmp_dir(const fs::path& dir, const fs::path& tmp) {
   std::error_code ec;
   const auto status = fs::status(dir, ec);
   if (fs::exists(status)) {
@@ -173,11 +244,10 @@ fs::path prepare_tmp_dir(const fs::path& dir) {
       throw CheckpointError(dir.string() + ": cannot create " + dir.parent_path().string() + ": " +
                             ec.message());
   }
-  for (const fs::path& stale : siblings(dir, ".tmp-")) remove_quietly(stale);
-  const fs::path tmp = dir.string() + ".tmp-" + std::to_string(::getpid());
+  discard(dir, siblings(dir, kTmpMarker));
+  at_stage("fs:mkdir");
   if (::mkdir(tmp.c_str(), 0755) != 0)
     throw CheckpointError(tmp.string() + ": cannot create: " + errno_text(errno));
-  return tmp;
 }
 
 void check_names(const CheckpointContents& contents) {
@@ -241,26 +311,27 @@ Manifest merge_indexes(const fs::path& tmp, const CheckpointContents& contents, 
   return m;
 }
 
-// Step 3's renames: DIR is absent or complete at every instant.
+// Step 3's renames: DIR is absent or complete at every instant, and nothing is removed before
+// the new DIR is in place (with DIR absent, a DIR.old-* may be the only complete copy).
 void install(const fs::path& tmp, const fs::path& dir) {
-  const fs::path parent = dir.has_parent_path() ? dir.parent_path() : fs::path(".");
-  const fs::path old = dir.string() + ".old-" + std::to_string(::getpid());
-  remove_quietly(old);
+  const fs::path old = sibling(dir, kOldMarker, fresh_id());
   std::error_code ec;
   const bool had_old = fs::exists(dir, ec);
+  if (had_old) at_stage("fs:rename aside");
   if (had_old && ::rename(dir.c_str(), old.c_str()) != 0)
     throw CheckpointError(dir.string() + ": cannot move aside to " + old.string() + ": " +
                           errno_text(errno));
   at_stage("moved_aside");
+  at_stage("fs:rename in");
   if (::rename(tmp.c_str(), dir.c_str()) != 0) {
     const int err = errno;
     if (had_old) ::rename(old.c_str(), dir.c_str());  // put the previous one back
     throw CheckpointError(dir.string() + ": cannot rename " + tmp.string() +
                           " into place: " + errno_text(err));
   }
-  sync_dir(parent);
+  sync_dir(parent_of(dir));
   at_stage("renamed");
-  for (const fs::path& leftover : siblings(dir, ".old-")) remove_quietly(leftover);
+  discard(dir, siblings(dir, kOldMarker));
 }
 
 }  // namespace
@@ -277,25 +348,26 @@ void save_checkpoint(Communicator& comm, const std::string& dir_name,
   const fs::path dir = normalized(dir_name);
   const int rank = comm.rank(), world = comm.world_size();
 
-  // Step 1: rank 0 prepares DIR.tmp-<pid> and tells everyone the pid (and whether it worked).
+  // Step 1: rank 0 prepares DIR.tmp-<id> and tells everyone the id (and whether it worked).
   std::string error;
-  fs::path tmp;
-  std::int64_t pid = -1;
+  std::int64_t prepared[2] = {0, 0};  // worked, id
   if (rank == 0) {
+    const std::uint64_t id = fresh_id_value();
     try {
-      tmp = prepare_tmp_dir(dir);
-      pid = ::getpid();
+      prepare_tmp_dir(dir, sibling(dir, kTmpMarker, id_text(id)));
+      prepared[0] = 1;
+      prepared[1] = std::int64_t(id);
     } catch (const std::exception& e) {
       error = e.what();
     }
   }
-  broadcast_values(comm, buffer_of(std::span(&pid, 1)), 0);
-  if (pid < 0) {
+  broadcast_values(comm, buffer_of(std::span<std::int64_t>(prepared)), 0);
+  if (!prepared[0]) {
     if (rank == 0) throw CheckpointError(error);
     throw CheckpointError(dir.string() +
                           ": rank 0 could not prepare the checkpoint (see its error)");
   }
-  tmp = dir.string() + ".tmp-" + std::to_string(pid);
+  const fs::path tmp = sibling(dir, kTmpMarker, id_text(std::uint64_t(prepared[1])));
 
   // Step 2: every rank's blobs.
   try {
@@ -343,12 +415,13 @@ std::string resolve_checkpoint_dir(const std::string& dir_name) {
   // An empty directory is no checkpoint (e.g. made by `mkdir -p` before the first run).
   if (fs::exists(dir, ec) && !(fs::is_directory(dir, ec) && fs::is_empty(dir, ec)))
     return dir.string();
-  // DIR was moved aside and the new one not yet renamed in: the moved one is complete.
+  // DIR was moved aside and the new one not yet renamed in: the moved one is complete (never
+  // partly removed: see discard). There are several when an earlier save crashed before its
+  // removal; the newest save wins.
   fs::path best;
   fs::file_time_type best_time{};
-  for (const fs::path& old : siblings(dir, ".old-")) {
-    if (!fs::exists(old / kManifestName, ec)) continue;
-    const auto t = fs::last_write_time(old, ec);
+  for (const fs::path& old : siblings(dir, kOldMarker)) {
+    const auto t = fs::last_write_time(old / kManifestName, ec);  // when that save finished
     if (!ec && (best.empty() || t > best_time)) {
       best = old;
       best_time = t;
@@ -414,6 +487,10 @@ LoadedCheckpoint load_checkpoint(Communicator& comm, const std::string& dir) {
     throw CheckpointError(normalized(dir).string() + ": rank " + std::to_string(failed) +
                           " could not read the checkpoint (see its error)");
   }
+  // A removal a crash interrupted is finished here, so a job that resumes and ends without
+  // saving again leaves nothing half-deleted. (DIR.tmp-* and DIR.old-* wait for the next save:
+  // another process may be saving to DIR right now.)
+  if (comm.rank() == 0) discard(normalized(dir), {});
   return out;
 }
 

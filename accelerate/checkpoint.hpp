@@ -11,21 +11,27 @@
 //   NAME.rankR            a per-rank blob, written by rank R (e.g. its RNG state)
 //
 // Writing (save_checkpoint, every rank calls it):
-//   1. rank 0 removes stale DIR.tmp-* and creates DIR.tmp-<its pid>; the name is broadcast;
+//   1. rank 0 removes stale DIR.tmp-* and creates DIR.tmp-<id>; the name is broadcast;
 //   2. every rank writes its blobs there, each fsync'ed, plus a small index of their sizes
 //      and checksums; the ranks agree that every rank succeeded (an all-reduce, so a failure
 //      on one rank fails the save on all instead of leaving the others waiting);
 //   3. rank 0 merges the indexes into MANIFEST, fsyncs it and the directory, renames DIR to
-//      DIR.old-<pid>, renames DIR.tmp-<pid> to DIR, fsyncs the parent, removes DIR.old-*;
+//      DIR.old-<id>, renames DIR.tmp-<id> to DIR, fsyncs the parent, and only then removes
+//      every DIR.old-*;
 //   4. rank 0 broadcasts the outcome (every rank returns, or throws, together).
 // So DIR is only ever absent or complete. All ranks must see the same filesystem at DIR (a
 // shared one across machines): rank 0 reads the other ranks' indexes and says so if it cannot.
+// Each <id> is 16 random hex digits, so no later run (a restarted container's rank 0 has the
+// same pid) reuses a name an earlier one left. A directory is removed by renaming it to
+// DIR.trash-<id> first, then deleting that: a crash mid-removal leaves nothing partial under
+// a name the loader reads; the next save, or the next load_checkpoint, finishes the removal.
 //
 // Recovery rule (resolve_checkpoint_dir): DIR if it exists (and is not an empty directory,
-// which counts as no checkpoint); else the newest DIR.old-<digits> with a MANIFEST (a
-// crash between the two renames of step 3: that is the previous complete checkpoint);
-// DIR.tmp-* is never read, and the next save removes it. A non-empty DIR without a MANIFEST
-// is not ours (or is damaged): saving refuses to replace it, loading reports it.
+// which counts as no checkpoint); else the newest DIR.old-<id> with a MANIFEST (a crash
+// between the two renames of step 3: that is the previous complete checkpoint); DIR.tmp-* and
+// DIR.trash-* are never read. Only names with our ids (or all digits: a pid, as versions before
+// wrote) are read or removed, so a user's DIR.old-backup is left alone. A non-empty DIR without
+// a MANIFEST is not ours (or is damaged): saving refuses to replace it, loading reports it.
 //
 // Reading (load_checkpoint): every rank reads the manifest, the shared blobs and its own
 // per-rank blobs into memory and checks each size and CRC-32 before anything is returned;
@@ -80,7 +86,8 @@ struct LoadedCheckpoint {
 // naming the file when it is not listed, missing or damaged.
 std::string read_blob(const LoadedCheckpoint& ck, const std::string& file);
 
-// Reads and verifies on every rank, then agrees: returns on all ranks or throws on all.
+// Reads and verifies on every rank, then agrees: returns on all ranks or throws on all. Rank 0
+// then deletes any DIR.trash-* a crash left.
 LoadedCheckpoint load_checkpoint(Communicator& comm, const std::string& dir);
 
 // Every rank says whether its part of a save or load worked; all learn the lowest failing
@@ -99,8 +106,11 @@ bool checkpoint_exists(const std::string& dir);
 namespace checkpoint_testing {
 // Called by rank 0 at each stage of a save: "blobs_written" (before MANIFEST),
 // "manifest_written" (before the renames), "moved_aside" (DIR renamed away, the new one not
-// yet in place), "renamed" (before DIR.old-* is removed). Tests kill the process there to
-// check that every stage leaves a loadable checkpoint. Not for production use.
+// yet in place), "renamed" (before DIR.old-* is removed); and by every rank just before each
+// change it makes to the filesystem: "fs:mkdir", "fs:create", "fs:write", "fs:sync",
+// "fs:sync dir", "fs:rename aside" (DIR away), "fs:rename in" (the new one to DIR),
+// "fs:rename trash", "fs:remove" (one file or empty directory). Tests kill the process there to
+// check that every point of a save leaves a loadable checkpoint. Not for production use.
 void set_stage_hook(std::function<void(std::string_view stage)> hook);
 }  // namespace checkpoint_testing
 

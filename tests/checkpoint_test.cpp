@@ -2,10 +2,13 @@
 // (world of one) with every kind of damage; and, over real processes (checkpoint_worker),
 // resume equal bitwise to an uninterrupted run after the job was killed, at world 1 and 2,
 // from end-of-epoch and mid-epoch save points; a job killed at each stage of a save; loading
-// at another world size; and a short run of the Fashion-MNIST raw_mlp example.
+// at another world size; a save killed before each of its filesystem changes in turn; a rerun
+// under the same pid (a container restart); and a short run of the Fashion-MNIST raw_mlp
+// example.
 
 #include <doctest/doctest.h>
 #include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -30,13 +33,13 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// A fresh directory under /tmp, removed again (quietly) at the end of the test.
+// A fresh directory under /tmp (or `base`), removed again (quietly) at the end of the test.
 class TempDir {
  public:
-  TempDir() {
+  explicit TempDir(const fs::path& base = fs::temp_directory_path()) {
     static int n = 0;
-    path_ = fs::temp_directory_path() /
-            ("accel_checkpoint_test_" + std::to_string(::getpid()) + "_" + std::to_string(n++));
+    path_ =
+        base / ("accel_checkpoint_test_" + std::to_string(::getpid()) + "_" + std::to_string(n++));
     fs::remove_all(path_);
     fs::create_directories(path_);
   }
@@ -95,6 +98,61 @@ std::vector<fs::path> siblings_of(const fs::path& dir) {
     if (e.path().filename().string().starts_with(dir.filename().string() + "."))
       out.push_back(e.path());
   return out;
+}
+
+// The siblings of dir whose names start with "DIR<marker>" (".old-", ".trash-").
+std::vector<fs::path> siblings_of(const fs::path& dir, const std::string& marker) {
+  std::vector<fs::path> out;
+  for (const fs::path& p : siblings_of(dir))
+    if (p.filename().string().starts_with(dir.filename().string() + marker)) out.push_back(p);
+  return out;
+}
+
+// save_small(dir, step) in a child process that SIGKILLs itself just before the filesystem
+// change (hook stage "fs:*") for which die(stage, index) says so: a real crash mid-save.
+// `take_old` first renames every DIR.old-* to DIR.old-<child's pid>, as a rerun whose pid
+// repeats (a container restart) would find the copy its predecessor moved aside.
+// Returns true when the child was killed, false when the save completed.
+bool save_in_child(const fs::path& dir, std::uint64_t step,
+                   const std::function<bool(std::string_view, std::size_t)>& die,
+                   bool take_old = false) {
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    std::size_t n = 0;
+    checkpoint_testing::set_stage_hook([&](std::string_view stage) {
+      if (stage.starts_with("fs:") && die(stage, n++)) ::kill(::getpid(), SIGKILL);
+    });
+    try {
+      if (take_old)
+        for (const fs::path& old : siblings_of(dir, ".old-"))
+          fs::rename(old, dir.string() + ".old-" + std::to_string(::getpid()));
+      save_small(dir, step);
+    } catch (...) {
+      ::_exit(3);
+    }
+    ::_exit(0);
+  }
+  int status = 0;
+  REQUIRE(::waitpid(child, &status, 0) == child);
+  if (WIFSIGNALED(status)) {
+    REQUIRE(WTERMSIG(status) == SIGKILL);
+    return true;
+  }
+  REQUIRE(WIFEXITED(status));
+  REQUIRE(WEXITSTATUS(status) == 0);
+  return false;
+}
+
+// The filesystem changes ("fs:*" stages) of save_small(dir, step), in order.
+std::vector<std::string> fs_changes_of_save(const fs::path& dir, std::uint64_t step) {
+  std::vector<std::string> ops;
+  checkpoint_testing::set_stage_hook([&](std::string_view stage) {
+    if (stage.starts_with("fs:")) ops.emplace_back(stage);
+  });
+  save_small(dir, step);
+  checkpoint_testing::set_stage_hook(nullptr);
+  return ops;
 }
 
 bool gloo_available() { return communicator_available("gloo"); }
@@ -276,6 +334,11 @@ TEST_CASE(
   TempDir tmp;
   const fs::path dir = tmp / "ck";
   save_small(dir, 3);
+  // Names that are not ours (our ids are 16 hex digits, or a pid in older versions) are a
+  // user's: never read or removed, though saved later than ours.
+  const std::vector<std::string> users = {"ck.old-backup", "ck.tmp-keep", "ck.trash-mine",
+                                          "ck.trash-2024"};
+  for (const std::string& mine : users) save_small(tmp / mine, 1);
   // A crash between the two renames: DIR moved aside, the new one still DIR.tmp-*.
   fs::rename(dir, tmp / "ck.old-4242");
   fs::create_directories(tmp / "ck.tmp-777");
@@ -286,6 +349,10 @@ TEST_CASE(
 
   save_small(dir, 4);  // the next save puts a new DIR in place and removes both leftovers
   CHECK(read_checkpoint(dir.string(), 0, 1).meta.step == 4);
+  for (const std::string& mine : users) {
+    CHECK(read_checkpoint((tmp / mine).string(), 0, 1).meta.step == 1);
+    fs::remove_all(tmp / mine);
+  }
   CHECK(siblings_of(dir).empty());
 
   // A directory that is not a checkpoint is never replaced.
@@ -294,6 +361,68 @@ TEST_CASE(
   const std::string e = error_of([&] { save_small(tmp / "mine"); });
   CHECK(e.find("not a checkpoint") != std::string::npos);
   CHECK(read_bytes(tmp / "mine" / "notes.txt") == "keep me");
+}
+
+TEST_CASE("a save killed before each of its filesystem changes in turn loses nothing") {
+  // Starting points: a complete DIR; and DIR moved aside by a crash between the two renames,
+  // its copy named after the pid of the process that saves next (a restart with the same pid).
+  for (const bool moved_aside : {false, true}) {
+    CAPTURE(moved_aside);
+    auto start = [&](const fs::path& dir) {
+      save_small(dir, 3);
+      if (moved_aside)
+        REQUIRE(save_in_child(dir, 4,
+                              [](std::string_view s, std::size_t) { return s == "fs:rename in"; }));
+    };
+    // The same save uninterrupted, to know which changes come before the new DIR is in place.
+    std::vector<std::string> ops;
+    {
+      TempDir probe;
+      start(probe / "ck");
+      for (const fs::path& old : siblings_of(probe / "ck", ".old-"))
+        fs::rename(old, (probe / "ck").string() + ".old-" + std::to_string(::getpid()));
+      ops = fs_changes_of_save(probe / "ck", 4);
+    }
+    REQUIRE(std::count(ops.begin(), ops.end(), "fs:rename in") == 1);
+    const std::size_t in_place =
+        std::size_t(std::find(ops.begin(), ops.end(), "fs:rename in") - ops.begin());
+    // In memory where there is some: what is tested is a killed process, not a lost disk
+    // cache, and the sweep's thousands of fsyncs would take seconds on a disk.
+    const fs::path base =
+        fs::is_directory("/dev/shm") ? fs::path("/dev/shm") : fs::temp_directory_path();
+    std::size_t kills = 0;
+    for (std::size_t k = 0; k <= ops.size(); ++k) {
+      CAPTURE(k);
+      CAPTURE(k < ops.size() ? ops[k] : std::string("(none: the save completes)"));
+      TempDir tmp(base);
+      const fs::path dir = tmp / "ck";
+      start(dir);
+      const bool killed = save_in_child(
+          dir, 4, [&](std::string_view, std::size_t n) { return n == k; }, true);
+      CHECK(killed == (k < ops.size()));
+      kills += killed;
+      // The newest complete checkpoint loads: the new one once it was renamed in.
+      const std::uint64_t newest = k > in_place ? 4 : 3;
+      CHECK(read_checkpoint(dir.string(), 0, 1).meta.step == newest);
+      // Nothing half-deleted is left where the loader would consider it.
+      for (const fs::path& old : siblings_of(dir, ".old-")) {
+        CAPTURE(old);
+        CHECK_NOTHROW(read_checkpoint(old.string(), 0, 1));
+      }
+      // Loading finishes an interrupted removal; the next save removes every other leftover.
+      LocalCommunicator comm;
+      CHECK(load_checkpoint(comm, dir.string()).meta.step == newest);
+      CHECK(siblings_of(dir, ".trash-").empty());
+      save_small(dir, 5);
+      CHECK(read_checkpoint(dir.string(), 0, 1).meta.step == 5);
+      CHECK(siblings_of(dir).empty());
+    }
+    CHECK(kills == ops.size());
+    const std::string start_name =
+        moved_aside ? "after a crash between the renames" : "over a complete DIR";
+    MESSAGE(start_name << ": " << kills
+                       << " kill points, one before each filesystem change of the save");
+  }
 }
 
 TEST_CASE("load_state checks the model and the registered states before applying anything") {
@@ -412,14 +541,16 @@ TEST_CASE("a job killed at any stage of a save leaves a loadable checkpoint") {
   expect_success(run_worker(2, {"--epochs", "2", "--out", a}));
   const std::size_t nb = batches_per_epoch(2);
   const std::string first = std::to_string(nb), second = std::to_string(nb + 2);
-  for (const char* stage : {"blobs_written", "manifest_written", "moved_aside", "renamed"}) {
+  int n = 0;
+  for (const std::string stage :
+       {"blobs_written", "manifest_written", "moved_aside", "renamed", "fs:rename trash"}) {
     CAPTURE(stage);
-    const fs::path dir = tmp / (std::string("ck_") + stage);
+    const fs::path dir = tmp / ("ck_" + std::to_string(n++));
     expect_killed(run_worker(2, {"--epochs", "2", "--checkpoint", dir.string(), "--save_at",
                                  first + "," + second, "--crash_stage", stage}));
     // The first save is there whole until the second one's rename; after it, the second.
-    const bool new_one = std::string(stage) == "renamed";
-    CHECK(fs::exists(dir) == (std::string(stage) != "moved_aside"));
+    const bool new_one = stage == "renamed" || stage == "fs:rename trash";
+    CHECK(fs::exists(dir) == (stage != "moved_aside"));
     const LoadedCheckpoint ck = read_checkpoint(dir.string(), 0, 2);
     CHECK(ck.meta.epoch == 1);
     CHECK(ck.meta.batch == (new_one ? 2u : 0u));
@@ -435,6 +566,94 @@ TEST_CASE("a job killed at any stage of a save leaves a loadable checkpoint") {
   expect_killed(run_worker(2, {"--epochs", "2", "--checkpoint", fresh.string(), "--save_at", first,
                                "--crash_stage", "manifest_written"}));
   CHECK(!checkpoint_exists(fresh.string()));
+}
+
+TEST_CASE("a job killed while the previous checkpoint is removed leaves nothing half-deleted") {
+  if (skip_unless(gloo_available(), "gloo communicator not built")) return;
+  TempDir tmp;
+  const fs::path dir = tmp / "ck";
+  const std::string nb = std::to_string(batches_per_epoch(2));
+  // The second save's removals: rank 0's two index files, then the previous checkpoint's
+  // files; killed before the second of those, so the previous checkpoint is half gone.
+  expect_killed(run_worker(2, {"--epochs", "2", "--checkpoint", dir.string(), "--save_at",
+                               nb + "," + std::to_string(batches_per_epoch(2) + 2), "--crash_stage",
+                               "fs:remove", "--crash_count", "4"}));
+  // The second save is in place, and the crash did interrupt a removal.
+  CHECK(read_checkpoint(dir.string(), 0, 2).meta.batch == 2);
+  CHECK(!siblings_of(dir).empty());
+  for (const fs::path& old : siblings_of(dir, ".old-")) {
+    CAPTURE(old);
+    CHECK_NOTHROW(read_checkpoint(old.string(), 0, 2));  // none the loader could pick is partial
+  }
+  // The job resumes and completes without saving again: nothing is left beside DIR.
+  const auto resumed = run_worker(2, {"--epochs", "2", "--checkpoint", dir.string(), "--resume"});
+  expect_success(resumed);
+  CHECK(siblings_of(dir).empty());
+}
+
+// The pid line a checkpoint_worker printed first ("pid 2").
+std::string pid_line(const launch::GroupResult& r) {
+  const std::string out = output_of(r);
+  return out.substr(0, out.find('\n'));
+}
+
+TEST_CASE("a rerun with the same pid (a container restart) keeps the last complete checkpoint") {
+  // Each run in a fresh pid namespace, as a restarted container is: the worker gets the same
+  // pid every time (sh is the namespace's init, the worker its first child).
+  const auto in_new_pid_namespace = [](const std::vector<std::string>& args) {
+    launch::WorkerSpec spec;
+    spec.argv = {"unshare",
+                 "--pid",
+                 "--fork",
+                 "--mount-proc",
+                 "/bin/sh",
+                 "-c",
+                 "\"$0\" \"$@\"; exit $?",
+                 bin_path("checkpoint_worker")};
+    spec.argv.insert(spec.argv.end(), args.begin(), args.end());
+    spec.label = "rank 0";
+    spec.unset_env = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "ACCEL_COMM_BACKEND"};
+    spec.env = {{"OMP_NUM_THREADS", "1"}};
+    launch::WorkerGroupOptions options;
+    options.capture = true;
+    options.echo = false;
+    options.timeout = std::chrono::seconds(60);
+    return launch::run_worker_group({spec}, options);
+  };
+  const auto probe = in_new_pid_namespace({"--epochs", "0"});
+  if (skip_unless(probe.exit_code() == 0,
+                  "cannot run a process in a new pid namespace (unshare --pid --fork "
+                  "--mount-proc needs CAP_SYS_ADMIN): " +
+                      probe.failure_report()))
+    return;
+  TempDir tmp;
+  const std::string a = (tmp / "a.bin").string(), b = (tmp / "b.bin").string();
+  const std::string dir = (tmp / "ck").string();
+  expect_success(run_worker(1, {"--epochs", "3", "--out", a}));
+  const std::string nb = std::to_string(batches_per_epoch(1));
+  // Killed at its 3rd rename: the second save's new directory is not yet in place and the
+  // first one (epoch 1) is the moved-aside copy.
+  const auto first = in_new_pid_namespace({"--epochs", "3", "--checkpoint", dir, "--save_at",
+                                           nb + "," + std::to_string(2 * batches_per_epoch(1)),
+                                           "--crash_stage", "fs:rename in"});
+  INFO(describe(first));
+  REQUIRE(first.exit_code() == 128 + SIGKILL);
+  // Rerun with the same pid, killed at its 1st rename (its first save's new directory).
+  const auto second = in_new_pid_namespace({"--epochs", "3", "--checkpoint", dir, "--resume",
+                                            "--save_at", nb, "--crash_stage", "fs:rename in"});
+  INFO(describe(second));
+  REQUIRE(second.exit_code() == 128 + SIGKILL);
+  CHECK(output_of(second).find("resumed at epoch 1 batch 0") != std::string::npos);
+  CHECK(pid_line(second) == pid_line(first));  // the collision is real
+  // Rerun: it still resumes from epoch 1, and ends where the uninterrupted run did.
+  const auto third = in_new_pid_namespace(
+      {"--epochs", "3", "--checkpoint", dir, "--resume", "--save_epochs", "--out", b});
+  INFO(describe(third));
+  REQUIRE(third.exit_code() == 0);
+  CHECK(pid_line(third) == pid_line(first));
+  CHECK(output_of(third).find("resumed at epoch 1 batch 0") != std::string::npos);
+  CHECK(read_bytes(b) == read_bytes(a));
+  CHECK(siblings_of(fs::path(dir)).empty());
 }
 
 TEST_CASE("loading at another world size works only where nothing depends on it") {

@@ -10,9 +10,10 @@
 //                     [--save_epochs]         save after every epoch
 //                     [--die_after_save]      SIGKILL itself after the last --save_at save
 //                     [--crash_stage STAGE]   rank 0 SIGKILLs itself at STAGE of that save
+//                     [--crash_count N]       ...at the Nth time it reaches STAGE (default 1)
 //                     [--per_rank_state]      register a per-rank state too
 //                     [--out FILE]            rank 0 writes the final parameters' bytes
-// Exit 0 on success, 2 with the error on stderr.
+// It prints its pid first. Exit 0 on success, 2 with the error on stderr.
 
 #include <signal.h>
 #include <unistd.h>
@@ -60,7 +61,7 @@ Dataset make_dataset() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int epochs = 2;
+  int epochs = 2, crash_count = 1;
   std::string checkpoint, out_file, crash_stage;
   bool resume = false, save_epochs = false, die_after_save = false, per_rank_state = false;
   std::set<std::size_t> save_at;
@@ -82,6 +83,8 @@ int main(int argc, char** argv) {
       die_after_save = true;
     else if (flag == "--crash_stage")
       crash_stage = value();
+    else if (flag == "--crash_count")
+      crash_count = std::stoi(value());
     else if (flag == "--per_rank_state")
       per_rank_state = true;
     else if (flag == "--out")
@@ -100,6 +103,7 @@ int main(int argc, char** argv) {
   }
   options.ddp.first_bucket_bytes = 256;  // several buckets even for this small model
   options.ddp.bucket_cap_bytes = 1024;
+  std::printf("pid %d\n", int(::getpid()));  // tests check that a rerun got the same one
   try {
     Accelerator acc(options);
     acc.set_seed(7);
@@ -159,8 +163,8 @@ int main(int argc, char** argv) {
         if (save_at.count(batches_run)) {
           const bool last = batches_run == last_save;
           if (last && !crash_stage.empty() && acc.is_main_process())
-            checkpoint_testing::set_stage_hook([&](std::string_view stage) {
-              if (stage == crash_stage) die();
+            checkpoint_testing::set_stage_hook([&, seen = 0](std::string_view stage) mutable {
+              if (stage == crash_stage && ++seen == crash_count) die();
             });
           acc.save_state(checkpoint);
           std::printf("saved after batch %zu (epoch %llu, next batch %llu, step %llu)\n",
