@@ -1,7 +1,8 @@
 // The rendezvous stores: the Store contract run against MemoryStore, PrefixStore and
 // TcpStore (server in-process on 127.0.0.1, port 0), the wire protocol on plain bytes, and
 // the TCP server's robustness: tokens, malformed frames on raw sockets, unreachable and busy
-// ports, many concurrent clients.
+// ports, many concurrent clients, the limits on unauthenticated connections (frame size,
+// connection count, timeouts), and a flood of a real `accel launch`'s store.
 //
 // No timing is asserted beyond "it failed with a timeout"; deadlines only keep a broken
 // build from hanging.
@@ -33,6 +34,7 @@
 #include "backends/comm/tcp_store.hpp"
 #include "tests/support/files.hpp"
 #include "tests/support/ranks.hpp"
+#include "tests/support/skip.hpp"
 
 namespace accel {
 namespace {
@@ -815,7 +817,8 @@ TEST_CASE("tcp store: at the connection limit silent connections give way, greet
   // Each rank's client gets in, in place of the oldest connection that has not said HELLO.
   std::vector<std::unique_ptr<TcpStore>> ranks;
   for (int i = 0; i < 4; ++i) {
-    ranks.push_back(std::make_unique<TcpStore>("127.0.0.1", server.port(), quick_options("s3cret")));
+    ranks.push_back(
+        std::make_unique<TcpStore>("127.0.0.1", server.port(), quick_options("s3cret")));
     ranks.back()->set("rank" + std::to_string(i), "in");
     CHECK(closed_by_server(silent[std::size_t(i)]));
   }
@@ -864,7 +867,7 @@ TEST_CASE("tcp store: the connection limit follows RLIMIT_NOFILE, keeping a rese
   CHECK(limit_under(100) == 50);   // but never more than half
 }
 
-TEST_CASE("tcp store: a connection that does not say HELLO in time is closed; idle greeted ones stay") {
+TEST_CASE("tcp store: no HELLO in time closes a connection; an idle greeted one stays") {
   TcpStoreServerOptions options;
   options.token = "s3cret";
   options.hello_timeout = 200ms;
@@ -918,28 +921,29 @@ struct SoftFdLimit {
     low.rlim_cur = std::min(soft, saved.rlim_max);
     REQUIRE(::setrlimit(RLIMIT_NOFILE, &low) == 0);
   }
-  ~SoftFdLimit() { restore(); }
-  void restore() { ::setrlimit(RLIMIT_NOFILE, &saved); }
+  ~SoftFdLimit() { ::setrlimit(RLIMIT_NOFILE, &saved); }
 };
 
-TEST_CASE("accel launch: a flood of idle connections to its store leaves it the descriptors to restart") {
+TEST_CASE("accel launch: a flood of idle connections to its store cannot stop a restart") {
   // The launcher runs under a soft limit of 256 descriptors (its store then serves 192
   // connections); 300 silent connections are opened to its store during the first attempt,
   // then a rank fails, and the restart needs new pipes for both workers.
   constexpr int kFlood = 300;
   rlimit mine{};
   REQUIRE(::getrlimit(RLIMIT_NOFILE, &mine) == 0);
-  if (mine.rlim_max < kFlood + 100) {
-    MESSAGE("skipped: the hard RLIMIT_NOFILE " << mine.rlim_max << " is too low for the flood");
+  if (test::skip_unless(mine.rlim_max >= kFlood + 100,
+                        "the hard RLIMIT_NOFILE is too low for a flood of " +
+                            std::to_string(kFlood) + " connections"))
     return;
-  }
   test::TempDir dir("store_flood");
-  const std::string d = dir.path.string();
+  const std::string store_file = dir / "store", go_file = dir / "go";
+  // Attempt 0: rank 0 publishes the store's port and token, both wait for the flood, then
+  // rank 0 fails. Attempt 1 succeeds.
   const std::string script =
-      "if [ \"$ACCEL_RESTART_COUNT\" = 0 ]; then "
-      "  [ \"$RANK\" = 0 ] && echo \"$MASTER_PORT $ACCEL_STORE_TOKEN\" > " + d + "/store.tmp && "
-      "  mv " + d + "/store.tmp " + d + "/store; "
-      "  while [ ! -e " + d + "/go ]; do sleep 0.05; done; "
+      "d=$FLOOD_DIR; if [ \"$ACCEL_RESTART_COUNT\" = 0 ]; then"
+      "  [ \"$RANK\" = 0 ] && echo \"$MASTER_PORT $ACCEL_STORE_TOKEN\" > $d/store.tmp"
+      "  && mv $d/store.tmp $d/store;"
+      "  while [ ! -e $d/go ]; do sleep 0.05; done;"
       "  [ \"$RANK\" = 0 ] && exit 3; exec sleep 600; "
       "fi; echo ok restart=$ACCEL_RESTART_COUNT";
   launch::GroupResult result;
@@ -947,18 +951,19 @@ TEST_CASE("accel launch: a flood of idle connections to its store leaves it the 
   {
     SoftFdLimit low(256);
     launcher = std::thread([&] {
-      result = test::run_accel({"launch", "--num_processes", "2", "--main_process_port", "0",
-                                "--multi_cpu", "--max_restarts", "1", "--grace_period", "1",
-                                "sh", "-c", script});
+      result = test::run_accel(
+          {"launch", "--num_processes", "2", "--main_process_port", "0", "--multi_cpu",
+           "--max_restarts", "1", "--grace_period", "1", "sh", "-c", script},
+          {{"FLOOD_DIR", dir.path.string()}});
     });
     // Back to this process's own limit once the launcher is running (it keeps the low one).
     const Deadline up = deadline_after(60s);
-    while (!std::filesystem::exists(dir / "store") && SteadyClock::now() < up)
+    while (!std::filesystem::exists(store_file) && SteadyClock::now() < up)
       std::this_thread::sleep_for(20ms);
   }
   int port = 0;
   std::string token;
-  std::istringstream(test::read_file(dir / "store")) >> port >> token;
+  std::istringstream(test::read_file(store_file)) >> port >> token;
   if (port > 0) {
     std::vector<Socket> flood;
     for (int i = 0; i < kFlood; ++i) flood.push_back(raw_connect(port));
@@ -971,7 +976,7 @@ TEST_CASE("accel launch: a flood of idle connections to its store leaves it the 
     } catch (const StoreError& e) {
       FAIL_CHECK("a rank's client could not use the flooded store: " << std::string(e.what()));
     }
-    test::write_file(dir / "go", "");
+    test::write_file(go_file, "");
   }
   launcher.join();
   const launch::WorkerExit& out = result.workers.at(0);

@@ -183,10 +183,10 @@ FrameHeader decode_header(std::string_view bytes, std::uint32_t max_payload) {
   if (!known_status(status)) throw ProtocolError("unknown status " + std::to_string(status));
   const std::uint32_t length = get_u32(bytes.data() + 8);
   if (length > max_payload)
-    throw ProtocolError(std::string(op_name(Op(op))) + " payload length " + std::to_string(length) +
-                        " exceeds the limit of " + std::to_string(max_payload) + " bytes" +
-                        (max_payload < kMaxPayload ? " for a connection that has not said HELLO"
-                                                   : ""));
+    throw ProtocolError(
+        std::string(op_name(Op(op))) + " payload length " + std::to_string(length) +
+        " exceeds the limit of " + std::to_string(max_payload) + " bytes" +
+        (max_payload < kMaxPayload ? " for a connection that has not said HELLO" : ""));
   return FrameHeader{Op(op), Status(status), length};
 }
 

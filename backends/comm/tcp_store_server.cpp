@@ -50,7 +50,6 @@ bool same_token(const std::string& a, const std::string& b) {
 
 }  // namespace
 
-
 namespace {
 
 // A connection's replies may pile up only this far before the server stops reading its
@@ -76,10 +75,9 @@ ConnectionLimit connection_limit(std::size_t requested) {
   if (requested > 0) return {requested, "TcpStoreServerOptions::max_connections"};
   rlimit rl{};
   std::size_t soft = 1024;
-  if (::getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
-    soft = std::size_t(rl.rlim_cur);
-  else if (rl.rlim_cur == RLIM_INFINITY)
-    soft = std::size_t(1) << 20;  // the kernel's default nr_open
+  if (::getrlimit(RLIMIT_NOFILE, &rl) == 0)
+    soft = rl.rlim_cur == RLIM_INFINITY ? std::size_t(1) << 20  // the kernel's default nr_open
+                                        : std::size_t(rl.rlim_cur);
   const std::size_t reserve = std::min(soft / 2, std::max<std::size_t>(64, soft / 4));
   return {std::max<std::size_t>(1, soft - reserve),
           "the RLIMIT_NOFILE soft limit of " + std::to_string(soft) + " less " +
@@ -104,7 +102,7 @@ struct Connection {
   sp::Op parked_op = sp::Op::get;
   std::vector<std::string> parked_keys;
   Deadline parked_deadline{};
-  Deadline hello_deadline{};                // closed when not greeted by then
+  Deadline hello_deadline{};               // closed when not greeted by then
   std::optional<Deadline> frame_deadline;  // while a frame is partly buffered
 
   std::size_t pending_output() const { return out.size() - out_sent; }
@@ -331,10 +329,11 @@ bool TcpStoreServer::Impl::evict_oldest_unauthenticated() {
 // Every connection has authenticated: the new one is told why and closed at once, without
 // ever holding more than this moment's descriptor.
 void TcpStoreServer::Impl::refuse_over_limit(Socket s) {
-  const std::string frame = sp::encode_reply(sp::Reply::error(
-      sp::Op::hello, "the store is at its limit of " + std::to_string(limit.max) +
-                         " connections (" + limit.origin + ")"));
-  [[maybe_unused]] auto sent = ::send(s.fd(), frame.data(), frame.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+  const std::string frame = sp::encode_reply(
+      sp::Reply::error(sp::Op::hello, "the store is at its limit of " + std::to_string(limit.max) +
+                                          " connections (" + limit.origin + ")"));
+  [[maybe_unused]] auto sent =
+      ::send(s.fd(), frame.data(), frame.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
   // Read what the client already sent (its HELLO): closing with unread input would reset
   // the connection and could discard the reply before the client reads it.
   char sink[4096];
