@@ -227,6 +227,8 @@ void TcpStoreServer::Impl::loop_once() {
     if (c->frame_deadline) next_deadline = std::min(next_deadline, *c->frame_deadline);
   }
   if (!accepting) next_deadline = std::min(next_deadline, accept_paused_until);
+  if (evicted_at_limit + refused_at_limit > 0)
+    next_deadline = std::min(next_deadline, next_limit_report);
 
   int timeout_ms = -1;
   if (next_deadline != Deadline::max())
@@ -265,6 +267,7 @@ void TcpStoreServer::Impl::loop_once() {
   }
   expire_parked();
   expire_connections();
+  report_limit();
   while (!runnable.empty()) {
     const std::uint64_t id = runnable.back();
     runnable.pop_back();
@@ -320,7 +323,6 @@ bool TcpStoreServer::Impl::evict_oldest_unauthenticated() {
     if (c->dead || c->greeted) continue;
     drop(*c, "");
     ++evicted_at_limit;
-    report_limit();
     return true;
   }
   return false;
@@ -341,16 +343,19 @@ void TcpStoreServer::Impl::refuse_over_limit(Socket s) {
   }
   ::shutdown(s.fd(), SHUT_WR);
   ++refused_at_limit;
-  report_limit();
 }
 
+// One line for what happened at the limit since the last: the first at once, then at most
+// one per interval (loop_once calls this every round, so a flood's tail is reported too).
 void TcpStoreServer::Impl::report_limit() {
+  if (evicted_at_limit == 0 && refused_at_limit == 0) return;
   const auto now = SteadyClock::now();
   if (now < next_limit_report) return;
   log_line("at the limit of " + std::to_string(limit.max) + " connections (" + limit.origin +
-           "): closed " + std::to_string(evicted_at_limit) +
-           " that had not said HELLO to make room, refused " + std::to_string(refused_at_limit) +
-           " (reported at most every " + ms_text(kLimitReportInterval) + ")");
+           "): " + std::to_string(evicted_at_limit) +
+           " that had not said HELLO closed to make room, " + std::to_string(refused_at_limit) +
+           " refused (all authenticated) since the last such line (at most one every " +
+           ms_text(kLimitReportInterval) + ")");
   evicted_at_limit = refused_at_limit = 0;
   next_limit_report = now + kLimitReportInterval;
 }
