@@ -128,13 +128,12 @@ struct Frame {
   std::string payload;
 };
 
-// Cuts a byte stream into frames. Holds at most one frame of max_payload(): the server asks
+// Cuts a byte stream into frames. Holds at most one frame of max_payload: the server asks
 // capacity_left() before reading, so a connection's buffered input stays bounded.
 class FrameReader {
  public:
   explicit FrameReader(std::uint32_t max_payload = kMaxPayload) : max_payload_(max_payload) {}
 
-  std::uint32_t max_payload() const { return max_payload_; }
   // Raises the limit (the server does after HELLO); lowering it below what is buffered would
   // strand bytes, so it may only grow.
   void raise_max_payload(std::uint32_t max_payload);
@@ -143,7 +142,7 @@ class FrameReader {
   // Appends stream bytes; throws InvalidArgument if they exceed capacity_left().
   void append(std::string_view bytes);
   // The next complete frame, or nullopt when more bytes are needed. A bad header (one
-  // announcing more than max_payload() included) throws ProtocolError as soon as its 12
+  // announcing more than max_payload included) throws ProtocolError as soon as its 12
   // bytes are in, before its payload is awaited.
   std::optional<Frame> next();
   // Whether the bytes buffered end inside a frame (its header or payload still incomplete).

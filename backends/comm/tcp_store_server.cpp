@@ -113,8 +113,7 @@ struct Connection {
 struct TcpStoreServer::Impl {
   std::string host;
   int port = 0;
-  std::string token;
-  TcpStoreServerOptions options;
+  TcpStoreServerOptions options;  // the token and the limits
   ConnectionLimit limit;
   std::size_t live = 0;  // connections not yet dropped
   // At the limit: connections evicted / refused since the last report, and when the next
@@ -167,7 +166,6 @@ TcpStoreServer::TcpStoreServer(std::string host, int port, std::string token)
 TcpStoreServer::TcpStoreServer(std::string host, int port, TcpStoreServerOptions options)
     : impl_(std::make_unique<Impl>()) {
   impl_->host = std::move(host);
-  impl_->token = options.token;
   impl_->limit = connection_limit(options.max_connections);
   impl_->options = std::move(options);
   try {
@@ -482,7 +480,7 @@ void TcpStoreServer::Impl::handle(Connection& c, const sp::Frame& frame) {
     if (op != sp::Op::hello) {
       // With a token, anything but a matching HELLO is refused before it touches a key;
       // without one, HELLO still has to come first so the versions were checked.
-      if (!token.empty())
+      if (!options.token.empty())
         refuse(c, kRefusedToken,
                "refused connection from " + c.peer + ": first frame was " +
                    std::string(sp::op_name(op)) + ", not HELLO with the store token");
@@ -493,7 +491,7 @@ void TcpStoreServer::Impl::handle(Connection& c, const sp::Frame& frame) {
       return;
     }
     const sp::Request hello = sp::decode_request(frame.header, frame.payload);
-    if (!token.empty() && !same_token(hello.token, token)) {
+    if (!options.token.empty() && !same_token(hello.token, options.token)) {
       refuse(c, kRefusedToken, "refused connection from " + c.peer + ": wrong store token");
       return;
     }
