@@ -56,9 +56,9 @@ namespace {
 // requests, so a client that never reads cannot grow the server's memory.
 constexpr std::size_t kMaxPendingOutput = sp::kHeaderSize + sp::kMaxPayload;
 constexpr std::size_t kReadChunk = 64 * 1024;
-// Connections closed or refused at the connection limit are reported in one line at most
-// this often, so a flood cannot flood the launcher's stderr too.
-constexpr Milliseconds kLimitReportInterval = std::chrono::seconds(10);
+// Connections closed unauthenticated or refused at the connection limit are reported in one
+// line at most this often, so a flood of connections cannot flood the launcher's stderr too.
+constexpr Milliseconds kClosureReportInterval = std::chrono::seconds(10);
 
 std::string ms_text(Milliseconds t) { return std::to_string(t.count()) + " ms"; }
 
@@ -116,11 +116,13 @@ struct TcpStoreServer::Impl {
   TcpStoreServerOptions options;  // the token and the limits
   ConnectionLimit limit;
   std::size_t live = 0;  // connections not yet dropped
-  // At the limit: connections evicted / refused since the last report, and when the next
-  // report may be written.
+  // Connections evicted or refused at the limit, or closed for want of HELLO, since the last
+  // report; and when the next report may be written.
   std::size_t evicted_at_limit = 0;
   std::size_t refused_at_limit = 0;
-  Deadline next_limit_report{};
+  std::size_t silent_expired = 0;
+  std::string first_silent_peer;
+  Deadline next_closure_report{};
   Socket listener;
   Socket wake;  // eventfd: the destructor writes it to interrupt poll()
   std::atomic<bool> stopping{false};
@@ -139,7 +141,7 @@ struct TcpStoreServer::Impl {
   void accept_all();
   bool evict_oldest_unauthenticated();
   void refuse_over_limit(Socket s);
-  void report_limit();
+  void report_closures(bool final_report = false);
   void expire_connections();
   void read_from(Connection& c);
   void flush(Connection& c);
@@ -203,6 +205,10 @@ void TcpStoreServer::Impl::run() noexcept {
       std::this_thread::sleep_for(Milliseconds(10));
     }
   }
+  try {
+    report_closures(true);  // the server is going away: the last counts now
+  } catch (...) {
+  }
 }
 
 void TcpStoreServer::Impl::loop_once() {
@@ -225,8 +231,8 @@ void TcpStoreServer::Impl::loop_once() {
     if (c->frame_deadline) next_deadline = std::min(next_deadline, *c->frame_deadline);
   }
   if (!accepting) next_deadline = std::min(next_deadline, accept_paused_until);
-  if (evicted_at_limit + refused_at_limit > 0)
-    next_deadline = std::min(next_deadline, next_limit_report);
+  if (evicted_at_limit + refused_at_limit + silent_expired > 0)
+    next_deadline = std::min(next_deadline, next_closure_report);
 
   int timeout_ms = -1;
   if (next_deadline != Deadline::max())
@@ -265,7 +271,7 @@ void TcpStoreServer::Impl::loop_once() {
   }
   expire_parked();
   expire_connections();
-  report_limit();
+  report_closures();
   while (!runnable.empty()) {
     const std::uint64_t id = runnable.back();
     runnable.pop_back();
@@ -343,31 +349,38 @@ void TcpStoreServer::Impl::refuse_over_limit(Socket s) {
   ++refused_at_limit;
 }
 
-// One line for what happened at the limit since the last: the first at once, then at most
-// one per interval (loop_once calls this every round, so a flood's tail is reported too).
-void TcpStoreServer::Impl::report_limit() {
-  if (evicted_at_limit == 0 && refused_at_limit == 0) return;
+// One line for the connections closed unauthenticated or refused since the last: the first
+// at once, then at most one per interval (loop_once calls this every round, so a flood's
+// tail is reported too).
+void TcpStoreServer::Impl::report_closures(bool final_report) {
+  if (evicted_at_limit + refused_at_limit + silent_expired == 0) return;
   const auto now = SteadyClock::now();
-  if (now < next_limit_report) return;
-  log_line("at the limit of " + std::to_string(limit.max) + " connections (" + limit.origin +
-           "): " + std::to_string(evicted_at_limit) +
-           " that had not said HELLO closed to make room, " + std::to_string(refused_at_limit) +
-           " refused (all authenticated) since the last such line (at most one every " +
-           ms_text(kLimitReportInterval) + ")");
-  evicted_at_limit = refused_at_limit = 0;
-  next_limit_report = now + kLimitReportInterval;
+  if (now < next_closure_report && !final_report) return;
+  const std::string at_limit =
+      " at the limit of " + std::to_string(limit.max) + " connections (" + limit.origin + ")";
+  std::string line;
+  auto part = [&](std::size_t n, const std::string& what) {
+    if (n > 0) line += (line.empty() ? "" : "; ") + std::to_string(n) + what;
+  };
+  part(silent_expired, " closed that did not complete HELLO within " +
+                           ms_text(options.hello_timeout) + " (the first from " +
+                           first_silent_peer + ")");
+  part(evicted_at_limit, " that had not said HELLO closed to make room" + at_limit);
+  part(refused_at_limit, " refused" + at_limit + ", every one authenticated");
+  log_line("connections: " + line + " (since the last such line; at most one every " +
+           ms_text(kClosureReportInterval) + ")");
+  evicted_at_limit = refused_at_limit = silent_expired = 0;
+  next_closure_report = now + kClosureReportInterval;
 }
 
 // Unauthenticated connections past hello_timeout and half-sent frames past frame_timeout.
-// The silent ones are reported in one line, since a flood of them is the usual cause.
+// The silent ones are counted for report_closures, since a flood of them is the usual cause.
 void TcpStoreServer::Impl::expire_connections() {
   const auto now = SteadyClock::now();
-  std::size_t silent = 0;
-  std::string first;
   for (auto& [id, c] : conns) {
     if (c->dead) continue;
     if (!c->greeted && c->hello_deadline <= now) {
-      if (silent++ == 0) first = c->peer;
+      if (silent_expired++ == 0) first_silent_peer = c->peer;
       drop(*c, "");
     } else if (c->frame_deadline && *c->frame_deadline <= now) {
       drop(*c, "closing connection from " + c->peer + ": a frame was not completed within " +
@@ -375,10 +388,6 @@ void TcpStoreServer::Impl::expire_connections() {
                    " bytes of it arrived)");
     }
   }
-  if (silent > 0)
-    log_line("closed " + std::to_string(silent) + " connection" + (silent == 1 ? "" : "s") +
-             " (the first from " + first + ") that did not complete HELLO within " +
-             ms_text(options.hello_timeout));
 }
 
 void TcpStoreServer::Impl::read_from(Connection& c) {
