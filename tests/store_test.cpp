@@ -1,22 +1,27 @@
 // The rendezvous stores: the Store contract run against MemoryStore, PrefixStore and
 // TcpStore (server in-process on 127.0.0.1, port 0), the wire protocol on plain bytes, and
 // the TCP server's robustness: tokens, malformed frames on raw sockets, unreachable and busy
-// ports, many concurrent clients.
+// ports, many concurrent clients, the limits on unauthenticated connections (frame size,
+// connection count, timeouts), and a flood of a real `accel launch`'s store.
 //
 // No timing is asserted beyond "it failed with a timeout"; deadlines only keep a broken
 // build from hanging.
 
 #include <doctest/doctest.h>
 
+#include <sys/resource.h>
 #include <sys/socket.h>
 
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <random>
 #include <set>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -27,6 +32,9 @@
 #include "backends/comm/socket.hpp"
 #include "backends/comm/store_protocol.hpp"
 #include "backends/comm/tcp_store.hpp"
+#include "tests/support/files.hpp"
+#include "tests/support/ranks.hpp"
+#include "tests/support/skip.hpp"
 
 namespace accel {
 namespace {
@@ -435,6 +443,61 @@ TEST_CASE("protocol: FrameReader cuts a byte stream into frames however it is sp
   CHECK_THROWS_AS(full.append(std::string(full.capacity_left() + 1, 'x')), InvalidArgument);
 }
 
+TEST_CASE("protocol: a FrameReader's smaller limit refuses a big header at once, until raised") {
+  sp::FrameReader reader(sp::kMaxHelloPayload);
+  CHECK(reader.capacity_left() == sp::kHeaderSize + sp::kMaxHelloPayload);
+  const auto big = sp::encode_header(sp::FrameHeader{sp::Op::hello, sp::Status::ok, 16u << 20});
+  reader.append(std::string_view(big.data(), big.size()));
+  try {
+    reader.next();
+    FAIL("a 16 MiB header was accepted under a 4 KiB limit");
+  } catch (const sp::ProtocolError& e) {
+    CHECK(contains(e.what(), "16777216"));
+    CHECK(contains(e.what(), "4096"));
+    CHECK(contains(e.what(), "HELLO"));
+  }
+
+  sp::FrameReader raised(sp::kMaxHelloPayload);
+  raised.raise_max_payload(sp::kMaxPayload);
+  CHECK(raised.capacity_left() == sp::kHeaderSize + sp::kMaxPayload);
+  raised.append(std::string_view(big.data(), big.size()));
+  CHECK_FALSE(raised.next().has_value());  // valid, waiting for the payload
+  CHECK(raised.holds_partial_frame());
+}
+
+TEST_CASE("protocol: holds_partial_frame is true only inside a frame") {
+  sp::Request set;
+  set.op = sp::Op::set;
+  set.key = "k";
+  set.value = "value";
+  const std::string frame = sp::encode_request(set);
+  sp::FrameReader reader;
+  CHECK_FALSE(reader.holds_partial_frame());
+  reader.append(frame.substr(0, 5));  // inside the header
+  CHECK(reader.holds_partial_frame());
+  reader.append(frame.substr(5, 10));  // inside the payload
+  CHECK(reader.holds_partial_frame());
+  reader.append(frame.substr(15));  // complete: not partial, though not consumed yet
+  CHECK_FALSE(reader.holds_partial_frame());
+  CHECK(reader.next().has_value());
+  CHECK_FALSE(reader.holds_partial_frame());
+}
+
+TEST_CASE("protocol: a token too long for HELLO is refused when encoding, naming the variable") {
+  sp::Request hello;
+  hello.op = sp::Op::hello;
+  hello.token.assign(sp::kMaxHelloPayload, 't');  // + its 4-byte length: over the limit
+  try {
+    sp::encode_request(hello);
+    FAIL("an oversized HELLO was encoded");
+  } catch (const InvalidArgument& e) {
+    CHECK(contains(e.what(), "ACCEL_STORE_TOKEN"));
+    CHECK(contains(e.what(), "4096"));
+  }
+  hello.token.resize(sp::kMaxHelloPayload - 4);
+  CHECK(sp::encode_request(hello).size() == sp::kHeaderSize + sp::kMaxHelloPayload);
+}
+
 // --------------------------------------------------------------------------------------
 // The TCP server and client.
 
@@ -706,6 +769,226 @@ TEST_CASE("tcp store: a vanished server is an error, not a hang") {
   server.reset();
   CHECK_THROWS_AS(client.set("k", "w"), StoreError);
   CHECK_THROWS_AS(client.get("k", 100ms), StoreError);  // reconnecting fails too
+}
+
+// The server's reply to the first thing a raw connection sent, as a test result rather than
+// an exception: a server that never answers (it is waiting for a payload) fails here.
+std::optional<sp::Reply> try_read_reply(const Socket& s) {
+  try {
+    return read_reply(s);
+  } catch (const Error& e) {
+    MESSAGE("no reply: " << e.what());
+    return std::nullopt;
+  }
+}
+
+TEST_CASE("tcp store: until HELLO a connection may send only a small frame") {
+  TcpStoreServer server("127.0.0.1", 0, "s3cret");
+  // A header announcing a 16 MiB HELLO, or a 1 MiB SET, is refused as soon as its 12 bytes
+  // are in: nothing is buffered for a payload nobody authenticated.
+  for (const sp::Op op : {sp::Op::hello, sp::Op::set}) {
+    INFO("first frame ", sp::op_name(op));
+    Socket raw = raw_connect(server.port());
+    const std::uint32_t length = op == sp::Op::hello ? 16u << 20 : 1u << 20;
+    const auto h = sp::encode_header(sp::FrameHeader{op, sp::Status::ok, length});
+    send_bytes(raw, std::string(h.data(), h.size()));
+    const auto r = try_read_reply(raw);
+    REQUIRE(r.has_value());
+    CHECK(r->status == sp::Status::error);
+    CHECK(contains(r->value, std::to_string(length)));
+    CHECK(contains(r->value, "limit of 4096 bytes for a connection that has not said HELLO"));
+    CHECK(closed_by_server(raw));
+  }
+  // After HELLO the full limit applies.
+  TcpStore client("127.0.0.1", server.port(), quick_options("s3cret"));
+  const std::string big(1u << 20, 'b');
+  client.set("big", big);
+  CHECK(client.get("big", 1s) == big);
+}
+
+TEST_CASE("tcp store: at the connection limit silent connections give way, greeted ones stay") {
+  TcpStoreServerOptions options;
+  options.token = "s3cret";
+  options.max_connections = 4;
+  TcpStoreServer server("127.0.0.1", 0, options);
+  CHECK(server.max_connections() == 4);
+  std::vector<Socket> silent;
+  for (int i = 0; i < 4; ++i) silent.push_back(raw_connect(server.port()));
+  // Each rank's client gets in, in place of the oldest connection that has not said HELLO.
+  std::vector<std::unique_ptr<TcpStore>> ranks;
+  for (int i = 0; i < 4; ++i) {
+    ranks.push_back(
+        std::make_unique<TcpStore>("127.0.0.1", server.port(), quick_options("s3cret")));
+    ranks.back()->set("rank" + std::to_string(i), "in");
+    CHECK(closed_by_server(silent[std::size_t(i)]));
+  }
+  // Every slot holds an authenticated client now: the next one is refused, told why.
+  try {
+    TcpStore extra("127.0.0.1", server.port(), quick_options("s3cret"));
+    FAIL("a fifth connection was served under a limit of 4");
+  } catch (const StoreError& e) {
+    CHECK(contains(e.what(), "limit of 4 connections"));
+    CHECK(contains(e.what(), "max_connections"));
+  }
+  for (auto& r : ranks) CHECK(r->get("rank0", 1s) == "in");  // nobody authenticated was lost
+  // A slot given back is served again (the server may see the close a moment after the
+  // next connect, so a refusal is retried).
+  ranks.pop_back();
+  std::unique_ptr<TcpStore> late;
+  for (int attempt = 0; attempt < 100 && !late; ++attempt) {
+    try {
+      late = std::make_unique<TcpStore>("127.0.0.1", server.port(), quick_options("s3cret"));
+    } catch (const StoreError&) {
+      std::this_thread::sleep_for(20ms);
+    }
+  }
+  REQUIRE(late);
+  CHECK(late->get("rank3", 1s) == "in");
+}
+
+TEST_CASE("tcp store: the connection limit follows RLIMIT_NOFILE, keeping a reserve free") {
+  rlimit saved{};
+  REQUIRE(::getrlimit(RLIMIT_NOFILE, &saved) == 0);
+  auto limit_under = [&](rlim_t soft) {
+    rlimit low = saved;
+    low.rlim_cur = std::min(soft, saved.rlim_max);
+    REQUIRE(::setrlimit(RLIMIT_NOFILE, &low) == 0);
+    const std::size_t n = TcpStoreServer("127.0.0.1", 0).max_connections();
+    ::setrlimit(RLIMIT_NOFILE, &saved);
+    return n;
+  };
+  if (saved.rlim_max < 4096) {
+    MESSAGE("hard RLIMIT_NOFILE " << saved.rlim_max << " < 4096: only the lower limits checked");
+  } else {
+    CHECK(limit_under(4096) == 3072);  // a quarter kept free
+  }
+  CHECK(limit_under(1024) == 768);
+  CHECK(limit_under(256) == 192);  // at least 64 kept free
+  CHECK(limit_under(100) == 50);   // but never more than half
+}
+
+TEST_CASE("tcp store: no HELLO in time closes a connection; an idle greeted one stays") {
+  TcpStoreServerOptions options;
+  options.token = "s3cret";
+  options.hello_timeout = 200ms;
+  TcpStoreServer server("127.0.0.1", 0, options);
+  Socket idle = raw_connect(server.port());
+  Socket half_hello = raw_connect(server.port());
+  send_bytes(half_hello, hello_frame("s3cret").substr(0, 7));
+  TcpStore client("127.0.0.1", server.port(), quick_options("s3cret"));
+  CHECK(closed_by_server(idle));
+  CHECK(closed_by_server(half_hello));
+  // The authenticated client idled past hello_timeout too, and is still served.
+  std::this_thread::sleep_for(400ms);
+  client.set("k", "v");
+  CHECK(client.get("k", 1s) == "v");
+}
+
+TEST_CASE("tcp store: a frame left half-sent is closed after frame_timeout") {
+  TcpStoreServerOptions options;
+  options.frame_timeout = 200ms;
+  TcpStoreServer server("127.0.0.1", 0, options);
+  Socket raw = raw_connect(server.port());
+  send_bytes(raw, hello_frame());
+  REQUIRE(read_reply(raw).status == sp::Status::ok);
+  // Idle between frames is fine, however long: the clock runs only inside a frame.
+  std::this_thread::sleep_for(400ms);
+  sp::Request check;
+  check.op = sp::Op::check;
+  check.keys = {"half"};
+  send_bytes(raw, sp::encode_request(check));
+  const auto r = try_read_reply(raw);
+  REQUIRE(r.has_value());
+  CHECK(r->status == sp::Status::ok);
+  // Half a SET, then nothing.
+  sp::Request set;
+  set.op = sp::Op::set;
+  set.key = "half";
+  set.value = std::string(1000, 'v');
+  send_bytes(raw, sp::encode_request(set).substr(0, 100));
+  CHECK(closed_by_server(raw));
+  TcpStore client("127.0.0.1", server.port(), quick_options());
+  CHECK_FALSE(client.check({"half"}));
+}
+
+// Lowers this process's soft RLIMIT_NOFILE (what a child started meanwhile inherits) and
+// restores it.
+struct SoftFdLimit {
+  rlimit saved{};
+  explicit SoftFdLimit(rlim_t soft) {
+    REQUIRE(::getrlimit(RLIMIT_NOFILE, &saved) == 0);
+    rlimit low = saved;
+    low.rlim_cur = std::min(soft, saved.rlim_max);
+    REQUIRE(::setrlimit(RLIMIT_NOFILE, &low) == 0);
+  }
+  ~SoftFdLimit() { ::setrlimit(RLIMIT_NOFILE, &saved); }
+};
+
+TEST_CASE("accel launch: a flood of idle connections to its store cannot stop a restart") {
+  // The launcher runs under a soft limit of 256 descriptors (its store then serves 192
+  // connections); 300 silent connections are opened to its store during the first attempt,
+  // then a rank fails, and the restart needs new pipes for both workers.
+  constexpr int kFlood = 300;
+  rlimit mine{};
+  REQUIRE(::getrlimit(RLIMIT_NOFILE, &mine) == 0);
+  if (test::skip_unless(mine.rlim_max >= kFlood + 100,
+                        "the hard RLIMIT_NOFILE is too low for a flood of " +
+                            std::to_string(kFlood) + " connections"))
+    return;
+  test::TempDir dir("store_flood");
+  const std::string store_file = dir / "store", go_file = dir / "go";
+  // Attempt 0: rank 0 publishes the store's port and token, both wait for the flood, then
+  // rank 0 fails. Attempt 1 succeeds.
+  const std::string script =
+      "d=$FLOOD_DIR; if [ \"$ACCEL_RESTART_COUNT\" = 0 ]; then"
+      "  [ \"$RANK\" = 0 ] && echo \"$MASTER_PORT $ACCEL_STORE_TOKEN\" > $d/store.tmp"
+      "  && mv $d/store.tmp $d/store;"
+      "  while [ ! -e $d/go ]; do sleep 0.05; done;"
+      "  [ \"$RANK\" = 0 ] && exit 3; exec sleep 600; "
+      "fi; echo ok restart=$ACCEL_RESTART_COUNT";
+  launch::GroupResult result;
+  std::thread launcher;
+  {
+    SoftFdLimit low(256);
+    launcher = std::thread([&] {
+      result = test::run_accel(
+          {"launch", "--num_processes", "2", "--main_process_port", "0", "--multi_cpu",
+           "--max_restarts", "1", "--grace_period", "1", "sh", "-c", script},
+          {{"FLOOD_DIR", dir.path.string()}});
+    });
+    // Back to this process's own limit once the launcher is running (it keeps the low one).
+    const Deadline up = deadline_after(60s);
+    while (!std::filesystem::exists(store_file) && SteadyClock::now() < up)
+      std::this_thread::sleep_for(20ms);
+  }
+  int port = 0;
+  std::string token;
+  std::istringstream(test::read_file(store_file)) >> port >> token;
+  if (port > 0) {
+    std::vector<Socket> flood;
+    for (int i = 0; i < kFlood; ++i) flood.push_back(raw_connect(port));
+    // A rank's client still gets in (it is accepted after the whole flood, so by now the
+    // store has taken or turned away every one of those).
+    try {
+      TcpStore rank("127.0.0.1", port, quick_options(token));
+      rank.set("during-flood", "ok");
+      CHECK(rank.get("during-flood", 1s) == "ok");
+    } catch (const StoreError& e) {
+      FAIL_CHECK("a rank's client could not use the flooded store: " << std::string(e.what()));
+    }
+    test::write_file(go_file, "");
+  }
+  launcher.join();
+  const launch::WorkerExit& out = result.workers.at(0);
+  INFO(out.output);
+  REQUIRE(port > 0);
+  CHECK(out.exit_code == 0);
+  CHECK(contains(out.output, "rank 0 exited with code 3"));
+  CHECK(contains(out.output, "restarting every worker (restart 1 of 1)"));
+  CHECK(contains(out.output, "[rank 0] ok restart=1"));
+  CHECK(contains(out.output, "[rank 1] ok restart=1"));
+  CHECK(contains(out.output, "at the limit of 192 connections"));
+  CHECK_FALSE(contains(out.output, "Too many open files"));
 }
 
 TEST_CASE("tcp store: 50 concurrent clients rendezvous") {

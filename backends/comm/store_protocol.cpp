@@ -1,5 +1,6 @@
 #include "backends/comm/store_protocol.hpp"
 
+#include <algorithm>
 #include <cstdio>
 
 namespace accel::store_protocol {
@@ -69,12 +70,13 @@ class Writer {
     put_u32(out_, std::uint32_t(items.size()));
     for (const auto& s : items) str(s);
   }
-  // Header + payload; the payload must fit kMaxPayload.
-  std::string frame(Op op, Status status, const std::string& what) {
-    if (out_.size() > kMaxPayload)
+  // Header + payload; the payload must fit `limit`.
+  std::string frame(Op op, Status status, const std::string& what,
+                    std::uint32_t limit = kMaxPayload) {
+    if (out_.size() > limit)
       throw InvalidArgument(what + " is " + std::to_string(out_.size()) +
-                            " bytes on the wire; the store's limit is " +
-                            std::to_string(kMaxPayload) + " bytes");
+                            " bytes on the wire; the store's limit is " + std::to_string(limit) +
+                            " bytes");
     const auto header = encode_header(FrameHeader{op, status, std::uint32_t(out_.size())});
     std::string frame(header.data(), header.size());
     frame += out_;
@@ -162,7 +164,7 @@ std::array<char, kHeaderSize> encode_header(const FrameHeader& header) {
   return bytes;
 }
 
-FrameHeader decode_header(std::string_view bytes) {
+FrameHeader decode_header(std::string_view bytes, std::uint32_t max_payload) {
   if (bytes.size() < kHeaderSize)
     throw ProtocolError("truncated frame header (" + std::to_string(bytes.size()) + " of " +
                         std::to_string(kHeaderSize) + " bytes)");
@@ -180,9 +182,11 @@ FrameHeader decode_header(std::string_view bytes) {
   const auto status = std::uint8_t(bytes[7]);
   if (!known_status(status)) throw ProtocolError("unknown status " + std::to_string(status));
   const std::uint32_t length = get_u32(bytes.data() + 8);
-  if (length > kMaxPayload)
-    throw ProtocolError("payload length " + std::to_string(length) + " exceeds the limit of " +
-                        std::to_string(kMaxPayload) + " bytes");
+  if (length > max_payload)
+    throw ProtocolError(
+        std::string(op_name(Op(op))) + " payload length " + std::to_string(length) +
+        " exceeds the limit of " + std::to_string(max_payload) + " bytes" +
+        (max_payload < kMaxPayload ? " for a connection that has not said HELLO" : ""));
   return FrameHeader{Op(op), Status(status), length};
 }
 
@@ -220,6 +224,8 @@ std::string encode_request(const Request& r) {
       w.str(r.key);
       break;
   }
+  if (r.op == Op::hello)
+    return w.frame(r.op, Status::ok, "the HELLO carrying ACCEL_STORE_TOKEN", kMaxHelloPayload);
   const std::string what = std::string("store request ") + std::string(op_name(r.op)) +
                            (r.key.empty() ? std::string() : " for key '" + r.key + "'");
   return w.frame(r.op, Status::ok, what);
@@ -333,6 +339,10 @@ Reply decode_reply(const FrameHeader& header, std::string_view payload) {
   return r;
 }
 
+void FrameReader::raise_max_payload(std::uint32_t max_payload) {
+  max_payload_ = std::max(max_payload_, max_payload);
+}
+
 void FrameReader::append(std::string_view bytes) {
   if (bytes.size() > capacity_left())
     throw InvalidArgument("FrameReader::append: " + std::to_string(bytes.size()) +
@@ -350,7 +360,7 @@ std::optional<Frame> FrameReader::next() {
   const std::size_t have = buffered();
   if (have < kHeaderSize) return std::nullopt;
   const std::string_view view(buffer_.data() + start_, have);
-  const FrameHeader header = decode_header(view);
+  const FrameHeader header = decode_header(view, max_payload_);
   if (have < kHeaderSize + header.length) return std::nullopt;
   Frame frame{header, std::string(view.substr(kHeaderSize, header.length))};
   start_ += kHeaderSize + header.length;
@@ -361,6 +371,14 @@ std::optional<Frame> FrameReader::next() {
     start_ = 0;
   }
   return frame;
+}
+
+bool FrameReader::holds_partial_frame() const {
+  const std::size_t have = buffered();
+  if (have == 0) return false;
+  if (have < kHeaderSize) return true;
+  // Only the length field matters here; a bad header is next()'s to report.
+  return have < kHeaderSize + get_u32(buffer_.data() + start_ + 8);
 }
 
 }  // namespace accel::store_protocol

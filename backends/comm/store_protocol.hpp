@@ -38,6 +38,9 @@ inline constexpr std::size_t kHeaderSize = 12;
 // anything is allocated for it, so a stray or hostile peer cannot make the server reserve
 // gigabytes. Values (NCCL ids, addresses) are far smaller.
 inline constexpr std::uint32_t kMaxPayload = 16u << 20;
+// The largest payload of a connection's frames until its HELLO was accepted (the token and
+// its length field), so an unauthenticated peer can make the server buffer only this much.
+inline constexpr std::uint32_t kMaxHelloPayload = 4096;
 
 enum class Op : std::uint8_t {
   hello = 1,
@@ -67,8 +70,9 @@ struct FrameHeader {
 };
 
 std::array<char, kHeaderSize> encode_header(const FrameHeader& header);
-// Validates magic, version, opcode, status and length <= kMaxPayload; throws ProtocolError.
-FrameHeader decode_header(std::string_view bytes);  // bytes.size() must be >= kHeaderSize
+// Validates magic, version, opcode, status and length <= max_payload; throws ProtocolError.
+FrameHeader decode_header(std::string_view bytes,  // bytes.size() must be >= kHeaderSize
+                          std::uint32_t max_payload = kMaxPayload);
 
 struct Request {
   Op op = Op::hello;
@@ -109,7 +113,8 @@ struct Reply {
 };
 
 // Whole frames (header + payload). Throws InvalidArgument when the payload would exceed
-// kMaxPayload (a value too large for the store), naming the key.
+// kMaxPayload (a value too large for the store), naming the key, or a HELLO kMaxHelloPayload
+// (a token too long), naming ACCEL_STORE_TOKEN.
 std::string encode_request(const Request& request);
 std::string encode_reply(const Reply& reply);
 
@@ -123,23 +128,30 @@ struct Frame {
   std::string payload;
 };
 
-// Cuts a byte stream into frames. Holds at most one maximum-size frame: the server asks
+// Cuts a byte stream into frames. Holds at most one frame of max_payload: the server asks
 // capacity_left() before reading, so a connection's buffered input stays bounded.
 class FrameReader {
  public:
-  static constexpr std::size_t kCapacity = kHeaderSize + kMaxPayload;
+  explicit FrameReader(std::uint32_t max_payload = kMaxPayload) : max_payload_(max_payload) {}
 
+  // Raises the limit (the server does after HELLO); lowering it below what is buffered would
+  // strand bytes, so it may only grow.
+  void raise_max_payload(std::uint32_t max_payload);
   std::size_t buffered() const { return buffer_.size() - start_; }
-  std::size_t capacity_left() const { return kCapacity - buffered(); }
+  std::size_t capacity_left() const { return kHeaderSize + max_payload_ - buffered(); }
   // Appends stream bytes; throws InvalidArgument if they exceed capacity_left().
   void append(std::string_view bytes);
-  // The next complete frame, or nullopt when more bytes are needed. A bad header throws
-  // ProtocolError as soon as its 12 bytes are in, before its payload is awaited.
+  // The next complete frame, or nullopt when more bytes are needed. A bad header (one
+  // announcing more than max_payload included) throws ProtocolError as soon as its 12
+  // bytes are in, before its payload is awaited.
   std::optional<Frame> next();
+  // Whether the bytes buffered end inside a frame (its header or payload still incomplete).
+  bool holds_partial_frame() const;
 
  private:
   std::string buffer_;
   std::size_t start_ = 0;  // consumed prefix, dropped lazily to avoid quadratic erasing
+  std::uint32_t max_payload_;
 };
 
 }  // namespace accel::store_protocol

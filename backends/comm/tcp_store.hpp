@@ -20,17 +20,37 @@
 
 namespace accel {
 
+// What keeps one hostile or broken client from costing the store's host (the launcher)
+// memory or descriptors. The defaults suit a store serving thousands of ranks' clients.
+struct TcpStoreServerOptions {
+  // A non-empty token is a shared secret: a connection whose HELLO carries another token is
+  // refused before it can read or write any key.
+  std::string token;
+  // The most connections served at once; 0 = derived from the RLIMIT_NOFILE soft limit S at
+  // construction: S minus a reserve of max(64, S/4) (at most S/2) descriptors kept free for
+  // the host's own work (worker pipes, logs, a restart): 768 of 1024. At the limit a new
+  // connection takes the place of the oldest one that has not said HELLO yet; when all have,
+  // it is refused with a message naming the limit.
+  std::size_t max_connections = 0;
+  // From accept to an accepted HELLO: a connection that has not authenticated by then is
+  // closed. Authenticated connections may stay idle for the job's life (workers do).
+  Milliseconds hello_timeout = std::chrono::seconds(30);
+  // From a frame's first byte to its last: a half-sent frame is not held longer.
+  Milliseconds frame_timeout = std::chrono::seconds(60);
+};
+
 // The server: a single background thread polling every connection (non-blocking sockets),
 // so one slow or hostile client never stalls the others. Blocking GET/WAIT requests are
 // parked and answered when their keys arrive, or with a timeout reply at their deadline.
-// A connection sending a malformed frame is closed (reason logged on stderr, prefixed
+// Until its HELLO is accepted a connection may send frames of at most
+// store_protocol::kMaxHelloPayload bytes. A connection sending a malformed frame, or
+// breaking a limit of TcpStoreServerOptions, is closed (reason logged on stderr, prefixed
 // "accel store:"); everyone else keeps being served.
 class TcpStoreServer {
  public:
   // Listens on host:port ("0.0.0.0" = every interface; port 0 = a free port, see port()).
-  // A non-empty token is a shared secret: a connection whose HELLO carries another token is
-  // refused before it can read or write any key. Throws StoreError when it cannot listen
-  // (a busy port names host:port).
+  // Throws StoreError when it cannot listen (a busy port names host:port).
+  TcpStoreServer(std::string host, int port, TcpStoreServerOptions options);
   TcpStoreServer(std::string host, int port, std::string token = {});
   // Stops the thread and closes every connection; never throws.
   ~TcpStoreServer();
@@ -39,6 +59,8 @@ class TcpStoreServer {
 
   int port() const;
   const std::string& host() const;
+  // The connection limit in effect (options.max_connections, or the derived one).
+  std::size_t max_connections() const;
 
  private:
   struct Impl;

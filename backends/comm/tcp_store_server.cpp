@@ -2,6 +2,7 @@
 
 #include <poll.h>
 #include <sys/eventfd.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -49,19 +50,48 @@ bool same_token(const std::string& a, const std::string& b) {
 
 }  // namespace
 
-
 namespace {
 
 // A connection's replies may pile up only this far before the server stops reading its
 // requests, so a client that never reads cannot grow the server's memory.
 constexpr std::size_t kMaxPendingOutput = sp::kHeaderSize + sp::kMaxPayload;
 constexpr std::size_t kReadChunk = 64 * 1024;
+// Connections closed unauthenticated or refused at the connection limit are reported in one
+// line at most this often, so a flood of connections cannot flood the launcher's stderr too.
+constexpr Milliseconds kClosureReportInterval = std::chrono::seconds(10);
+
+std::string ms_text(Milliseconds t) { return std::to_string(t.count()) + " ms"; }
+
+struct ConnectionLimit {
+  std::size_t max = 0;
+  std::string origin;  // how it was chosen, for the messages
+};
+
+// The limit the options ask for, or the one derived from RLIMIT_NOFILE: the soft limit less
+// a reserve for the host's own descriptors. The launcher needs a few per local worker (two
+// pipes, a log file, two more pipe ends while it forks) plus its own handful, at every
+// restart; a quarter of the limit, at least 64, covers dozens of workers on the common 1024.
+ConnectionLimit connection_limit(std::size_t requested) {
+  if (requested > 0) return {requested, "TcpStoreServerOptions::max_connections"};
+  rlimit rl{};
+  std::size_t soft = 1024;
+  if (::getrlimit(RLIMIT_NOFILE, &rl) == 0)
+    soft = rl.rlim_cur == RLIM_INFINITY ? std::size_t(1) << 20  // the kernel's default nr_open
+                                        : std::size_t(rl.rlim_cur);
+  const std::size_t reserve = std::min(soft / 2, std::max<std::size_t>(64, soft / 4));
+  return {std::max<std::size_t>(1, soft - reserve),
+          "the RLIMIT_NOFILE soft limit of " + std::to_string(soft) + " less " +
+              std::to_string(reserve) + " descriptors kept free for this process; raise it " +
+              "with `ulimit -n`"};
+}
 
 struct Connection {
   std::uint64_t id = 0;
   Socket socket;
   std::string peer;
-  sp::FrameReader in;
+  // Small frames only until HELLO is accepted: an unauthenticated peer cannot make the
+  // server buffer a 16 MiB frame.
+  sp::FrameReader in{sp::kMaxHelloPayload};
   std::string out;
   std::size_t out_sent = 0;
   bool greeted = false;
@@ -72,6 +102,8 @@ struct Connection {
   sp::Op parked_op = sp::Op::get;
   std::vector<std::string> parked_keys;
   Deadline parked_deadline{};
+  Deadline hello_deadline{};               // closed when not greeted by then
+  std::optional<Deadline> frame_deadline;  // while a frame is partly buffered
 
   std::size_t pending_output() const { return out.size() - out_sent; }
 };
@@ -81,7 +113,16 @@ struct Connection {
 struct TcpStoreServer::Impl {
   std::string host;
   int port = 0;
-  std::string token;
+  TcpStoreServerOptions options;  // the token and the limits
+  ConnectionLimit limit;
+  std::size_t live = 0;  // connections not yet dropped
+  // Connections evicted or refused at the limit, or closed for want of HELLO, since the last
+  // report; and when the next report may be written.
+  std::size_t evicted_at_limit = 0;
+  std::size_t refused_at_limit = 0;
+  std::size_t silent_expired = 0;
+  std::string first_silent_peer;
+  Deadline next_closure_report{};
   Socket listener;
   Socket wake;  // eventfd: the destructor writes it to interrupt poll()
   std::atomic<bool> stopping{false};
@@ -98,9 +139,14 @@ struct TcpStoreServer::Impl {
   void run() noexcept;
   void loop_once();
   void accept_all();
+  bool evict_oldest_unauthenticated();
+  void refuse_over_limit(Socket s);
+  void report_closures(bool final_report = false);
+  void expire_connections();
   void read_from(Connection& c);
   void flush(Connection& c);
   void process(Connection& c);
+  void process_frames(Connection& c);
   void handle(Connection& c, const sp::Frame& frame);
   void reply(Connection& c, const sp::Reply& r);
   void refuse(Connection& c, const std::string& message, const std::string& log_reason);
@@ -117,9 +163,13 @@ struct TcpStoreServer::Impl {
 };
 
 TcpStoreServer::TcpStoreServer(std::string host, int port, std::string token)
+    : TcpStoreServer(std::move(host), port, TcpStoreServerOptions{.token = std::move(token)}) {}
+
+TcpStoreServer::TcpStoreServer(std::string host, int port, TcpStoreServerOptions options)
     : impl_(std::make_unique<Impl>()) {
   impl_->host = std::move(host);
-  impl_->token = std::move(token);
+  impl_->limit = connection_limit(options.max_connections);
+  impl_->options = std::move(options);
   try {
     ListeningSocket l = listen_tcp(impl_->host, port);
     impl_->listener = std::move(l.socket);
@@ -142,6 +192,7 @@ TcpStoreServer::~TcpStoreServer() {
 
 int TcpStoreServer::port() const { return impl_->port; }
 const std::string& TcpStoreServer::host() const { return impl_->host; }
+std::size_t TcpStoreServer::max_connections() const { return impl_->limit.max; }
 
 void TcpStoreServer::Impl::run() noexcept {
   while (!stopping.load()) {
@@ -153,6 +204,10 @@ void TcpStoreServer::Impl::run() noexcept {
       log_line(std::string("server loop error: ") + e.what());
       std::this_thread::sleep_for(Milliseconds(10));
     }
+  }
+  try {
+    report_closures(true);  // the server is going away: the last counts now
+  } catch (...) {
   }
 }
 
@@ -172,8 +227,12 @@ void TcpStoreServer::Impl::loop_once() {
     fds.push_back(pollfd{c->socket.fd(), events, 0});
     polled.push_back(c.get());
     if (c->parked) next_deadline = std::min(next_deadline, c->parked_deadline);
+    if (!c->greeted) next_deadline = std::min(next_deadline, c->hello_deadline);
+    if (c->frame_deadline) next_deadline = std::min(next_deadline, *c->frame_deadline);
   }
   if (!accepting) next_deadline = std::min(next_deadline, accept_paused_until);
+  if (evicted_at_limit + refused_at_limit + silent_expired > 0)
+    next_deadline = std::min(next_deadline, next_closure_report);
 
   int timeout_ms = -1;
   if (next_deadline != Deadline::max())
@@ -211,6 +270,8 @@ void TcpStoreServer::Impl::loop_once() {
     if (!c.dead) process(c);
   }
   expire_parked();
+  expire_connections();
+  report_closures();
   while (!runnable.empty()) {
     const std::uint64_t id = runnable.back();
     runnable.pop_back();
@@ -239,6 +300,10 @@ void TcpStoreServer::Impl::accept_all() {
       accept_paused_until = SteadyClock::now() + Milliseconds(100);
       return;
     }
+    if (live >= limit.max && !evict_oldest_unauthenticated()) {
+      refuse_over_limit(std::move(s));
+      continue;
+    }
     try {
       set_nodelay(s.fd());
     } catch (const CommError&) {
@@ -248,7 +313,80 @@ void TcpStoreServer::Impl::accept_all() {
     c->id = next_id++;
     c->peer = peer_address(s.fd());
     c->socket = std::move(s);
+    c->hello_deadline = deadline_after(options.hello_timeout);
+    ++live;
     conns.emplace(c->id, std::move(c));
+  }
+}
+
+// At the limit, a connection that has not authenticated yet gives way to a new one: a
+// client says HELLO as soon as it connects, so a flood of silent connections cannot keep
+// the ranks out. Ids grow with accept order, so the first found is the oldest.
+bool TcpStoreServer::Impl::evict_oldest_unauthenticated() {
+  for (auto& [id, c] : conns) {
+    if (c->dead || c->greeted) continue;
+    drop(*c, "");
+    ++evicted_at_limit;
+    return true;
+  }
+  return false;
+}
+
+// Every connection has authenticated: the new one is told why and closed at once, without
+// ever holding more than this moment's descriptor.
+void TcpStoreServer::Impl::refuse_over_limit(Socket s) {
+  const std::string frame = sp::encode_reply(
+      sp::Reply::error(sp::Op::hello, "the store is at its limit of " + std::to_string(limit.max) +
+                                          " connections (" + limit.origin + ")"));
+  [[maybe_unused]] auto sent =
+      ::send(s.fd(), frame.data(), frame.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+  // Read what the client already sent (its HELLO): closing with unread input would reset
+  // the connection and could discard the reply before the client reads it.
+  char sink[4096];
+  for (int i = 0; i < 4 && ::recv(s.fd(), sink, sizeof(sink), MSG_DONTWAIT) > 0; ++i) {
+  }
+  ::shutdown(s.fd(), SHUT_WR);
+  ++refused_at_limit;
+}
+
+// One line for the connections closed unauthenticated or refused since the last: the first
+// at once, then at most one per interval (loop_once calls this every round, so a flood's
+// tail is reported too).
+void TcpStoreServer::Impl::report_closures(bool final_report) {
+  if (evicted_at_limit + refused_at_limit + silent_expired == 0) return;
+  const auto now = SteadyClock::now();
+  if (now < next_closure_report && !final_report) return;
+  const std::string at_limit =
+      " at the limit of " + std::to_string(limit.max) + " connections (" + limit.origin + ")";
+  std::string line;
+  auto part = [&](std::size_t n, const std::string& what) {
+    if (n > 0) line += (line.empty() ? "" : "; ") + std::to_string(n) + what;
+  };
+  part(silent_expired, " closed that did not complete HELLO within " +
+                           ms_text(options.hello_timeout) + " (the first from " +
+                           first_silent_peer + ")");
+  part(evicted_at_limit, " that had not said HELLO closed to make room" + at_limit);
+  part(refused_at_limit, " refused" + at_limit + ", every one authenticated");
+  log_line("connections: " + line + " (since the last such line; at most one every " +
+           ms_text(kClosureReportInterval) + ")");
+  evicted_at_limit = refused_at_limit = silent_expired = 0;
+  next_closure_report = now + kClosureReportInterval;
+}
+
+// Unauthenticated connections past hello_timeout and half-sent frames past frame_timeout.
+// The silent ones are counted for report_closures, since a flood of them is the usual cause.
+void TcpStoreServer::Impl::expire_connections() {
+  const auto now = SteadyClock::now();
+  for (auto& [id, c] : conns) {
+    if (c->dead) continue;
+    if (!c->greeted && c->hello_deadline <= now) {
+      if (silent_expired++ == 0) first_silent_peer = c->peer;
+      drop(*c, "");
+    } else if (c->frame_deadline && *c->frame_deadline <= now) {
+      drop(*c, "closing connection from " + c->peer + ": a frame was not completed within " +
+                   ms_text(options.frame_timeout) + " (" + std::to_string(c->in.buffered()) +
+                   " bytes of it arrived)");
+    }
   }
 }
 
@@ -309,16 +447,28 @@ void TcpStoreServer::Impl::drop(Connection& c, const std::string& log_reason) {
   if (c.dead) return;
   if (!log_reason.empty()) log_line(log_reason);
   c.dead = true;
+  --live;
   unpark(c);
   c.socket.close();
 }
 
+// Handles the frames buffered, then starts or stops the clock of a partly buffered one.
 void TcpStoreServer::Impl::process(Connection& c) {
+  process_frames(c);
+  if (c.dead) return;
+  if (!c.in.holds_partial_frame())
+    c.frame_deadline.reset();
+  else if (!c.frame_deadline)
+    c.frame_deadline = deadline_after(options.frame_timeout);
+}
+
+void TcpStoreServer::Impl::process_frames(Connection& c) {
   while (!c.dead && !c.closing && !c.parked && c.pending_output() < kMaxPendingOutput) {
     std::optional<sp::Frame> frame;
     try {
       frame = c.in.next();
       if (!frame) return;
+      c.frame_deadline.reset();  // the next frame's clock starts when its bytes are seen
       handle(c, *frame);
     } catch (const sp::ProtocolError& e) {
       // Tell the client why (best effort), then close only this connection.
@@ -339,7 +489,7 @@ void TcpStoreServer::Impl::handle(Connection& c, const sp::Frame& frame) {
     if (op != sp::Op::hello) {
       // With a token, anything but a matching HELLO is refused before it touches a key;
       // without one, HELLO still has to come first so the versions were checked.
-      if (!token.empty())
+      if (!options.token.empty())
         refuse(c, kRefusedToken,
                "refused connection from " + c.peer + ": first frame was " +
                    std::string(sp::op_name(op)) + ", not HELLO with the store token");
@@ -350,11 +500,12 @@ void TcpStoreServer::Impl::handle(Connection& c, const sp::Frame& frame) {
       return;
     }
     const sp::Request hello = sp::decode_request(frame.header, frame.payload);
-    if (!token.empty() && !same_token(hello.token, token)) {
+    if (!options.token.empty() && !same_token(hello.token, options.token)) {
       refuse(c, kRefusedToken, "refused connection from " + c.peer + ": wrong store token");
       return;
     }
     c.greeted = true;
+    c.in.raise_max_payload(sp::kMaxPayload);
     reply(c, sp::Reply::ok(sp::Op::hello));
     return;
   }
