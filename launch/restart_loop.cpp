@@ -55,12 +55,18 @@ int run_attempts(const AttemptPlan& plan) {
     group.stop_fd = plan.stop_fd;
     group.stop_signal = plan.interrupt_signal;
     group.own_all_children = true;
-    std::string lost_store;  // set when the store stopped answering mid-run
+    std::string lost_store;  // set when machine 0's store stopped answering mid-run
+    auto store_failed = [&](const std::exception& e) {
+      if (lost_store.empty())
+        lost_store = dynamic_cast<const MachineLost*>(&e)
+                         ? std::string(e.what())
+                         : "machine 0 is lost: its rendezvous store failed (" + std::string(e.what()) + ")";
+    };
     group.should_stop = [&] {
       try {
         return rdzv.failure_reported(attempt);
       } catch (const std::exception& e) {
-        lost_store = e.what();
+        store_failed(e);
         return true;
       }
     };
@@ -73,7 +79,7 @@ int run_attempts(const AttemptPlan& plan) {
       try {
         rdzv.report_failure(attempt, f);
       } catch (const std::exception& e) {
-        lost_store = e.what();
+        store_failed(e);
       }
     };
 
@@ -83,7 +89,7 @@ int run_attempts(const AttemptPlan& plan) {
       say("ended " + std::to_string(result.leftovers_killed) +
           " process(es) the workers left behind");
     if (!lost_store.empty()) {
-      say("lost the rendezvous store: " + lost_store);
+      say("stopped: " + lost_store);
       return result.first_failure ? result.exit_code() : 1;
     }
     if (const int sig = plan.interrupt_signal()) {
