@@ -257,6 +257,7 @@ int launch(const LaunchOptions& options) {
       spec.env.insert(spec.env.end(), ranks.begin(), ranks.end());
       const std::string rank = ranks.front().second;
       spec.label = "rank " + rank;
+      spec.rank = std::stoi(rank);
       spec.log_file = log_file("rank_" + rank);
       specs.push_back(std::move(spec));
     }
@@ -273,6 +274,7 @@ int launch(const LaunchOptions& options) {
   nro.interrupt_signal = [] { return g_signal.load(); };
   NodeRendezvous node_rdzv(rdzv_store.store, rdzv_store.heartbeat_store, nro);
   plan.rendezvous = &node_rdzv;
+  plan.store = rdzv_store.store;
   return run_attempts(plan);
 }
 

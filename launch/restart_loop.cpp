@@ -62,20 +62,35 @@ int run_attempts(const AttemptPlan& plan) {
                          ? std::string(e.what())
                          : "machine 0 is lost: its rendezvous store failed (" + std::string(e.what()) + ")";
     };
+    MembershipWatch members(plan.store, attempt);
+    group.on_success = [&](const WorkerSpec& worker) {
+      try {
+        if (worker.rank >= 0) members.ended(worker.rank, worker.label);
+      } catch (const std::exception& e) {
+        store_failed(e);
+      }
+    };
     group.should_stop = [&] {
       try {
-        return rdzv.failure_reported(attempt);
+        if (rdzv.failure_reported(attempt)) return true;
+        const std::optional<std::string> stranded = members.stranded();
+        if (!stranded) return false;
+        Failure f;
+        f.machine = me;
+        f.what = *stranded;
+        rdzv.report_failure(attempt, f);
+        return true;
       } catch (const std::exception& e) {
         store_failed(e);
         return true;
       }
     };
-    group.on_failure = [&](const std::string& label, int code, int sig) {
+    group.on_failure = [&](const WorkerExit& failure) {
       Failure f;
       f.machine = me;
-      f.exit_code = sig ? 128 + sig : code;
+      f.exit_code = failure.signal ? 128 + failure.signal : failure.exit_code;
       f.what = (plan.num_machines > 1 ? "machine " + std::to_string(me) + ": " : std::string()) +
-               label + " " + describe_exit(code, sig);
+               describe_failure(failure);
       try {
         rdzv.report_failure(attempt, f);
       } catch (const std::exception& e) {
