@@ -196,6 +196,9 @@ void signal_all(std::vector<Worker>& workers, int sig) {
   for (auto& w : workers)
     if (w.running) {
       kill(-w.pid, sig);
+      // A stopped worker (SIGSTOP, a debugger let go) acts on SIGTERM only once it runs again,
+      // instead of waiting out the grace period for SIGKILL.
+      if (sig != SIGKILL) kill(-w.pid, SIGCONT);
       w.exit.stopped_by_us = true;
     }
 }
