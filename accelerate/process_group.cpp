@@ -25,8 +25,7 @@ void record_joining(Store& store, const ProcessEnv& env, const std::string& grou
   // The i-th group of each process is compared with the i-th of the others.
   static std::atomic<int> calls{0};
   const std::string mine = backend + "|" + std::to_string(env.rank);
-  const std::string first =
-      store.compare_set(records::communicator_key(calls++, group), "", mine);
+  const std::string first = store.compare_set(records::communicator_key(calls++, group), "", mine);
   const auto bar = first.find('|');
   if (first.substr(0, bar) != backend) {
     throw ConfigError("rank " + std::to_string(env.rank) + " asks for the '" + backend +

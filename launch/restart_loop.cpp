@@ -58,9 +58,10 @@ int run_attempts(const AttemptPlan& plan) {
     std::string lost_store;  // set when machine 0's store stopped answering mid-run
     auto store_failed = [&](const std::exception& e) {
       if (lost_store.empty())
-        lost_store = dynamic_cast<const MachineLost*>(&e)
-                         ? std::string(e.what())
-                         : "machine 0 is lost: its rendezvous store failed (" + std::string(e.what()) + ")";
+        lost_store =
+            dynamic_cast<const MachineLost*>(&e)
+                ? std::string(e.what())
+                : "machine 0 is lost: its rendezvous store failed (" + std::string(e.what()) + ")";
     };
     MembershipWatch members(plan.store, attempt);
     group.on_success = [&](const WorkerSpec& worker) {
