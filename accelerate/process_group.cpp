@@ -1,8 +1,10 @@
 #include "accelerate/process_group.hpp"
 
+#include <atomic>
 #include <charconv>
 #include <cmath>
 
+#include "accelerate/process_group_records.hpp"
 #include "backends/comm/error.hpp"
 #include "backends/comm/prefix_store.hpp"
 #include "backends/comm/registry.hpp"
@@ -11,9 +13,30 @@
 namespace accel {
 namespace {
 
+namespace records = process_group_records;
+
 constexpr Milliseconds kExitHandshakeTimeout = std::chrono::seconds(10);
 
-std::string exit_key(int rank) { return "process_group/exited/" + std::to_string(rank); }
+// Records that this rank joins `group` with `backend`; throws ConfigError when an earlier rank
+// joined with another communicator (they would wait for each other in two rendezvous until
+// the timeout).
+void record_joining(Store& store, const ProcessEnv& env, const std::string& group,
+                    const std::string& backend) {
+  // The i-th group of each process is compared with the i-th of the others.
+  static std::atomic<int> calls{0};
+  const std::string mine = backend + "|" + std::to_string(env.rank);
+  const std::string first = store.compare_set(records::communicator_key(calls++, group), "", mine);
+  const auto bar = first.find('|');
+  if (first.substr(0, bar) != backend) {
+    throw ConfigError("rank " + std::to_string(env.rank) + " asks for the '" + backend +
+                      "' communicator, but rank " + first.substr(bar + 1) +
+                      " joined the process group with '" + first.substr(0, bar) +
+                      "': every rank must use the same one (ACCEL_COMM_BACKEND, "
+                      "--cpu_communicator)");
+  }
+  store.set(records::joined_key(env.rank), backend);
+  store.add(records::kJoinedCount, 1);
+}
 
 }  // namespace
 
@@ -47,10 +70,10 @@ ProcessGroup::~ProcessGroup() {
   comm_.reset();
   if (!store_) return;
   try {
-    store_->set(exit_key(env_.rank), "1");
+    store_->set(records::left_key(env_.rank), "1");
     if (server_) {
       std::vector<std::string> keys;
-      for (int r = 0; r < env_.world_size; ++r) keys.push_back(exit_key(r));
+      for (int r = 0; r < env_.world_size; ++r) keys.push_back(records::left_key(r));
       store_->wait(keys, kExitHandshakeTimeout);
     }
   } catch (const std::exception&) {
@@ -77,9 +100,10 @@ std::unique_ptr<ProcessGroup> init_process_group(const ProcessGroupOptions& opti
     store = std::make_shared<TcpStore>(env.master_addr, env.master_port, store_options);
     // `accel launch` keeps one store across restarts: each attempt rendezvouses in its own
     // namespace, so keys a failed attempt left behind cannot pair this one with dead peers.
-    const std::string attempt = env_string("ACCEL_RESTART_COUNT", "");
-    if (env.launcher_hosts_store && !attempt.empty())
-      store = std::make_shared<PrefixStore>("attempt/" + attempt, std::move(store));
+    if (env.launcher_hosts_store && !env_string("ACCEL_RESTART_COUNT", "").empty())
+      store = std::make_shared<PrefixStore>(
+          records::attempt_prefix(env_int("ACCEL_RESTART_COUNT", 0)), std::move(store));
+    record_joining(*store, env, options.group_name, backend);
   }
 
   CommOptions comm_options;

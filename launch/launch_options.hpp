@@ -33,6 +33,9 @@ struct LaunchOptions {
   std::chrono::milliseconds monitor_interval{100};  // how often workers are checked
   std::chrono::milliseconds grace{5000};            // SIGTERM -> SIGKILL
   std::chrono::milliseconds rdzv_timeout{std::chrono::seconds(300)};  // machines joining
+  // The launchers' heartbeat (heartbeat.hpp): a machine silent for interval x misses is lost.
+  std::chrono::milliseconds heartbeat_interval{std::chrono::seconds(5)};
+  int heartbeat_misses = 3;
   std::string log_dir;                             // one log file per rank when set
   std::optional<Streams> tee;                      // console streams with --log_dir
   std::optional<int> num_cpu_threads_per_process;  // OMP_NUM_THREADS, explicitly

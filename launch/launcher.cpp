@@ -75,6 +75,7 @@ std::string random_token() {
 struct Rendezvous {
   std::unique_ptr<TcpStoreServer> server;  // machine 0 only
   StorePtr store;                          // the launchers' own client
+  StorePtr heartbeat_store;                // a second one, for the heartbeat's thread
   int port = 0;
   std::string token;
 };
@@ -104,9 +105,18 @@ Rendezvous open_rendezvous(const config::Config& cfg, const LaunchOptions& optio
   TcpStoreOptions client;
   client.token = r.token;
   client.connect_timeout = options.rdzv_timeout;
-  client.timeout = std::chrono::seconds(60);
+  // The launchers only make requests the store answers at once: one not answered within the
+  // heartbeat's limit means machine 0 is out of reach (the client adds a few seconds).
+  client.timeout = std::max<std::chrono::milliseconds>(
+      std::chrono::milliseconds(1),
+      options.heartbeat_interval * options.heartbeat_misses - std::chrono::seconds(5));
   try {
     r.store = std::make_shared<TcpStore>(connect_host, r.port, client);
+    if (!one_machine) {
+      TcpStoreOptions beat = client;
+      beat.connect_timeout = options.heartbeat_interval * options.heartbeat_misses;
+      r.heartbeat_store = std::make_shared<TcpStore>(connect_host, r.port, beat);
+    }
   } catch (const Error& e) {
     throw Error("cannot reach machine 0's rendezvous store: " + std::string(e.what()));
   }
@@ -313,6 +323,7 @@ int launch(const LaunchOptions& options) {
       spec.env.insert(spec.env.end(), ranks.begin(), ranks.end());
       const std::string rank = ranks.front().second;
       spec.label = "rank " + rank;
+      spec.rank = std::stoi(rank);
       spec.log_file = log_file("rank_" + rank);
       specs.push_back(std::move(spec));
     }
@@ -324,12 +335,12 @@ int launch(const LaunchOptions& options) {
   nro.machine_rank = cfg.machine_rank;
   nro.join_timeout = options.rdzv_timeout;
   nro.poll_interval = std::min(options.monitor_interval, std::chrono::milliseconds(500));
-  // A launcher checks in every monitor interval while its workers run.
-  nro.silence_limit =
-      std::max<std::chrono::milliseconds>(std::chrono::seconds(60), 10 * options.monitor_interval);
+  nro.heartbeat_interval = options.heartbeat_interval;
+  nro.heartbeat_misses = options.heartbeat_misses;
   nro.interrupt_signal = [] { return g_signal.load(); };
-  NodeRendezvous node_rdzv(rdzv_store.store, nro);
+  NodeRendezvous node_rdzv(rdzv_store.store, rdzv_store.heartbeat_store, nro);
   plan.rendezvous = &node_rdzv;
+  plan.store = rdzv_store.store;
   return run_attempts(plan);
 }
 

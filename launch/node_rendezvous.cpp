@@ -43,8 +43,13 @@ Failure Failure::decode(const std::string& text) {
   return f;
 }
 
-NodeRendezvous::NodeRendezvous(StorePtr store, NodeRendezvousOptions options)
-    : store_(std::move(store)), opt_(std::move(options)) {}
+NodeRendezvous::NodeRendezvous(StorePtr store, StorePtr heartbeat_store,
+                               NodeRendezvousOptions options)
+    : store_(std::move(store)),
+      opt_(std::move(options)),
+      heartbeat_(heartbeat_store ? std::move(heartbeat_store) : store_,
+                 HeartbeatOptions{opt_.num_machines, opt_.machine_rank, opt_.heartbeat_interval,
+                                  opt_.heartbeat_misses}) {}
 
 std::string NodeRendezvous::key(int attempt, const std::string& what) const {
   return "launcher/" + std::to_string(attempt) + "/" + what;
@@ -54,26 +59,23 @@ std::string NodeRendezvous::key(int attempt, const std::string& what, int machin
   return key(attempt, what) + "/" + std::to_string(machine);
 }
 
-void NodeRendezvous::heartbeat() {
-  store_->add("launcher/alive/" + std::to_string(opt_.machine_rank), 1);
+Failure NodeRendezvous::lost_failure(int machine) const {
+  Failure f;
+  f.machine = machine;
+  f.restartable = false;
+  f.what = "machine " + std::to_string(machine) +
+           "'s launcher stopped responding (no heartbeat for " + heartbeat_.limit_text() + ")";
+  return f;
+}
+
+void NodeRendezvous::throw_if_store_lost() const {
+  if (auto why = heartbeat_.store_lost())
+    throw MachineLost("machine 0 is lost: its rendezvous store did not answer for " +
+                      heartbeat_.limit_text() + " (" + *why + ")");
 }
 
 int NodeRendezvous::interrupted() const {
   return opt_.interrupt_signal ? opt_.interrupt_signal() : 0;
-}
-
-std::optional<int> NodeRendezvous::silent_machine(const std::vector<int>& watched) {
-  const auto now = Clock::now();
-  for (int m : watched) {
-    const std::int64_t value = store_->add("launcher/alive/" + std::to_string(m), 0);
-    Seen& seen = seen_[m];
-    if (seen.value != value) {
-      seen = {value, now};
-    } else if (now - seen.since > opt_.silence_limit) {
-      return m;
-    }
-  }
-  return std::nullopt;
 }
 
 void NodeRendezvous::join(int attempt) {
@@ -81,10 +83,16 @@ void NodeRendezvous::join(int attempt) {
   std::vector<std::string> keys;
   for (int m = 0; m < opt_.num_machines; ++m) keys.push_back(key(attempt, "ready", m));
   const auto deadline = Clock::now() + opt_.join_timeout;
+  std::vector<int> others;
+  for (int m = 0; m < opt_.num_machines; ++m)
+    if (m != opt_.machine_rank) others.push_back(m);
   for (;;) {
-    heartbeat();
+    throw_if_store_lost();
     if (store_->check(keys)) return;
     if (interrupted()) throw Interrupted{};
+    if (auto m = heartbeat_.lost(others))
+      throw TimeoutError(lost_failure(*m).what + " while the machines were joining attempt " +
+                         std::to_string(attempt));
     if (Clock::now() > deadline) {
       std::vector<int> missing;
       for (int m = 0; m < opt_.num_machines; ++m)
@@ -100,8 +108,21 @@ void NodeRendezvous::join(int attempt) {
 }
 
 bool NodeRendezvous::failure_reported(int attempt) {
-  heartbeat();
-  return store_->check({key(attempt, "failure")});
+  throw_if_store_lost();
+  std::vector<int> others;
+  for (int m = 0; m < opt_.num_machines; ++m)
+    if (m != opt_.machine_rank) others.push_back(m);
+  try {
+    if (auto m = heartbeat_.lost(others)) {
+      report_failure(attempt, lost_failure(*m));
+      return true;
+    }
+    return store_->check({key(attempt, "failure")});
+  } catch (const Error& e) {
+    // Our request may give up before the heartbeat does: the same verdict.
+    throw MachineLost("machine 0 is lost: its rendezvous store did not answer (" +
+                      std::string(e.what()) + ")");
+  }
 }
 
 Failure NodeRendezvous::report_failure(int attempt, const Failure& failure) {
@@ -131,7 +152,7 @@ Outcome NodeRendezvous::finish(int attempt, int local_exit, int restarts_left) {
   if (opt_.machine_rank != 0) {
     // Machine 0 decides; we wait for its verdict, as long as machine 0 is alive.
     for (;;) {
-      heartbeat();
+      throw_if_store_lost();
       if (store_->check({decision_key})) {
         const std::string d = store_->get(decision_key);
         store_->set(key(attempt, "ack", opt_.machine_rank), "1");
@@ -143,14 +164,7 @@ Outcome NodeRendezvous::finish(int attempt, int local_exit, int restarts_left) {
         return out;
       }
       note_interrupt();
-      if (auto m = silent_machine({0})) {
-        Failure f;
-        f.machine = *m;
-        f.restartable = false;
-        f.what = "machine 0's launcher stopped responding (nothing from it for " +
-                 std::to_string(opt_.silence_limit.count() / 1000) + " s)";
-        return {Decision::stop, f};
-      }
+      if (heartbeat_.lost({0})) return {Decision::stop, lost_failure(0)};
       std::this_thread::sleep_for(opt_.poll_interval);
     }
   }
@@ -158,7 +172,6 @@ Outcome NodeRendezvous::finish(int attempt, int local_exit, int restarts_left) {
   // Machine 0: a verdict once some machine failed, or every machine is done.
   Outcome out;
   for (;;) {
-    heartbeat();
     if (auto f = read_failure()) {
       out.failure = f;
       out.decision = (f->restartable && restarts_left > 0) ? Decision::restart : Decision::stop;
@@ -184,14 +197,8 @@ Outcome NodeRendezvous::finish(int attempt, int local_exit, int restarts_left) {
       break;
     }
     note_interrupt();
-    if (auto m = silent_machine(pending)) {
-      Failure f;
-      f.machine = *m;
-      f.restartable = false;
-      f.what = "machine " + std::to_string(*m) +
-               "'s launcher stopped responding (nothing from it for " +
-               std::to_string(opt_.silence_limit.count() / 1000) + " s)";
-      report_failure(attempt, f);
+    if (auto m = heartbeat_.lost(pending)) {
+      report_failure(attempt, lost_failure(*m));
       continue;  // read back whichever failure counts
     }
     std::this_thread::sleep_for(opt_.poll_interval);
@@ -208,11 +215,10 @@ Outcome NodeRendezvous::finish(int attempt, int local_exit, int restarts_left) {
   std::vector<int> waiting;
   for (int m = 1; m < opt_.num_machines; ++m) waiting.push_back(m);
   while (!acks.empty() && !store_->check(acks) && Clock::now() < ack_deadline) {
-    heartbeat();
     std::vector<int> still;
     for (int m : waiting)
       if (!store_->check({key(attempt, "ack", m)})) still.push_back(m);
-    if (silent_machine(still)) break;  // a dead launcher will never read it
+    if (heartbeat_.lost(still)) break;  // a lost launcher will never read it
     std::this_thread::sleep_for(opt_.poll_interval);
   }
   return out;

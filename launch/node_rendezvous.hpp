@@ -10,8 +10,9 @@
 //   launcher/<a>/done/<m>    machine m's workers of attempt a have all ended
 //   launcher/<a>/decision    machine 0's verdict: success, restart or stop
 //   launcher/<a>/ack/<m>     machine m read the final verdict (machine 0 may now exit)
-//   launcher/alive/<m>       a counter machine m bumps while it waits, so a launcher that
-//                            died is noticed instead of waited for forever
+//   launcher/alive/<m>       a counter machine m bumps every heartbeat interval for as long
+//                            as it runs (heartbeat.hpp), so a launcher that died or a machine
+//                            cut off is noticed, while waiting and while the workers run
 
 #include <chrono>
 #include <functional>
@@ -19,7 +20,9 @@
 #include <optional>
 #include <string>
 
+#include "backends/comm/error.hpp"
 #include "backends/comm/store.hpp"
+#include "launch/heartbeat.hpp"
 
 namespace accel::launch {
 
@@ -45,8 +48,9 @@ struct NodeRendezvousOptions {
   int machine_rank = 0;
   std::chrono::milliseconds join_timeout{std::chrono::seconds(300)};
   std::chrono::milliseconds poll_interval{100};
-  // A launcher whose alive counter does not move for this long is taken for dead.
-  std::chrono::milliseconds silence_limit{std::chrono::seconds(60)};
+  // A machine whose alive counter does not move for interval x misses is lost.
+  std::chrono::milliseconds heartbeat_interval{std::chrono::seconds(5)};
+  int heartbeat_misses = 3;
   // The signal (SIGINT/SIGTERM) that interrupted this launcher, 0 while none did. Waits give
   // up on it, and the job then stops without a restart.
   std::function<int()> interrupt_signal;
@@ -54,14 +58,16 @@ struct NodeRendezvousOptions {
 
 class NodeRendezvous {
  public:
-  NodeRendezvous(StorePtr store, NodeRendezvousOptions options);
+  // `heartbeat_store`: a second client of the same store, for the heartbeat's own thread.
+  NodeRendezvous(StorePtr store, StorePtr heartbeat_store, NodeRendezvousOptions options);
 
   // Returns once every machine is ready for attempt `attempt`. Throws TimeoutError naming
   // the machines that did not come, or Interrupted once this launcher is interrupted.
   void join(int attempt);
 
-  // Cheap enough to call every monitor interval while workers run: bumps our alive counter
-  // and says whether some machine reported a failure of this attempt.
+  // Cheap enough to call every monitor interval while workers run: whether some machine
+  // reported a failure of this attempt. A machine found lost is reported here as that
+  // failure; machine 0 lost (our beats no longer reach its store) throws MachineLost.
   bool failure_reported(int attempt);
 
   // Publishes a failure unless another was first; returns the one that counts.
@@ -77,18 +83,20 @@ class NodeRendezvous {
  private:
   std::string key(int attempt, const std::string& what) const;
   std::string key(int attempt, const std::string& what, int machine) const;
-  void heartbeat();
-  // Machines (other than us) whose alive counter has not moved for silence_limit.
-  std::optional<int> silent_machine(const std::vector<int>& watched);
+  // The failure that stops the job when machine m is lost.
+  Failure lost_failure(int machine) const;
+  void throw_if_store_lost() const;
   int interrupted() const;
 
   StorePtr store_;
   NodeRendezvousOptions opt_;
-  struct Seen {
-    std::int64_t value = -1;
-    std::chrono::steady_clock::time_point since;
-  };
-  std::map<int, Seen> seen_;
+  Heartbeat heartbeat_;
+};
+
+// Machine 0, and with it the store, can no longer be reached.
+class MachineLost : public Error {
+ public:
+  using Error::Error;
 };
 
 }  // namespace accel::launch

@@ -55,25 +55,47 @@ int run_attempts(const AttemptPlan& plan) {
     group.stop_fd = plan.stop_fd;
     group.stop_signal = plan.interrupt_signal;
     group.own_all_children = true;
-    std::string lost_store;  // set when the store stopped answering mid-run
+    std::string lost_store;  // set when machine 0's store stopped answering mid-run
+    auto store_failed = [&](const std::exception& e) {
+      if (lost_store.empty())
+        lost_store =
+            dynamic_cast<const MachineLost*>(&e)
+                ? std::string(e.what())
+                : "machine 0 is lost: its rendezvous store failed (" + std::string(e.what()) + ")";
+    };
+    MembershipWatch members(plan.store, attempt);
+    group.on_success = [&](const WorkerSpec& worker) {
+      try {
+        if (worker.rank >= 0) members.ended(worker.rank, worker.label);
+      } catch (const std::exception& e) {
+        store_failed(e);
+      }
+    };
     group.should_stop = [&] {
       try {
-        return rdzv.failure_reported(attempt);
+        if (rdzv.failure_reported(attempt)) return true;
+        const std::optional<std::string> stranded = members.stranded();
+        if (!stranded) return false;
+        Failure f;
+        f.machine = me;
+        f.what = *stranded;
+        rdzv.report_failure(attempt, f);
+        return true;
       } catch (const std::exception& e) {
-        lost_store = e.what();
+        store_failed(e);
         return true;
       }
     };
-    group.on_failure = [&](const std::string& label, int code, int sig) {
+    group.on_failure = [&](const WorkerExit& failure) {
       Failure f;
       f.machine = me;
-      f.exit_code = sig ? 128 + sig : code;
+      f.exit_code = failure.signal ? 128 + failure.signal : failure.exit_code;
       f.what = (plan.num_machines > 1 ? "machine " + std::to_string(me) + ": " : std::string()) +
-               label + " " + describe_exit(code, sig);
+               describe_failure(failure);
       try {
         rdzv.report_failure(attempt, f);
       } catch (const std::exception& e) {
-        lost_store = e.what();
+        store_failed(e);
       }
     };
 
@@ -83,7 +105,7 @@ int run_attempts(const AttemptPlan& plan) {
       say("ended " + std::to_string(result.leftovers_killed) +
           " process(es) the workers left behind");
     if (!lost_store.empty()) {
-      say("lost the rendezvous store: " + lost_store);
+      say("stopped: " + lost_store);
       return result.first_failure ? result.exit_code() : 1;
     }
     if (const int sig = plan.interrupt_signal()) {

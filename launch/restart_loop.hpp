@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "launch/launch_options.hpp"
+#include "launch/membership.hpp"
 #include "launch/node_rendezvous.hpp"
 #include "launch/worker_group.hpp"
 
@@ -22,6 +23,7 @@ struct AttemptPlan {
   // The workers of attempt `restart` on this machine (their environment already complete).
   std::function<std::vector<WorkerSpec>(int restart)> workers;
   NodeRendezvous* rendezvous = nullptr;
+  StorePtr store;                         // the launchers' client of the rendezvous store
   int stop_fd = -1;                       // readable once the launcher was interrupted
   std::function<int()> interrupt_signal;  // which signal, 0 = none
   bool prefix_output = true;              // false when mpirun tags the lines itself

@@ -38,6 +38,7 @@ struct Worker {
   const WorkerSpec* spec = nullptr;
   pid_t pid = -1;
   bool running = false;
+  bool exit_seen = false;  // its exit was judged (on_success / on_failure)
   Stream out, err;
   std::deque<std::string> tail;
   std::unique_ptr<std::ofstream> log;
@@ -159,6 +160,23 @@ bool pump(Worker& w, Stream& s, const WorkerGroupOptions& opt) {
   return true;
 }
 
+// Reads what a worker's streams hold now, without waiting for more (its last words, once it
+// exited: a child may keep the pipes open).
+void pump_available(Worker& w, const WorkerGroupOptions& opt) {
+  for (Stream* s : {&w.out, &w.err})
+    for (int i = 0; i < 1024 && s->fd >= 0; ++i) {
+      pollfd p{s->fd, POLLIN, 0};
+      if (poll(&p, 1, 0) <= 0) break;
+      pump(w, *s, opt);
+    }
+}
+
+std::string tail_text(const Worker& w) {
+  std::string out;
+  for (const auto& line : w.tail) out += line + "\n";
+  return out;
+}
+
 // Reads whatever is still buffered in a stream without waiting for more, then closes it.
 void drain(Worker& w, Stream& s, const WorkerGroupOptions& opt) {
   if (s.fd < 0) return;
@@ -178,6 +196,9 @@ void signal_all(std::vector<Worker>& workers, int sig) {
   for (auto& w : workers)
     if (w.running) {
       kill(-w.pid, sig);
+      // A stopped worker (SIGSTOP, a debugger let go) acts on SIGTERM only once it runs again,
+      // instead of waiting out the grace period for SIGKILL.
+      if (sig != SIGKILL) kill(-w.pid, SIGCONT);
       w.exit.stopped_by_us = true;
     }
 }
@@ -244,6 +265,21 @@ std::string describe_exit(int exit_code, int signal) {
   return "exited with code " + std::to_string(exit_code);
 }
 
+std::string describe_failure(const WorkerExit& e) {
+  const std::string what = e.label + " " + describe_exit(e.exit_code, e.signal);
+  // The communicator's words (communicator.cpp), the last time they were said.
+  static const std::string kTag = "ranks not heard from: [";
+  const auto at = e.stderr_tail.rfind(kTag);
+  if (at == std::string::npos) return what;
+  const auto from = at + kTag.size(), to = e.stderr_tail.find(']', from);
+  if (to == std::string::npos || to == from) return what;
+  const std::string ranks = e.stderr_tail.substr(from, to - from);  // "1" or "1, 3"
+  const bool several = ranks.find(',') != std::string::npos;
+  return (several ? "ranks " : "rank ") + ranks + " stopped answering (" + e.label +
+         " timed out waiting for " + (several ? "them" : "it") + " and " +
+         describe_exit(e.exit_code, e.signal) + ")";
+}
+
 int GroupResult::exit_code() const {
   if (!first_failure) return (timed_out || stopped) ? 1 : 0;
   const WorkerExit& e = workers[*first_failure];
@@ -257,8 +293,9 @@ std::string GroupResult::failure_report() const {
     return "";
   }
   const WorkerExit& e = workers[*first_failure];
-  std::string report = e.label + " " + describe_exit(e.exit_code, e.signal);
-  if (!e.stderr_tail.empty()) report += "; last lines of its stderr:\n" + e.stderr_tail;
+  std::string report = describe_failure(e);
+  if (!e.stderr_tail.empty())
+    report += "; last lines of " + e.label + "'s stderr:\n" + e.stderr_tail;
   return report;
 }
 
@@ -337,9 +374,18 @@ GroupResult run_worker_group(const std::vector<WorkerSpec>& specs, const WorkerG
       bool any_running = false;
       for (std::size_t i = 0; i < workers.size(); ++i) {
         Worker& w = workers[i];
+        if (!w.running && !w.exit_seen) {
+          w.exit_seen = true;
+          if (!failed(w.exit) && !kill_at && opt.on_success) opt.on_success(*w.spec);
+        }
         if (!w.running && failed(w.exit) && !result.first_failure && !kill_at) {
           result.first_failure = i;  // the root cause; the others are collateral
-          if (opt.on_failure) opt.on_failure(w.exit.label, w.exit.exit_code, w.exit.signal);
+          if (opt.on_failure) {
+            pump_available(w, opt);
+            WorkerExit failure = w.exit;
+            failure.stderr_tail = tail_text(w);
+            opt.on_failure(failure);
+          }
           if (opt.stop_on_failure) stop_group();
         }
         any_running |= w.running;
@@ -374,7 +420,7 @@ GroupResult run_worker_group(const std::vector<WorkerSpec>& specs, const WorkerG
   for (auto& w : workers) {
     drain(w, w.out, opt);
     drain(w, w.err, opt);
-    for (const auto& line : w.tail) w.exit.stderr_tail += line + "\n";
+    w.exit.stderr_tail = tail_text(w);
     result.workers.push_back(std::move(w.exit));
   }
   return result;

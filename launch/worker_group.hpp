@@ -20,10 +20,20 @@ struct WorkerSpec {
   std::vector<std::string> unset_env;                    // removed from ours
   std::string label;                                     // "rank 2": output prefix, reports
   std::string log_file;                                  // every line it writes; "" = none
+  int rank = -1;  // the job rank it runs; -1 when it is not one rank (mpirun)
 };
 
 // Which of a worker's streams are copied to ours (torchrun's --tee numbering).
 enum class Streams : unsigned { none = 0, out = 1, err = 2, both = 3 };
+
+struct WorkerExit {
+  std::string label;
+  int exit_code = 0;  // valid when signal == 0
+  int signal = 0;     // the signal that ended it, if any
+  std::string stderr_tail;
+  std::string output;          // stdout+stderr interleaved, when captured
+  bool stopped_by_us = false;  // ended because we terminated the group
+};
 
 struct WorkerGroupOptions {
   std::chrono::milliseconds grace{5000};  // SIGTERM -> SIGKILL
@@ -48,21 +58,15 @@ struct WorkerGroupOptions {
   // Asked every monitor_interval; true = stop the group (e.g. another node's worker failed).
   std::function<bool()> should_stop;
   // Called once, as soon as the root-cause failure is seen (before the others are stopped),
-  // so it can be told to other nodes without waiting for the grace period.
-  std::function<void(const std::string& label, int exit_code, int signal)> on_failure;
+  // so it can be told to other nodes without waiting for the grace period. Its stderr_tail
+  // holds what the worker wrote before it exited.
+  std::function<void(const WorkerExit& failure)> on_failure;
+  // Called for each worker that exited with code 0 while the group was not being stopped.
+  std::function<void(const WorkerSpec& worker)> on_success;
   // The caller is the parent of every process it has (the launcher, a child subreaper):
   // exited orphans are reaped as they come, and at the end every remaining descendant is
   // ended too, not only the members of the workers' process groups.
   bool own_all_children = false;
-};
-
-struct WorkerExit {
-  std::string label;
-  int exit_code = 0;  // valid when signal == 0
-  int signal = 0;     // the signal that ended it, if any
-  std::string stderr_tail;
-  std::string output;          // stdout+stderr interleaved, when captured
-  bool stopped_by_us = false;  // ended because we terminated the group
 };
 
 struct GroupResult {
@@ -86,5 +90,11 @@ GroupResult run_worker_group(const std::vector<WorkerSpec>& workers,
 
 // "exited with code 3" / "was killed by signal 11 (Segmentation fault)".
 std::string describe_exit(int exit_code, int signal);
+
+// The root cause a failed worker stands for: "rank 0 exited with code 1", or, when its stderr
+// says a collective timed out on ranks it did not hear from (the communicator's "ranks not
+// heard from: [1]"), those ranks: "rank 1 stopped answering (rank 0 timed out waiting for it
+// and exited with code 1)". A healthy rank's timeout is not the cause.
+std::string describe_failure(const WorkerExit& failure);
 
 }  // namespace accel::launch

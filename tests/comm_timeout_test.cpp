@@ -27,7 +27,58 @@ CommOptions options_for(int rank, int world, StorePtr store, Milliseconds timeou
   return o;
 }
 
+// A host communicator whose peer (rank 1) stops answering at the second operation: #1 takes
+// 200 ms, #2 waits out the timeout and fails as a backend does, naming rank 1.
+class PeerStopsAnswering final : public Communicator {
+ public:
+  explicit PeerStopsAnswering(Milliseconds timeout) : Communicator(0, 2, timeout) {}
+  ~PeerStopsAnswering() override { stop_worker(); }
+  std::string_view backend_name() const override { return "double"; }
+
+ protected:
+  void run_barrier(Milliseconds) override { std::this_thread::sleep_for(200ms); }
+  void run_all_reduce(Buffer, ReduceOp, Milliseconds timeout) override {
+    std::this_thread::sleep_for(timeout);
+    throw TimeoutError("peer silent");
+  }
+  void run_broadcast(Buffer, int, Milliseconds) override {}
+  void run_all_gather(Buffer, Buffer, Milliseconds) override {}
+  void run_reduce_scatter(Buffer, Buffer, ReduceOp, const std::vector<Shard>&,
+                          Milliseconds) override {}
+  void run_send(Buffer, int, std::uint32_t, Milliseconds) override {}
+  void run_recv(Buffer, int, std::uint32_t, Milliseconds) override {}
+  std::vector<int> ranks_not_heard_from(std::uint64_t) override { return {1}; }
+};
+
 }  // namespace
+
+TEST_CASE("a wait with the communicator's timeout reports the backend's verdict naming the peer") {
+  // DDP waits for its last bucket with the communicator's timeout right after issuing it: the
+  // operation starts a moment later, so the caller's timeout ends first. Its error must still
+  // be the backend's, which names the rank not heard from, not a bare "not launched".
+  PeerStopsAnswering comm(500ms);
+  float x = 1;
+  comm.barrier();
+  WorkPtr stuck = comm.all_reduce(buffer_of(std::span(&x, 1)), ReduceOp::sum);
+  std::string message;
+  try {
+    stuck->wait_stream(nullptr, comm.timeout());
+  } catch (const TimeoutError& e) {
+    message = e.what();
+  }
+  INFO(message);
+  CHECK(message.find("rank 0: all_reduce(sum, 1 x f32) #2 timed out after 500 ms") !=
+        std::string::npos);
+  CHECK(message.find("ranks not heard from: [1]") != std::string::npos);
+  // Operations behind it fail at once and repeat who was not heard from.
+  CHECK_THROWS_WITH_AS(comm.barrier()->wait(1s), doctest::Contains("ranks not heard from: [1]"),
+                       CommError);
+  // A wait shorter than the communicator's timeout still ends when it said.
+  PeerStopsAnswering slow(5000ms);
+  WorkPtr pending = slow.all_reduce(buffer_of(std::span(&x, 1)), ReduceOp::sum);
+  CHECK_THROWS_WITH_AS(pending->wait(100ms), doctest::Contains("did not complete within 100 ms"),
+                       TimeoutError);
+}
 
 // Both contracts hold for Gloo and for shared memory.
 std::vector<std::string> joinable_backends() {

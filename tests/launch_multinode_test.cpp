@@ -14,8 +14,10 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <string>
 
+#include "tests/support/files.hpp"
 #include "tests/support/ranks.hpp"
 #include "tests/support/skip.hpp"
 
@@ -61,7 +63,8 @@ class TwoMachines {
     const std::string tag = std::to_string(getpid());
     ns_[0] = "accel_t" + tag + "_0";
     ns_[1] = "accel_t" + tag + "_1";
-    const std::string veth0 = "acv" + tag + "a", veth1 = "acv" + tag + "b";  // <= 15 chars
+    veth0_ = "acv" + tag + "a";  // <= 15 chars
+    const std::string veth0 = veth0_, veth1 = "acv" + tag + "b";
     const std::string steps[] = {
         ip_ + " netns add " + ns_[0],
         ip_ + " netns add " + ns_[1],
@@ -92,6 +95,9 @@ class TwoMachines {
   TwoMachines& operator=(const TwoMachines&) = delete;
 
   bool ready() const { return why_not_.empty(); }
+
+  // Pulls the cable: the veth pair goes (both ends), and with it every packet between the two.
+  bool cut_link() const { return run(ip_ + " -n " + ns_[0] + " link del " + veth0_); }
 
   // Namespaces of an earlier run that was killed before its destructors ran (the pid in
   // their name is gone): removed, so they do not pile up.
@@ -148,11 +154,19 @@ class TwoMachines {
  private:
   std::string ip_;
   std::string ns_[2];
+  std::string veth0_;
   std::string why_not_;
 };
 
-launch::GroupResult run_both(const TwoMachines& machines, const std::vector<std::string>& args) {
+// `during` is called every 50 ms while both launchers run (e.g. to cut the link mid-run).
+launch::GroupResult run_both(const TwoMachines& machines, const std::vector<std::string>& args,
+                             std::function<void()> during = {}) {
   launch::WorkerGroupOptions options;
+  options.monitor_interval = std::chrono::milliseconds(50);
+  if (during) options.should_stop = [during] {
+    during();
+    return false;
+  };
   options.capture = true;
   options.echo = false;
   options.timeout = std::chrono::seconds(120);  // anti-hang only
@@ -225,4 +239,35 @@ TEST_CASE("--max_restarts restarts the workers of both machines together") {
   CHECK(contains(
       result.workers.at(1).output,
       "[rank 2] rank 2 of 4 (hierarchical): all_reduce of 1048576 floats: 10 (expected 10), 0 wrong"));
+}
+
+TEST_CASE("a machine cut off mid-run is noticed by the heartbeat: both launchers stop naming it") {
+  TwoMachines machines;
+  if (skip_unless(machines.ready(), machines.why_not())) return;
+  TempDir dir;
+  // Every worker says it runs, then runs for far longer than the test may take. The link
+  // goes once all four run; without the heartbeat machine 0 would wait for machine 1's
+  // workers until they end (600 s), and machine 1 until its store requests time out.
+  bool cut = false;
+  auto all_running = [&] {
+    for (int r = 0; r < 4; ++r)
+      if (!std::filesystem::exists(dir / ("running_" + std::to_string(r)))) return false;
+    return true;
+  };
+  const auto result = run_both(
+      machines,
+      {"--num_processes", "4", "--grace_period", "1", "--heartbeat_interval", "0.5",
+       "--heartbeat_misses", "4", "sh", "-c", "touch " + dir.path.string() + "/running_$RANK; exec sleep 600"},
+      [&] {
+        if (!cut && all_running()) cut = machines.cut_link();
+      });
+  INFO(describe(result));
+  REQUIRE(cut);
+  REQUIRE_FALSE(result.timed_out);
+  CHECK(result.workers.at(0).exit_code == 1);
+  CHECK(result.workers.at(1).exit_code == 1);
+  CHECK(contains(result.workers.at(0).output,
+                 "stopped: machine 1's launcher stopped responding (no heartbeat for 2 s)"));
+  CHECK(contains(result.workers.at(1).output,
+                 "stopped: machine 0 is lost: its rendezvous store did not answer"));
 }

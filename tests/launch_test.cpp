@@ -360,3 +360,90 @@ TEST_CASE("accel env names the versions and the config in effect") {
   CHECK(
       contains(out.output, "/nonexistent/accel.yaml"));  // the broken config is reported, not fatal
 }
+
+TEST_CASE("a rank that exits 0 before joining ends the job naming it; ranks that never join succeed") {
+  // ACCEL_COMM_TIMEOUT bounds the wait should the launcher not notice (it would say timeout).
+  const std::vector<std::pair<std::string, std::string>> env = {{"ACCEL_COMM_TIMEOUT", "30"}};
+  const std::string demo = bin_path("allreduce_demo");
+  // Rank 1 leaves at once; rank 0 joins only later (the rule is judged again as ranks join).
+  auto out = accel_command({"launch", "--num_processes", "2", "--main_process_port", "0",
+                            "--multi_cpu", "sh", "-c",
+                            "[ $RANK = 1 ] && exit 0; sleep 1; exec " + demo},
+                           env);
+  INFO(out.output);
+  CHECK(out.exit_code == 1);
+  CHECK(contains(out.output,
+                 "stopped: rank 1 exited with code 0 before joining the process group while "
+                 "other ranks joined it"));
+  CHECK_FALSE(contains(out.output, "timed out"));
+
+  // A rank whose program asks for another communicator fails at once, naming both.
+  out = accel_command({"launch", "--num_processes", "2", "--main_process_port", "0",
+                       "--multi_cpu", "sh", "-c",
+                       "[ $RANK = 1 ] && sleep 1 && export ACCEL_COMM_BACKEND=gloo; exec " + demo},
+                      env);
+  INFO(out.output);
+  CHECK(out.exit_code == 1);
+  CHECK(contains(out.output, "rank 1 asks for the 'gloo' communicator, but rank 0 joined the "
+                             "process group with 'auto'"));
+
+  // Ranks ending at different times after leaving their process group, and ranks that never
+  // join one, are a job that succeeded.
+  out = accel_command({"launch", "--num_processes", "3", "--main_process_port", "0",
+                       "--multi_cpu", "sh", "-c", demo + " && sleep $RANK"},
+                      env);
+  INFO(out.output);
+  CHECK(out.exit_code == 0);
+  out = accel_command({"launch", "--num_processes", "2", "--main_process_port", "0",
+                       "--multi_cpu", "sh", "-c", "[ $RANK = 1 ] && exit 0; sleep 1; echo hi"},
+                      env);
+  INFO(out.output);
+  CHECK(out.exit_code == 0);
+  CHECK(contains(out.output, "[rank 0] hi"));
+}
+
+TEST_CASE("a rank that stops answering (SIGSTOP) is named as the root cause, not the rank that timed out") {
+  TempDir dir;
+  const std::string log = dir / "launcher.out";
+  const std::string script = "echo $$ > " + dir.path.string() + "/pid_$RANK; exec " +
+                             bin_path("raw_mlp") +
+                             " --epochs 100000 --train_samples 256 --test_samples 32";
+  const pid_t launcher = fork();
+  REQUIRE(launcher >= 0);
+  if (launcher == 0) {
+    const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(fd, 1);
+    dup2(fd, 2);
+    setenv("ACCEL_COMM_TIMEOUT", "3", 1);
+    unsetenv("ACCEL_COMM_BACKEND");
+    const std::string accel = bin_path("accel");
+    execl(accel.c_str(), accel.c_str(), "launch", "-q", "--num_processes", "3",
+          "--main_process_port", "0", "--multi_cpu", "--grace_period", "1", "sh", "-c",
+          script.c_str(), nullptr);
+    _exit(127);
+  }
+  // Rank 1 stops once training runs (rank 0 has finished an epoch, so all three met).
+  pid_t rank1 = 0;
+  const auto deadline = Clock::now() + std::chrono::seconds(60);
+  while (Clock::now() < deadline &&
+         (!contains(read_file(log), "epoch 2/") || !(std::ifstream(dir / "pid_1") >> rank1)))
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  REQUIRE(rank1 > 0);
+  kill(rank1, SIGSTOP);
+  int status = 0;
+  pid_t done = 0;
+  const auto exit_deadline = Clock::now() + std::chrono::seconds(60);
+  while ((done = waitpid(launcher, &status, WNOHANG)) == 0 && Clock::now() < exit_deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  if (done != launcher) {
+    kill(launcher, SIGKILL);
+    waitpid(launcher, &status, 0);
+  }
+  kill(rank1, SIGKILL);  // whatever happened, it must not stay stopped
+  const std::string output = read_file(log);
+  INFO(output);
+  REQUIRE(done == launcher);
+  CHECK(WEXITSTATUS(status) == 1);
+  CHECK(contains(output, "accel launch: rank 1 stopped answering (rank "));
+  CHECK_FALSE(alive(rank1));
+}

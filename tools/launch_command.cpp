@@ -55,6 +55,8 @@ Supervision:
   --monitor_interval SECONDS  how often workers are checked (0.1; at least 0.01)
   --grace_period SECONDS      SIGTERM -> SIGKILL when stopping workers (5)
   --rdzv_timeout SECONDS      how long machines wait for each other to join (300)
+  --heartbeat_interval SECONDS  how often the machines' launchers check in (5)
+  --heartbeat_misses N        check-ins a machine may miss before the job stops on it (3)
 Output:
   --log_dir DIR               every rank's output also in DIR/rank_<R>.log
   --tee 0|1|2|3               with --log_dir: which streams also reach the console
@@ -152,6 +154,12 @@ std::map<std::string, Flag> flag_table(launch::LaunchOptions& o) {
                            }};
   t["grace_period"] = {true, [&o](auto& f, auto& v) { o.grace = seconds(f, v); }};
   t["rdzv_timeout"] = {true, [&o](auto& f, auto& v) { o.rdzv_timeout = seconds(f, v); }};
+  t["heartbeat_interval"] = {true, [&o](auto& f, auto& v) {
+                               o.heartbeat_interval =
+                                   std::max(seconds(f, v), std::chrono::milliseconds(10));
+                             }};
+  t["heartbeat_misses"] = {true,
+                           [&o](auto& f, auto& v) { o.heartbeat_misses = parse_int(f, v, 1); }};
   t["log_dir"] = {true, [&o](auto&, auto& v) { o.log_dir = v; }};
   t["tee"] = {true, [&o](auto&, auto& v) { o.tee = parse_tee(v); }};
   t["num_cpu_threads_per_process"] = {

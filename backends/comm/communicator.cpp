@@ -179,20 +179,24 @@ void Communicator::execute(const WorkPtr& work, const std::function<void(Millise
   current_inputs_ = std::move(inputs);
   deferred_.reset();
   const auto deadline = std::chrono::steady_clock::now() + timeout_;
+  work->started(deadline);
+  std::string missing_text;  // "; ranks not heard from: [1]" after a timeout that knows them
   try {
     run(timeout_);
   } catch (const TimeoutError& e) {
     const std::vector<int> missing = ranks_not_heard_from(seq);
-    std::string msg = name + " timed out after " + std::to_string(timeout_.count()) + " ms";
-    if (!missing.empty()) msg += "; ranks not heard from: " + format_ranks(missing);
-    error = std::make_exception_ptr(TimeoutError(msg + " (" + e.what() + ")"));
+    if (!missing.empty()) missing_text = "; ranks not heard from: " + format_ranks(missing);
+    error = std::make_exception_ptr(TimeoutError(name + " timed out after " +
+                                                 std::to_string(timeout_.count()) + " ms" +
+                                                 missing_text + " (" + e.what() + ")"));
   } catch (const std::exception& e) {
     error = std::make_exception_ptr(CommError(name + " failed: " + e.what()));
   }
   if (error) {
-    // Ranks are now out of step: refuse later collectives instead of mismatching them.
+    // Ranks are now out of step: refuse later collectives instead of mismatching them. Later
+    // errors repeat who was not heard from: the cause, whichever error the caller sees first.
     std::lock_guard lock(mutex_);
-    if (broken_.empty()) broken_ = name + " failed";
+    if (broken_.empty()) broken_ = name + " failed" + missing_text;
   }
   current_inputs_.reset();
   if (!error && deferred_) {

@@ -4,9 +4,23 @@
 
 namespace accel {
 
+template <typename Ready>
+bool Work::wait_for_verdict(std::unique_lock<std::mutex>& lock, std::chrono::milliseconds timeout,
+                            Ready ready) {
+  const auto until = std::chrono::steady_clock::now() + timeout;
+  if (done_cv_.wait_until(lock, until, ready)) return true;
+  // The operation's own deadline passes about now (it started at most a moment after the
+  // caller began to wait as long): its communicator's error is the one that says which peer
+  // never came. A shorter wait is the caller's own business and ends when it said.
+  constexpr auto kMoment = std::chrono::seconds(1);
+  if (deadline_ && *deadline_ <= until + kMoment)
+    return done_cv_.wait_until(lock, *deadline_ + kVerdictSlack, ready);
+  return false;
+}
+
 void Work::wait(std::chrono::milliseconds timeout) {
   std::unique_lock lock(mutex_);
-  if (!done_cv_.wait_for(lock, timeout, [&] { return done_; }))
+  if (!wait_for_verdict(lock, timeout, [&] { return done_; }))
     throw TimeoutError(description_ + " did not complete within " +
                        std::to_string(timeout.count()) + " ms (Work::wait)");
   if (error_) std::rethrow_exception(error_);
@@ -18,7 +32,7 @@ void Work::wait_stream(DeviceStream stream, std::chrono::milliseconds timeout) {
     std::unique_lock lock(mutex_);
     // Host operations never get a completion: this is wait(). Device ones get it as soon as
     // the worker launched them, well before they finish.
-    if (!done_cv_.wait_for(lock, timeout, [&] { return done_ || completion_ != nullptr; }))
+    if (!wait_for_verdict(lock, timeout, [&] { return done_ || completion_ != nullptr; }))
       throw TimeoutError(description_ + " was not launched within " +
                          std::to_string(timeout.count()) + " ms (Work::wait_stream)");
     if (done_) {
@@ -42,6 +56,11 @@ void Work::launched(std::shared_ptr<DeviceCompletion> completion) {
     completion_ = std::move(completion);
   }
   done_cv_.notify_all();
+}
+
+void Work::started(std::chrono::steady_clock::time_point deadline) {
+  std::lock_guard lock(mutex_);
+  deadline_ = deadline;
 }
 
 void Work::finish(std::exception_ptr error) {

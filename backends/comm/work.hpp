@@ -12,6 +12,7 @@
 #include <exception>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 
 namespace accel {
@@ -35,13 +36,20 @@ class DeviceCompletion {
   virtual void abandon() noexcept = 0;
 };
 
+// How long past an operation's own deadline its communicator may take to fail it with its own
+// error (Gloo asks the peers which operation each reached, for up to 5 s).
+inline constexpr std::chrono::milliseconds kVerdictSlack{std::chrono::seconds(10)};
+
 class Work {
  public:
   // `description` names the operation for error messages: "rank 1: all_reduce #7".
   explicit Work(std::string description) : description_(std::move(description)) {}
 
   // Blocks until the operation finished; rethrows its error. Throws TimeoutError naming the
-  // operation when it has not finished within `timeout`.
+  // operation when it has not finished within `timeout`, unless the communicator's own
+  // verdict is due by then (a wait with the communicator's timeout, begun a moment before the
+  // operation started): that one, which names the ranks not heard from, is waited for
+  // (up to kVerdictSlack past it), so the caller's timeout never hides it.
   void wait(std::chrono::milliseconds timeout = std::chrono::minutes(30));
   // Orders `stream` after the operation: for a device operation the stream waits for its
   // completion event and the host only waits (up to `timeout`) until the operation was
@@ -56,14 +64,23 @@ class Work {
   void finish(std::exception_ptr error = nullptr);
   // Called by the worker when a device operation was launched and is still running.
   void launched(std::shared_ptr<DeviceCompletion> completion);
+  // Called by the communicator as the operation starts: it has finished or failed by
+  // `deadline` (+ kVerdictSlack).
+  void started(std::chrono::steady_clock::time_point deadline);
 
  private:
+  // Waits on `lock` until `ready`, up to `timeout`, or up to the verdict (see wait()).
+  template <typename Ready>
+  bool wait_for_verdict(std::unique_lock<std::mutex>& lock, std::chrono::milliseconds timeout,
+                        Ready ready);
+
   std::string description_;
   mutable std::mutex mutex_;
   std::condition_variable done_cv_;
   bool done_ = false;
   std::exception_ptr error_;
   std::shared_ptr<DeviceCompletion> completion_;  // while launched and not finished
+  std::optional<std::chrono::steady_clock::time_point> deadline_;  // once started
 };
 
 using WorkPtr = std::shared_ptr<Work>;

@@ -327,9 +327,13 @@ void ShmCommunicator::run_recv(Buffer data, int src, std::uint32_t tag, Millisec
 }
 
 std::vector<int> ShmCommunicator::ranks_not_heard_from(std::uint64_t seq) {
+  // Ranks that never reached this operation, or reached it but not the barrier we waited in
+  // (one stopped inside it is as silent as one that never came).
   std::vector<int> missing;
   for (int r = 0; r < world_size(); ++r)
-    if (r != rank() && segment_->rank_info(r).op_seq.load() < seq) missing.push_back(r);
+    if (r != rank() && (segment_->rank_info(r).op_seq.load() < seq ||
+                        segment_->rank_info(r).arrived.load() < barriers_))
+      missing.push_back(r);
   return missing;
 }
 
