@@ -50,6 +50,19 @@ bool alive(pid_t pid) {
   return close == std::string::npos || text.size() < close + 3 || text[close + 2] != 'Z';
 }
 
+// Waits up to `timeout` for `pid` (a child) to exit, then kills it; true when it exited by
+// itself, with its wait status in *status.
+bool wait_exit(pid_t pid, std::chrono::seconds timeout, int* status) {
+  pid_t done = 0;
+  const auto deadline = Clock::now() + timeout;
+  while ((done = waitpid(pid, status, WNOHANG)) == 0 && Clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  if (done == pid) return true;
+  kill(pid, SIGKILL);
+  waitpid(pid, status, 0);
+  return false;
+}
+
 }  // namespace
 
 TEST_CASE("every worker gets its own rank and the shared job environment") {
@@ -284,16 +297,9 @@ TEST_CASE("SIGTERM to the launcher ends every worker and everything they started
 
   kill(launcher, SIGTERM);
   int status = 0;
-  pid_t done = 0;
-  const auto exit_deadline = Clock::now() + std::chrono::seconds(30);
-  while ((done = waitpid(launcher, &status, WNOHANG)) == 0 && Clock::now() < exit_deadline)
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  if (done != launcher) {
-    kill(launcher, SIGKILL);
-    waitpid(launcher, &status, 0);
-  }
+  const bool exited = wait_exit(launcher, std::chrono::seconds(30), &status);
   INFO(read_file(log));
-  REQUIRE(done == launcher);
+  REQUIRE(exited);
   CHECK(WIFEXITED(status));
   CHECK(WEXITSTATUS(status) == 128 + SIGTERM);
   int left = 0;
@@ -431,18 +437,11 @@ TEST_CASE("a rank that stops answering (SIGSTOP) is named as the root cause, not
   REQUIRE(rank1 > 0);
   kill(rank1, SIGSTOP);
   int status = 0;
-  pid_t done = 0;
-  const auto exit_deadline = Clock::now() + std::chrono::seconds(60);
-  while ((done = waitpid(launcher, &status, WNOHANG)) == 0 && Clock::now() < exit_deadline)
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  if (done != launcher) {
-    kill(launcher, SIGKILL);
-    waitpid(launcher, &status, 0);
-  }
+  const bool exited = wait_exit(launcher, std::chrono::seconds(60), &status);
   kill(rank1, SIGKILL);  // whatever happened, it must not stay stopped
   const std::string output = read_file(log);
   INFO(output);
-  REQUIRE(done == launcher);
+  REQUIRE(exited);
   CHECK(WEXITSTATUS(status) == 1);
   CHECK(contains(output, "accel launch: rank 1 stopped answering (rank "));
   CHECK_FALSE(alive(rank1));
