@@ -295,6 +295,32 @@ TEST_CASE("DDP over gloo equals one process (2 and 4 ranks)") {
   }
 }
 
+TEST_CASE("ranks whose model, param group options or loader differ are refused on every rank") {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"hidden", "prepare: ranks differ: rank 1: parameter 'fc1.weight' shape is [16, 16], rank 0 "
+                 "has [32, 16]"},
+      {"lr", "prepare: ranks differ: rank 1: param group 0 lr is 0.2, rank 0 has 0.1"},
+      {"batch_size", "make_sampler: ranks differ: rank 1: the sampler's batch_size is 2, rank 0 "
+                     "has 4"},
+  };
+  for (const char* backend : {"shm", "gloo"}) {
+    if (!communicator_available(backend)) continue;
+    for (const auto& [item, message] : cases) {
+      CAPTURE(backend);
+      CAPTURE(item);
+      RanksOptions options;
+      options.env = {{"ACCEL_COMM_BACKEND", backend}};
+      options.stop_on_failure = false;  // every rank reaches its own verdict
+      const auto result = run_ranks(2, "torch_worker", {"--differ_on_rank1", item}, options);
+      INFO(describe(result));
+      for (const auto& w : result.workers) {
+        CHECK(w.exit_code == 3);  // RankMismatchError, not a crash or a hang
+        CHECK(w.output.find(message) != std::string::npos);
+      }
+    }
+  }
+}
+
 TEST_CASE("DDP over mpi equals one process") {
   if (skip_unless(communicator_available("mpi") && !find_mpirun().empty(),
                   "mpi communicator or mpirun not available"))
