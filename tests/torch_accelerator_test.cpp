@@ -321,6 +321,38 @@ TEST_CASE("ranks whose model, param group options or loader differ are refused o
   }
 }
 
+TEST_CASE("two backwards before one step (a GAN's discriminator) equal plain LibTorch under "
+          "DDP, ZeRO-1, ZeRO-2 and DataParallel") {
+  if (skip_unless(communicator_available("gloo"), "gloo communicator not built")) return;
+  using Env = std::vector<std::pair<std::string, std::string>>;
+  const std::vector<std::pair<std::string, Env>> strategies = {
+      {"ddp", {}},
+      {"zero1", {{"ACCEL_DISTRIBUTED_TYPE", "ZERO"}, {"ACCEL_ZERO_STAGE", "1"}}},
+      {"zero2", {{"ACCEL_DISTRIBUTED_TYPE", "ZERO"}, {"ACCEL_ZERO_STAGE", "2"}}},
+  };
+  const std::string marker = "ok two backwards per step equal plain LibTorch";
+  const auto expect_ok = [&](const launch::GroupResult& result, int world) {
+    INFO(describe(result));
+    CHECK(result.exit_code() == 0);
+    int ok = 0;
+    for (const auto& w : result.workers) ok += w.output.find(marker) != std::string::npos;
+    CHECK(ok == world);
+  };
+  for (const auto& [name, env] : strategies)
+    for (int world : {1, 2}) {
+      CAPTURE(name);
+      CAPTURE(world);
+      RanksOptions options;
+      options.env = env;
+      options.env.emplace_back("ACCEL_COMM_BACKEND", world == 1 ? "local" : "gloo");
+      expect_ok(run_ranks(world, "torch_two_backward_worker", {}, options), world);
+    }
+  RanksOptions dp;
+  dp.env = {{"ACCEL_DISTRIBUTED_TYPE", "DATA_PARALLEL"}, {"ACCEL_USE_CPU", "true"},
+            {"ACCEL_DATA_PARALLEL_REPLICAS", "2"}};
+  expect_ok(run_ranks(1, "torch_two_backward_worker", {}, dp), 1);
+}
+
 TEST_CASE("DDP over mpi equals one process") {
   if (skip_unless(communicator_available("mpi") && !find_mpirun().empty(),
                   "mpi communicator or mpirun not available"))
