@@ -79,7 +79,8 @@ void check_ranks_agree(Communicator& comm, const std::vector<AgreedValue>& value
   // Every rank knows the verdict and takes part in what follows: the per-item fingerprints
   // (padded to the longest list), then the first differing item's text from every rank.
   std::size_t longest = 0;
-  for (int r = 0; r < world; ++r) longest = std::max(longest, std::size_t(headers[2 * std::size_t(r)]));
+  for (int r = 0; r < world; ++r)
+    longest = std::max(longest, std::size_t(headers[2 * std::size_t(r)]));
   std::vector<std::int64_t> mine(longest, 0);
   std::copy(hashes.begin(), hashes.end(), mine.begin());
   const std::vector<std::int64_t> all = gather(comm, mine);

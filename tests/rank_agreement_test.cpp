@@ -51,8 +51,9 @@ TEST_CASE("ranks that differ in what must agree are refused on every rank, namin
   const std::vector<std::string> backends = cpu_backends();
   if (skip_unless(!backends.empty(), "neither the shm nor the gloo communicator is built")) return;
   const std::vector<std::pair<std::string, std::string>> cases = {
-      {"hidden", "prepare: ranks differ: rank 1: parameter 'layer0.weight' shape is [16, 16], "
-                 "rank 0 has [32, 16]"},
+      {"hidden",
+       "prepare: ranks differ: rank 1: parameter 'layer0.weight' shape is [16, 16], "
+       "rank 0 has [32, 16]"},
       {"name", "rank 1: parameter 0's name is 'fc0.weight', rank 0 has 'layer0.weight'"},
       {"count", "rank 1: number of parameters is 5, rank 0 has 4"},
       {"dtype", "rank 1: parameter 'layer0.bias' dtype is i32, rank 0 has f32"},
@@ -62,8 +63,9 @@ TEST_CASE("ranks that differ in what must agree are refused on every rank, namin
       {"accumulation", "rank 1: gradient_accumulation_steps is 2, rank 0 has 1"},
       {"mixed_precision", "rank 1: mixed_precision is 'bf16', rank 0 has 'no'"},
       {"strategy", "rank 1: strategy is 'zero stage 2', rank 0 has 'ddp'"},
-      {"dataset_size", "make_sampler: ranks differ: rank 1: the sampler's dataset size is 90, "
-                       "rank 0 has 100"},
+      {"dataset_size",
+       "make_sampler: ranks differ: rank 1: the sampler's dataset size is 90, "
+       "rank 0 has 100"},
       {"batch_size", "rank 1: the sampler's batch_size is 2, rank 0 has 4"},
       {"sampler_seed", "rank 1: the sampler's seed is 5, rank 0 has 11"},
       {"shuffle", "rank 1: the sampler's shuffle is false, rank 0 has true"},
@@ -102,13 +104,15 @@ TEST_CASE("accel launch with rank 1 given another --hidden: every worker fails n
   if (skip_unless(std::filesystem::exists(data + "/train-images-idx3-ubyte.gz"),
                   "Fashion-MNIST not installed at " + data))
     return;
-  if (skip_unless(std::filesystem::exists(bin_path("raw_mlp")), "raw_mlp example not built")) return;
+  if (skip_unless(std::filesystem::exists(bin_path("raw_mlp")), "raw_mlp example not built"))
+    return;
   const std::vector<std::string> backends = cpu_backends();
   if (skip_unless(!backends.empty(), "neither the shm nor the gloo communicator is built")) return;
   // The issue's repro: before, shm trained on with a wrong loss and Gloo aborted.
   const std::string script = "H=64; [ \"$RANK\" = 1 ] && H=32; exec " + bin_path("raw_mlp") +
                              " --epochs 1 --hidden $H --train_samples 500 --test_samples 100 "
-                             "--data_dir " + data;
+                             "--data_dir " +
+                             data;
   for (const std::string& backend : backends) {
     CAPTURE(backend);
     const auto result = run_accel(

@@ -24,8 +24,10 @@ int main(int argc, char** argv) {
   bool also_rank2 = false;
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
-    if (flag == "--differ" && i + 1 < argc) differ = argv[++i];
-    else if (flag == "--also_rank2") also_rank2 = true;
+    if (flag == "--differ" && i + 1 < argc)
+      differ = argv[++i];
+    else if (flag == "--also_rank2")
+      also_rank2 = true;
   }
   const char* rank_env = std::getenv("RANK");
   const int env_rank = rank_env ? std::atoi(rank_env) : 0;
@@ -41,8 +43,8 @@ int main(int argc, char** argv) {
     acc.set_seed(pick("seed") ? 7 : 42);  // rank 0's seed is everyone's: not a mismatch
 
     raw_mlp::Mlp model({16, pick("hidden") ? 16 : 32, 10}, acc.seed());
-    std::vector<ParamRef> params = raw_mlp::param_refs(model, pick("name") ? "fc" : "layer",
-                                                       pick("group") ? 1 : 0);
+    std::vector<ParamRef> params =
+        raw_mlp::param_refs(model, pick("name") ? "fc" : "layer", pick("group") ? 1 : 0);
     std::vector<float> extra(4, 0.0f), extra_grad(4, 0.0f);
     if (pick("count"))
       params.push_back({"extra", buffer_of(std::span(extra)), buffer_of(std::span(extra_grad))});

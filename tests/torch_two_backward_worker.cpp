@@ -51,13 +51,17 @@ int main() {
     const std::int64_t per_rank = 4, global = per_rank * world;
     for (int step = 0; step < 20; ++step) {
       torch::manual_seed(1000 + step);  // the same global batches whatever the world size
-      const torch::Tensor real = torch::randn({global, 16}), fake = torch::randn({global, 16}) + 0.5;
-      const torch::Tensor real_y = torch::randint(10, {global}), fake_y = torch::randint(10, {global});
+      const torch::Tensor real = torch::randn({global, 16}),
+                          fake = torch::randn({global, 16}) + 0.5;
+      const torch::Tensor real_y = torch::randint(10, {global}),
+                          fake_y = torch::randint(10, {global});
       opt.zero_grad();
-      acc.backward(torch::nn::functional::cross_entropy(
-          model(real.narrow(0, rank * per_rank, per_rank)), real_y.narrow(0, rank * per_rank, per_rank)));
-      acc.backward(torch::nn::functional::cross_entropy(
-          model(fake.narrow(0, rank * per_rank, per_rank)), fake_y.narrow(0, rank * per_rank, per_rank)));
+      acc.backward(
+          torch::nn::functional::cross_entropy(model(real.narrow(0, rank * per_rank, per_rank)),
+                                               real_y.narrow(0, rank * per_rank, per_rank)));
+      acc.backward(
+          torch::nn::functional::cross_entropy(model(fake.narrow(0, rank * per_rank, per_rank)),
+                                               fake_y.narrow(0, rank * per_rank, per_rank)));
       opt.step();
       plain_optimizer.zero_grad();
       torch::nn::functional::cross_entropy(plain(real), real_y).backward();
@@ -72,7 +76,8 @@ int main() {
     std::snprintf(line, sizeof line,
                   "two backwards per step equal plain LibTorch: max |diff| %.3g, fc1.weight sum "
                   "%.4f (plain %.4f, %s, world %d)",
-                  diff, net->fc1->weight.sum().item<double>(), plain->fc1->weight.sum().item<double>(),
+                  diff, net->fc1->weight.sum().item<double>(),
+                  plain->fc1->weight.sum().item<double>(),
                   std::string(acc.strategy().name()).c_str(), world);
     std::printf("%s %s\n", diff <= 1e-5 ? "ok" : "FAIL", line);
     return diff <= 1e-5 ? 0 : 1;

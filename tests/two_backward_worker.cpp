@@ -42,8 +42,10 @@ examples::FloatImages rows_of(const examples::FloatImages& b, std::size_t first,
   examples::FloatImages out;
   out.count = n;
   out.features = b.features;
-  out.x.assign(b.x.begin() + std::ptrdiff_t(first * kIn), b.x.begin() + std::ptrdiff_t((first + n) * kIn));
-  out.labels.assign(b.labels.begin() + std::ptrdiff_t(first), b.labels.begin() + std::ptrdiff_t(first + n));
+  out.x.assign(b.x.begin() + std::ptrdiff_t(first * kIn),
+               b.x.begin() + std::ptrdiff_t((first + n) * kIn));
+  out.labels.assign(b.labels.begin() + std::ptrdiff_t(first),
+                    b.labels.begin() + std::ptrdiff_t(first + n));
   return out;
 }
 
@@ -63,7 +65,8 @@ int main() {
     raw_mlp::Mlp model(sizes, 3 + std::uint64_t(rank)), plain(sizes, 3);  // prepare: rank 0's
     const SgdOptions sgd{.lr = 0.1, .momentum = 0.9};
     Sgd optimizer(sgd), plain_optimizer(sgd);
-    acc.prepare(model, [](raw_mlp::Mlp& m) { return raw_mlp::param_refs(m); }, optimizer);
+    acc.prepare(
+        model, [](raw_mlp::Mlp& m) { return raw_mlp::param_refs(m); }, optimizer);
 
     const std::size_t global = kPerRank * std::size_t(world);
     const auto noop = [](std::size_t) {};
