@@ -78,6 +78,63 @@ std::vector<int> data_parallel_gpus(const config::ResolvedConfig& settings) {
   return ids;
 }
 
+// What every rank must have the same of before prepare's first collective (the parameters'
+// broadcast, whose size they set): the strategy and what shapes its collectives, accumulation
+// and mixed precision (which decide when ranks communicate), the parameters and buffers.
+std::vector<AgreedValue> prepare_agreement(const StrategyOptions& strategy, int accumulation,
+                                           const std::string& mixed_precision,
+                                           const std::vector<ParamRef>& params,
+                                           const std::vector<Buffer>& buffers) {
+  std::string kind = strategy.kind;
+  if (kind == "zero") kind += " stage " + std::to_string(strategy.zero.stage);
+  if (kind == "data_parallel")
+    kind += " (" + std::to_string(strategy.data_parallel.replicas) + " replicas)";
+  std::vector<AgreedValue> v = {
+      {"strategy", "'" + kind + "'"},
+      {"gradient_accumulation_steps", std::to_string(accumulation)},
+      {"mixed_precision", "'" + mixed_precision + "'"},
+  };
+  if (strategy.kind == "zero") {
+    v.push_back({"ZeRO bucket_cap_bytes", std::to_string(strategy.zero.bucket_cap_bytes)});
+    v.push_back({"ZeRO offload_optimizer",
+                 strategy.zero.offload_optimizer == OffloadDevice::cpu ? "'cpu'" : "'none'"});
+  } else {
+    v.push_back({"DDP bucket sizes", std::to_string(strategy.ddp.first_bucket_bytes) + " first, then " +
+                                         std::to_string(strategy.ddp.bucket_cap_bytes) + " bytes"});
+  }
+  v.push_back({"number of parameters", std::to_string(params.size())});
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    const ParamRef& p = params[i];
+    const std::string name = "parameter '" + p.name + "'";
+    v.push_back({"parameter " + std::to_string(i) + "'s name", "'" + p.name + "'"});
+    v.push_back({name + " dtype", std::string(dtype_name(p.data.dtype))});
+    v.push_back({name + " shape", shape_text(p.shape.empty()
+                                                 ? std::vector<std::int64_t>{std::int64_t(p.data.count)}
+                                                 : p.shape)});
+    v.push_back({name + " elements", std::to_string(p.data.count)});
+    v.push_back({name + " device", p.data.device == DeviceKind::cuda ? "'cuda'" : "'cpu'"});
+    v.push_back({name + " param group", std::to_string(p.group)});
+  }
+  v.push_back({"number of buffers", std::to_string(buffers.size())});
+  for (std::size_t i = 0; i < buffers.size(); ++i) {
+    const std::string name = "buffer " + std::to_string(i);
+    v.push_back({name + " dtype", std::string(dtype_name(buffers[i].dtype))});
+    v.push_back({name + " elements", std::to_string(buffers[i].count)});
+  }
+  return v;
+}
+
+// A built-in optimizer's type, param groups and their hyperparameters.
+std::vector<AgreedValue> optimizer_agreement(const Optimizer& optimizer) {
+  std::vector<AgreedValue> v = {{"optimizer", "'" + std::string(optimizer.name()) + "'"},
+                                {"optimizer param groups", std::to_string(optimizer.num_groups())}};
+  for (std::size_t g = 0; g < optimizer.num_groups(); ++g)
+    for (const auto& [key, value] : optimizer.options(g))
+      v.push_back({std::string(optimizer.name()) + " param group " + std::to_string(g) + " " + key,
+                   exact_text(value)});
+  return v;
+}
+
 }  // namespace
 
 Accelerator::Accelerator(AcceleratorOptions options) : options_(std::move(options)) {
@@ -156,6 +213,12 @@ void Accelerator::prepare_parameters(std::vector<ParamRef> params, std::vector<B
                       " replicas needs copies of the model: prepare(model, params_of, optimizer) "
                       "(raw API) or the LibTorch adapter's prepare(model, optimizer), not "
                       "prepare(params, ...)");
+  // Before any collective shaped by these values (a rank that differs would pair a broadcast
+  // of other sizes): every rank learns the verdict.
+  std::vector<AgreedValue> agree = prepare_agreement(strategy_options_, accumulation_steps_,
+                                                     mixed_precision_, params, buffers);
+  agree.insert(agree.end(), prepare_agreement_.begin(), prepare_agreement_.end());
+  check_ranks_agree(comm(), agree, "prepare: ranks differ");
   params_ = params;  // views, kept for save_state / load_state
   buffers_ = buffers;
   // The world of one works where the parameters are (replica 0's GPU under DataParallel).
@@ -175,6 +238,7 @@ void Accelerator::prepare(std::vector<ParamRef> params, Optimizer& optimizer,
                     "prepare: parameter '" + p.name + "' is in param group " +
                         std::to_string(p.group) + ", the " + std::string(optimizer.name()) +
                         " optimizer has " + std::to_string(optimizer.num_groups()));
+  agree_at_prepare(optimizer_agreement(optimizer));
   prepare_parameters(std::move(params), std::move(buffers));
   optimizer_ = &optimizer;
   // save_state / load_state keep its state (optimizer_state.hpp)
@@ -283,8 +347,17 @@ double Accelerator::clip_grad_norm(double max_norm) {
   return accel::clip_grad_norm(strategy(), comm(), max_norm);
 }
 
-ShardedSampler Accelerator::make_sampler(std::size_t size, SamplerOptions options) const {
+ShardedSampler Accelerator::make_sampler(std::size_t size, SamplerOptions options) {
   if (options.seed == 0) options.seed = seed_;
+  // Ranks that disagree here would deal overlapping shards or different batch counts (and
+  // wait in a collective for a batch another rank lacks).
+  check_ranks_agree(comm(),
+                    {{"the sampler's dataset size", std::to_string(size)},
+                     {"the sampler's batch_size", std::to_string(options.batch_size)},
+                     {"the sampler's seed", std::to_string(options.seed)},
+                     {"the sampler's shuffle", options.shuffle ? "true" : "false"},
+                     {"the sampler's drop_last", options.drop_last ? "true" : "false"}},
+                    "make_sampler: ranks differ");
   return ShardedSampler(size, num_processes(), process_index(), options);
 }
 

@@ -44,6 +44,7 @@
 #include "accelerate/checkpoint.hpp"
 #include "accelerate/loss_scaler.hpp"
 #include "accelerate/process_env.hpp"
+#include "accelerate/rank_agreement.hpp"
 #include "accelerate/sharded_sampler.hpp"
 #include "backends/backend.hpp"
 #include "backends/comm/communicator.hpp"
@@ -111,6 +112,9 @@ class Accelerator {
   // ---- the raw API: a loop's own parameter and gradient buffers
   // Chooses the strategy (the config's: DDP, or ZeRO with distributed_type ZERO; the world of
   // one runs the same code), makes every rank start from rank 0's parameters and buffers.
+  // First every rank checks that all ranks have the same strategy, accumulation, mixed
+  // precision, parameters (count, names, dtypes, shapes, groups), buffers and optimizer
+  // options; if not, every rank throws RankMismatchError naming a rank and the value.
   void prepare_parameters(std::vector<ParamRef> params, std::vector<Buffer> buffers = {});
   // prepare_parameters plus a built-in optimizer (accel::Sgd, accel::AdamW; ParamRef::group
   // picks its param group): optimizer_step() then steps it on what this rank updates, and its
@@ -224,8 +228,10 @@ class Accelerator {
   std::uint64_t step() const { return optimizer_steps_; }  // optimizer steps taken (not skipped)
 
   // ---- data
-  // This rank's share of a dataset of `size` samples (see ShardedSampler).
-  ShardedSampler make_sampler(std::size_t size, SamplerOptions options = {}) const;
+  // This rank's share of a dataset of `size` samples (see ShardedSampler). Every rank calls
+  // it: the dataset size, batch size, seed, shuffle and drop_last must agree across ranks
+  // (else every rank throws RankMismatchError naming a rank and the value).
+  ShardedSampler make_sampler(std::size_t size, SamplerOptions options = {});
 
   // ---- collectives on the loop's own values (blocking)
   void reduce(Buffer data, ReduceOp op);        // in place: sum, avg, min, max
@@ -334,6 +340,9 @@ class Accelerator {
   using OptimizerStateLoader =
       std::function<std::function<void()>(const std::string& bytes, const std::string& where)>;
   void register_optimizer_state(std::function<std::string()> save, OptimizerStateLoader load);
+  // For a front end with an optimizer of its own: values the next prepare_parameters checks
+  // across ranks besides its own (the param groups' options).
+  void agree_at_prepare(std::vector<AgreedValue> values) { prepare_agreement_ = std::move(values); }
 
  private:
   ProcessEnv env_;
@@ -345,6 +354,7 @@ class Accelerator {
   // Its state (or a front end's optimizer's, register_optimizer_state) for checkpoints.
   std::function<std::string()> save_optimizer_;
   OptimizerStateLoader load_optimizer_;
+  std::vector<AgreedValue> prepare_agreement_;  // the optimizer's, for prepare_parameters
   std::vector<ParamRef> params_;       // as prepared, for checkpoints
   std::vector<Buffer> buffers_;
   // DataParallel under the raw API: prepare(model, ...)'s model and its copies (Model erased).

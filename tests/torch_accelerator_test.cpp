@@ -295,6 +295,64 @@ TEST_CASE("DDP over gloo equals one process (2 and 4 ranks)") {
   }
 }
 
+TEST_CASE("ranks whose model, param group options or loader differ are refused on every rank") {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"hidden", "prepare: ranks differ: rank 1: parameter 'fc1.weight' shape is [16, 16], rank 0 "
+                 "has [32, 16]"},
+      {"lr", "prepare: ranks differ: rank 1: param group 0 lr is 0.2, rank 0 has 0.1"},
+      {"batch_size", "make_sampler: ranks differ: rank 1: the sampler's batch_size is 2, rank 0 "
+                     "has 4"},
+  };
+  for (const char* backend : {"shm", "gloo"}) {
+    if (!communicator_available(backend)) continue;
+    for (const auto& [item, message] : cases) {
+      CAPTURE(backend);
+      CAPTURE(item);
+      RanksOptions options;
+      options.env = {{"ACCEL_COMM_BACKEND", backend}};
+      options.stop_on_failure = false;  // every rank reaches its own verdict
+      const auto result = run_ranks(2, "torch_worker", {"--differ_on_rank1", item}, options);
+      INFO(describe(result));
+      for (const auto& w : result.workers) {
+        CHECK(w.exit_code == 3);  // RankMismatchError, not a crash or a hang
+        CHECK(w.output.find(message) != std::string::npos);
+      }
+    }
+  }
+}
+
+TEST_CASE("two backwards before one step (a GAN's discriminator) equal plain LibTorch under "
+          "DDP, ZeRO-1, ZeRO-2 and DataParallel") {
+  if (skip_unless(communicator_available("gloo"), "gloo communicator not built")) return;
+  using Env = std::vector<std::pair<std::string, std::string>>;
+  const std::vector<std::pair<std::string, Env>> strategies = {
+      {"ddp", {}},
+      {"zero1", {{"ACCEL_DISTRIBUTED_TYPE", "ZERO"}, {"ACCEL_ZERO_STAGE", "1"}}},
+      {"zero2", {{"ACCEL_DISTRIBUTED_TYPE", "ZERO"}, {"ACCEL_ZERO_STAGE", "2"}}},
+  };
+  const std::string marker = "ok two backwards per step equal plain LibTorch";
+  const auto expect_ok = [&](const launch::GroupResult& result, int world) {
+    INFO(describe(result));
+    CHECK(result.exit_code() == 0);
+    int ok = 0;
+    for (const auto& w : result.workers) ok += w.output.find(marker) != std::string::npos;
+    CHECK(ok == world);
+  };
+  for (const auto& [name, env] : strategies)
+    for (int world : {1, 2}) {
+      CAPTURE(name);
+      CAPTURE(world);
+      RanksOptions options;
+      options.env = env;
+      options.env.emplace_back("ACCEL_COMM_BACKEND", world == 1 ? "local" : "gloo");
+      expect_ok(run_ranks(world, "torch_two_backward_worker", {}, options), world);
+    }
+  RanksOptions dp;
+  dp.env = {{"ACCEL_DISTRIBUTED_TYPE", "DATA_PARALLEL"}, {"ACCEL_USE_CPU", "true"},
+            {"ACCEL_DATA_PARALLEL_REPLICAS", "2"}};
+  expect_ok(run_ranks(1, "torch_two_backward_worker", {}, dp), 1);
+}
+
 TEST_CASE("DDP over mpi equals one process") {
   if (skip_unless(communicator_available("mpi") && !find_mpirun().empty(),
                   "mpi communicator or mpirun not available"))

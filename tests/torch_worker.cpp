@@ -9,9 +9,12 @@
 // Prints one "ok ..." line per check; exits 1 on any failure.
 //   torch_worker [--model mlp|cnn] [--optimizer sgd|nesterov|adam|adamw] [--accumulation K]
 //                [--clip MAX_NORM] [--scheduler] [--bf16] [--dump FILE]
+//                [--differ_on_rank1 hidden|lr|batch_size]
 // The strategy is the config's (ACCEL_DISTRIBUTED_TYPE=ZERO and ACCEL_ZERO_STAGE for ZeRO);
 // --dump writes rank 0's final parameters (doubles, module order) for a comparison between
-// strategies (torch_accelerator_test: ZeRO against DDP).
+// strategies (torch_accelerator_test: ZeRO against DDP). --differ_on_rank1 gives rank 1 another
+// hidden size, param group 0 learning rate or loader batch size: every rank must then exit 3
+// with the RankMismatchError's message.
 
 #include <cmath>
 #include <cstdio>
@@ -29,9 +32,9 @@ namespace {
 
 // Linear-ReLU-Linear as a TORCH_MODULE type (a ModuleHolder).
 struct MlpImpl : torch::nn::Module {
-  MlpImpl()
-      : fc1(register_module("fc1", torch::nn::Linear(16, 32))),
-        fc2(register_module("fc2", torch::nn::Linear(32, 10))) {}
+  explicit MlpImpl(std::int64_t hidden = 32)
+      : fc1(register_module("fc1", torch::nn::Linear(16, hidden))),
+        fc2(register_module("fc2", torch::nn::Linear(hidden, 10))) {}
   torch::Tensor forward(const torch::Tensor& x) { return fc2(torch::relu(fc1(x))); }
   torch::nn::Linear fc1, fc2;
 };
@@ -51,13 +54,13 @@ struct Model {
   torch::nn::Module& module() { return mlp ? static_cast<torch::nn::Module&>(*mlp) : *cnn; }
 };
 
-Model make_model(const std::string& kind, std::uint64_t seed) {
+Model make_model(const std::string& kind, std::uint64_t seed, std::int64_t hidden = 32) {
   torch::manual_seed(seed);
   Model m;
   if (kind == "cnn")
     m.cnn = make_cnn();
   else
-    m.mlp = Mlp();
+    m.mlp = Mlp(hidden);
   return m;
 }
 
@@ -118,7 +121,7 @@ void report(bool ok, const std::string& what) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string model_kind = "mlp", optimizer_kind = "sgd", dump;
+  std::string model_kind = "mlp", optimizer_kind = "sgd", dump, differ;
   double max_norm = 0;
   bool scheduler = false;
   AcceleratorOptions options;
@@ -139,6 +142,8 @@ int main(int argc, char** argv) {
       options.mixed_precision = "bf16";
     else if (flag == "--dump")
       dump = value, ++i;
+    else if (flag == "--differ_on_rank1")
+      differ = value, ++i;
   }
   options.ddp.first_bucket_bytes = 256;  // several buckets even for these small models
   options.ddp.bucket_cap_bytes = 2048;
@@ -153,9 +158,11 @@ int main(int argc, char** argv) {
 
     // Each rank starts from other parameters: prepare must broadcast rank 0's. The reference
     // starts from rank 0's.
-    Model model = make_model(model_kind, 100 + std::uint64_t(rank));
+    const auto odd = [&](const char* item) { return rank == 1 && differ == item; };
+    Model model = make_model(model_kind, 100 + std::uint64_t(rank), odd("hidden") ? 16 : 32);
     Model reference = make_model(model_kind, 100);
     auto optimizer = make_optimizer(optimizer_kind, model);
+    if (odd("lr")) optimizer->param_groups()[0].options().set_lr(0.2);
     auto ref_optimizer = make_optimizer(optimizer_kind, reference);
     AcceleratedOptimizer* opt = nullptr;
     if (cnn)
@@ -185,7 +192,8 @@ int main(int argc, char** argv) {
     torch::manual_seed(7);
     const torch::Tensor x = cnn ? torch::randn({n, 1, 8, 8}) : torch::randn({n, 16});
     const torch::Tensor y = torch::randint(10, {n}, torch::kLong);
-    auto loader = acc.prepare_data_loader(x, y, {std::size_t(per_rank), true, 11, false});
+    auto loader = acc.prepare_data_loader(
+        x, y, {std::size_t(odd("batch_size") ? 2 : per_rank), true, 11, false});
     ShardedSampler single(std::size_t(n), 1, 0, {std::size_t(global), true, 11, false});
 
     double norm_diff = 0;
@@ -335,6 +343,9 @@ int main(int argc, char** argv) {
            "gather_for_metrics yields " + std::to_string(all_ids.numel()) + " samples, " +
                std::to_string(distinct) + " distinct, of " + std::to_string(eval_n));
     acc.wait_for_everyone();
+  } catch (const RankMismatchError& e) {
+    std::printf("mismatch: %s\n", e.what());
+    return 3;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "torch_worker: %s\n", e.what());
     return 2;

@@ -242,3 +242,29 @@ TEST_CASE("a ZeRO checkpoint saved at world 4 resumes at world 2 (ZeRO, DDP) and
   CHECK(d1 <= 1e-5);
   CHECK(d3 <= 1e-5);
 }
+
+TEST_CASE("two backwards before one step (a GAN's discriminator) equal plain training under "
+          "DDP, ZeRO-1, ZeRO-2 and DataParallel (raw API)") {
+  if (skip_unless(communicator_available("gloo"), "gloo communicator not built")) return;
+  using Env = std::vector<std::pair<std::string, std::string>>;
+  const std::vector<std::pair<std::string, Env>> strategies = {
+      {"ddp", {}},
+      {"zero1", {{"ACCEL_DISTRIBUTED_TYPE", "ZERO"}, {"ACCEL_ZERO_STAGE", "1"}}},
+      {"zero2", {{"ACCEL_DISTRIBUTED_TYPE", "ZERO"}, {"ACCEL_ZERO_STAGE", "2"}}},
+  };
+  for (const auto& [name, env] : strategies)
+    for (int world : {1, 2}) {
+      CAPTURE(name);
+      CAPTURE(world);
+      RanksOptions options;
+      options.env = env;
+      options.env.emplace_back("ACCEL_COMM_BACKEND", world == 1 ? "local" : "gloo");
+      expect_pass(run_ranks(world, "two_backward_worker", {}, options), world,
+                  "ok two backwards per step equal plain training");
+    }
+  RanksOptions dp;
+  dp.env = {{"ACCEL_DISTRIBUTED_TYPE", "DATA_PARALLEL"}, {"ACCEL_USE_CPU", "true"},
+            {"ACCEL_DATA_PARALLEL_REPLICAS", "2"}};
+  expect_pass(run_ranks(1, "two_backward_worker", {}, dp), 1,
+              "ok two backwards per step equal plain training");
+}

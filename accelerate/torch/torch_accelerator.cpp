@@ -12,6 +12,9 @@
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/grad_mode.h>
 #include <torch/csrc/autograd/variable.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/sgd.h>
 
 #if ACCEL_TORCH_WITH_CUDA  // a CUDA-enabled LibTorch (accelerate/torch/CMakeLists.txt)
 #include <c10/cuda/CUDAStream.h>
@@ -42,6 +45,46 @@ class NoCpuAutocast {
  private:
   bool was_;
 };
+
+// A param group's hyperparameters by name, for the check that every rank has the same: all of
+// them for the optimizers whose options the checkpoints know, the learning rate for others.
+std::vector<std::pair<std::string, double>> group_options(const torch::optim::OptimizerOptions& o) {
+  using namespace torch::optim;
+  if (const auto* sgd = dynamic_cast<const SGDOptions*>(&o))
+    return {{"lr", sgd->lr()},
+            {"momentum", sgd->momentum()},
+            {"dampening", sgd->dampening()},
+            {"weight_decay", sgd->weight_decay()},
+            {"nesterov", sgd->nesterov() ? 1.0 : 0.0}};
+  const auto adam_like = [](const auto& a) -> std::vector<std::pair<std::string, double>> {
+    return {{"lr", a.lr()},
+            {"beta1", std::get<0>(a.betas())},
+            {"beta2", std::get<1>(a.betas())},
+            {"eps", a.eps()},
+            {"weight_decay", a.weight_decay()},
+            {"amsgrad", a.amsgrad() ? 1.0 : 0.0}};
+  };
+  if (const auto* adam = dynamic_cast<const AdamOptions*>(&o)) return adam_like(*adam);
+  if (const auto* adamw = dynamic_cast<const AdamWOptions*>(&o)) return adam_like(*adamw);
+  try {
+    return {{"lr", o.get_lr()}};
+  } catch (const std::exception&) {  // an OptimizerOptions of one's own without get_lr
+    return {};
+  }
+}
+
+std::vector<AgreedValue> optimizer_agreement(const torch::optim::Optimizer& optimizer) {
+  const auto& groups = optimizer.param_groups();
+  std::vector<AgreedValue> v = {{"optimizer param groups", std::to_string(groups.size())}};
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    const std::string group = "param group " + std::to_string(g);
+    v.push_back({group + " parameters", std::to_string(groups[g].params().size())});
+    if (groups[g].has_options())
+      for (const auto& [key, value] : group_options(groups[g].options()))
+        v.push_back({group + " " + key, exact_text(value)});
+  }
+  return v;
+}
 
 }  // namespace
 
@@ -186,6 +229,7 @@ AcceleratedOptimizer& TorchAccelerator::prepare_module(torch::nn::Module& module
     set_cuda_stream(c10::cuda::getCurrentCUDAStream(param_tensors_[0].device().index()).stream());
 #endif
   if (strategy_options().kind == "data_parallel") make_replicas(module, refs.size());
+  agree_at_prepare(optimizer_agreement(optimizer));
   prepare_parameters(std::move(refs), std::move(buffers));  // broadcasts from rank 0
 
   ZeroStrategy* z = zero();

@@ -207,7 +207,13 @@ void DataParallelStrategy::set_replica_weights(std::vector<double> weights) {
   ACCEL_CHECK_ARG(weights.size() == replicas_.size(),
                   "DataParallel: " + std::to_string(weights.size()) + " weights for " +
                       std::to_string(replicas_.size()) + " replicas");
-  if (accumulated_ && weights != weights_) {
+  if (reduced_ && weights[0] != 1.0) {
+    // Another backward before the optimizer step: replica 0's synchronised gradient must count
+    // once in the next reduction, not weights[0] times (the other replicas hold zeros).
+    ACCEL_CHECK_ARG(weights[0] != 0.0, "DataParallel: replica 0's weight must not be 0");
+    std::fill(weights_.begin(), weights_.end(), 1.0);
+    reduce_into_replica0(weights[0]);
+  } else if (accumulated_ && weights != weights_) {
     // Gradients accumulated under the old weights: fold them into replica 0 now, scaled by
     // 1 / the new weight of replica 0, which the final reduction multiplies back.
     ACCEL_CHECK_ARG(weights[0] != 0.0, "DataParallel: replica 0's weight must not be 0");
@@ -215,12 +221,14 @@ void DataParallelStrategy::set_replica_weights(std::vector<double> weights) {
   }
   weights_ = std::move(weights);
   accumulated_ = true;  // a backward follows
+  reduced_ = false;
 }
 
 void DataParallelStrategy::sync_gradients() {
   if (!sync_enabled_) return;
   reduce_into_replica0();
   accumulated_ = false;
+  reduced_ = true;
 }
 
 void DataParallelStrategy::reduce_into_replica0(double divide_by) {

@@ -25,7 +25,10 @@
 //    sum_k weight_k x gradient_k (set_replica_weights; 1 by default), over element ranges in
 //    parallel on the workers, and the other replicas' gradients are zeroed. Between
 //    boundaries (set_sync_enabled(false)) every replica accumulates its own, so the sum at the
-//    boundary covers the whole accumulation window;
+//    boundary covers the whole accumulation window. A second backward before the optimizer
+//    step (a GAN's discriminator: real, then fake batch) adds to replica 0's synchronised
+//    gradient, which counts once: set_replica_weights first divides it by the new weight of
+//    replica 0, which the next reduction multiplies back;
 //  - a ParamRef given with grad.data == nullptr gets gradient storage allocated here
 //    (grad_view(replica, i)), which the LibTorch adapter makes the tensors' .grad().
 // Parameters: after_optimizer_step() and reload_parameters() copy replica 0's values to the
@@ -84,7 +87,10 @@ class DataParallelStrategy final : public Strategy {
   std::vector<ParamSegment> segments() const override;
   bool gradients_sharded() const override { return false; }
   // Copies replica 0's updated parameters to the others.
-  void after_optimizer_step() override { copy_parameters(); }
+  void after_optimizer_step() override {
+    reduced_ = false;  // the loop zeroes its gradients for the next step
+    copy_parameters();
+  }
   void reload_parameters() override { copy_parameters(); }
   // The gradient storage allocated here (for ParamRefs given without one), and the staging
   // copies of other devices' gradients on replica 0's GPU.
@@ -129,6 +135,7 @@ class DataParallelStrategy final : public Strategy {
   std::vector<double> weights_;
   bool sync_enabled_ = true;
   bool accumulated_ = false;  // backward ran since the last reduction
+  bool reduced_ = false;      // replica 0 holds a reduction and no optimizer step followed yet
   ReplicaPool pool_;
 };
 

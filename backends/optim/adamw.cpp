@@ -29,6 +29,17 @@ void AdamW::set_lr(std::size_t group, double lr) {
   groups_[group].lr = lr;
 }
 
+std::vector<std::pair<std::string, double>> AdamW::options(std::size_t group) const {
+  check_group(group);
+  const AdamWOptions& o = groups_[group];
+  return {{"lr", o.lr},
+          {"beta1", o.beta1},
+          {"beta2", o.beta2},
+          {"eps", o.eps},
+          {"weight_decay", o.weight_decay},
+          {"decoupled_weight_decay", o.decoupled_weight_decay ? 1.0 : 0.0}};
+}
+
 void AdamW::update(const ParamSegment& segment, std::vector<float*>& state, std::uint64_t step,
                    const DeviceContext& ctx) {
   const AdamWOptions& o = groups_[segment.group];

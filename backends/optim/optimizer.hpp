@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "backends/backend.hpp"
@@ -36,6 +37,9 @@ class Optimizer {
   virtual std::size_t num_groups() const = 0;
   virtual double lr(std::size_t group) const = 0;
   virtual void set_lr(std::size_t group, double lr) = 0;
+  // A param group's hyperparameters by name ("lr", "momentum", ...; booleans as 0 or 1), for
+  // the Accelerator's check that every rank has the same.
+  virtual std::vector<std::pair<std::string, double>> options(std::size_t group) const = 0;
 
   std::uint64_t steps() const { return steps_; }
   // Bytes of optimizer state allocated so far.

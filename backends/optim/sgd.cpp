@@ -28,6 +28,16 @@ void Sgd::set_lr(std::size_t group, double lr) {
   groups_[group].lr = lr;
 }
 
+std::vector<std::pair<std::string, double>> Sgd::options(std::size_t group) const {
+  check_group(group);
+  const SgdOptions& o = groups_[group];
+  return {{"lr", o.lr},
+          {"momentum", o.momentum},
+          {"dampening", o.dampening},
+          {"weight_decay", o.weight_decay},
+          {"nesterov", o.nesterov ? 1.0 : 0.0}};
+}
+
 std::size_t Sgd::state_slots(std::size_t group) const { return groups_[group].momentum != 0; }
 
 void Sgd::update(const ParamSegment& segment, std::vector<float*>& state, std::uint64_t step,

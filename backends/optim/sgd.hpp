@@ -23,6 +23,7 @@ class Sgd final : public Optimizer {
   std::size_t num_groups() const override { return groups_.size(); }
   double lr(std::size_t group) const override;
   void set_lr(std::size_t group, double lr) override;
+  std::vector<std::pair<std::string, double>> options(std::size_t group) const override;
 
  protected:
   std::size_t state_slots(std::size_t group) const override;

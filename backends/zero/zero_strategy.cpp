@@ -4,10 +4,15 @@
 #include <cstdio>
 
 #include "backends/comm/error.hpp"
+#include "backends/optim/elementwise.hpp"
 #include "backends/replicas.hpp"
 
 namespace accel {
 namespace {
+
+// weighted_sum's weights for dst += source in the buffers' dtype (elementwise.hpp).
+constexpr double kPlainSumWeights[] = {1.0, 1.0};
+constexpr std::span<const double> kPlainSum(kPlainSumWeights);
 
 // A view of the first `count` elements of `dtype` of a buffer allocated as raw words.
 Buffer view_as(const DeviceBuffer& storage, std::size_t count, DType dtype) {
@@ -40,8 +45,8 @@ ZeroStrategy::ZeroStrategy(Communicator& comm, std::vector<ParamRef> params,
   for (std::size_t f = 0; f < groups.size(); ++f) {
     const Shard own = layout_.owned(f);
     param_store_.emplace_back(groups[f].padded, groups[f].dtype, memory, device);
-    grad_store_.emplace_back(options_.stage == 1 ? groups[f].padded : own.count,
-                             groups[f].dtype, memory, device);
+    if (options_.stage == 1) flat_grads_.emplace_back(groups[f].padded, groups[f].dtype, memory, device);
+    grad_slices_.emplace_back(own.count, groups[f].dtype, memory, device);
     if (offload_) {
       host_params_.emplace_back(own.count, groups[f].dtype, MemoryKind::pinned_host);
       host_grads_.emplace_back(own.count, groups[f].dtype, MemoryKind::pinned_host);
@@ -81,11 +86,7 @@ ZeroStrategy::~ZeroStrategy() {
 
 Buffer ZeroStrategy::flat_params(std::size_t f) const { return param_store_[f].view(); }
 
-Buffer ZeroStrategy::grad_slice(std::size_t f) const {
-  const Shard own = layout_.owned(f);
-  if (options_.stage == 1) return grad_store_[f].view().slice(own.offset, own.count);
-  return grad_store_[f].view();
-}
+Buffer ZeroStrategy::grad_slice(std::size_t f) const { return grad_slices_[f].view(); }
 
 Buffer ZeroStrategy::param_view(std::size_t index) const {
   ACCEL_CHECK_ARG(index < params_.size(), "ZeRO: no parameter " + std::to_string(index));
@@ -96,7 +97,7 @@ Buffer ZeroStrategy::grad_view(std::size_t index) const {
   ACCEL_CHECK_ARG(index < params_.size(), "ZeRO: no parameter " + std::to_string(index));
   ACCEL_CHECK_ARG(options_.stage == 1, "ZeRO-2 keeps no full gradient of '" +
                                            params_[index].name + "' (only this rank's slice)");
-  return grad_store_[layout_.flat_of(index)].view().slice(layout_.offset_of(index),
+  return flat_grads_[layout_.flat_of(index)].view().slice(layout_.offset_of(index),
                                                           params_[index].data.count);
 }
 
@@ -160,7 +161,7 @@ std::size_t ZeroStrategy::gradient_bytes() const {
   std::size_t bytes = 0;
   for (std::size_t f = 0; f < layout_.groups().size(); ++f) {
     const FlatGroup& g = layout_.groups()[f];
-    bytes += (options_.stage == 1 ? g.padded : layout_.owned(f).count) * element_size(g.dtype);
+    bytes += ((options_.stage == 1 ? g.padded : 0) + layout_.owned(f).count) * element_size(g.dtype);
   }
   for (const auto& s : staging_) bytes += s.view().bytes();
   return bytes;
@@ -191,13 +192,21 @@ Buffer ZeroStrategy::own_part(const Bucket& b, Buffer bucket_data) const {
   return bucket_data.slice(std::max(b.range.begin, own.offset) - b.range.begin, mine);
 }
 
+Buffer ZeroStrategy::own_slice_part(const Bucket& b) const {
+  const Buffer slice = grad_slice(b.range.flat);
+  const std::size_t mine = b.counts[std::size_t(comm_.rank())];
+  if (mine == 0) return Buffer{slice.data, 0, slice.dtype, slice.device};
+  const Shard own = layout_.owned(b.range.flat);
+  return slice.slice(std::max(b.range.begin, own.offset) - own.offset, mine);
+}
+
 void ZeroStrategy::launch(Bucket& b) {
   const FlatGroup& g = layout_.groups()[b.range.flat];
   const std::size_t count = b.range.end - b.range.begin;
   const DeviceStream stream = comm_.compute_stream();
   Buffer data;
   if (options_.stage == 1) {
-    data = grad_store_[b.range.flat].view().slice(b.range.begin, count);
+    data = flat_grads_[b.range.flat].view().slice(b.range.begin, count);
   } else {
     // Two staging buffers: the older bucket in flight must finish before its buffer is reused.
     const int slot = next_slot_;
@@ -224,8 +233,10 @@ void ZeroStrategy::launch(Bucket& b) {
     if (options_.stage == 2 && options_.release_grad && release_in_[i] == bucket_index)
       options_.release_grad(i);
   }
-  // In place: this rank's part of the bucket receives the average of everyone's.
-  b.work = comm_.reduce_scatter(data, own_part(b, data), ReduceOp::avg, b.counts);
+  // Stage 1: straight into the slice, so the flat gradients keep what the loop accumulated
+  // (a later backward of the same step adds to it); stage 2: in place in the staging bucket.
+  const Buffer out = options_.stage == 1 ? own_slice_part(b) : own_part(b, data);
+  b.work = comm_.reduce_scatter(data, out, ReduceOp::avg, b.counts);
 }
 
 void ZeroStrategy::finish(Bucket& b) {
@@ -236,15 +247,20 @@ void ZeroStrategy::finish(Bucket& b) {
   // next bucket's copies into this staging buffer are queued after it.
   const DeviceStream stream = comm_.compute_stream();
   work->wait_stream(stream, comm_.timeout());
-  if (options_.stage == 1) return;  // the part was reduced in place, inside the slice
+  if (options_.stage == 1) return;  // the part was reduced straight into the slice
   const FlatGroup& g = layout_.groups()[b.range.flat];
   const Buffer data = view_as(staging_[std::size_t(b.slot)], b.range.end - b.range.begin, g.dtype);
   const Buffer part = own_part(b, data);
   b.slot = -1;
   if (part.count == 0) return;
-  const Shard own = layout_.owned(b.range.flat);
-  const Buffer dst = grad_slice(b.range.flat).slice(std::max(b.range.begin, own.offset) - own.offset, part.count);
-  copy_buffer(dst, part, stream);
+  const Buffer dst = own_slice_part(b);
+  // Released gradients are gone from the loop's storage: what an earlier backward of this
+  // step reduced lives only in the slice, so this one adds to it (as autograd adds into
+  // .grad()). Gradients the loop keeps hold everything since its zero_grad: they replace it.
+  if (options_.release_grad && !first_sync_of_step_)
+    weighted_sum(dst, std::span(&part, 1), kPlainSum, 1.0, compute_context(comm_));
+  else
+    copy_buffer(dst, part, stream);
 }
 
 void ZeroStrategy::finish_all() {
@@ -278,6 +294,7 @@ void ZeroStrategy::sync_gradients() {
     }
     launch_ready_buckets();
     finish_all();
+    first_sync_of_step_ = false;
   }
   if (!offload_) return;
   // The optimizer reads the reduced slices in host memory: the one place the host waits.
@@ -290,6 +307,7 @@ void ZeroStrategy::sync_gradients() {
 }
 
 void ZeroStrategy::after_optimizer_step() {
+  first_sync_of_step_ = true;  // the next step's gradients start afresh in the slices
   const DeviceStream stream = comm_.compute_stream();
   std::vector<WorkPtr> works;
   for (std::size_t f = 0; f < layout_.groups().size(); ++f) {

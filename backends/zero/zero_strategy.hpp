@@ -6,11 +6,18 @@
 //   stage 1: the strategy keeps full flat gradient buffers (a front end may make them the
 //            gradient storage: grad_view); in the micro-batch that ends an accumulation (sync
 //            enabled) they are reduce-scattered (average) in buckets as backward produces
-//            them, each rank's part landing in place in its slice.
+//            them, each rank's part landing in its own gradient slice (not in place: the flat
+//            buffers keep what the loop accumulated, so a later backward adds to it).
 //   stage 2: the strategy keeps only the owned gradient slices and two bucket buffers (one
 //            filling while the other is in flight): each bucket's gradients are copied in,
 //            reduce-scattered during backward, this rank's part copied to its slice, and the
 //            gradients handed to options.release_grad (LibTorch frees them).
+//
+// Several backwards before one optimizer step (a GAN's discriminator: real, then fake batch)
+// sum their gradients, as autograd does: gradients the loop keeps (stage 1's flat buffers, a
+// raw loop's own) hold everything since its zero_grad and each sync replaces the slice with
+// their average; released ones (stage 2 with release_grad) hold only what came since, so
+// after the first sync of a step each sync adds its average into the slice.
 //
 // Gradient accumulation: between boundaries nothing is communicated in either stage and the
 // gradients accumulate where the loop keeps them (PyTorch's no_sync). DeepSpeed's stage 2
@@ -118,7 +125,8 @@ class ZeroStrategy final : public Strategy {
   void launch(Bucket& b);
   void finish(Bucket& b);             // waits; stage 2: copies this rank's part to its slice
   void finish_all();
-  Buffer own_part(const Bucket& b, Buffer bucket_data) const;
+  Buffer own_part(const Bucket& b, Buffer bucket_data) const;  // within the bucket
+  Buffer own_slice_part(const Bucket& b) const;                  // the same within the slice
   Buffer flat_params(std::size_t f) const;
   Buffer grad_slice(std::size_t f) const;
 
@@ -127,9 +135,10 @@ class ZeroStrategy final : public Strategy {
   std::vector<Buffer> buffers_;
   ZeroOptions options_;
   FlatLayout layout_;
-  // On the communicator's device. Stage 1: full flat gradients (padded); stage 2: the owned
-  // slices only.
-  std::vector<DeviceBuffer> param_store_, grad_store_;
+  // On the communicator's device: the flat parameters (padded); stage 1's full flat gradients
+  // (the loop's accumulation, never overwritten by a collective); the owned, reduced gradient
+  // slices the optimizer reads (both stages).
+  std::vector<DeviceBuffer> param_store_, flat_grads_, grad_slices_;
   std::array<DeviceBuffer, 2> staging_;  // stage 2; raw words, any dtype's bucket fits
   // Offload: pinned host copies of the owned parameter and gradient slices, per flat buffer.
   std::vector<DeviceBuffer> host_params_, host_grads_;
@@ -143,6 +152,7 @@ class ZeroStrategy final : public Strategy {
   int next_slot_ = 0;
   std::array<Bucket*, 2> in_slot_{};
   bool sync_enabled_ = true;
+  bool first_sync_of_step_ = true;  // no sync since the last optimizer step
   bool flat_parameters_ = false;
   std::mutex mutex_;  // hooks may fire on autograd's threads
 };
