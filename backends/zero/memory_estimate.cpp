@@ -35,7 +35,9 @@ std::vector<MemoryEstimate> estimate_memory(const MemoryEstimateOptions& o) {
   const std::uint64_t k = std::uint64_t(optimizer_bytes_per_param(o));
   return {
       {"DDP", half * psi, half * psi, k * psi},
-      {"ZeRO-1", half * psi, half * psi, k * shard},
+      // ZeRO-1 keeps the full gradients (a later backward of the step adds to them) and
+      // reduce-scatters into a separate slice of its own.
+      {"ZeRO-1", half * psi, half * (psi + shard), k * shard},
       {"ZeRO-2", half * psi, half * shard, k * shard},
       {"ZeRO-3", half * shard, half * shard, k * shard},
   };

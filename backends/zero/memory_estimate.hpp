@@ -6,6 +6,8 @@
 // optimizer state (stage 1), then the gradients (2), then the parameters (3) by the world
 // size. In fp32 parameters and gradients take 4 bytes each and there is no master copy.
 // Sharded amounts are rounded up as the flat layout pads them: ceil(Psi / N) elements.
+// One departure, as ZeroStrategy allocates: ZeRO-1's gradients are the full ones plus the
+// reduced slice, kept apart so a second backward before the step still adds to the full ones.
 
 #include <cstdint>
 #include <string>
