@@ -77,7 +77,7 @@ struct GroupResult {
   std::size_t leftovers_killed = 0;  // processes still alive after the workers exited
   // 0 when all succeeded; else the root cause's exit code (128 + signal when signalled).
   int exit_code() const;
-  // "rank 1 exited with code 3; last lines of its stderr: ..." or "" when all succeeded.
+  // "rank 1 exited with code 3; last lines of rank 1's stderr: ..." or "" when all succeeded.
   std::string failure_report() const;
 };
 
