@@ -329,8 +329,9 @@ int main(int argc, char** argv) {
       // reaches through 9 inputs below 5 (the mean) and, doubled, outputs below 25 (the
       // variance): at most 2 * 25 * 9 * 5 times the weights' difference.
       const double buffer_limit = 2 * 25 * 9 * 5 * limit;
-      const double norm_limit = test::norm_reordering_bound(
-          {.elements = elements, .longest_sum = longest_sum, .magnitude = 100});
+      const double norm_limit = test::norm_reordering_bound({.norm_magnitude = 100 * std::sqrt(elements),
+                                                             .elements = elements,
+                                                             .longest_sum = longest_sum});
       std::snprintf(line, sizeof line,
                     "training equals one process: max |diff| %.3g (limit %.3g), buffers %.3g "
                     "(limit %.3g), clip norm diff %.3g (limit %.3g) (%zu optimizer steps)",

@@ -80,20 +80,22 @@ inline double adam_reordering_bound(const AdamRun& r) {
   return r.lr * sum * d / r.eps;
 }
 
-// Two gradient norms (clip_grad_norm's) of `elements` values, each value a sum as in SgdRun:
-// the values differ by at most 2 gamma(n) S each, so the norms by sqrt(elements) times that,
-// and each norm's own sum of squares is within gamma(elements) of exact (the norm, the square
-// root of it, within half that); the norm is at most sqrt(elements) S.
+// Two gradient norms (clip_grad_norm's) of P elements, each element a sum as in SgdRun: the
+// gradients differ by at most D = 2 gamma(n) |S|_2 in 2-norm (|S|_2 the 2-norm of the
+// elements' S), so the norms by at most D, plus each norm's own rounding: its sum of squares
+// is within gamma(P) of exact relatively (in the norm's precision), the norm, a square root,
+// within half that; and a norm is at most |S|_2.
 struct NormRun {
-  std::size_t elements = 0;
+  double norm_magnitude = 0;  // |S|_2
+  std::size_t elements = 0;   // P
   std::size_t longest_sum = 0;
-  double magnitude = 0;
-  double unit_roundoff = kUnitRoundoffF64;
+  double unit_roundoff = kUnitRoundoffF64;       // the gradients'
+  double norm_unit_roundoff = kUnitRoundoffF64;  // the norm's sum
 };
 
 inline double norm_reordering_bound(const NormRun& r) {
-  return std::sqrt(double(r.elements)) * r.magnitude *
-         (2 * gamma_n(r.longest_sum, r.unit_roundoff) + gamma_n(r.elements, r.unit_roundoff));
+  return r.norm_magnitude * (2 * gamma_n(r.longest_sum, r.unit_roundoff) +
+                             gamma_n(r.elements, r.norm_unit_roundoff));
 }
 
 // A gradient clipped to norm c (clip_grad_norm) before the step: with the gradients d apart
