@@ -128,6 +128,7 @@ inline double clipped_magnitude(const ClippedRun& r) {
 // relative to sum |w_i a_i| + |b| in each order; the difference of the layer's inputs, e,
 // reaches its outputs as at most |W| e (ReLU and tanh are 1-Lipschitz). So to first order
 // e_0 = 0, e_{l+1} = |W| e_l + 2 gamma(in + 1) (|W| |a_l| + |b|), and the outputs differ by at
-// most the last e, evaluated with the exact activations a_l (merge_weights_test does, in fp64).
+// most the last e, evaluated with the exact activations a_l. Against the exact (fp64) forward
+// pass instead of another fp32 order, gamma replaces 2 gamma (merge_weights_test).
 
 }  // namespace accel::test
