@@ -173,10 +173,11 @@ int main(int argc, char** argv) {
                                                  .longest_sum = longest_sum,
                                                  .magnitude = magnitude,
                                                  .unit_roundoff = test::kUnitRoundoffF32});
-    const double norm_limit = test::norm_reordering_bound({.norm_magnitude = measured.norm,
-                                                           .elements = elements,
-                                                           .longest_sum = longest_sum,
-                                                           .unit_roundoff = test::kUnitRoundoffF32});
+    const double norm_limit =
+        test::norm_reordering_bound({.norm_magnitude = measured.norm,
+                                     .elements = elements,
+                                     .longest_sum = longest_sum,
+                                     .unit_roundoff = test::kUnitRoundoffF32});
     char line[240];
     std::snprintf(line, sizeof line,
                   "training equals one process: max |diff| %.3g (limit %.3g), clip norm diff %.3g "

@@ -32,8 +32,8 @@
 #include "examples/raw_mlp/param_refs.hpp"
 #include "tests/support/mlp_magnitude.hpp"
 #include "tests/support/ranks.hpp"
-#include "tests/support/staging.hpp"
 #include "tests/support/skip.hpp"
+#include "tests/support/staging.hpp"
 #include "tests/support/tolerance.hpp"
 
 using namespace accel;
@@ -92,12 +92,12 @@ std::vector<float> train_mlp(int replicas, const MlpRun& run,
     const std::size_t first = next;
     next = (next + rows) % (data.labels.size() - 2 * run.batch);
     if (magnitude)
-      add_magnitudes(step_magnitudes,
-                     gradient_magnitudes(model,
-                                         std::span<const float>(data.x).subspan(
-                                             first * data.features, rows * data.features),
-                                         std::span<const int>(data.labels).subspan(first, rows),
-                                         acc.loss_scale()));
+      add_magnitudes(
+          step_magnitudes,
+          gradient_magnitudes(
+              model,
+              std::span<const float>(data.x).subspan(first * data.features, rows * data.features),
+              std::span<const int>(data.labels).subspan(first, rows), acc.loss_scale()));
     acc.forward_backward(model, rows,
                          [&](raw_mlp::Mlp& m, std::size_t from, std::size_t n, auto ready) {
                            return m.forward_backward(
@@ -160,7 +160,7 @@ void expect_mlp_equivalence(const MlpRun& run, const std::string& what) {
                                                              .elements = one.size(),
                                                              .longest_sum = longest_sum,
                                                              .unit_roundoff = kUnitRoundoffF32})
-                                         : measured.max;
+                                        : measured.max;
   // AdamW: no fp32 bound exists (tolerance.hpp), and the raw MLP has no fp64 variant, so its
   // limit is empirical: 2.2e-6 measured at 4 replicas.
   const double limit = run.adamw ? 1e-5

@@ -108,8 +108,8 @@ int main(int argc, char** argv) {
           ddp.grad_ready(2 * l);
           ddp.grad_ready(2 * l + 1);
         });
-        test::add_magnitudes(step_magnitudes, test::gradient_magnitudes(reference, global.x,
-                                                                        global.labels, scale));
+        test::add_magnitudes(step_magnitudes,
+                             test::gradient_magnitudes(reference, global.x, global.labels, scale));
         reference.forward_backward(global.x, global.labels, scale, [](std::size_t) {});
       }
       test::fold_step(measured, step_magnitudes);
@@ -137,10 +137,12 @@ int main(int argc, char** argv) {
          .longest_sum = std::size_t(accumulation) * kGlobalBatch + std::size_t(world) + 2,
          .magnitude = measured.max,
          .unit_roundoff = test::kUnitRoundoffF32});
-    std::printf("rank %d of %d (%s): %d steps, accumulation %d, %zu buckets, max |ddp - single| = %.3g (limit %.3g)%s\n",
-                rank, world, std::string(comm.backend_name()).c_str(), steps, accumulation,
-                ddp.bucket_layout().size(), max_diff, limit,
-                unused_ok ? "" : ", unused gradient not averaged");
+    std::printf(
+        "rank %d of %d (%s): %d steps, accumulation %d, %zu buckets, max |ddp - single| = %.3g "
+        "(limit %.3g)%s\n",
+        rank, world, std::string(comm.backend_name()).c_str(), steps, accumulation,
+        ddp.bucket_layout().size(), max_diff, limit,
+        unused_ok ? "" : ", unused gradient not averaged");
     return (max_diff <= limit && unused_ok) ? 0 : 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "ddp_worker: %s\n", e.what());

@@ -101,13 +101,12 @@ int main(int argc, char** argv) {
     // by it and unscaled (exact), against the reference's double mean rounded once: sums of
     // world terms and 2 roundings, |w - t| <= 10 (|w|, |t| <= 5). Each run also rounds its
     // update w - lr g (lr = 1/4: lr g exact) by u |w| per step. The same bits on every CPU.
-    const double limit =
-        test::reordering_bound({.lr = kLr,
-                                .steps = kSteps,
-                                .longest_sum = std::size_t(world) + 2,
-                                .magnitude = 10,
-                                .unit_roundoff = test::kUnitRoundoffF32}) +
-        2 * test::kUnitRoundoffF32 * 5 * kSteps;
+    const double limit = test::reordering_bound({.lr = kLr,
+                                                 .steps = kSteps,
+                                                 .longest_sum = std::size_t(world) + 2,
+                                                 .magnitude = 10,
+                                                 .unit_roundoff = test::kUnitRoundoffF32}) +
+                         2 * test::kUnitRoundoffF32 * 5 * kSteps;
     char line[160];
     std::snprintf(line, sizeof line,
                   "training equals one process skipping the same step (max |diff| %.3g, limit "

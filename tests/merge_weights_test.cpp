@@ -136,8 +136,8 @@ TEST_CASE("merge-weights of a ZeRO-2 checkpoint of 4 ranks loads into a plain Li
 
 TEST_CASE("merge-weights of a single-process checkpoint gives the same model") {
   const Difference d = merged_prediction_difference(1, false);
-  MESSAGE("world 1 -> merge-weights -> torch::load: max |logits - trained| " << d.max_abs
-          << " (limit " << d.limit << ")");
+  MESSAGE("world 1 -> merge-weights -> torch::load: max |logits - trained| "
+          << d.max_abs << " (limit " << d.limit << ")");
   CHECK(d.max_abs <= d.limit);
 }
 

@@ -14,10 +14,11 @@ int main() {
   const std::string config = at::show_config();
   const std::string key = "CPU capability usage: ";
   const auto at = config.find(key);
-  std::printf("aten: %s\n",
-              at == std::string::npos
-                  ? "unknown"
-                  : config.substr(at + key.size(), config.find('\n', at) - at - key.size()).c_str());
+  std::printf(
+      "aten: %s\n",
+      at == std::string::npos
+          ? "unknown"
+          : config.substr(at + key.size(), config.find('\n', at) - at - key.size()).c_str());
   // Looked up, not linked: LibTorch may use another BLAS, and then there is nothing to name.
   using CoreName = char* (*)();
   const auto core = reinterpret_cast<CoreName>(::dlsym(RTLD_DEFAULT, "openblas_get_corename"));

@@ -559,7 +559,7 @@ TEST_CASE("ZeRO-1 and ZeRO-2 under the LibTorch adapter equal DDP (SGD Nesterov,
       double diff = 0;
       for (std::size_t i = 0; i < values.size(); ++i) diff = std::max(diff, std::abs(values[i] - ddp[i]));
       // The same local gradients (fp64, torch_worker), reduced over 2 ranks (a + b is the same
-      // bits in either order; bounded as any reordering of 2 terms of torch_worker's S) and
+      // bits in either order; bounded as any reordering of 2 terms of torch_worker's S), and
       // clipped to 0.5 by norms summed in another order: the clip factors differ by at most
       // gamma(P) relatively, each clipped gradient by gamma(P) 0.5 (2 gamma(P) S, S = 0.25).
       // The optimizers step slices element-wise, as DDP's step the whole tensors.
@@ -568,12 +568,15 @@ TEST_CASE("ZeRO-1 and ZeRO-2 under the LibTorch adapter equal DDP (SGD Nesterov,
       auto bound = [&](std::size_t n, double magnitude) {
         return adam ? adam_reordering_bound(
                           {.lr = 0.01, .steps = kSteps, .longest_sum = n, .magnitude = magnitude})
-                    : reordering_bound({.lr = 0.1, .momentum = 0.9, .steps = kSteps,
-                                        .longest_sum = n, .magnitude = magnitude});
+                    : reordering_bound({.lr = 0.1,
+                                        .momentum = 0.9,
+                                        .steps = kSteps,
+                                        .longest_sum = n,
+                                        .magnitude = magnitude});
       };
       const double limit = bound(kWorld, 100) + bound(values.size(), 0.25);
-      MESSAGE("zero" << std::string(stage) << " " << optimizer << ": max |zero - ddp| " << diff
-                     << " (limit " << limit << ")");
+      MESSAGE("zero" << std::string(stage) << " " << std::string(optimizer) << ": max |zero - ddp| "
+                     << diff << " (limit " << limit << ")");
       CHECK(diff <= limit);
     }
   }
@@ -675,14 +678,14 @@ TEST_CASE("a LibTorch ZeRO-2 checkpoint of 4 ranks resumes at 2 (ZeRO-2, DDP) an
       // 2 |y^ - y| / 60 < 0.3 per row (|y^| < 4, |y| < 5), tanh outputs below 1, randn inputs
       // below 5, weights below 1: well under 50. Adam: no fp32 bound exists (tolerance.hpp),
       // so its limit is empirical: 1.5e-8 measured, 3e-8 the worst of scripts/cpu_variants.sh.
-      const double limit =
-          optimizer == "sgd" ? reordering_bound({.lr = 0.05,
-                                                 .momentum = 0.9,
-                                                 .steps = kSteps - 4,
-                                                 .longest_sum = 12 + 4 + 2,
-                                                 .magnitude = 50,
-                                                 .unit_roundoff = kUnitRoundoffF32})
-                             : 1e-5;
+      const double limit = optimizer == "sgd"
+                               ? reordering_bound({.lr = 0.05,
+                                                   .momentum = 0.9,
+                                                   .steps = kSteps - 4,
+                                                   .longest_sum = 12 + 4 + 2,
+                                                   .magnitude = 50,
+                                                   .unit_roundoff = kUnitRoundoffF32})
+                               : 1e-5;
       const double d = max_difference(read_doubles(dir / "resumed"), expected);
       MESSAGE(optimizer << " zero2 world 4 step 4 -> " << r.name
                         << ": max |resumed - uninterrupted| " << d << " (limit " << limit << ")");

@@ -315,23 +315,23 @@ int main(int argc, char** argv) {
                        : 100;
       const double lr = initial_lr;  // the weights' group's, the larger; the schedule lowers it
       const bool adam = optimizer_kind == "adam" || optimizer_kind == "adamw";
-      const double limit =
-          adam ? test::adam_reordering_bound({.lr = lr,
-                                              .steps = int(steps),
-                                              .longest_sum = longest_sum,
-                                              .magnitude = magnitude})
-               : test::reordering_bound({.lr = lr,
-                                         .momentum = 0.9,
-                                         .steps = int(steps),
-                                         .longest_sum = longest_sum,
-                                         .magnitude = magnitude});
+      const double limit = adam ? test::adam_reordering_bound({.lr = lr,
+                                                               .steps = int(steps),
+                                                               .longest_sum = longest_sum,
+                                                               .magnitude = magnitude})
+                                : test::reordering_bound({.lr = lr,
+                                                          .momentum = 0.9,
+                                                          .steps = int(steps),
+                                                          .longest_sum = longest_sum,
+                                                          .magnitude = magnitude});
       // BatchNorm's running statistics follow the batch statistics, which a weight difference
       // reaches through 9 inputs below 5 (the mean) and, doubled, outputs below 25 (the
       // variance): at most 2 * 25 * 9 * 5 times the weights' difference.
       const double buffer_limit = 2 * 25 * 9 * 5 * limit;
-      const double norm_limit = test::norm_reordering_bound({.norm_magnitude = 100 * std::sqrt(elements),
-                                                             .elements = elements,
-                                                             .longest_sum = longest_sum});
+      const double norm_limit =
+          test::norm_reordering_bound({.norm_magnitude = 100 * std::sqrt(elements),
+                                       .elements = elements,
+                                       .longest_sum = longest_sum});
       std::snprintf(line, sizeof line,
                     "training equals one process: max |diff| %.3g (limit %.3g), buffers %.3g "
                     "(limit %.3g), clip norm diff %.3g (limit %.3g) (%zu optimizer steps)",

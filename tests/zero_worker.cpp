@@ -121,8 +121,8 @@ int parity(Communicator& comm, const Flags& f) {
       const Batch b = my_slice(micro, rank, world);
       const bool boundary = k == f.accumulation - 1;
       const float scale = 1.0f / float(f.accumulation);
-      test::add_magnitudes(step_magnitudes,
-                           test::gradient_magnitudes(ddp_model, b.x, b.labels, scale / float(world)));
+      test::add_magnitudes(step_magnitudes, test::gradient_magnitudes(ddp_model, b.x, b.labels,
+                                                                      scale / float(world)));
       for (auto* s : {ddp.get(), zero.get()}) {
         raw_mlp::Mlp& model = s == ddp.get() ? ddp_model : zero_model;
         const std::uint64_t before = comm.bus_bytes();
@@ -190,9 +190,8 @@ int parity(Communicator& comm, const Flags& f) {
       "rank %d of %d (%s): zero%d %s, %d steps, accumulation %d, clip %g: max |zero - ddp| = %.3g "
       "(%s), clip norm diff %.3g; state bytes zero %zu ddp %zu; bus bytes zero %llu ddp %llu\n",
       rank, world, std::string(comm.backend_name()).c_str(), f.stage, f.optimizer.c_str(), f.steps,
-      f.accumulation, f.clip, diff,
-      required, norm_diff,
-      zero_opt->state_bytes(), ddp_opt->state_bytes(), static_cast<unsigned long long>(zero_bytes),
+      f.accumulation, f.clip, diff, required, norm_diff, zero_opt->state_bytes(),
+      ddp_opt->state_bytes(), static_cast<unsigned long long>(zero_bytes),
       static_cast<unsigned long long>(ddp_bytes));
   if (!exact) std::printf("FAIL parameters differ\n");
   if (!state_ok) std::printf("FAIL optimizer state is not this rank's slice's\n");

@@ -94,8 +94,8 @@ struct NormRun {
 };
 
 inline double norm_reordering_bound(const NormRun& r) {
-  return r.norm_magnitude * (2 * gamma_n(r.longest_sum, r.unit_roundoff) +
-                             gamma_n(r.elements, r.norm_unit_roundoff));
+  return r.norm_magnitude *
+         (2 * gamma_n(r.longest_sum, r.unit_roundoff) + gamma_n(r.elements, r.norm_unit_roundoff));
 }
 
 // A gradient clipped to norm c (clip_grad_norm) before the step: with the gradients d apart
