@@ -1,6 +1,7 @@
 // DDP equivalence over real processes: N ranks each training on their slice of every global
-// batch end with the parameters one process gets on the whole batches (max abs difference
-// 1e-5, fp32), over Gloo and MPI, with 2 and 4 ranks, with and without gradient accumulation.
+// batch end with the parameters one process gets on the whole batches (fp32, within the
+// first-order bound of tests/support/tolerance.hpp that ddp_worker checks), over Gloo and MPI,
+// with 2 and 4 ranks, with and without gradient accumulation.
 
 #include <doctest/doctest.h>
 

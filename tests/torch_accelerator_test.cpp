@@ -25,6 +25,7 @@
 #include "tests/support/files.hpp"
 #include "tests/support/ranks.hpp"
 #include "tests/support/skip.hpp"
+#include "tests/support/tolerance.hpp"
 
 using namespace accel;
 using namespace accel::test;
@@ -615,10 +616,26 @@ TEST_CASE("ZeRO-1 and ZeRO-2 under the LibTorch adapter equal DDP (SGD Nesterov,
       REQUIRE(values.size() == ddp.size());
       double diff = 0;
       for (std::size_t i = 0; i < values.size(); ++i) diff = std::max(diff, std::abs(values[i] - ddp[i]));
-      const std::string line = std::string("zero") + stage + " " + optimizer +
-                               ": max |zero - ddp| = " + std::to_string(diff);
-      MESSAGE(line);
-      CHECK(diff <= 1e-6);
+      // The same local gradients (fp64, torch_worker), reduced over 2 ranks (a + b is the same
+      // bits in either order; bounded as any reordering of 2 terms of torch_worker's S), and
+      // clipped to 0.5 by norms summed in another order: the clip factors differ by at most
+      // gamma(P) relatively, each clipped gradient by gamma(P) 0.5 (2 gamma(P) S, S = 0.25).
+      // The optimizers step slices element-wise, as DDP's step the whole tensors.
+      constexpr int kWorld = 2, kSteps = 10;  // 2 epochs of 10 batches, accumulation 2
+      const bool adam = optimizer != std::string("nesterov");
+      auto bound = [&](std::size_t n, double magnitude) {
+        return adam ? adam_reordering_bound(
+                          {.lr = 0.01, .steps = kSteps, .longest_sum = n, .magnitude = magnitude})
+                    : reordering_bound({.lr = 0.1,
+                                        .momentum = 0.9,
+                                        .steps = kSteps,
+                                        .longest_sum = n,
+                                        .magnitude = magnitude});
+      };
+      const double limit = bound(kWorld, 100) + bound(values.size(), 0.25);
+      MESSAGE("zero" << std::string(stage) << " " << std::string(optimizer) << ": max |zero - ddp| "
+                     << diff << " (limit " << limit << ")");
+      CHECK(diff <= limit);
     }
   }
 }
@@ -707,13 +724,30 @@ TEST_CASE("a LibTorch ZeRO-2 checkpoint of 4 ranks resumes at 2 (ZeRO-2, DDP) an
       const std::string loaded = o.substr(at, o.find('\n', at) - at);
       const std::string& before = saved.at(r.from);
       CHECK(loaded.substr(loaded.find(", step")) == before.substr(before.find(", step")));
+      // The same float values (squares exact in double), summed in another order: within
+      // 2 gamma(N) of each other relatively, N <= 3 state arrays x 445 parameters + 4 ranks.
       CHECK(std::abs(sum_of_squares(loaded) - sum_of_squares(before)) <=
-            1e-9 * sum_of_squares(before));
+            2 * gamma_n(3 * 445 + 4, kUnitRoundoffF64) * sum_of_squares(before));
       if (!r.more.empty()) saved[r.more[1]] = state_line(resumed);
+      // Steps 5 to 8 split the global batch of 12 otherwise (fp32: the adapter reshards only
+      // float optimizer state). SGD: the tanh MLP is smooth (no ReLU or max-pool decision to
+      // flip), so first order holds; the weights' group has the larger lr / (1 - momentum);
+      // sums of 12 rows, 4 rank partials and two scale roundings; terms: mse error
+      // 2 |y^ - y| / 60 < 0.3 per row (|y^| < 4, |y| < 5), tanh outputs below 1, randn inputs
+      // below 5, weights below 1: well under 50. Adam: no fp32 bound exists (tolerance.hpp),
+      // so its limit is empirical: 1.5e-8 measured, 3e-8 the worst of scripts/cpu_variants.sh.
+      const double limit = optimizer == "sgd"
+                               ? reordering_bound({.lr = 0.05,
+                                                   .momentum = 0.9,
+                                                   .steps = kSteps - 4,
+                                                   .longest_sum = 12 + 4 + 2,
+                                                   .magnitude = 50,
+                                                   .unit_roundoff = kUnitRoundoffF32})
+                               : 1e-5;
       const double d = max_difference(read_doubles(dir / "resumed"), expected);
       MESSAGE(optimizer << " zero2 world 4 step 4 -> " << r.name
-                        << ": max |resumed - uninterrupted| = " << d);
-      CHECK(d <= 1e-5);
+                        << ": max |resumed - uninterrupted| " << d << " (limit " << limit << ")");
+      CHECK(d <= limit);
     }
 
     if (optimizer != "adam") continue;
@@ -733,8 +767,10 @@ TEST_CASE("a LibTorch ZeRO-2 checkpoint of 4 ranks resumes at 2 (ZeRO-2, DDP) an
     const torch::Tensor y = torch::from_blob(floats.data() + 70, {7, 5}).clone();
     torch::NoGradGuard no_grad;
     const double d = (plain->forward(x) - y).abs().max().item<double>();
-    MESSAGE("merge-weights of the ZeRO-2 world-4 LibTorch checkpoint: max |logits - trained| = "
-            << d);
-    CHECK(d <= 1e-6);
+    // The same values through the same LibTorch kernels (this process inherits the worker's
+    // ATEN_CPU_CAPABILITY and OPENBLAS_CORETYPE): the same bits.
+    MESSAGE("merge-weights of the ZeRO-2 world-4 LibTorch checkpoint: max |logits - trained| "
+            << d << " (bitwise required)");
+    CHECK(d == 0);
   }
 }

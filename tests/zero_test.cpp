@@ -1,5 +1,6 @@
 // ZeRO stages 1 and 2 over real processes (zero_worker does the checking): parameters after
-// 50 steps equal DDP's within 1e-6 with SGD (momentum, Nesterov, weight decay), Adam and
+// 50 steps equal DDP's (SGD: within the first-order bound of tests/support/tolerance.hpp;
+// Adam, AdamW: within 1e-6, empirical) with SGD (momentum, Nesterov, weight decay), Adam and
 // AdamW, two param groups, gradient accumulation 4 and clipping, over Gloo and MPI with 2 and
 // 4 ranks; a world of one is bitwise the unsharded optimizer; bytes moved per step equal
 // DDP's within 1%; optimizer state per rank is the unsharded state / N for an 11.5M-parameter
@@ -237,10 +238,15 @@ TEST_CASE("a ZeRO checkpoint saved at world 4 resumes at world 2 (ZeRO, DDP) and
   const double d3 = max_abs_diff(whole, read_doubles(dir + "/zero3.bin"));
   MESSAGE("resumed at world 2 (ZeRO-2): max diff " << d2 << "; at world 2 (DDP): " << d2ddp
           << "; at world 1: " << d1 << "; saved at world 1, resumed at world 3 (ZeRO-2): " << d3);
-  CHECK(d2 <= 1e-5);
-  CHECK(d2ddp <= 1e-5);
-  CHECK(d1 <= 1e-5);
-  CHECK(d3 <= 1e-5);
+  // Another world splits each global batch of 24 otherwise after the resume, and the raw
+  // loops are the same bits on every x86-64 CPU; but the run is AdamW in fp32, for which no
+  // first-order bound exists (tests/support/tolerance.hpp) and the raw MLP has no fp64
+  // variant: the limit is empirical, 6e-8 measured.
+  constexpr double kLimit = 1e-5;
+  CHECK(d2 <= kLimit);
+  CHECK(d2ddp <= kLimit);
+  CHECK(d1 <= kLimit);
+  CHECK(d3 <= kLimit);
 }
 
 TEST_CASE("two backwards before one step (a GAN's discriminator) equal plain training under "
