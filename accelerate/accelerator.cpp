@@ -9,6 +9,7 @@
 #include "backends/optim/clip.hpp"
 #include "backends/optim/elementwise.hpp"
 #include "backends/optim/host_collectives.hpp"
+#include "backends/strategy_factory.hpp"
 #include "config/detect.hpp"
 #include "config/resolve.hpp"
 
@@ -85,23 +86,12 @@ std::vector<AgreedValue> prepare_agreement(const StrategyOptions& strategy, int 
                                            const std::string& mixed_precision,
                                            const std::vector<ParamRef>& params,
                                            const std::vector<Buffer>& buffers) {
-  std::string kind = strategy.kind;
-  if (kind == "zero") kind += " stage " + std::to_string(strategy.zero.stage);
-  if (kind == "data_parallel")
-    kind += " (" + std::to_string(strategy.data_parallel.replicas) + " replicas)";
   std::vector<AgreedValue> v = {
-      {"strategy", "'" + kind + "'"},
+      {"strategy", "'" + strategy_description(strategy) + "'"},
       {"gradient_accumulation_steps", std::to_string(accumulation)},
       {"mixed_precision", "'" + mixed_precision + "'"},
   };
-  if (strategy.kind == "zero") {
-    v.push_back({"ZeRO bucket_cap_bytes", std::to_string(strategy.zero.bucket_cap_bytes)});
-    v.push_back({"ZeRO offload_optimizer",
-                 strategy.zero.offload_optimizer == OffloadDevice::cpu ? "'cpu'" : "'none'"});
-  } else {
-    v.push_back({"DDP bucket sizes", std::to_string(strategy.ddp.first_bucket_bytes) + " first, then " +
-                                         std::to_string(strategy.ddp.bucket_cap_bytes) + " bytes"});
-  }
+  for (auto& [what, value] : strategy_settings(strategy)) v.push_back({what, value});
   v.push_back({"number of parameters", std::to_string(params.size())});
   for (std::size_t i = 0; i < params.size(); ++i) {
     const ParamRef& p = params[i];
@@ -145,7 +135,7 @@ Accelerator::Accelerator(AcceleratorOptions options) : options_(std::move(option
   strategy_options_.ddp = options_.ddp;
   strategy_options_.zero = options_.zero;
   if (settings.config.distributed_type == config::DistributedType::ZERO) {
-    strategy_options_.kind = "zero";
+    strategy_options_.kind = StrategyKind::zero;
     strategy_options_.zero.stage = settings.config.zero_stage;
     ACCEL_CHECK_ARG(strategy_options_.zero.stage == 1 || strategy_options_.zero.stage == 2,
                     "zero_stage " + std::to_string(settings.config.zero_stage) + " (from " +
@@ -155,7 +145,7 @@ Accelerator::Accelerator(AcceleratorOptions options) : options_(std::move(option
       strategy_options_.zero.offload_optimizer = OffloadDevice::cpu;
   }
   if (settings.config.distributed_type == config::DistributedType::DATA_PARALLEL) {
-    strategy_options_.kind = "data_parallel";
+    strategy_options_.kind = StrategyKind::data_parallel;
     DataParallelOptions& dp = strategy_options_.data_parallel;
     if (config::uses_gpu(settings.config)) {
       dp.cuda_devices = data_parallel_gpus(settings);
@@ -194,8 +184,9 @@ int Accelerator::cuda_device() const {
 }
 
 int Accelerator::replica_cuda_device(int replica) const {
+  // Set only under DATA_PARALLEL on GPUs.
   const DataParallelOptions& dp = strategy_options_.data_parallel;
-  if (strategy_options_.kind != "data_parallel" || dp.cuda_devices.empty()) return -1;
+  if (dp.cuda_devices.empty()) return -1;
   return dp.cuda_devices[std::size_t(replica)];
 }
 
@@ -205,9 +196,8 @@ void Accelerator::set_cuda_stream(DeviceStream stream) { comm().set_compute_stre
 
 void Accelerator::prepare_parameters(std::vector<ParamRef> params, std::vector<Buffer> buffers) {
   ACCEL_CHECK_ARG(!strategy_, "prepare_parameters: parameters were already prepared");
-  ACCEL_CHECK_ARG(strategy_options_.kind != "data_parallel" ||
-                      int(strategy_options_.data_parallel.replica_params.size()) + 1 ==
-                          strategy_options_.data_parallel.replicas,
+  ACCEL_CHECK_ARG(int(strategy_options_.data_parallel.replica_params.size()) + 1 ==
+                      strategy_options_.data_parallel.replicas,
                   "prepare: DATA_PARALLEL with " +
                       std::to_string(strategy_options_.data_parallel.replicas) +
                       " replicas needs copies of the model: prepare(model, params_of, optimizer) "
@@ -258,19 +248,15 @@ void Accelerator::optimizer_step() {
 }
 
 int Accelerator::data_parallel_replicas() const {
-  return strategy_options_.kind == "data_parallel" ? strategy_options_.data_parallel.replicas : 1;
+  return strategy_options_.data_parallel.replicas;  // 1 unless DATA_PARALLEL set it
 }
 
-DataParallelStrategy* Accelerator::data_parallel_strategy() {
-  return dynamic_cast<DataParallelStrategy*>(&strategy());
-}
-
-std::vector<Shard> Accelerator::begin_replica_chunks(DataParallelStrategy& dp, std::size_t rows) {
-  std::vector<Shard> chunks = chunk_rows(rows, dp.replicas());
+std::vector<Shard> Accelerator::begin_replica_chunks(ReplicaSet& dp, std::size_t rows) {
+  std::vector<Shard> chunks = chunk_rows(rows, dp.count());
   std::vector<double> weights(chunks.size(), 0.0);
   for (std::size_t k = 0; k < chunks.size(); ++k)
     weights[k] = rows == 0 ? (k == 0 ? 1.0 : 0.0) : double(chunks[k].count) / double(rows);
-  dp.set_replica_weights(std::move(weights));
+  dp.set_weights(std::move(weights));
   return chunks;
 }
 

@@ -52,7 +52,6 @@
 #include "backends/comm/error.hpp"
 #include "backends/comm/reduce.hpp"
 #include "backends/optim/optimizer.hpp"
-#include "backends/strategy_factory.hpp"
 
 namespace accel {
 
@@ -126,8 +125,8 @@ class Accelerator {
   // the prepared optimizer, then lets the strategy finish the step (ZeRO: all-gather).
   void optimizer_step();
   Strategy& strategy();
-  // What the config chose: "ddp", "zero" (with the ZeRO stage) or "data_parallel" (with the
-  // replica count).
+  // What the config chose: StrategyKind ddp, zero (with the ZeRO stage) or data_parallel
+  // (with the replica count).
   const StrategyOptions& strategy_options() const { return strategy_options_; }
 
   // ---- a model the strategy may replicate (the raw API's way to run under DataParallel too)
@@ -176,14 +175,14 @@ class Accelerator {
   // loss over all rows.
   template <typename Model, typename Fn>
   float forward_backward(Model& model, std::size_t rows, Fn&& fn) {
-    DataParallelStrategy* dp = data_parallel_strategy();
+    ReplicaSet* dp = strategy().replicas();
     if (dp == nullptr) return float(fn(model, std::size_t{0}, rows, GradReady(this)));
     ACCEL_CHECK_ARG(static_cast<const void*>(&model) == prepared_model_,
                     "forward_backward: under DATA_PARALLEL the model must be the one given to "
                     "prepare(model, params_of, optimizer)");
     const std::vector<Shard> chunks = begin_replica_chunks(*dp, rows);
     std::vector<double> losses(chunks.size(), 0.0);
-    dp->run_replicas([&](int k) {
+    dp->run([&](int k) {
       const Shard c = chunks[std::size_t(k)];
       if (c.count == 0) return;
       Model& replica = k == 0 ? model : *static_cast<Model*>(replica_models_[std::size_t(k) - 1].get());
@@ -196,8 +195,6 @@ class Accelerator {
   // The replica count under DATA_PARALLEL (data_parallel_replicas, 0 resolved to the cores);
   // 1 otherwise.
   int data_parallel_replicas() const;
-  // The DataParallel strategy, or null under any other.
-  DataParallelStrategy* data_parallel_strategy();
   // Replica k's GPU under DATA_PARALLEL on GPUs, else -1.
   int replica_cuda_device(int replica) const;
 
@@ -324,12 +321,12 @@ class Accelerator {
   // gradients live elsewhere (a GPU) overrides them.
   virtual bool unscale_gradients(double scale);
   virtual void discard_gradients();
-  // For a front end (the LibTorch adapter) to set what only it knows (ZeroOptions::release_grad)
+  // For a front end (the LibTorch adapter) to set what only it knows (the replicas it made)
   // before prepare_parameters.
   StrategyOptions& strategy_options_to_prepare() { return strategy_options_; }
   // DataParallel: the chunks of `rows` per replica (torch.chunk's rule), and each replica's
   // gradient weighted by its share of the rows in the coming reduction.
-  static std::vector<Shard> begin_replica_chunks(DataParallelStrategy& dp, std::size_t rows);
+  static std::vector<Shard> begin_replica_chunks(ReplicaSet& replicas, std::size_t rows);
   // For a front end with an optimizer of its own (the LibTorch adapter): its state is saved
   // and loaded as prepare()'s built-in optimizer's is ("optimizer": one blob under DDP, each
   // rank's slices under ZeRO; any strategy and world size loads it). save() returns it in

@@ -3,18 +3,51 @@
 // ZeRO, DataParallel, or nothing for a single process). The front end (Accelerator) drives a
 // Strategy through these calls and nothing else, so a training loop does not change when the
 // config picks another strategy. Strategies see parameters as typed buffer views, never as
-// framework tensors: LibTorch and raw C++ loops are served alike.
-
+// framework tensors: LibTorch and raw C++ loops are served alike. Adding a strategy: a folder
+// in backends/, its options below, one line in strategy_factory.cpp.
+//
+// Gradient storage (the contract between a strategy and the front end):
+//  - a ParamRef's grad with data is the loop's own buffer, valid for the strategy's life: the
+//    strategy reads it at grad_ready / sync_gradients and writes the synchronised gradient
+//    back there or into segments();
+//  - a ParamRef's grad without data (gradient_wanted(data): dtype, count, device only) asks the
+//    strategy for storage, and gradient_storage() says what it gives:
+//      slots: grad_slot(replica, i), allocated by the constructor, valid until destruction;
+//             the framework makes its gradient live there (DDP's bucket view, ZeRO-1's flat
+//             buffer, DataParallel's per-replica storage);
+//      lent:  no storage (ZeRO-2): the framework allocates a gradient per backward and lends
+//             it, lend_grad(i, grad), before grad_ready(i); once the strategy copied it,
+//             take_released() lists i and the framework frees it ("released"). A parameter
+//             with nothing lent counts as zero; withdraw_grads() says the framework freed
+//             every lent gradient (zero_grad's set_to_none).
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "backends/comm/communicator.hpp"
+#include "backends/comm/error.hpp"
+#include "backends/comm/reduce.hpp"
 
 namespace accel {
+
+// Which strategy make_strategy builds (the config's distributed_type picks it).
+enum class StrategyKind {
+  ddp,           // also the world of one and every other multi-process type
+  zero,          // ZeroOptions::stage
+  data_parallel  // one process, DataParallelOptions::replicas replicas on threads
+};
+
+// A gradient the strategy is asked to store (see the contract above).
+inline Buffer gradient_wanted(const Buffer& data) {
+  return Buffer{nullptr, data.count, data.dtype, data.device};
+}
+
+// What a strategy gives for gradients asked of it (see the contract above).
+enum class GradientStorage { slots, lent };
 
 // One trainable parameter: its values and its gradient (same dtype, count and device), and
 // the optimizer param group it belongs to (ZeRO lays out one flat buffer per group and dtype).
@@ -39,6 +72,67 @@ struct ParamSegment {
   // same coordinates under every strategy and world size: checkpoints reshard by them; a
   // ZeRO slice may reach past the end into padding).
   std::size_t offset = 0;
+};
+
+// ---- each strategy's options (make_strategy passes the one its kind names)
+
+struct DdpOptions {
+  std::size_t bucket_cap_bytes = 25u << 20;
+  std::size_t first_bucket_bytes = 1u << 20;
+  bool broadcast_buffers = true;  // re-broadcast buffers (e.g. BatchNorm statistics) each step
+};
+
+// Where the optimizer state lives (the config's offload_optimizer_device).
+enum class OffloadDevice { none, cpu };
+
+struct ZeroOptions {
+  int stage = 2;  // 1 or 2
+  // cpu with parameters on a GPU: the optimizer steps pinned host copies of this rank's
+  // slices (zero_strategy.hpp); with CPU parameters it changes nothing (a note says so).
+  OffloadDevice offload_optimizer = OffloadDevice::none;
+  std::size_t bucket_cap_bytes = 25u << 20;  // gradient reduce-scatter buckets
+  bool broadcast_buffers = true;             // as DdpOptions::broadcast_buffers
+};
+
+struct DataParallelOptions {
+  int replicas = 1;  // K, replica 0 included
+  // Empty: CPU replicas. Else the CUDA device of each replica (K entries; devices may repeat,
+  // several replicas sharing a GPU), which its parameters and gradients must be on.
+  std::vector<int> cuda_devices;
+  // Runs once on each worker thread k before its first task (the LibTorch adapter sets the
+  // worker's intra-op thread count there).
+  std::function<void(int)> worker_init;
+  // Replicas 1..K-1: parameters (matching replica 0's one for one) and buffers.
+  std::vector<std::vector<ParamRef>> replica_params;
+  std::vector<std::vector<Buffer>> replica_buffers;
+};
+
+struct StrategyOptions {
+  StrategyKind kind = StrategyKind::ddp;
+  DdpOptions ddp;
+  ZeroOptions zero;  // zero.stage from the config's zero_stage
+  // replicas from the config's data_parallel_replicas; the front end adds the copies.
+  DataParallelOptions data_parallel;
+};
+
+// Replicas of the model in this process (DataParallel): the front end runs each replica's
+// forward and backward through run(), and weights each replica's gradient by its share of the
+// batch; the strategy sums them into replica 0 at sync_gradients().
+// How `rows` rows are split between `replicas` replicas: torch.chunk's rule (what
+// torch.nn.DataParallel scatters by): contiguous chunks of ceil(rows / replicas) rows, the last
+// one shorter, so fewer replicas get rows when rows does not fill them (10 over 4: 3, 3, 3, 1;
+// 6 over 4: 2, 2, 2, 0). Always `replicas` entries, empty ones at the end.
+std::vector<Shard> chunk_rows(std::size_t rows, int replicas);
+
+class ReplicaSet {
+ public:
+  virtual ~ReplicaSet() = default;
+  virtual int count() const = 0;  // K, replica 0 (the prepared model) included
+  // Runs fn(k) for every replica k on its worker thread (replica k's CUDA device current for
+  // GPU replicas) and returns when all are done.
+  virtual void run(const std::function<void(int)>& fn) = 0;
+  // The weight of each replica's gradient in the next reductions (K values; default all 1).
+  virtual void set_weights(std::vector<double> weights) = 0;
 };
 
 class Strategy {
@@ -82,10 +176,54 @@ class Strategy {
   // ZeRO copies them into its flat buffers; DDP holds no copy.
   virtual void reload_parameters() {}
 
+  // ---- storage the strategy provides (see the contract at the top)
+  // For ParamRefs given without gradient storage.
+  virtual GradientStorage gradient_storage() const = 0;
+  // slots: where parameter `index`'s gradient of `replica` lives (replica 0 unless
+  // replicas() says otherwise); same dtype, count and device as the parameter.
+  virtual Buffer grad_slot(int replica, std::size_t index) const;
+  // lent: the framework's gradient of parameter `index` for this backward.
+  virtual void lend_grad(std::size_t index, Buffer grad);
+  // lent: the parameters whose lent gradient the strategy no longer reads, since the last call.
+  virtual std::vector<std::size_t> take_released() { return {}; }
+  // lent: the framework freed every lent gradient.
+  virtual void withdraw_grads() {}
+  // Whether the strategy keeps the parameters' values in storage of its own (ZeRO's flat
+  // buffers) that the framework may make its parameters live in: param_slot(i) is parameter
+  // i's place, and after use_param_slots() the strategy writes updated values only there.
+  virtual bool has_param_slots() const { return false; }
+  virtual Buffer param_slot(std::size_t index) const;
+  virtual void use_param_slots();
+  // The replicas of the model in this process (DataParallel), or null.
+  virtual ReplicaSet* replicas() { return nullptr; }
+
   // Gradient memory this strategy allocated, in bytes (DDP: its buckets; ZeRO-1: the flat
   // gradient buffers; ZeRO-2: the owned slices and two buckets).
   virtual std::size_t gradient_bytes() const = 0;
 };
 
+inline std::string_view strategy_kind_name(StrategyKind kind) {
+  switch (kind) {
+    case StrategyKind::ddp: return "ddp";
+    case StrategyKind::zero: return "zero";
+    case StrategyKind::data_parallel: return "data_parallel";
+  }
+  return "unknown";
+}
+
+// What a strategy does not provide is a programming error of the front end's: it asked
+// without checking gradient_storage() / has_param_slots().
+inline Buffer Strategy::grad_slot(int, std::size_t) const {
+  throw InvalidArgument(std::string(name()) + " keeps no gradient slots");
+}
+inline void Strategy::lend_grad(std::size_t, Buffer) {
+  throw InvalidArgument(std::string(name()) + " takes no lent gradients");
+}
+inline Buffer Strategy::param_slot(std::size_t) const {
+  throw InvalidArgument(std::string(name()) + " keeps no parameter storage");
+}
+inline void Strategy::use_param_slots() {
+  throw InvalidArgument(std::string(name()) + " keeps no parameter storage");
+}
 
 }  // namespace accel

@@ -124,7 +124,7 @@ void check_replicas(const std::vector<int>& devices) {
       CHECK(download(dp.replica_params(k)[i].data, devices) == values[i]);
     CHECK(download(replicas[std::size_t(k)]->buffer.view(), devices) == buffer_values);
     // The gradient storage the strategy allocated is on the replica's GPU.
-    CHECK(cuda_device_of(dp.grad_view(k, kSizes.size() - 1).data) == devices[std::size_t(k)]);
+    CHECK(cuda_device_of(dp.grad_slot(k, kSizes.size() - 1).data) == devices[std::size_t(k)]);
   }
 
   // Weighted (DataParallel's shares of the rows), then plain sums.
@@ -139,10 +139,10 @@ void check_replicas(const std::vector<int>& devices) {
       for (std::size_t i = 0; i < kSizes.size(); ++i) {
         grads[std::size_t(k)].push_back(random_floats(kSizes[i], rng));
         CudaDeviceGuard replica(devices[std::size_t(k)]);
-        upload(dp.grad_view(k, i), grads[std::size_t(k)][i]);
+        upload(dp.grad_slot(k, i), grads[std::size_t(k)][i]);
       }
     drain(devices);
-    dp.set_replica_weights(weights);
+    dp.set_weights(weights);
     dp.sync_gradients();
     for (std::size_t i = 0; i < kSizes.size(); ++i) {
       CAPTURE(i);
@@ -151,9 +151,9 @@ void check_replicas(const std::vector<int>& devices) {
       for (int k = 1; k < k_count; ++k)
         sources.push_back(buffer_of(std::span(grads[std::size_t(k)][i])));
       weighted_sum(buffer_of(std::span(expected)), sources, weights, 1.0);
-      CHECK(download(dp.grad_view(0, i), devices) == expected);
+      CHECK(download(dp.grad_slot(0, i), devices) == expected);
       for (int k = 1; k < k_count; ++k)
-        CHECK(download(dp.grad_view(k, i), devices) == std::vector<float>(kSizes[i], 0.0f));
+        CHECK(download(dp.grad_slot(k, i), devices) == std::vector<float>(kSizes[i], 0.0f));
     }
   }
 
@@ -175,7 +175,7 @@ void check_replicas(const std::vector<int>& devices) {
 
   // The replica's work ran with its GPU current.
   std::vector<int> seen(std::size_t(k_count), -1);
-  dp.run_replicas([&](int k) { seen[std::size_t(k)] = current_cuda_device(); });
+  dp.run([&](int k) { seen[std::size_t(k)] = current_cuda_device(); });
   CHECK(seen == devices);
 }
 

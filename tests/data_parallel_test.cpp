@@ -125,8 +125,8 @@ std::vector<float> train_mlp(int replicas, const MlpRun& run,
     out.insert(out.end(), l.weight.begin(), l.weight.end());
     out.insert(out.end(), l.bias.begin(), l.bias.end());
   }
-  if (auto* dp = acc.data_parallel_strategy()) {  // replicas hold replica 0's values
-    for (int k = 1; k < dp->replicas(); ++k)
+  if (auto* dp = dynamic_cast<DataParallelStrategy*>(&acc.strategy())) {  // replicas hold replica 0's values
+    for (int k = 1; k < dp->count(); ++k)
       for (std::size_t i = 0; i < dp->params().size(); ++i) {
         const Buffer a = dp->params()[i].data, b = dp->replica_params(k)[i].data;
         CHECK(std::equal(static_cast<float*>(a.data), static_cast<float*>(a.data) + a.count,
@@ -444,7 +444,7 @@ TEST_CASE("DataParallel workers get cores / K intra-op threads, the caller keeps
   torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1));
   auto [model, opt] = acc.prepare(net, sgd);
   std::vector<int> inside(2, 0);
-  acc.data_parallel_strategy()->run_replicas([&](int k) { inside[std::size_t(k)] = at::get_num_threads(); });
+  acc.strategy().replicas()->run([&](int k) { inside[std::size_t(k)] = at::get_num_threads(); });
   CHECK(inside[0] == std::max(1, before / 2));
   CHECK(inside[1] == std::max(1, before / 2));
   CHECK(at::get_num_threads() == before);

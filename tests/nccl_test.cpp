@@ -15,6 +15,7 @@
 #include "backends/optim/elementwise.hpp"
 #include "backends/optim/sgd.hpp"
 #include "backends/strategy_factory.hpp"
+#include "backends/zero/zero_strategy.hpp"
 #include "tests/support/ranks.hpp"
 #include "tests/support/skip.hpp"
 #include "tests/support/staging.hpp"
@@ -60,7 +61,7 @@ const std::vector<std::size_t> kParamSizes = {37, 300, 5, 1000, 64};
 constexpr std::size_t kUnused = 2;
 
 struct LoopSettings {
-  std::string kind = "ddp";  // or "zero"
+  StrategyKind kind = StrategyKind::ddp;  // or zero
   int stage = 1;
   OffloadDevice offload = OffloadDevice::none;
   int accumulation = 1;
@@ -197,8 +198,8 @@ TEST_CASE("DDP and ZeRO on CUDA parameters over NCCL match the host loop (world 
   LocalCommunicator local;
   ComputeStream compute;
   for (int accumulation : {1, 3}) {
-    for (const auto& [kind, stage] : std::vector<std::pair<std::string, int>>{{"ddp", 0}, {"zero", 1}, {"zero", 2}}) {
-      CAPTURE(kind);
+    for (const auto& [kind, stage] : std::vector<std::pair<StrategyKind, int>>{{StrategyKind::ddp, 0}, {StrategyKind::zero, 1}, {StrategyKind::zero, 2}}) {
+      CAPTURE(std::string(strategy_kind_name(kind)));
       CAPTURE(stage);
       CAPTURE(accumulation);
       LoopSettings s;
@@ -221,7 +222,7 @@ TEST_CASE("ZeRO optimizer offload to CPU gives the parameters of no offload (wor
   for (int stage : {1, 2}) {
     CAPTURE(stage);
     LoopSettings s;
-    s.kind = "zero";
+    s.kind = StrategyKind::zero;
     s.stage = stage;
     s.accumulation = 2;
     const auto plain = train(*nccl, s, compute.stream);

@@ -14,6 +14,7 @@
 #include "backends/comm/local_communicator.hpp"
 #include "backends/optim/sgd.hpp"
 #include "backends/strategy_factory.hpp"
+#include "backends/zero/zero_strategy.hpp"
 #include "tests/support/files.hpp"
 
 using namespace accel;
@@ -32,7 +33,7 @@ std::vector<std::vector<float>> train_zero(OffloadDevice offload, bool* offloade
     params.push_back({"p" + std::to_string(i), buffer_of(std::span(values[i])),
                       buffer_of(std::span(grads[i]))});
   StrategyOptions options;
-  options.kind = "zero";
+  options.kind = StrategyKind::zero;
   options.zero.stage = 2;
   options.zero.bucket_cap_bytes = 64;
   options.zero.offload_optimizer = offload;
@@ -43,7 +44,7 @@ std::vector<std::vector<float>> train_zero(OffloadDevice offload, bool* offloade
   // One flat buffer, all of it this rank's: the optimizer steps it in place, no host copy.
   const std::vector<ParamSegment> segments = strategy->segments();
   REQUIRE(segments.size() == 1);
-  CHECK(segments[0].values.data == zero.param_view(0).data);
+  CHECK(segments[0].values.data == zero.param_slot(0).data);
   Sgd sgd(SgdOptions{.lr = 0.1, .momentum = 0.9});
   for (int step = 0; step < 5; ++step) {
     for (std::size_t i = 0; i < values.size(); ++i) {
@@ -77,8 +78,8 @@ TEST_CASE("parameters on another device than the communicator's are refused, nam
   std::vector<ParamRef> params = {
       {"encoder.weight", Buffer{values, 4, DType::f32, DeviceKind::cuda},
        Buffer{grads, 4, DType::f32, DeviceKind::cuda}}};
-  for (const char* kind : {"ddp", "zero"}) {
-    CAPTURE(kind);
+  for (const StrategyKind kind : {StrategyKind::ddp, StrategyKind::zero}) {
+    CAPTURE(std::string(strategy_kind_name(kind)));
     StrategyOptions options;
     options.kind = kind;
     CHECK_THROWS_WITH_AS(make_strategy(comm, params, {}, options),
@@ -104,12 +105,12 @@ TEST_CASE("the Accelerator hands offload_optimizer_device to ZeRO") {
   options.zero_stage = 2;
   Accelerator accelerator(options);
   ::unsetenv("ACCEL_OFFLOAD_OPTIMIZER_DEVICE");
-  CHECK(accelerator.strategy_options().kind == "zero");
+  CHECK(accelerator.strategy_options().kind == StrategyKind::zero);
   CHECK(accelerator.strategy_options().zero.offload_optimizer == OffloadDevice::cpu);
   std::vector<float> w(6, 1.0f), g(6, 0.0f);
   accelerator.prepare_parameters({{"w", buffer_of(std::span(w)), buffer_of(std::span(g))}});
   // CPU parameters: nothing to offload, the optimizer steps the flat buffer itself.
   auto& zero = dynamic_cast<ZeroStrategy&>(accelerator.strategy());
   CHECK_FALSE(zero.offloads_optimizer());
-  CHECK(zero.segments()[0].values.data == zero.param_view(0).data);
+  CHECK(zero.segments()[0].values.data == zero.param_slot(0).data);
 }

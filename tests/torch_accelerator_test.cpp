@@ -22,6 +22,7 @@
 #include "accelerate/torch/torch_accelerator.hpp"
 #include "accelerate/torch/torch_state.hpp"
 #include "backends/comm/registry.hpp"
+#include "backends/ddp/ddp_strategy.hpp"
 #include "tests/support/files.hpp"
 #include "tests/support/ranks.hpp"
 #include "tests/support/skip.hpp"
@@ -77,7 +78,7 @@ TEST_CASE("gradients live in the DDP buckets and accumulate in place") {
   REQUIRE(params.size() == 4);
   for (std::size_t i = 0; i < params.size(); ++i) {
     REQUIRE(params[i].grad().defined());
-    CHECK(params[i].grad().data_ptr() == ddp.grad_view(i).data);
+    CHECK(params[i].grad().data_ptr() == ddp.grad_slot(0, i).data);
   }
 
   const auto x = torch::randn({5, 6});
@@ -93,14 +94,14 @@ TEST_CASE("gradients live in the DDP buckets and accumulate in place") {
     CHECK(opt.step_was_skipped() == !synced);
     if (micro == 0) CHECK(torch::equal(params[0], before));  // skipped: nothing changed
     for (std::size_t i = 0; i < params.size(); ++i)
-      CHECK(params[i].grad().data_ptr() == ddp.grad_view(i).data);
+      CHECK(params[i].grad().data_ptr() == ddp.grad_slot(0, i).data);
   }
   CHECK(acc.step() == 3);
   CHECK_FALSE(torch::equal(params[0], before));
 
   // LibTorch's own zero_grad zeroes in place too: the views survive it.
   opt.optimizer().zero_grad();
-  CHECK(params[0].grad().data_ptr() == ddp.grad_view(0).data);
+  CHECK(params[0].grad().data_ptr() == ddp.grad_slot(0, 0).data);
   CHECK(params[0].grad().abs().sum().item<double>() == 0);
 }
 
@@ -114,7 +115,7 @@ TEST_CASE("a gradient the user reset is moved back into its bucket") {
   params[1].mutable_grad() = torch::Tensor();  // as zero_grad(set_to_none=true) would
   const auto x = torch::randn({4, 6});
   acc.backward(model->forward(x).sum());
-  CHECK(params[1].grad().data_ptr() == ddp.grad_view(1).data);
+  CHECK(params[1].grad().data_ptr() == ddp.grad_slot(0, 1).data);
   CHECK(params[1].grad().abs().sum().item<double>() > 0);
 }
 

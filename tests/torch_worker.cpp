@@ -27,6 +27,8 @@
 #include <torch/torch.h>
 
 #include "accelerate/torch/torch_accelerator.hpp"
+#include "backends/ddp/ddp_strategy.hpp"
+#include "backends/zero/zero_strategy.hpp"
 #include "tests/support/tolerance.hpp"
 
 using namespace accel;
@@ -188,7 +190,7 @@ int main(int argc, char** argv) {
     bool views = true;
     if (ddp) {
       for (const auto& p : params) grad_ptrs.push_back(p.grad().data_ptr());
-      for (std::size_t i = 0; i < params.size(); ++i) views &= grad_ptrs[i] == ddp->grad_view(i).data;
+      for (std::size_t i = 0; i < params.size(); ++i) views &= grad_ptrs[i] == ddp->grad_slot(0, i).data;
     }
 
     // The same synthetic dataset on every rank: 10 global batches of 4 per rank, the last
@@ -270,7 +272,7 @@ int main(int argc, char** argv) {
 
     if (ddp) {
       for (std::size_t i = 0; i < params.size(); ++i)
-        views &= params[i].grad().data_ptr() == grad_ptrs[i] && grad_ptrs[i] == ddp->grad_view(i).data;
+        views &= params[i].grad().data_ptr() == grad_ptrs[i] && grad_ptrs[i] == ddp->grad_slot(0, i).data;
       report(views, "gradients stay views of the DDP buckets");
     } else {
       // ZeRO: the optimizer holds this rank's slices, and the parameters live in the flat buffer.
@@ -280,7 +282,7 @@ int main(int argc, char** argv) {
       for (const auto& group : opt->optimizer().param_groups())
         for (const auto& p : group.params()) optimizer_elements += std::size_t(p.numel());
       bool in_flat = true;
-      for (std::size_t i = 0; i < params.size(); ++i) in_flat &= params[i].data_ptr() == zero.param_view(i).data;
+      for (std::size_t i = 0; i < params.size(); ++i) in_flat &= params[i].data_ptr() == zero.param_slot(i).data;
       report(slice_elements == optimizer_elements && in_flat,
              "the optimizer steps this rank's " + std::to_string(optimizer_elements) +
                  " slice elements; parameters live in the flat buffers (" +

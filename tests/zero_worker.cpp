@@ -102,7 +102,7 @@ int parity(Communicator& comm, const Flags& f) {
   StrategyOptions ddp_options, zero_options;
   ddp_options.ddp.first_bucket_bytes = 512;
   ddp_options.ddp.bucket_cap_bytes = 2048;
-  zero_options.kind = "zero";
+  zero_options.kind = StrategyKind::zero;
   zero_options.zero.stage = f.stage;
   zero_options.zero.bucket_cap_bytes = 1024;  // several buckets, some straddling two slices
   auto ddp = make_strategy(comm, raw_mlp::param_refs(ddp_model, "layers.", 1), {}, ddp_options);
@@ -217,7 +217,7 @@ int memory(Communicator& comm, const Flags& f) {
     zero_params.push_back({name, buffer_of(std::span(zero_values[i])), buffer_of(std::span(zero_grads[i])), i % 2});
   }
   StrategyOptions ddp_options, zero_options;
-  zero_options.kind = "zero";
+  zero_options.kind = StrategyKind::zero;
   zero_options.zero.stage = f.stage;
   auto ddp = make_strategy(comm, ddp_params, {}, ddp_options);
   auto zero = make_strategy(comm, zero_params, {}, zero_options);

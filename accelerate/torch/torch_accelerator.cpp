@@ -173,12 +173,9 @@ torch::Device TorchAccelerator::device_for_tensors() const {
   return torch::Device(torch::kCPU);
 }
 
-ZeroStrategy* TorchAccelerator::zero() { return dynamic_cast<ZeroStrategy*>(&strategy()); }
-
 AcceleratedOptimizer& TorchAccelerator::prepare_module(torch::nn::Module& module,
                                                        torch::optim::Optimizer& optimizer) {
   ACCEL_CHECK_ARG(!optimizer_, "prepare: a model was already prepared (one per accelerator)");
-  const bool sharded = strategy_options().kind == "zero";
   // ZeRO lays out one flat buffer per optimizer param group (and dtype).
   std::unordered_map<const void*, std::size_t> group_of;
   for (std::size_t g = 0; g < optimizer.param_groups().size(); ++g)
@@ -191,23 +188,16 @@ AcceleratedOptimizer& TorchAccelerator::prepare_module(torch::nn::Module& module
     if (!p.requires_grad() || !seen.insert(p.unsafeGetTensorImpl()).second) continue;
     const Buffer data = tensor_buffer(p, "parameter '" + item.key() + "'");
     const auto group = group_of.find(p.unsafeGetTensorImpl());
-    ACCEL_CHECK_ARG(!sharded || group != group_of.end(),
-                    "prepare: parameter '" + item.key() +
-                        "' is in no param group of the optimizer; under ZeRO the optimizer "
-                        "owns every trainable parameter's slice");
-    // No gradient storage: the strategy gives each parameter its bucket slot (DDP, ZeRO-1);
-    // ZeRO-2 reads autograd's own gradient.
+    // Gradients asked of the strategy (backend.hpp's contract): its slots (DDP, ZeRO-1,
+    // DataParallel), or autograd's own, lent to it (ZeRO-2).
     // The param group is ZeRO's flat buffer and, under every strategy, the coordinates the
     // optimizer state is saved in; a parameter the optimizer does not hold (DDP only) gets a
     // group of its own, which has no state.
-    refs.push_back({item.key(), data, Buffer{nullptr, data.count, data.dtype, data.device},
+    refs.push_back({item.key(), data, gradient_wanted(data),
                     group != group_of.end() ? group->second : optimizer.param_groups().size(),
                     p.sizes().vec()});
     param_tensors_.push_back(p);
   }
-  if (sharded) strategy_options_to_prepare().zero.release_grad = [this](std::size_t i) {
-    release_grad(i);
-  };
   for (const auto& group : optimizer.param_groups())
     for (const at::Tensor& p : group.params())
       ACCEL_CHECK_ARG(seen.count(p.unsafeGetTensorImpl()),
@@ -228,23 +218,31 @@ AcceleratedOptimizer& TorchAccelerator::prepare_module(torch::nn::Module& module
   if (!param_tensors_.empty() && param_tensors_[0].is_cuda())
     set_cuda_stream(c10::cuda::getCurrentCUDAStream(param_tensors_[0].device().index()).stream());
 #endif
-  if (strategy_options().kind == "data_parallel") make_replicas(module, refs.size());
+  make_replicas(module, refs.size());  // DATA_PARALLEL's copies (none for one replica)
   agree_at_prepare(optimizer_agreement(optimizer));
+  const std::size_t ungrouped = optimizer.param_groups().size();
+  std::vector<std::string> names;
+  for (const ParamRef& r : refs) names.push_back(r.group == ungrouped ? r.name : std::string());
   prepare_parameters(std::move(refs), std::move(buffers));  // broadcasts from rank 0
+  const bool sharded = strategy().gradients_sharded();
+  for (const std::string& name : names)
+    ACCEL_CHECK_ARG(!sharded || name.empty(),
+                    "prepare: parameter '" + name +
+                        "' is in no param group of the optimizer; under ZeRO the optimizer "
+                        "owns every trainable parameter's slice");
 
-  ZeroStrategy* z = zero();
-  const bool has_slots = z == nullptr || z->stage() == 1;
+  const bool has_slots = strategy().gradient_storage() == GradientStorage::slots;
   for (std::size_t i = 0; i < param_tensors_.size(); ++i) {
     if (has_slots) {
-      const Buffer slot = gradient_slot(i);
+      const Buffer slot = strategy().grad_slot(0, i);
       grad_views_.push_back(at::from_blob(slot.data, param_tensors_[i].sizes(),
                                           at::TensorOptions()
                                               .dtype(param_tensors_[i].scalar_type())
                                               .device(param_tensors_[i].device())));
       adopt_bucket_view(i);
     } else {
-      grad_views_.emplace_back();  // ZeRO-2: autograd's gradient, released after its bucket
-      release_grad(i);
+      grad_views_.emplace_back();  // lent (ZeRO-2): autograd's gradient, freed once released
+      param_tensors_[i].mutable_grad() = at::Tensor();
     }
     // The parameter holds its AccumulateGrad node only weakly: without our reference a new
     // node (without the hook) would be made for the next graph.
@@ -256,12 +254,12 @@ AcceleratedOptimizer& TorchAccelerator::prepare_module(torch::nn::Module& module
   }
   // Asked while the param groups still hold the parameters themselves.
   const std::string flat_state_problem = torch_optimizer_state::unsupported_reason(optimizer);
-  if (z) shard_optimizer(optimizer);
-  if (DataParallelStrategy* dp = data_parallel_strategy()) {
-    for (std::size_t k = 1; k < std::size_t(dp->replicas()); ++k) {
+  if (sharded) shard_optimizer(optimizer);
+  if (ReplicaSet* dp = strategy().replicas()) {
+    for (std::size_t k = 1; k < std::size_t(dp->count()); ++k) {
       std::vector<at::Tensor> grads;
       for (std::size_t i = 0; i < replica_params_[k - 1].size(); ++i) {
-        const Buffer slot = dp->grad_view(int(k), i);
+        const Buffer slot = strategy().grad_slot(int(k), i);
         const at::Tensor& p = replica_params_[k - 1][i];
         grads.push_back(at::from_blob(slot.data, p.sizes(), p.options()));
       }
@@ -302,7 +300,7 @@ AcceleratedOptimizer& TorchAccelerator::prepare_module(torch::nn::Module& module
     register_state(
         "optimizer", [&optimizer] { return torch_state::save_optimizer(optimizer); },
         [&optimizer](const std::string& bytes) { torch_state::load_optimizer(optimizer, bytes); },
-        z ? StateScope::per_rank : StateScope::shared);
+        sharded ? StateScope::per_rank : StateScope::shared);
   }
   return *optimizer_;
 }
@@ -368,12 +366,6 @@ torch::nn::Module& TorchAccelerator::replica_module(int k) {
   return *replica_modules_[std::size_t(k) - 1];
 }
 
-Buffer TorchAccelerator::gradient_slot(std::size_t i) {
-  if (ZeroStrategy* z = zero()) return z->grad_view(i);
-  if (DataParallelStrategy* dp = data_parallel_strategy()) return dp->grad_view(0, i);
-  return dynamic_cast<DdpStrategy&>(strategy()).grad_view(i);
-}
-
 void TorchAccelerator::point_replica_grads(std::size_t k) {
   std::vector<at::Tensor>& params = replica_params_[k - 1];
   const std::vector<at::Tensor>& slots = replica_grads_[k - 1];
@@ -387,7 +379,7 @@ void TorchAccelerator::point_replica_grads(std::size_t k) {
 
 at::Tensor TorchAccelerator::replica_forward(
     std::int64_t rows, const std::function<at::Tensor(int, Shard)>& forward) {
-  DataParallelStrategy* dp = data_parallel_strategy();
+  ReplicaSet* dp = strategy().replicas();
   ACCEL_CHECK_ARG(dp != nullptr, "replica_forward: DATA_PARALLEL is not configured");
   // Replicas follow replica 0: buffers (BatchNorm statistics) and train/eval flags. Modules
   // are visited parents first, so each ends with its own flag.
@@ -396,13 +388,13 @@ at::Tensor TorchAccelerator::replica_forward(
     for (std::size_t m = 0; m < module_lists_[0].size(); ++m)
       if (module_lists_[k][m]->is_training() != module_lists_[0][m]->is_training())
         module_lists_[k][m]->train(module_lists_[0][m]->is_training());
-  const std::vector<Shard> chunks = chunk_rows(std::size_t(rows), dp->replicas());
+  const std::vector<Shard> chunks = chunk_rows(std::size_t(rows), dp->count());
   // Grad mode and autocast are per thread: the workers run in the caller's.
   const bool grad = at::GradMode::is_enabled();
   const bool autocast = at::autocast::is_cpu_enabled();
   const at::ScalarType autocast_type = at::autocast::get_autocast_cpu_dtype();
   std::vector<at::Tensor> outputs(chunks.size());
-  dp->run_replicas([&](int k) {
+  dp->run([&](int k) {
     const Shard chunk = chunks[std::size_t(k)];
     if (chunk.count == 0) return;
     at::AutoGradMode grad_mode(grad);
@@ -439,10 +431,10 @@ at::Tensor TorchAccelerator::replica_forward(
 }
 
 void TorchAccelerator::replica_backward() {
-  DataParallelStrategy* dp = data_parallel_strategy();
+  ReplicaSet* dp = strategy().replicas();
   std::vector<ReplicaOutput> outputs = std::move(replica_outputs_);
   replica_outputs_.clear();
-  dp->run_replicas([&](int k) {
+  dp->run([&](int k) {
     if (k > 0) point_replica_grads(std::size_t(k));
     NoCpuAutocast no_autocast;
     for (const ReplicaOutput& o : outputs)
@@ -476,22 +468,25 @@ AcceleratedScheduler& TorchAccelerator::prepare_scheduler(torch::optim::LRSchedu
 }
 
 void TorchAccelerator::shard_optimizer(torch::optim::Optimizer& optimizer) {
-  ZeroStrategy& z = *zero();
+  Strategy& z = strategy();
   torch::NoGradGuard no_grad;
   // The parameters become views of the flat buffers (which hold their values since prepare),
   // so the all-gather after each step updates the model in place.
-  for (std::size_t i = 0; i < param_tensors_.size(); ++i) {
-    const Buffer view = z.param_view(i);
-    param_tensors_[i].set_data(at::from_blob(view.data, param_tensors_[i].sizes(),
-                                             param_tensors_[i].options()));
+  if (z.has_param_slots()) {
+    for (std::size_t i = 0; i < param_tensors_.size(); ++i) {
+      const Buffer view = z.param_slot(i);
+      param_tensors_[i].set_data(at::from_blob(view.data, param_tensors_[i].sizes(),
+                                               param_tensors_[i].options()));
+    }
+    z.use_param_slots();
   }
-  z.use_flat_parameters();
   sharded_optimizer_ = &optimizer;
   auto& groups = optimizer.param_groups();
   for (auto& group : groups) group.params().clear();
-  // One tensor per flat buffer: this rank's slice, its .grad() the reduced gradient slice.
+  // One tensor per flat buffer: this rank's slice, its .grad() the reduced gradient slice,
+  // with the options of a parameter of its group and dtype.
   for (const ParamSegment& segment : z.segments()) {
-    const auto options = param_tensors_[z.layout().groups()[slice_tensors_.size()].params.front()].options();
+    const auto options = segment_options(segment);
     const auto n = std::int64_t(segment.values.count);
     at::Tensor slice = at::from_blob(segment.values.data, {n}, options);
     slice.mutable_grad() = at::from_blob(segment.grad.data, {n}, options);
@@ -500,19 +495,25 @@ void TorchAccelerator::shard_optimizer(torch::optim::Optimizer& optimizer) {
   }
 }
 
-void TorchAccelerator::release_grad(std::size_t i) {
-  at::Tensor& p = param_tensors_[i];
-  p.mutable_grad() = at::Tensor();
-  zero()->set_grad(i, Buffer{nullptr, std::size_t(p.numel()), to_dtype(p.scalar_type()).value(),
-                             DeviceKind::cpu});
+at::TensorOptions TorchAccelerator::segment_options(const ParamSegment& segment) {
+  const std::vector<ParamRef>& refs = strategy().params();
+  for (std::size_t i = 0; i < refs.size(); ++i)
+    if (refs[i].group == segment.group && refs[i].data.dtype == segment.values.dtype)
+      return param_tensors_[i].options();
+  throw InvalidArgument("prepare: no parameter of param group " + std::to_string(segment.group) +
+                        " for the strategy's segment");
+}
+
+void TorchAccelerator::free_released_grads() {
+  for (std::size_t i : strategy().take_released()) param_tensors_[i].mutable_grad() = at::Tensor();
 }
 
 void TorchAccelerator::adopt_bucket_view(std::size_t i) {
   at::Tensor& grad = param_tensors_[i].mutable_grad();
   const at::Tensor& view = grad_views_[i];
-  if (!view.defined()) {  // ZeRO-2: the strategy reads autograd's gradient where it is
+  if (!view.defined()) {  // lent (ZeRO-2): the strategy reads autograd's gradient where it is
     if (grad.defined())
-      zero()->set_grad(i, tensor_buffer(grad, "the gradient of parameter " + std::to_string(i)));
+      strategy().lend_grad(i, tensor_buffer(grad, "the gradient of parameter " + std::to_string(i)));
     return;
   }
   if (grad.defined() && grad.data_ptr() == view.data_ptr()) return;
@@ -528,18 +529,20 @@ void TorchAccelerator::on_grad_accumulated(std::size_t i) {
   // create_graph or when the user reset the gradient. Then the new values move into the slot.
   adopt_bucket_view(i);
   grad_ready(i);
+  free_released_grads();  // lent: what the strategy has copied into its buckets
 }
 
 void TorchAccelerator::zero_gradients() {
   for (std::size_t i = 0; i < param_tensors_.size(); ++i) {
-    if (!grad_views_[i].defined()) {  // ZeRO-2: gradients are freed, as set_to_none
-      release_grad(i);
+    if (!grad_views_[i].defined()) {  // lent (ZeRO-2): gradients are freed, as set_to_none
+      param_tensors_[i].mutable_grad() = at::Tensor();
       continue;
     }
     at::Tensor& grad = param_tensors_[i].mutable_grad();
     if (!grad.defined() || grad.data_ptr() != grad_views_[i].data_ptr()) grad = grad_views_[i];
     grad_views_[i].zero_();
   }
+  if (strategy().gradient_storage() == GradientStorage::lent) strategy().withdraw_grads();
   for (std::size_t k = 1; k <= replica_grads_.size(); ++k) {  // DataParallel's replicas
     point_replica_grads(k);
     for (at::Tensor& g : replica_grads_[k - 1]) g.zero_();
@@ -557,7 +560,7 @@ void TorchAccelerator::sync_buffers() {
 bool TorchAccelerator::backward(const torch::Tensor& loss) {
   ACCEL_CHECK_ARG(optimizer_ != nullptr, "backward: prepare the model first");
   sync_buffers();
-  DataParallelStrategy* dp = data_parallel_strategy();
+  ReplicaSet* dp = strategy().replicas();
   if (dp != nullptr) {
     if (replica_outputs_.empty() && !warned_forward_) {
       warned_forward_ = true;
@@ -567,7 +570,7 @@ bool TorchAccelerator::backward(const torch::Tensor& loss) {
                    "replica 0 computes the whole batch alone (still correct, on one thread)\n");
     }
     // The head's gradient already is the whole batch's mean: replicas sum with weight 1.
-    dp->set_replica_weights(std::vector<double>(std::size_t(dp->replicas()), 1.0));
+    dp->set_weights(std::vector<double>(std::size_t(dp->count()), 1.0));
   }
   {
     NoCpuAutocast no_autocast;
@@ -579,6 +582,7 @@ bool TorchAccelerator::backward(const torch::Tensor& loss) {
   }
   if (dp != nullptr) replica_backward();
   synced_ = sync_gradients();
+  free_released_grads();
   accumulating_ = !synced_ && !optimizer_step_was_skipped();
   return synced_;
 }

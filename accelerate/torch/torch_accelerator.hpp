@@ -258,13 +258,15 @@ class TorchAccelerator : public Accelerator {
  private:
   friend class AcceleratedOptimizer;
   class GradReadyHook;
-  ZeroStrategy* zero();  // null under DDP
   // Autograd accumulated parameter i's gradient: make sure it is (still) the bucket slot,
   // then report it ready.
   void on_grad_accumulated(std::size_t i);
   // Under ZeRO: parameters into the flat buffers, the optimizer onto the slices.
   void shard_optimizer(torch::optim::Optimizer& optimizer);
-  void release_grad(std::size_t i);  // ZeRO-2
+  // The options of a slice tensor for `segment` (its group's parameters' dtype and device).
+  at::TensorOptions segment_options(const ParamSegment& segment);
+  // Lent gradients (ZeRO-2): frees those the strategy released (backend.hpp's contract).
+  void free_released_grads();
   // Points parameter i's .grad() at its bucket slot, keeping the values it had.
   void adopt_bucket_view(std::size_t i);
   void zero_gradients();
@@ -274,9 +276,6 @@ class TorchAccelerator : public Accelerator {
   // DataParallel: K-1 clones of the module, their parameters and buffers for the strategy.
   void make_replicas(torch::nn::Module& module, std::size_t trainable);
   void replica_backward();
-  // Gradient storage of parameter i (DDP's bucket slot, ZeRO-1's flat slot, DataParallel's
-  // replica 0 storage).
-  Buffer gradient_slot(std::size_t i);
 
   std::vector<torch::Tensor> param_tensors_;
   std::vector<torch::Tensor> grad_views_;  // param_tensors_[i]'s bucket slot (empty: ZeRO-2)

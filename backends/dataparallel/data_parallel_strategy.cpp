@@ -134,8 +134,8 @@ void DataParallelStrategy::prepare() {
   sync_buffers();
 }
 
-Buffer DataParallelStrategy::grad_view(int replica, std::size_t index) const {
-  ACCEL_CHECK_ARG(replica >= 0 && replica < replicas() && index < replicas_[0].size(),
+Buffer DataParallelStrategy::grad_slot(int replica, std::size_t index) const {
+  ACCEL_CHECK_ARG(replica >= 0 && replica < count() && index < replicas_[0].size(),
                   "DataParallel: no parameter " + std::to_string(index) + " in replica " +
                       std::to_string(replica));
   return replicas_[std::size_t(replica)][index].grad;
@@ -156,7 +156,7 @@ DeviceContext DataParallelStrategy::replica_context(int replica) const {
   return ctx;
 }
 
-void DataParallelStrategy::run_replicas(const std::function<void(int)>& fn) {
+void DataParallelStrategy::run(const std::function<void(int)>& fn) {
   if (!on_gpu()) return pool_.run(fn);
   pool_.run([&](int k) {
     CudaDeviceGuard guard(devices_[std::size_t(k)]);
@@ -169,12 +169,12 @@ void DataParallelStrategy::copy_from_replica0(const std::vector<std::vector<Buff
   if (on_gpu()) {
     const DeviceContext first = replica_context(0);
     CudaDeviceGuard guard(first.cuda_device);
-    for (int k = 1; k < replicas(); ++k)  // replica k is done with its old values
+    for (int k = 1; k < count(); ++k)  // replica k is done with its old values
       stream_wait(first, replica_context(k));
     for (std::size_t k = 1; k < views.size(); ++k)
       for (std::size_t i = 0; i < views[0].size(); ++i)
         copy_buffer(views[k][i], views[0][i], first.stream);
-    for (int k = 1; k < replicas(); ++k) stream_wait(replica_context(k), first);
+    for (int k = 1; k < count(); ++k) stream_wait(replica_context(k), first);
     return;
   }
   std::size_t total = 0;
@@ -203,7 +203,7 @@ void DataParallelStrategy::copy_parameters() {
 
 void DataParallelStrategy::sync_buffers() { copy_from_replica0(buffers_); }
 
-void DataParallelStrategy::set_replica_weights(std::vector<double> weights) {
+void DataParallelStrategy::set_weights(std::vector<double> weights) {
   ACCEL_CHECK_ARG(weights.size() == replicas_.size(),
                   "DataParallel: " + std::to_string(weights.size()) + " weights for " +
                       std::to_string(replicas_.size()) + " replicas");
@@ -232,7 +232,7 @@ void DataParallelStrategy::sync_gradients() {
 }
 
 void DataParallelStrategy::reduce_into_replica0(double divide_by) {
-  if (replicas() == 1 && weights_[0] == 1.0 && divide_by == 1.0) return;
+  if (count() == 1 && weights_[0] == 1.0 && divide_by == 1.0) return;
   bool plain = divide_by == 1.0;
   for (double w : weights_) plain = plain && w == 1.0;
   for (const ParamRef& p : replicas_[0])  // before anything changes
@@ -257,7 +257,7 @@ void DataParallelStrategy::reduce_into_replica0(double divide_by) {
 void DataParallelStrategy::reduce_on_gpu(double divide_by) {
   const DeviceContext first = replica_context(0);
   CudaDeviceGuard guard(first.cuda_device);
-  for (int k = 1; k < replicas(); ++k)  // every replica's backward is queued before the sum
+  for (int k = 1; k < count(); ++k)  // every replica's backward is queued before the sum
     stream_wait(first, replica_context(k));
   std::vector<Buffer> sources(replicas_.size() - 1);
   for (std::size_t i = 0; i < replicas_[0].size(); ++i) {
@@ -271,7 +271,7 @@ void DataParallelStrategy::reduce_on_gpu(double divide_by) {
     }
     weighted_sum(replicas_[0][i].grad, sources, weights_, divide_by, first);
   }
-  for (int k = 1; k < replicas(); ++k) {  // zeroed once the sum has read them
+  for (int k = 1; k < count(); ++k) {  // zeroed once the sum has read them
     const DeviceContext ctx = replica_context(k);
     stream_wait(ctx, first);
     CudaDeviceGuard on(ctx.cuda_device);

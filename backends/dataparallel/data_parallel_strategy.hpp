@@ -22,15 +22,16 @@
 //  - each replica's backward adds into its own gradient buffers; grad_ready does nothing (the
 //    reduction waits for every replica anyway, so there is nothing to overlap);
 //  - sync_gradients() at an accumulation boundary: replica 0's gradient becomes
-//    sum_k weight_k x gradient_k (set_replica_weights; 1 by default), over element ranges in
+//    sum_k weight_k x gradient_k (set_weights; 1 by default), over element ranges in
 //    parallel on the workers, and the other replicas' gradients are zeroed. Between
 //    boundaries (set_sync_enabled(false)) every replica accumulates its own, so the sum at the
 //    boundary covers the whole accumulation window. A second backward before the optimizer
 //    step (a GAN's discriminator: real, then fake batch) adds to replica 0's synchronised
-//    gradient, which counts once: set_replica_weights first divides it by the new weight of
+//    gradient, which counts once: set_weights first divides it by the new weight of
 //    replica 0, which the next reduction multiplies back;
-//  - a ParamRef given with grad.data == nullptr gets gradient storage allocated here
-//    (grad_view(replica, i)), which the LibTorch adapter makes the tensors' .grad().
+//  - a ParamRef given without gradient storage (backend.hpp's contract: slots) gets storage
+//    allocated here (grad_slot(replica, i)), which the LibTorch adapter makes the tensors'
+//    .grad().
 // Parameters: after_optimizer_step() and reload_parameters() copy replica 0's values to the
 // others. Buffers (BatchNorm statistics): sync_buffers() copies replica 0's to the others; the
 // front end calls it before each parallel forward, so buffers follow replica 0.
@@ -46,26 +47,7 @@
 
 namespace accel {
 
-// How `rows` rows are split between `replicas` replicas: torch.chunk's rule (what
-// torch.nn.DataParallel scatters by): contiguous chunks of ceil(rows / replicas) rows, the last
-// one shorter, so fewer replicas get rows when rows does not fill them (10 over 4: 3, 3, 3, 1;
-// 6 over 4: 2, 2, 2, 0). Always `replicas` entries, empty ones at the end.
-std::vector<Shard> chunk_rows(std::size_t rows, int replicas);
-
-struct DataParallelOptions {
-  int replicas = 1;  // K, replica 0 included
-  // Empty: CPU replicas. Else the CUDA device of each replica (K entries; devices may repeat,
-  // several replicas sharing a GPU), which its parameters and gradients must be on.
-  std::vector<int> cuda_devices;
-  // Runs once on each worker thread k before its first task (the LibTorch adapter sets the
-  // worker's intra-op thread count there).
-  std::function<void(int)> worker_init;
-  // Replicas 1..K-1: parameters (matching replica 0's one for one) and buffers.
-  std::vector<std::vector<ParamRef>> replica_params;
-  std::vector<std::vector<Buffer>> replica_buffers;
-};
-
-class DataParallelStrategy final : public Strategy {
+class DataParallelStrategy final : public Strategy, public ReplicaSet {
  public:
   // `comm` must be a world of one: DataParallel is one process.
   DataParallelStrategy(Communicator& comm, std::vector<ParamRef> params,
@@ -96,13 +78,16 @@ class DataParallelStrategy final : public Strategy {
   // copies of other devices' gradients on replica 0's GPU.
   std::size_t gradient_bytes() const override { return gradient_bytes_; }
 
-  int replicas() const { return int(replicas_.size()); }
-  const std::vector<ParamRef>& replica_params(int k) const { return replicas_[std::size_t(k)]; }
+  GradientStorage gradient_storage() const override { return GradientStorage::slots; }
   // Parameter i's gradient storage of replica k (allocated here or the one given).
-  Buffer grad_view(int replica, std::size_t index) const;
+  Buffer grad_slot(int replica, std::size_t index) const override;
+  ReplicaSet* replicas() override { return this; }
+
+  int count() const override { return int(replicas_.size()); }
+  const std::vector<ParamRef>& replica_params(int k) const { return replicas_[std::size_t(k)]; }
   // Runs fn(k) for every replica k on worker thread k, with replica k's CUDA device current
   // for GPU replicas; see ReplicaPool::run.
-  void run_replicas(const std::function<void(int)>& fn);
+  void run(const std::function<void(int)>& fn) override;
   // Replica k's CUDA device, or -1 for CPU replicas.
   int cuda_device(int replica) const;
   // Where replica k's GPU work goes (see above); the default context for CPU replicas.
@@ -110,7 +95,7 @@ class DataParallelStrategy final : public Strategy {
   // The weight of each replica's gradient in the next reductions (K values; default all 1).
   // Changing them while gradients accumulate first folds what was accumulated under the old
   // weights into replica 0 (scaled so the final sum is still exact up to rounding).
-  void set_replica_weights(std::vector<double> weights);
+  void set_weights(std::vector<double> weights) override;
 
  private:
   bool on_gpu() const { return !devices_.empty(); }

@@ -61,7 +61,7 @@ DdpStrategy::DdpStrategy(Communicator& comm, std::vector<ParamRef> params,
   }
   // A gradient given without storage lives in its bucket slot (gradient_as_bucket_view).
   for (std::size_t k = 0; k < params_.size(); ++k)
-    if (params_[k].grad.data == nullptr) params_[k].grad = grad_view(k);
+    if (params_[k].grad.data == nullptr) params_[k].grad = grad_slot(0, k);
 }
 
 DdpStrategy::~DdpStrategy() {
@@ -73,8 +73,10 @@ DdpStrategy::~DdpStrategy() {
       }
 }
 
-Buffer DdpStrategy::grad_view(std::size_t index) const {
-  ACCEL_CHECK_ARG(index < params_.size(), "DDP: no parameter " + std::to_string(index));
+Buffer DdpStrategy::grad_slot(int replica, std::size_t index) const {
+  ACCEL_CHECK_ARG(replica == 0 && index < params_.size(),
+                  "DDP: no parameter " + std::to_string(index) + " in replica " +
+                      std::to_string(replica));
   return buckets_[bucket_of_[index]]->flat.slice(offset_of_[index], params_[index].data.count);
 }
 
@@ -102,7 +104,7 @@ void DdpStrategy::sync_buffers() {
 void DdpStrategy::copy_into_bucket(std::size_t index) {
   // On the compute stream, where the loop produced the gradient; the all-reduce issued after
   // it is ordered after the copy (communicator.hpp, "Device buffers and streams").
-  copy_buffer(grad_view(index), params_[index].grad, comm_.compute_stream());
+  copy_buffer(grad_slot(0, index), params_[index].grad, comm_.compute_stream());
 }
 
 void DdpStrategy::grad_ready(std::size_t index) {
@@ -157,7 +159,7 @@ void DdpStrategy::sync_gradients() {
   next_launch_ = 0;
   if (error) std::rethrow_exception(error);
   for (auto& b : buckets_)
-    for (std::size_t k : b->params) copy_buffer(params_[k].grad, grad_view(k), stream);
+    for (std::size_t k : b->params) copy_buffer(params_[k].grad, grad_slot(0, k), stream);
 }
 
 }  // namespace accel

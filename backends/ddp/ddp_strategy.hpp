@@ -21,13 +21,10 @@
 // all-reduces: the host does not wait for the GPU (communicator.hpp, "Device buffers and
 // streams"). With a CPU communicator all of this is plain memcpy and wait.
 //
-// Gradient storage: grad_view(i) is the parameter's slot inside its bucket (on the bucket's
-// device). A front end that
-// makes the gradient live there (PyTorch's gradient_as_bucket_view) saves both copies; any
-// other gradient buffer is copied into the bucket when ready and back after the all-reduce.
-// A ParamRef whose grad.data is null (dtype and count still given) gets its slot as its
-// gradient storage from the start; the front end then points its framework's gradient at
-// grad_view(i) (the LibTorch adapter does).
+// Gradient storage (backend.hpp's contract): slots. grad_slot(0, i) is the parameter's slot
+// inside its bucket (on the bucket's device). A front end that makes the gradient live there
+// (PyTorch's gradient_as_bucket_view) saves both copies; a loop's own gradient buffer is
+// copied into the bucket when ready and back after the all-reduce.
 
 #include <cstddef>
 #include <memory>
@@ -37,12 +34,6 @@
 #include "backends/backend.hpp"
 
 namespace accel {
-
-struct DdpOptions {
-  std::size_t bucket_cap_bytes = 25u << 20;
-  std::size_t first_bucket_bytes = 1u << 20;
-  bool broadcast_buffers = true;  // re-broadcast buffers (e.g. BatchNorm statistics) each step
-};
 
 class DdpStrategy final : public Strategy {
  public:
@@ -67,8 +58,9 @@ class DdpStrategy final : public Strategy {
   void after_optimizer_step() override {}
   std::size_t gradient_bytes() const override;
 
-  // The slot of parameter i's gradient inside its bucket (same dtype and count).
-  Buffer grad_view(std::size_t index) const;
+  GradientStorage gradient_storage() const override { return GradientStorage::slots; }
+  // The slot of parameter i's gradient inside its bucket (replica 0 only: one per rank).
+  Buffer grad_slot(int replica, std::size_t index) const override;
   // Parameter indices per bucket, in launch order (for tests and benchmarks).
   std::vector<std::vector<std::size_t>> bucket_layout() const;
   const std::vector<ParamRef>& params() const override { return params_; }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <utility>
 
 #include "backends/comm/error.hpp"
 #include "backends/optim/elementwise.hpp"
@@ -69,11 +70,15 @@ ZeroStrategy::ZeroStrategy(Communicator& comm, std::vector<ParamRef> params,
   }
   if (options_.stage == 2)
     for (auto& s : staging_) s = DeviceBuffer((largest + 7) / 8, DType::i64, memory, device);
-  // Stage 1: a gradient given without storage lives in its flat slot from the start. Stage 2
-  // has no slot for it: no storage means no gradient yet (zeros) until set_grad().
-  if (options_.stage == 1)
-    for (std::size_t i = 0; i < params_.size(); ++i)
-      if (params_[i].grad.data == nullptr) params_[i].grad = grad_view(i);
+  // A gradient asked of the strategy: stage 1 gives its flat slot from the start; stage 2 has
+  // no slot, so it is lent (lend_grad), and until then there is none (zeros).
+  for (std::size_t i = 0; i < params_.size(); ++i)
+    if (params_[i].grad.data == nullptr) {
+      if (options_.stage == 1)
+        params_[i].grad = grad_slot(0, i);
+      else
+        lent_ = true;
+    }
 }
 
 ZeroStrategy::~ZeroStrategy() {
@@ -88,36 +93,52 @@ Buffer ZeroStrategy::flat_params(std::size_t f) const { return param_store_[f].v
 
 Buffer ZeroStrategy::grad_slice(std::size_t f) const { return grad_slices_[f].view(); }
 
-Buffer ZeroStrategy::param_view(std::size_t index) const {
+Buffer ZeroStrategy::param_slot(std::size_t index) const {
   ACCEL_CHECK_ARG(index < params_.size(), "ZeRO: no parameter " + std::to_string(index));
   return flat_params(layout_.flat_of(index)).slice(layout_.offset_of(index), params_[index].data.count);
 }
 
-Buffer ZeroStrategy::grad_view(std::size_t index) const {
-  ACCEL_CHECK_ARG(index < params_.size(), "ZeRO: no parameter " + std::to_string(index));
+Buffer ZeroStrategy::grad_slot(int replica, std::size_t index) const {
+  ACCEL_CHECK_ARG(replica == 0 && index < params_.size(),
+                  "ZeRO: no parameter " + std::to_string(index) + " in replica " +
+                      std::to_string(replica));
   ACCEL_CHECK_ARG(options_.stage == 1, "ZeRO-2 keeps no full gradient of '" +
                                            params_[index].name + "' (only this rank's slice)");
   return flat_grads_[layout_.flat_of(index)].view().slice(layout_.offset_of(index),
                                                           params_[index].data.count);
 }
 
-void ZeroStrategy::set_grad(std::size_t index, Buffer grad) {
+void ZeroStrategy::lend_grad(std::size_t index, Buffer grad) {
   ACCEL_CHECK_ARG(index < params_.size(), "ZeRO: no parameter " + std::to_string(index));
-  ACCEL_CHECK_ARG(grad.data == nullptr || (grad.dtype == params_[index].data.dtype &&
-                                            grad.count == params_[index].data.count),
+  ACCEL_CHECK_ARG(lent_, "ZeRO: lend_grad needs stage 2 with gradients asked of the strategy");
+  ACCEL_CHECK_ARG(grad.dtype == params_[index].data.dtype &&
+                      grad.count == params_[index].data.count,
                   "ZeRO: the new gradient of '" + params_[index].name +
                       "' has another shape or dtype");
+  std::lock_guard lock(mutex_);
   params_[index].grad = grad;
 }
 
-void ZeroStrategy::use_flat_parameters() {
-  for (std::size_t i = 0; i < params_.size(); ++i) params_[i].data = param_view(i);
+std::vector<std::size_t> ZeroStrategy::take_released() {
+  std::lock_guard lock(mutex_);
+  return std::exchange(released_, {});
+}
+
+void ZeroStrategy::withdraw_grads() {
+  std::lock_guard lock(mutex_);
+  if (!lent_) return;
+  for (ParamRef& p : params_) p.grad = gradient_wanted(p.data);  // none: zeros
+  released_.clear();
+}
+
+void ZeroStrategy::use_param_slots() {
+  for (std::size_t i = 0; i < params_.size(); ++i) params_[i].data = param_slot(i);
   flat_parameters_ = true;
 }
 
 void ZeroStrategy::reload_parameters() {
   const DeviceStream stream = comm_.compute_stream();
-  for (std::size_t i = 0; i < params_.size(); ++i) copy_buffer(param_view(i), params_[i].data, stream);
+  for (std::size_t i = 0; i < params_.size(); ++i) copy_buffer(param_slot(i), params_[i].data, stream);
   if (!offload_) return;
   // The optimizer's copy of the owned slices (host memory) follows the parameters.
   for (std::size_t f = 0; f < layout_.groups().size(); ++f) {
@@ -226,12 +247,14 @@ void ZeroStrategy::launch(Bucket& b) {
     const Buffer& grad = params_[i].grad;
     // On the compute stream, where the gradients were produced (see the header).
     if (grad.data == nullptr)
-      zero_buffer(dst, stream);  // stage 2, a parameter without a gradient yet
+      zero_buffer(dst, stream);  // stage 2, nothing lent: no gradient yet
     else
       copy_buffer(dst, grad.slice(lo - offset, hi - lo), stream);
     // The buckets hold all of it now: stage 2 keeps no full gradient past this point.
-    if (options_.stage == 2 && options_.release_grad && release_in_[i] == bucket_index)
-      options_.release_grad(i);
+    if (lent_ && release_in_[i] == bucket_index) {
+      params_[i].grad = gradient_wanted(params_[i].data);
+      released_.push_back(i);
+    }
   }
   // Stage 1: straight into the slice, so the flat gradients keep what the loop accumulated
   // (a later backward of the same step adds to it); stage 2: in place in the staging bucket.
@@ -257,7 +280,7 @@ void ZeroStrategy::finish(Bucket& b) {
   // Released gradients are gone from the loop's storage: what an earlier backward of this
   // step reduced lives only in the slice, so this one adds to it (as autograd adds into
   // .grad()). Gradients the loop keeps hold everything since its zero_grad: they replace it.
-  if (options_.release_grad && !first_sync_of_step_)
+  if (lent_ && !first_sync_of_step_)
     weighted_sum(dst, std::span(&part, 1), kPlainSum, 1.0, compute_context(comm_));
   else
     copy_buffer(dst, part, stream);
@@ -321,7 +344,7 @@ void ZeroStrategy::after_optimizer_step() {
   }
   for (auto& w : works) w->wait_stream(stream, comm_.timeout());
   if (flat_parameters_) return;
-  for (std::size_t i = 0; i < params_.size(); ++i) copy_buffer(params_[i].data, param_view(i), stream);
+  for (std::size_t i = 0; i < params_.size(); ++i) copy_buffer(params_[i].data, param_slot(i), stream);
 }
 
 }  // namespace accel

@@ -4,19 +4,20 @@
 // dtype) buffer (flat_layout.hpp), so optimizer state exists for that slice only.
 //
 //   stage 1: the strategy keeps full flat gradient buffers (a front end may make them the
-//            gradient storage: grad_view); in the micro-batch that ends an accumulation (sync
+//            gradient storage: grad_slot, backend.hpp's "slots"); in the micro-batch that ends an accumulation (sync
 //            enabled) they are reduce-scattered (average) in buckets as backward produces
 //            them, each rank's part landing in its own gradient slice (not in place: the flat
 //            buffers keep what the loop accumulated, so a later backward adds to it).
 //   stage 2: the strategy keeps only the owned gradient slices and two bucket buffers (one
 //            filling while the other is in flight): each bucket's gradients are copied in,
-//            reduce-scattered during backward, this rank's part copied to its slice, and the
-//            gradients handed to options.release_grad (LibTorch frees them).
+//            reduce-scattered during backward, this rank's part copied to its slice; gradients
+//            asked of the strategy are lent (backend.hpp's "lent") and released once copied
+//            (LibTorch frees them).
 //
 // Several backwards before one optimizer step (a GAN's discriminator: real, then fake batch)
 // sum their gradients, as autograd does: gradients the loop keeps (stage 1's flat buffers, a
 // raw loop's own) hold everything since its zero_grad and each sync replaces the slice with
-// their average; released ones (stage 2 with release_grad) hold only what came since, so
+// their average; released ones (stage 2, lent) hold only what came since, so
 // after the first sync of a step each sync adds its average into the slice.
 //
 // Gradient accumulation: between boundaries nothing is communicated in either stage and the
@@ -30,7 +31,7 @@
 // rank issues the same collective sequence. After the optimizer updated segments() (the
 // owned slices), after_optimizer_step() all-gathers each flat parameter buffer and copies the
 // values into the parameters (no copy for parameters that live in the flat buffer:
-// use_flat_parameters()). Bytes moved per step: reduce-scatter + all-gather = one all-reduce.
+// use_param_slots()). Bytes moved per step: reduce-scatter + all-gather = one all-reduce.
 //
 // Devices: the flat buffers and staging buckets live where the communicator works (host, or
 // CUDA memory under NCCL), as DDP's buckets; copies and waits are ordered on the compute
@@ -45,7 +46,6 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
-#include <functional>
 #include <mutex>
 #include <vector>
 
@@ -54,21 +54,6 @@
 #include "backends/zero/flat_layout.hpp"
 
 namespace accel {
-
-// Where the optimizer state lives (the config's offload_optimizer_device).
-enum class OffloadDevice { none, cpu };
-
-struct ZeroOptions {
-  int stage = 2;                              // 1 or 2
-  // cpu with parameters on a GPU: the optimizer steps pinned host copies of this rank's
-  // slices (see the header); with CPU parameters it changes nothing (a note says so).
-  OffloadDevice offload_optimizer = OffloadDevice::none;
-  std::size_t bucket_cap_bytes = 25u << 20;   // gradient reduce-scatter buckets
-  bool broadcast_buffers = true;              // as DdpOptions::broadcast_buffers
-  // Stage 2: called with a parameter's index once its gradient is in a bucket, for a front
-  // end that frees it (LibTorch: grad reset to undefined). Raw buffers are left as they are.
-  std::function<void(std::size_t)> release_grad;
-};
 
 class ZeroStrategy final : public Strategy {
  public:
@@ -99,17 +84,22 @@ class ZeroStrategy final : public Strategy {
   // Whether segments() are pinned host copies (offload_optimizer cpu, parameters on a GPU).
   bool offloads_optimizer() const { return offload_; }
   // Parameter i's place in its flat parameter buffer (same dtype and count).
-  Buffer param_view(std::size_t index) const;
-  // The caller made every parameter live at param_view(i): the all-gather then writes the
+  bool has_param_slots() const override { return true; }
+  Buffer param_slot(std::size_t index) const override;
+  // The caller made every parameter live at param_slot(i): the all-gather then writes the
   // parameters directly.
-  void use_flat_parameters();
-  // Stage 1: parameter i's slot in the flat gradient buffer; a front end may make it the
-  // gradient storage (as DDP's grad_view). Stage 2 keeps no full gradients: throws.
-  Buffer grad_view(std::size_t index) const;
-  // Where parameter i's gradient lives now (a framework that allocates a new one each
-  // micro-batch); the next grad_ready(i) reads it there. Stage 2: a null data pointer means
-  // no gradient (zeros), as does a ParamRef given without gradient storage.
-  void set_grad(std::size_t index, Buffer grad);
+  void use_param_slots() override;
+  // Stage 1: slots (the flat gradient buffers); stage 2: lent (it keeps no full gradients).
+  GradientStorage gradient_storage() const override {
+    return options_.stage == 1 ? GradientStorage::slots : GradientStorage::lent;
+  }
+  // Stage 1: parameter i's slot in the flat gradient buffer. Stage 2: throws.
+  Buffer grad_slot(int replica, std::size_t index) const override;
+  // Stage 2, for ParamRefs given without storage: where parameter i's gradient lives now (a
+  // framework allocates a new one each micro-batch); the next grad_ready(i) reads it there.
+  void lend_grad(std::size_t index, Buffer grad) override;
+  std::vector<std::size_t> take_released() override;
+  void withdraw_grads() override;
   // The bucket ranges (flat index, begin, end) in launch order, for tests.
   const std::vector<FlatBucket>& bucket_layout() const { return bucket_ranges_; }
 
@@ -154,6 +144,10 @@ class ZeroStrategy final : public Strategy {
   bool sync_enabled_ = true;
   bool first_sync_of_step_ = true;  // no sync since the last optimizer step
   bool flat_parameters_ = false;
+  // Stage 2 with gradients asked of it: they are lent, released once in a bucket (released_
+  // until take_released), and a later backward of the step adds to the slice.
+  bool lent_ = false;
+  std::vector<std::size_t> released_;
   std::mutex mutex_;  // hooks may fire on autograd's threads
 };
 
