@@ -77,11 +77,11 @@ struct ResolvedConfig {
   // "environment variable ACCEL_NUM_PROCESSES", "command line --num_processes",
   // "detected: 16 CPU cores, no GPU", "default".
   std::map<std::string, std::string> origins;
-  std::optional<std::string> file;   // the config file read, if any
+  std::optional<std::string> file;  // the config file read, if any
   // Keys whose value was detected from this machine, for warnings: "KEY = VALUE (WHY)", e.g.
   // "num_processes = 16 (detected: 16 CPU cores, no GPU)"; the key is the first word.
   std::vector<std::string> guesses;
-  std::vector<std::string> notes;    // Accelerate keys that were read and ignored
+  std::vector<std::string> notes;  // Accelerate keys that were read and ignored
 };
 
 // ---- The schema: one entry per key, in the order files and `accel config show` list them.
@@ -121,7 +121,7 @@ struct KeySpec {
   std::string flag_value;  // what --KEY takes in `accel launch --help` ("N"); "" = derived
   // The wizard's question ("" = never asked); "{last_machine}" becomes num_machines - 1.
   std::string question;
-  std::vector<Option> options;  // its menu; empty = a free-text answer
+  std::vector<Option> options;               // its menu; empty = a free-text answer
   bool (*applies)(const Config&) = nullptr;  // is_written; nullptr = always
   std::optional<std::string> (*check)(const Config&) = nullptr;  // consistency_problem
   std::vector<std::string> related;  // the other keys `check` looks at, for error origins
@@ -131,8 +131,8 @@ const std::vector<KeySpec>& schema();
 const KeySpec* find_key(std::string_view name);  // nullptr when unknown
 // What --KEY takes, for help texts: "no|fp16|bf16", "1|2" for a short range, else flag_value.
 std::string value_hint(std::string_view key);
-std::string env_var_for(std::string_view key);   // "ACCEL_NUM_PROCESSES"
-std::string flag_for(std::string_view key);      // "--num_processes"
+std::string env_var_for(std::string_view key);  // "ACCEL_NUM_PROCESSES"
+std::string flag_for(std::string_view key);     // "--num_processes"
 
 // Parses `text` as a value of `key` (case-insensitive choices, DEEPSPEED as ZERO, yes/no
 // for booleans) and returns its canonical spelling, or the problem in words.

@@ -76,7 +76,6 @@ MPI:
   --mpirun_arg ARG            passed to mpirun as is (repeat for several)
 )";
 
-
 // The usage with each config key's values as the schema declares them (config.hpp): a line
 // "@KEY|TEXT" becomes "  --KEY VALUES   TEXT", and "@@KEY" inside a line becomes VALUES.
 std::string usage() {
@@ -96,8 +95,8 @@ std::string usage() {
     }
     for (std::size_t at; (at = line.find("@@")) != std::string::npos;) {
       std::size_t end = at + 2;
-      while (end < line.size() && (std::isalnum(static_cast<unsigned char>(line[end])) ||
-                                   line[end] == '_'))
+      while (end < line.size() &&
+             (std::isalnum(static_cast<unsigned char>(line[end])) || line[end] == '_'))
         ++end;
       line.replace(at, end - at, config::value_hint(line.substr(at + 2, end - at - 2)));
     }
