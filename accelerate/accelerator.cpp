@@ -83,13 +83,13 @@ std::vector<int> data_parallel_gpus(const config::ResolvedConfig& settings) {
 // broadcast, whose size they set): the strategy and what shapes its collectives, accumulation
 // and mixed precision (which decide when ranks communicate), the parameters and buffers.
 std::vector<AgreedValue> prepare_agreement(const StrategyOptions& strategy, int accumulation,
-                                           const std::string& mixed_precision,
+                                           config::MixedPrecision mixed_precision,
                                            const std::vector<ParamRef>& params,
                                            const std::vector<Buffer>& buffers) {
   std::vector<AgreedValue> v = {
       {"strategy", "'" + strategy_description(strategy) + "'"},
       {"gradient_accumulation_steps", std::to_string(accumulation)},
-      {"mixed_precision", "'" + mixed_precision + "'"},
+      {"mixed_precision", "'" + config::to_string(mixed_precision) + "'"},
   };
   for (auto& [what, value] : strategy_settings(strategy)) v.push_back({what, value});
   v.push_back({"number of parameters", std::to_string(params.size())});
@@ -130,17 +130,13 @@ std::vector<AgreedValue> optimizer_agreement(const Optimizer& optimizer) {
 Accelerator::Accelerator(AcceleratorOptions options) : options_(std::move(options)) {
   const config::ResolvedConfig settings = resolve_settings(options_);
   accumulation_steps_ = settings.config.gradient_accumulation_steps;
-  mixed_precision_ = config::to_string(settings.config.mixed_precision);
+  mixed_precision_ = settings.config.mixed_precision;
   uses_gpu_ = config::uses_gpu(settings.config);
   strategy_options_.ddp = options_.ddp;
   strategy_options_.zero = options_.zero;
   if (settings.config.distributed_type == config::DistributedType::ZERO) {
     strategy_options_.kind = StrategyKind::zero;
-    strategy_options_.zero.stage = settings.config.zero_stage;
-    ACCEL_CHECK_ARG(strategy_options_.zero.stage == 1 || strategy_options_.zero.stage == 2,
-                    "zero_stage " + std::to_string(settings.config.zero_stage) + " (from " +
-                        settings.origins.at("zero_stage") +
-                        ") is not available: ZeRO stages 1 and 2 are");
+    strategy_options_.zero.stage = settings.config.zero_stage;  // the schema's range: 1-2
     if (settings.config.offload_optimizer_device == "cpu")
       strategy_options_.zero.offload_optimizer = OffloadDevice::cpu;
   }
@@ -162,7 +158,7 @@ Accelerator::Accelerator(AcceleratorOptions options) : options_(std::move(option
   group_ = init_process_group(pg);
   env_ = group_->env();
   rng_ = rank_rng(seed_, env_.rank);
-  if (mixed_precision_ == "fp16") {
+  if (mixed_precision_ == config::MixedPrecision::fp16) {
     scaler_ = std::make_unique<DynamicLossScaler>(options_.loss_scaler);
     register_state(
         "scaler", [this] { return scaler_->save(); },
@@ -171,6 +167,8 @@ Accelerator::Accelerator(AcceleratorOptions options) : options_(std::move(option
 }
 
 Accelerator::~Accelerator() = default;
+
+std::string Accelerator::mixed_precision() const { return config::to_string(mixed_precision_); }
 
 DeviceKind Accelerator::device() const {
   return replica_cuda_device(0) >= 0 ? DeviceKind::cuda : group_->comm().device();

@@ -53,6 +53,10 @@
 #include "backends/comm/reduce.hpp"
 #include "backends/optim/optimizer.hpp"
 
+namespace accel::config {
+enum class MixedPrecision;  // config/config.hpp
+}  // namespace accel::config
+
 namespace accel {
 
 class ProcessGroup;
@@ -99,7 +103,10 @@ class Accelerator {
   int cuda_device() const;
   const ProcessEnv& process_env() const { return env_; }
   int gradient_accumulation_steps() const { return accumulation_steps_; }
-  const std::string& mixed_precision() const { return mixed_precision_; }
+  // The config's mixed_precision: "no", "fp16" or "bf16" as text, and as the enum
+  // (config/config.hpp, not installed: for the front ends).
+  std::string mixed_precision() const;
+  config::MixedPrecision precision() const { return mixed_precision_; }
   Communicator& comm();
   // The CUDA stream (a cudaStream_t) the loop computes on, when its buffers live on a GPU
   // (NCCL); default: the legacy default stream. The strategies copy gradients and order the
@@ -359,7 +366,7 @@ class Accelerator {
   std::vector<std::shared_ptr<void>> replica_models_;
   int accumulation_steps_ = 1;
   bool uses_gpu_ = false;              // the config's choice (use_cpu false, or MULTI_GPU)
-  std::string mixed_precision_ = "no";
+  config::MixedPrecision mixed_precision_{};  // MixedPrecision::no
   int micro_since_sync_ = 0;           // micro-batches since the last boundary
   std::unique_ptr<DynamicLossScaler> scaler_;  // mixed_precision fp16
   bool step_skipped_ = false;          // the last boundary's gradients overflowed

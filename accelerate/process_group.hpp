@@ -20,7 +20,7 @@ struct ProcessGroupOptions {
   // on one host, hierarchical otherwise). Empty: ACCEL_COMM_BACKEND, else "auto" when the
   // world has several ranks and "local" when it has one.
   std::string backend;
-  // Per operation and for joining. Unset: ACCEL_COMM_TIMEOUT (seconds), else 30 minutes.
+  // Per operation and for joining. Unset: ACCEL_COMM_TIMEOUT (seconds), else kDefaultCommTimeout.
   std::optional<Milliseconds> timeout;
   std::string group_name = "world";
 };

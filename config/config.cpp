@@ -8,6 +8,8 @@
 #include <charconv>
 #include <set>
 #include <stdexcept>
+#include <type_traits>
+#include <variant>
 
 #include "backends/comm/error.hpp"
 
@@ -46,138 +48,6 @@ std::optional<long long> parse_integer(std::string_view text) {
   auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
   if (ec != std::errc() || ptr != text.data() + text.size() || text.empty()) return std::nullopt;
   return v;
-}
-
-std::vector<KeySpec> make_schema() {
-  using K = ValueKind;
-  std::vector<KeySpec> s;
-  auto add = [&](KeySpec spec) { s.push_back(std::move(spec)); };
-  add({"compute_environment",
-       K::choice,
-       {"LOCAL_MACHINE"},
-       0,
-       0,
-       "",
-       "LOCAL_MACHINE",
-       "where the processes run: this machine's own (Accelerate's SageMaker is not supported)"});
-  add({"distributed_type",
-       K::choice,
-       {"NO", "DATA_PARALLEL", "MULTI_CPU", "MULTI_GPU", "ZERO"},
-       0,
-       0,
-       "",
-       "MULTI_GPU with 2+ GPUs, NO with one, MULTI_CPU without",
-       "NO: one process; DATA_PARALLEL: one process, a model replica per GPU (or per CPU thread: "
-       "data_parallel_replicas); MULTI_CPU / MULTI_GPU: "
-       "one process per core group / GPU (DDP); ZERO: sharded optimizer state (DEEPSPEED is read "
-       "as ZERO)"});
-  add({"num_processes",
-       K::integer,
-       {},
-       1,
-       1 << 20,
-       "a process count (1 or more)",
-       "1 per GPU, or 1 per CPU core without GPUs; 1 for NO and DATA_PARALLEL",
-       "processes over all machines; each machine runs num_processes / num_machines"});
-  add({"num_machines",
-       K::integer,
-       {},
-       1,
-       1 << 16,
-       "a machine count (1 or more)",
-       "1",
-       "machines taking part; each runs `accel launch` with its own machine_rank"});
-  add({"machine_rank",
-       K::integer,
-       {},
-       0,
-       (1 << 16) - 1,
-       "a machine rank (0 or more)",
-       "0",
-       "this machine's rank, 0 .. num_machines-1; machine 0 hosts the rendezvous store"});
-  add({"main_process_ip",
-       K::text,
-       {},
-       0,
-       0,
-       "",
-       "127.0.0.1",
-       "address of machine 0, where the rendezvous store listens"});
-  add({"main_process_port",
-       K::integer,
-       {},
-       0,
-       65535,
-       "a TCP port (0-65535)",
-       "29500",
-       "port of the rendezvous store on machine 0; 0 picks a free one (single machine only)"});
-  add({"use_cpu",
-       K::boolean,
-       {},
-       0,
-       0,
-       "",
-       "true when no GPU is found",
-       "run on CPU even if GPUs exist (decides the device for NO and ZERO)"});
-  add({"gpu_ids",
-       K::text,
-       {},
-       0,
-       0,
-       "",
-       "all",
-       "GPUs this machine uses: all, or ids like 0,1 (becomes CUDA_VISIBLE_DEVICES)"});
-  add({"mixed_precision",
-       K::choice,
-       {"no", "fp16", "bf16"},
-       0,
-       0,
-       "",
-       "no",
-       "compute in fp16 or bf16 with fp32 master weights"});
-  add({"zero_stage",
-       K::integer,
-       {},
-       1,
-       3,
-       "a ZeRO stage (1-3)",
-       "2 with ZERO",
-       "ZERO only: 1 shards optimizer state, 2 also gradients, 3 also parameters"});
-  add({"offload_optimizer_device",
-       K::choice,
-       {"none", "cpu"},
-       0,
-       0,
-       "",
-       "none",
-       "ZERO only: keep optimizer state in host memory"});
-  add({"cpu_communicator",
-       K::choice,
-       {"auto", "gloo", "mpi", "shm", "hierarchical"},
-       0,
-       0,
-       "",
-       "auto",
-       "communicator for CPU processes: auto (shared memory when every process is on one "
-       "machine, else shared memory inside machines and gloo between them), gloo (TCP), mpi "
-       "(under mpirun), shm or hierarchical (forced)"});
-  add({"data_parallel_replicas",
-       K::integer,
-       {},
-       0,
-       1 << 16,
-       "a replica count (0 = one per CPU core, or more)",
-       "0 (one per CPU core)",
-       "DATA_PARALLEL on the CPU only: model replicas, each on its own thread, in the one process"});
-  add({"gradient_accumulation_steps",
-       K::integer,
-       {},
-       1,
-       1 << 20,
-       "a step count (1 or more)",
-       "1",
-       "micro-batches per optimizer step; gradients are synchronised on the last one"});
-  return s;
 }
 
 // A value as messages show it: quoted, and cut short when long, so a 50 MB value gives a
@@ -241,10 +111,303 @@ std::size_t edit_distance(std::string_view a, std::string_view b) {
   return row[b.size()];
 }
 
-bool is_zero_key(std::string_view key) {
-  return key == "zero_stage" || key == "offload_optimizer_device";
+// ---- Cross-key rules, one per key, named in the table below. Each returns the problem in
+// words; it is reported against its own key, so a message points at the line that set it.
+
+std::string type_of(const Config& c) { return to_string(c.distributed_type); }
+
+bool one_process(const Config& c) {
+  return c.distributed_type == DistributedType::NO ||
+         c.distributed_type == DistributedType::DATA_PARALLEL;
 }
 
+bool is_zero(const Config& c) { return c.distributed_type == DistributedType::ZERO; }
+bool is_data_parallel(const Config& c) {
+  return c.distributed_type == DistributedType::DATA_PARALLEL;
+}
+
+std::optional<std::string> check_num_processes(const Config& c) {
+  if (one_process(c) && c.num_processes != 1)
+    return "distributed_type " + type_of(c) + " runs one process, not " +
+           std::to_string(c.num_processes);
+  if (c.num_processes % c.num_machines != 0)
+    return std::to_string(c.num_processes) + " processes do not divide evenly over num_machines (" +
+           std::to_string(c.num_machines) + ")";
+  if (processes_per_machine(c) > kMaxProcessesPerMachine)
+    return std::to_string(c.num_processes) + " processes" +
+           (c.num_machines == 1 ? std::string(" on one machine")
+                                : " over " + std::to_string(c.num_machines) + " machines are " +
+                                      std::to_string(processes_per_machine(c)) + " per machine") +
+           "; at most " + std::to_string(kMaxProcessesPerMachine) + " run on one machine";
+  return std::nullopt;
+}
+
+std::optional<std::string> check_num_machines(const Config& c) {
+  if (one_process(c) && c.num_machines != 1)
+    return "distributed_type " + type_of(c) + " runs on one machine, not " +
+           std::to_string(c.num_machines);
+  return std::nullopt;
+}
+
+std::optional<std::string> check_machine_rank(const Config& c) {
+  if (c.machine_rank >= c.num_machines)
+    return std::to_string(c.machine_rank) + " is not below num_machines (" +
+           std::to_string(c.num_machines) + ")";
+  return std::nullopt;
+}
+
+std::optional<std::string> check_main_process_port(const Config& c) {
+  if (c.main_process_port == 0 && c.num_machines > 1)
+    return "0 (a free port) only works on one machine; the other machines must know the port";
+  return std::nullopt;
+}
+
+std::optional<std::string> check_use_cpu(const Config& c) {
+  if (c.use_cpu && c.distributed_type == DistributedType::MULTI_GPU)
+    return "true contradicts distributed_type " + type_of(c) + " (GPU processes)";
+  if (!c.use_cpu && c.distributed_type == DistributedType::MULTI_CPU)
+    return "false contradicts distributed_type MULTI_CPU";
+  return std::nullopt;
+}
+
+std::optional<std::string> check_gpu_ids(const Config& c) {
+  if (is_data_parallel(c) && !uses_gpu(c) && !gpu_id_list(c).empty())
+    return "lists GPU(s) " + c.gpu_ids +
+           " but DATA_PARALLEL runs on the CPU here (use_cpu true, or no GPU found): its "
+           "replicas are threads, set data_parallel_replicas instead";
+  if (uses_gpu(c)) {
+    const auto ids = gpu_id_list(c);
+    const int per_machine = one_process(c) ? 1 : processes_per_machine(c);
+    if (!ids.empty() && static_cast<int>(ids.size()) < per_machine)
+      return "lists " + std::to_string(ids.size()) + " GPU(s) but " + std::to_string(per_machine) +
+             " processes run on each machine, one GPU each";
+  }
+  return std::nullopt;
+}
+
+std::optional<std::string> check_zero_stage(const Config& c) {
+  if (c.zero_stage != 0 && !is_zero(c))
+    return "zero_stage " + std::to_string(c.zero_stage) + " needs distributed_type ZERO, not " +
+           type_of(c);
+  return std::nullopt;
+}
+
+std::optional<std::string> check_offload_optimizer_device(const Config& c) {
+  if (c.offload_optimizer_device != "none" && !is_zero(c))
+    return "offloading the optimizer needs distributed_type ZERO, not " + type_of(c);
+  return std::nullopt;
+}
+
+std::optional<std::string> check_data_parallel_replicas(const Config& c) {
+  if (c.data_parallel_replicas != 0 && !is_data_parallel(c))
+    return std::to_string(c.data_parallel_replicas) +
+           " replicas need distributed_type DATA_PARALLEL, not " + type_of(c);
+  if (c.data_parallel_replicas != 0 && uses_gpu(c))
+    return "DATA_PARALLEL on GPUs takes one replica per GPU in gpu_ids; data_parallel_replicas "
+           "is for CPU replicas (use_cpu true)";
+  return std::nullopt;
+}
+
+// An enum's names in its order, so a choice's index is its enum value.
+template <typename E, std::size_t N>
+std::vector<std::string> names_of(const E (&values)[N]) {
+  std::vector<std::string> names;
+  for (std::size_t i = 0; i < N; ++i) {
+    if (static_cast<std::size_t>(values[i]) != i) throw std::logic_error("names_of: enum order");
+    names.push_back(to_string(values[i]));
+  }
+  return names;
+}
+constexpr DistributedType kDistributedTypes[] = {
+    DistributedType::NO, DistributedType::DATA_PARALLEL, DistributedType::MULTI_CPU,
+    DistributedType::MULTI_GPU, DistributedType::ZERO};
+constexpr MixedPrecision kMixedPrecisions[] = {MixedPrecision::no, MixedPrecision::fp16,
+                                               MixedPrecision::bf16};
+
+// ---- The table: every key, declared once.
+
+std::vector<KeySpec> make_schema() {
+  using K = ValueKind;
+  const std::string stages = std::to_string(kMinZeroStage) + "-" + std::to_string(kMaxZeroStage);
+  return {
+      {.name = "compute_environment",
+       .kind = K::choice,
+       .field = &Config::compute_environment,
+       .choices = {"LOCAL_MACHINE"},
+       .default_text = "LOCAL_MACHINE",
+       .help = "where the processes run: this machine's own (Accelerate's SageMaker is not "
+               "supported)",
+       .question = "In which compute environment are you running?",
+       .options = {{"LOCAL_MACHINE", "This machine", 0}}},
+      {.name = "distributed_type",
+       .kind = K::choice,
+       .field = &Config::distributed_type,
+       .choices = names_of(kDistributedTypes),
+       .default_text = "MULTI_GPU with 2+ GPUs, NO with one, MULTI_CPU without",
+       .help = "NO: one process; DATA_PARALLEL: one process, a model replica per GPU (or per CPU "
+               "thread: data_parallel_replicas); MULTI_CPU / MULTI_GPU: one process per core "
+               "group / GPU (DDP); ZERO: sharded optimizer state (DEEPSPEED is read as ZERO)",
+       .question = "Which type of distributed training do you want?",
+       .options = {{"NO", "NO             one process, one device", 0},
+                   {"DATA_PARALLEL",
+                    "DATA_PARALLEL  one process, a model replica on each GPU (or CPU thread)", 1},
+                   {"MULTI_CPU", "MULTI_CPU      one process per CPU share (DDP over gloo or mpi)",
+                    2},
+                   {"MULTI_GPU", "MULTI_GPU      one process per GPU (DDP over NCCL)", 3},
+                   {"ZERO", "ZERO           one process per device, optimizer state sharded (ZeRO)",
+                    4}}},
+      {.name = "num_processes",
+       .kind = K::integer,
+       .field = &Config::num_processes,
+       .min_value = 1,
+       .max_value = 1 << 20,
+       .range_text = "a process count (1 or more)",
+       .default_text = "1 per GPU, or 1 per CPU core without GPUs; 1 for NO and DATA_PARALLEL",
+       .help = "processes over all machines; each machine runs num_processes / num_machines",
+       .flag_value = "N",
+       .question =
+           "How many processes should be used for distributed training (over all machines)?",
+       .check = check_num_processes,
+       .related = {"distributed_type", "num_machines"}},
+      {.name = "num_machines",
+       .kind = K::integer,
+       .field = &Config::num_machines,
+       .min_value = 1,
+       .max_value = 1 << 16,
+       .range_text = "a machine count (1 or more)",
+       .default_text = "1",
+       .help = "machines taking part; each runs `accel launch` with its own machine_rank",
+       .flag_value = "M",
+       .question =
+           "How many different machines will you use (more than 1 for multi-node training)?",
+       .check = check_num_machines,
+       .related = {"distributed_type"}},
+      {.name = "machine_rank",
+       .kind = K::integer,
+       .field = &Config::machine_rank,
+       .min_value = 0,
+       .max_value = (1 << 16) - 1,
+       .range_text = "a machine rank (0 or more)",
+       .default_text = "0",
+       .help = "this machine's rank, 0 .. num_machines-1; machine 0 hosts the rendezvous store",
+       .flag_value = "K",
+       .question = "What is the rank of this machine (0 .. {last_machine})?",
+       .check = check_machine_rank,
+       .related = {"num_machines"}},
+      {.name = "main_process_ip",
+       .kind = K::text,
+       .field = &Config::main_process_ip,
+       .default_text = "127.0.0.1",
+       .help = "address of machine 0, where the rendezvous store listens",
+       .flag_value = "IP",
+       .question = "What is the IP address of the machine that will host the main process?"},
+      {.name = "main_process_port",
+       .kind = K::integer,
+       .field = &Config::main_process_port,
+       .min_value = 0,
+       .max_value = 65535,
+       .range_text = "a TCP port (0-65535)",
+       .default_text = "29500",
+       .help = "port of the rendezvous store on machine 0; 0 picks a free one (single machine "
+               "only)",
+       .flag_value = "P",
+       .question = "What is the port you will use to communicate with the main process?",
+       .check = check_main_process_port,
+       .related = {"num_machines"}},
+      {.name = "use_cpu",
+       .kind = K::boolean,
+       .field = &Config::use_cpu,
+       .default_text = "true when no GPU is found",
+       .help = "run on CPU even if GPUs exist (decides the device for NO and ZERO)",
+       .question = "Do you want to run your training on CPU only (even if a GPU is available)?",
+       .options = {{"false", "no", 0}, {"true", "yes", 1}},
+       .check = check_use_cpu,
+       .related = {"distributed_type"}},
+      {.name = "gpu_ids",
+       .kind = K::text,
+       .field = &Config::gpu_ids,
+       .default_text = "all",
+       .help = "GPUs this machine uses: all, or ids like 0,1 (becomes CUDA_VISIBLE_DEVICES)",
+       .flag_value = "all|0,1,...",
+       .question = "What GPU(s) (by id) should be used for training on this machine as a "
+                   "comma-separated list?",
+       .check = check_gpu_ids,
+       .related = {"num_processes", "num_machines"}},
+      {.name = "mixed_precision",
+       .kind = K::choice,
+       .field = &Config::mixed_precision,
+       .choices = names_of(kMixedPrecisions),
+       .default_text = "no",
+       .help = "compute in fp16 or bf16 with fp32 master weights",
+       .question = "Do you wish to use mixed precision?",
+       .options = {{"no", "no", 0}, {"fp16", "fp16", 1}, {"bf16", "bf16", 2}}},
+      {.name = "zero_stage",
+       .kind = K::integer,
+       .field = &Config::zero_stage,
+       .min_value = kMinZeroStage,
+       .max_value = kMaxZeroStage,
+       .range_text = "a ZeRO stage (" + stages + ")",
+       .default_text = "2 with ZERO",
+       .help = "ZERO only: 1 shards optimizer state, 2 also gradients",
+       .question = "What should be your ZeRO optimization stage?",
+       // The menu keeps the stages the range allows (wizard.cpp); a stage added to the range
+       // needs its line here.
+       .options = {{"1", "stage 1: shard optimizer state", 1},
+                   {"2", "stage 2: shard optimizer state and gradients", 2},
+                   {"3", "stage 3: shard optimizer state, gradients and parameters", 3}},
+       .applies = is_zero,
+       .check = check_zero_stage,
+       .related = {"distributed_type"}},
+      {.name = "offload_optimizer_device",
+       .kind = K::choice,
+       .field = &Config::offload_optimizer_device,
+       .choices = {"none", "cpu"},
+       .default_text = "none",
+       .help = "ZERO only: keep optimizer state in host memory",
+       .question = "Where to offload optimizer states?",
+       .options = {{"none", "none", 0}, {"cpu", "cpu", 1}},
+       .applies = is_zero,
+       .check = check_offload_optimizer_device,
+       .related = {"distributed_type"}},
+      {.name = "cpu_communicator",
+       .kind = K::choice,
+       .field = &Config::cpu_communicator,
+       .choices = {"auto", "gloo", "mpi", "shm", "hierarchical"},
+       .default_text = "auto",
+       .help = "communicator for CPU processes: auto (shared memory when every process is on "
+               "one machine, else shared memory inside machines and gloo between them), gloo "
+               "(TCP), mpi (under mpirun), shm or hierarchical (forced)",
+       .question = "Which communicator should the CPU processes use?",
+       .options = {{"auto", "auto  shared memory within a machine, Gloo between machines", 0},
+                   {"gloo", "gloo  TCP, started by accel launch", 1},
+                   {"mpi", "mpi   MPI, for clusters with a fast interconnect", 2}}},
+      {.name = "data_parallel_replicas",
+       .kind = K::integer,
+       .field = &Config::data_parallel_replicas,
+       .min_value = 0,
+       .max_value = 1 << 16,
+       .range_text = "a replica count (0 = one per CPU core, or more)",
+       .default_text = "0 (one per CPU core)",
+       .help = "DATA_PARALLEL on the CPU only: model replicas, each on its own thread, in the "
+               "one process",
+       .flag_value = "N",
+       .question = "How many model replicas (threads) should DataParallel run (0 = one per CPU "
+                   "core)?",
+       .applies = is_data_parallel,
+       .check = check_data_parallel_replicas,
+       .related = {"distributed_type", "use_cpu"}},
+      {.name = "gradient_accumulation_steps",
+       .kind = K::integer,
+       .field = &Config::gradient_accumulation_steps,
+       .min_value = 1,
+       .max_value = 1 << 20,
+       .range_text = "a step count (1 or more)",
+       .default_text = "1",
+       .help = "micro-batches per optimizer step; gradients are synchronised on the last one",
+       .flag_value = "N",
+       .question = "How many gradient accumulation steps?"},
+  };
+}
 }  // namespace
 
 std::string to_string(DistributedType t) {
@@ -397,135 +560,69 @@ std::string parse_value_or_throw(std::string_view key, std::string_view text,
 }
 
 std::string get_value(const Config& c, std::string_view key) {
-  if (key == "compute_environment") return c.compute_environment;
-  if (key == "distributed_type") return to_string(c.distributed_type);
-  if (key == "num_processes") return std::to_string(c.num_processes);
-  if (key == "num_machines") return std::to_string(c.num_machines);
-  if (key == "machine_rank") return std::to_string(c.machine_rank);
-  if (key == "main_process_ip") return c.main_process_ip;
-  if (key == "main_process_port") return std::to_string(c.main_process_port);
-  if (key == "use_cpu") return c.use_cpu ? "true" : "false";
-  if (key == "gpu_ids") return c.gpu_ids;
-  if (key == "mixed_precision") return to_string(c.mixed_precision);
-  if (key == "zero_stage") return std::to_string(c.zero_stage);
-  if (key == "offload_optimizer_device") return c.offload_optimizer_device;
-  if (key == "cpu_communicator") return c.cpu_communicator;
-  if (key == "data_parallel_replicas") return std::to_string(c.data_parallel_replicas);
-  if (key == "gradient_accumulation_steps") return std::to_string(c.gradient_accumulation_steps);
-  throw std::invalid_argument("get_value: unknown key " + std::string(key));
+  const KeySpec* spec = find_key(key);
+  if (spec == nullptr) throw std::invalid_argument("get_value: unknown key " + std::string(key));
+  return std::visit(
+      [&](auto field) -> std::string {
+        const auto& value = c.*field;
+        using T = std::decay_t<decltype(value)>;
+        if constexpr (std::is_same_v<T, std::string>)
+          return value;
+        else if constexpr (std::is_same_v<T, bool>)
+          return value ? "true" : "false";
+        else if constexpr (std::is_same_v<T, int>)
+          return std::to_string(value);
+        else
+          return to_string(value);
+      },
+      spec->field);
 }
 
 void set_value(Config& c, std::string_view key, std::string_view v) {
-  auto to_int = [&] {
-    auto n = parse_integer(v);
-    if (!n) throw std::invalid_argument("set_value: not a number for " + std::string(key));
-    return static_cast<int>(*n);
-  };
-  if (key == "compute_environment")
-    c.compute_environment = v;
-  else if (key == "distributed_type") {
-    const auto& choices = find_key(key)->choices;
-    const auto it = std::find(choices.begin(), choices.end(), v);
-    if (it == choices.end()) throw std::invalid_argument("set_value: bad distributed_type");
-    c.distributed_type = static_cast<DistributedType>(it - choices.begin());
-  } else if (key == "num_processes")
-    c.num_processes = to_int();
-  else if (key == "num_machines")
-    c.num_machines = to_int();
-  else if (key == "machine_rank")
-    c.machine_rank = to_int();
-  else if (key == "main_process_ip")
-    c.main_process_ip = v;
-  else if (key == "main_process_port")
-    c.main_process_port = to_int();
-  else if (key == "use_cpu")
-    c.use_cpu = (v == "true");
-  else if (key == "gpu_ids")
-    c.gpu_ids = v;
-  else if (key == "mixed_precision") {
-    const auto& choices = find_key(key)->choices;
-    const auto it = std::find(choices.begin(), choices.end(), v);
-    if (it == choices.end()) throw std::invalid_argument("set_value: bad mixed_precision");
-    c.mixed_precision = static_cast<MixedPrecision>(it - choices.begin());
-  } else if (key == "zero_stage")
-    c.zero_stage = to_int();
-  else if (key == "offload_optimizer_device")
-    c.offload_optimizer_device = v;
-  else if (key == "cpu_communicator")
-    c.cpu_communicator = v;
-  else if (key == "data_parallel_replicas")
-    c.data_parallel_replicas = to_int();
-  else if (key == "gradient_accumulation_steps")
-    c.gradient_accumulation_steps = to_int();
-  else
-    throw std::invalid_argument("set_value: unknown key " + std::string(key));
+  const KeySpec* spec = find_key(key);
+  if (spec == nullptr) throw std::invalid_argument("set_value: unknown key " + std::string(key));
+  std::visit(
+      [&](auto field) {
+        auto& value = c.*field;
+        using T = std::decay_t<decltype(value)>;
+        if constexpr (std::is_same_v<T, std::string>) {
+          value = v;
+        } else if constexpr (std::is_same_v<T, bool>) {
+          value = (v == "true");
+        } else if constexpr (std::is_same_v<T, int>) {
+          const auto n = parse_integer(v);
+          if (!n) throw std::invalid_argument("set_value: not a number for " + std::string(key));
+          value = static_cast<int>(*n);
+        } else {  // an enum: its choices are its names, in its order (names_of)
+          const auto it = std::find(spec->choices.begin(), spec->choices.end(), v);
+          if (it == spec->choices.end())
+            throw std::invalid_argument("set_value: bad " + std::string(key));
+          value = static_cast<T>(it - spec->choices.begin());
+        }
+      },
+      spec->field);
 }
 
 bool is_written(const Config& c, std::string_view key) {
-  if (is_zero_key(key)) return c.distributed_type == DistributedType::ZERO;
-  if (key == "data_parallel_replicas") return c.distributed_type == DistributedType::DATA_PARALLEL;
-  return true;
+  const KeySpec* spec = find_key(key);
+  return spec == nullptr || spec->applies == nullptr || spec->applies(c);
 }
 
 std::optional<std::string> consistency_problem(const Config& c, std::string_view key) {
-  const auto type = to_string(c.distributed_type);
-  const bool one_process = c.distributed_type == DistributedType::NO ||
-                           c.distributed_type == DistributedType::DATA_PARALLEL;
-  if (key == "machine_rank" && c.machine_rank >= c.num_machines)
-    return std::to_string(c.machine_rank) + " is not below num_machines (" +
-           std::to_string(c.num_machines) + ")";
-  if (key == "num_machines" && one_process && c.num_machines != 1)
-    return "distributed_type " + type + " runs on one machine, not " +
-           std::to_string(c.num_machines);
-  if (key == "num_processes") {
-    if (one_process && c.num_processes != 1)
-      return "distributed_type " + type + " runs one process, not " +
-             std::to_string(c.num_processes);
-    if (c.num_processes % c.num_machines != 0)
-      return std::to_string(c.num_processes) +
-             " processes do not divide evenly over num_machines (" +
-             std::to_string(c.num_machines) + ")";
-    if (processes_per_machine(c) > kMaxProcessesPerMachine)
-      return std::to_string(c.num_processes) + " processes" +
-             (c.num_machines == 1 ? std::string(" on one machine")
-                                  : " over " + std::to_string(c.num_machines) + " machines are " +
-                                        std::to_string(processes_per_machine(c)) + " per machine") +
-             "; at most " + std::to_string(kMaxProcessesPerMachine) + " run on one machine";
-  }
-  if (key == "zero_stage" && c.zero_stage != 0 && c.distributed_type != DistributedType::ZERO)
-    return "zero_stage " + std::to_string(c.zero_stage) + " needs distributed_type ZERO, not " +
-           type;
-  if (key == "offload_optimizer_device" && c.offload_optimizer_device != "none" &&
-      c.distributed_type != DistributedType::ZERO)
-    return "offloading the optimizer needs distributed_type ZERO, not " + type;
-  if (key == "use_cpu") {
-    if (c.use_cpu && c.distributed_type == DistributedType::MULTI_GPU)
-      return "true contradicts distributed_type " + type + " (GPU processes)";
-    if (!c.use_cpu && c.distributed_type == DistributedType::MULTI_CPU)
-      return "false contradicts distributed_type MULTI_CPU";
-  }
-  if (key == "data_parallel_replicas" && c.data_parallel_replicas != 0 &&
-      c.distributed_type != DistributedType::DATA_PARALLEL)
-    return std::to_string(c.data_parallel_replicas) +
-           " replicas need distributed_type DATA_PARALLEL, not " + type;
-  if (key == "data_parallel_replicas" && c.data_parallel_replicas != 0 && uses_gpu(c))
-    return "DATA_PARALLEL on GPUs takes one replica per GPU in gpu_ids; data_parallel_replicas "
-           "is for CPU replicas (use_cpu true)";
-  if (key == "gpu_ids" && c.distributed_type == DistributedType::DATA_PARALLEL && !uses_gpu(c) &&
-      !gpu_id_list(c).empty())
-    return "lists GPU(s) " + c.gpu_ids +
-           " but DATA_PARALLEL runs on the CPU here (use_cpu true, or no GPU found): its "
-           "replicas are threads, set data_parallel_replicas instead";
-  if (key == "gpu_ids" && uses_gpu(c)) {
-    const auto ids = gpu_id_list(c);
-    const int per_machine = one_process ? 1 : processes_per_machine(c);
-    if (!ids.empty() && static_cast<int>(ids.size()) < per_machine)
-      return "lists " + std::to_string(ids.size()) + " GPU(s) but " + std::to_string(per_machine) +
-             " processes run on each machine, one GPU each";
-  }
-  if (key == "main_process_port" && c.main_process_port == 0 && c.num_machines > 1)
-    return "0 (a free port) only works on one machine; the other machines must know the port";
-  return std::nullopt;
+  const KeySpec* spec = find_key(key);
+  if (spec == nullptr || spec->check == nullptr) return std::nullopt;
+  return spec->check(c);
+}
+
+std::string value_hint(std::string_view key) {
+  const KeySpec* spec = find_key(key);
+  if (spec == nullptr) return "VALUE";
+  if (!spec->flag_value.empty()) return spec->flag_value;
+  if (spec->kind == ValueKind::choice) return join(spec->choices, "|");
+  std::vector<std::string> values;  // a short range, spelled out: "1|2"
+  for (int v = spec->min_value; v <= spec->max_value && values.size() <= 4; ++v)
+    values.push_back(std::to_string(v));
+  return values.size() <= 4 ? join(values, "|") : "N";
 }
 
 std::string unknown_key_problem(std::string_view key) {

@@ -13,6 +13,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <variant>
 #include <vector>
 
 namespace accel::config {
@@ -42,7 +43,7 @@ struct Config {
   bool use_cpu = false;
   std::string gpu_ids = "all";  // "all" or a comma-separated list "0,1"
   MixedPrecision mixed_precision = MixedPrecision::no;
-  int zero_stage = 0;                             // 1, 2 or 3 with ZERO; 0 otherwise
+  int zero_stage = 0;  // a stage (kMinZeroStage..kMaxZeroStage) with ZERO; 0 otherwise
   std::string offload_optimizer_device = "none";  // "none" or "cpu" (ZERO only)
   // "auto" (shm on one machine, hierarchical across machines), "gloo", "mpi", "shm" or
   // "hierarchical" for CPU work
@@ -76,32 +77,62 @@ struct ResolvedConfig {
   // "environment variable ACCEL_NUM_PROCESSES", "command line --num_processes",
   // "detected: 16 CPU cores, no GPU", "default".
   std::map<std::string, std::string> origins;
-  std::optional<std::string> file;   // the config file read, if any
+  std::optional<std::string> file;  // the config file read, if any
   // Keys whose value was detected from this machine, for warnings: "KEY = VALUE (WHY)", e.g.
   // "num_processes = 16 (detected: 16 CPU cores, no GPU)"; the key is the first word.
   std::vector<std::string> guesses;
-  std::vector<std::string> notes;    // Accelerate keys that were read and ignored
+  std::vector<std::string> notes;  // Accelerate keys that were read and ignored
 };
 
 // ---- The schema: one entry per key, in the order files and `accel config show` list them.
+// Each key is declared once, in config.cpp's table: its name, type, range, default, help,
+// where it lives in Config, when it applies, how it is checked against the other keys and
+// the wizard's question. Parsing, printing, ACCEL_<KEY>, --<key>, `accel launch --help`'s
+// value hints and the wizard's menus are all derived from that entry.
 
 enum class ValueKind { text, integer, boolean, choice };
+
+// The ZeRO stages that exist (backends/zero/): the schema's range, and through it the
+// wizard's menu, `accel launch --help` and the error for any other stage.
+inline constexpr int kMinZeroStage = 1;
+inline constexpr int kMaxZeroStage = 2;
+
+// Where a key's value lives in Config.
+using Field = std::variant<std::string Config::*, int Config::*, bool Config::*,
+                           DistributedType Config::*, MixedPrecision Config::*>;
+
+// One answer the wizard's menu offers.
+struct Option {
+  std::string value;  // canonical, as the schema spells it ("MULTI_CPU", "true")
+  std::string label;  // what the user reads
+  int number = 0;     // what the user types to pick it
+};
 
 struct KeySpec {
   std::string name;  // YAML key: "num_processes"
   ValueKind kind;
-  std::vector<std::string> choices;  // for choice: the canonical spellings
+  Field field;
+  std::vector<std::string> choices;  // for choice: the canonical spellings (an enum's names)
   int min_value = 0;                 // for integer
   int max_value = 0;
   std::string range_text;    // "a TCP port (0-65535)": the end of "70000 is not ..."
   std::string default_text;  // "29500", or how it is derived
   std::string help;
+  std::string flag_value;  // what --KEY takes in `accel launch --help` ("N"); "" = derived
+  // The wizard's question ("" = never asked); "{last_machine}" becomes num_machines - 1.
+  std::string question;
+  std::vector<Option> options;               // its menu; empty = a free-text answer
+  bool (*applies)(const Config&) = nullptr;  // is_written; nullptr = always
+  std::optional<std::string> (*check)(const Config&) = nullptr;  // consistency_problem
+  std::vector<std::string> related;  // the other keys `check` looks at, for error origins
 };
 
 const std::vector<KeySpec>& schema();
 const KeySpec* find_key(std::string_view name);  // nullptr when unknown
-std::string env_var_for(std::string_view key);   // "ACCEL_NUM_PROCESSES"
-std::string flag_for(std::string_view key);      // "--num_processes"
+// What --KEY takes, for help texts: "no|fp16|bf16", "1|2" for a short range, else flag_value.
+std::string value_hint(std::string_view key);
+std::string env_var_for(std::string_view key);  // "ACCEL_NUM_PROCESSES"
+std::string flag_for(std::string_view key);     // "--num_processes"
 
 // Parses `text` as a value of `key` (case-insensitive choices, DEEPSPEED as ZERO, yes/no
 // for booleans) and returns its canonical spelling, or the problem in words.

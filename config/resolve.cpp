@@ -10,41 +10,20 @@
 
 namespace accel::config {
 namespace detail {
-namespace {
-
-// The other keys each consistency rule looks at, so an error can say where those came from
-// when that was somewhere else ("zero_stage 3 needs ZERO ...; distributed_type from ...").
-const std::map<std::string, std::vector<std::string>>& related_keys() {
-  static const std::map<std::string, std::vector<std::string>> table = {
-      {"machine_rank", {"num_machines"}},
-      {"num_machines", {"distributed_type"}},
-      {"num_processes", {"distributed_type", "num_machines"}},
-      {"zero_stage", {"distributed_type"}},
-      {"offload_optimizer_device", {"distributed_type"}},
-      {"use_cpu", {"distributed_type"}},
-      {"gpu_ids", {"num_processes", "num_machines"}},
-      {"data_parallel_replicas", {"distributed_type", "use_cpu"}},
-      {"main_process_port", {"num_machines"}},
-  };
-  return table;
-}
-
-}  // namespace
 
 void check_consistency(const ResolvedConfig& r) {
   for (const auto& spec : schema()) {
     const auto problem = consistency_problem(r.config, spec.name);
     if (!problem) continue;
     std::string message = r.origins.at(spec.name) + ": key '" + spec.name + "': " + *problem;
-    const auto related = related_keys().find(spec.name);
-    if (related != related_keys().end()) {
-      for (const auto& other : related->second) {
-        const Source s = r.sources.at(other);
-        if (s != Source::default_value && r.origins.at(other) != r.origins.at(spec.name) &&
-            s != r.sources.at(spec.name))
-          message +=
-              "; " + other + " " + get_value(r.config, other) + " is from " + r.origins.at(other);
-      }
+    // Where the other keys the rule looked at came from, when that was somewhere else
+    // ("zero_stage 2 needs ZERO ...; distributed_type MULTI_GPU is from ...").
+    for (const auto& other : spec.related) {
+      const Source s = r.sources.at(other);
+      if (s != Source::default_value && r.origins.at(other) != r.origins.at(spec.name) &&
+          s != r.sources.at(spec.name))
+        message +=
+            "; " + other + " " + get_value(r.config, other) + " is from " + r.origins.at(other);
     }
     throw ConfigError(message);
   }

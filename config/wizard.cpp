@@ -123,73 +123,50 @@ class Wizard {
 
   Config run() {
     const auto type = [&] { return current().distributed_type; };
-    choose("compute_environment", "In which compute environment are you running?",
-           {{"LOCAL_MACHINE", "This machine", 0}});
-    choose("distributed_type", "Which type of distributed training do you want?",
-           {{"NO", "NO             one process, one device", 0},
-            {"DATA_PARALLEL",
-             "DATA_PARALLEL  one process, a model replica on each GPU (or CPU thread)", 1},
-            {"MULTI_CPU", "MULTI_CPU      one process per CPU share (DDP over gloo or mpi)", 2},
-            {"MULTI_GPU", "MULTI_GPU      one process per GPU (DDP over NCCL)", 3},
-            {"ZERO", "ZERO           one process per device, optimizer state sharded (ZeRO)", 4}});
+    ask("compute_environment");
+    ask("distributed_type");
     const bool multi_process = type() == DistributedType::MULTI_CPU ||
                                type() == DistributedType::MULTI_GPU ||
                                type() == DistributedType::ZERO;
     if (multi_process) {
-      free_text("num_machines",
-                "How many different machines will you use (more than 1 for multi-node training)?");
+      ask("num_machines");
       if (current().num_machines > 1) {
-        free_text("machine_rank", "What is the rank of this machine (0 .. " +
-                                      std::to_string(current().num_machines - 1) + ")?");
-        free_text("main_process_ip",
-                  "What is the IP address of the machine that will host the main process?");
-        free_text("main_process_port",
-                  "What is the port you will use to communicate with the main process?");
+        ask("machine_rank");
+        ask("main_process_ip");
+        ask("main_process_port");
       }
     }
     if (type() == DistributedType::NO || type() == DistributedType::ZERO ||
         type() == DistributedType::DATA_PARALLEL)
-      choose("use_cpu",
-             "Do you want to run your training on CPU only (even if a GPU is available)?",
-             {{"false", "no", 0}, {"true", "yes", 1}});
+      ask("use_cpu");
     if (type() == DistributedType::DATA_PARALLEL && !uses_gpu(current()))
-      free_text("data_parallel_replicas",
-                "How many model replicas (threads) should DataParallel run (0 = one per CPU "
-                "core)?");
+      ask("data_parallel_replicas");
     if (type() == DistributedType::ZERO) {
-      choose("zero_stage", "What should be your ZeRO optimization stage?",
-             {{"1", "stage 1: shard optimizer state", 1},
-              {"2", "stage 2: shard optimizer state and gradients", 2},
-              {"3", "stage 3: shard optimizer state, gradients and parameters", 3}});
-      choose("offload_optimizer_device", "Where to offload optimizer states?",
-             {{"none", "none", 0}, {"cpu", "cpu", 1}});
+      ask("zero_stage");
+      ask("offload_optimizer_device");
     }
-    if (multi_process)
-      free_text("num_processes",
-                "How many processes should be used for distributed training (over all machines)?");
-    if (uses_gpu(current()) && type() != DistributedType::NO)
-      free_text("gpu_ids",
-                "What GPU(s) (by id) should be used for training on this machine as a "
-                "comma-separated list?");
-    choose("mixed_precision", "Do you wish to use mixed precision?",
-           {{"no", "no", 0}, {"fp16", "fp16", 1}, {"bf16", "bf16", 2}});
-    if (multi_process && !uses_gpu(current()))
-      choose("cpu_communicator", "Which communicator should the CPU processes use?",
-             {{"auto", "auto  shared memory within a machine, Gloo between machines", 0},
-              {"gloo", "gloo  TCP, started by accel launch", 1},
-              {"mpi", "mpi   MPI, for clusters with a fast interconnect", 2}});
-    free_text("gradient_accumulation_steps", "How many gradient accumulation steps?");
+    if (multi_process) ask("num_processes");
+    if (uses_gpu(current()) && type() != DistributedType::NO) ask("gpu_ids");
+    ask("mixed_precision");
+    if (multi_process && !uses_gpu(current())) ask("cpu_communicator");
+    ask("gradient_accumulation_steps");
     return detail::build_config(answers_, hw_, true).config;
   }
 
  private:
   Config current() const { return detail::build_config(answers_, hw_, false).config; }
 
-  void choose(const std::string& key, const std::string& text, std::vector<Option> options) {
-    ask({key, text, std::move(options), get_value(current(), key)});
-  }
-  void free_text(const std::string& key, const std::string& text) {
-    ask({key, text, {}, get_value(current(), key)});
+  // The schema's question for `key`, its menu cut to the values the schema accepts (a stage
+  // beyond kMaxZeroStage is not offered), its default what the answers so far imply.
+  void ask(const std::string& key) {
+    const KeySpec& spec = *find_key(key);
+    Question q{key, spec.question, {}, get_value(current(), key)};
+    const std::string last_machine = "{last_machine}";
+    if (const auto at = q.text.find(last_machine); at != std::string::npos)
+      q.text.replace(at, last_machine.size(), std::to_string(current().num_machines - 1));
+    for (const auto& option : spec.options)
+      if (parse_value(key, option.value).value) q.options.push_back(option);
+    ask(q);
   }
 
   void ask(const Question& q) {

@@ -14,12 +14,8 @@
 
 namespace accel::config {
 
-struct Option {
-  std::string value;  // canonical, as the schema spells it ("MULTI_CPU", "true")
-  std::string label;  // what the user reads
-  int number = 0;     // what the user types to pick it
-};
-
+// A key's question as the wizard asks it: the schema's (config.hpp), with its menu cut to the
+// values the schema accepts.
 struct Question {
   std::string key;              // schema key
   std::string text;             // "How many processes ...?"

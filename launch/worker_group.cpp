@@ -257,6 +257,154 @@ void kill_everything(std::vector<Worker>& workers, const WorkerGroupOptions& opt
   }
 }
 
+// One Worker per spec, its log file open (created with its directory, or appended to on a
+// restart) before any process starts, so a log that cannot be written starts nothing.
+std::vector<Worker> prepare_workers(const std::vector<WorkerSpec>& specs,
+                                    const WorkerGroupOptions& opt) {
+  std::vector<Worker> workers(specs.size());
+  for (std::size_t i = 0; i < specs.size(); ++i) {
+    workers[i].spec = &specs[i];
+    workers[i].exit.label = specs[i].label;
+    if (specs[i].log_file.empty()) continue;
+    const std::filesystem::path path(specs[i].log_file);
+    if (path.has_parent_path()) std::filesystem::create_directories(path.parent_path());
+    workers[i].log =
+        std::make_unique<std::ofstream>(path, opt.log_append ? std::ios::app : std::ios::trunc);
+    if (!*workers[i].log) throw Error("launch: cannot write the log file " + path.string());
+    if (!opt.log_header.empty()) *workers[i].log << opt.log_header << '\n' << std::flush;
+  }
+  return workers;
+}
+
+// Watches started workers until every one has exited and its output is read: their output as
+// it arrives, stop requests, exits (the first failure is the root cause and stops the rest),
+// the group's timeout, and SIGKILL once a stop's grace period is over.
+class GroupMonitor {
+ public:
+  GroupMonitor(std::vector<Worker>& workers, const WorkerGroupOptions& opt, GroupResult& result)
+      : workers_(workers),
+        opt_(opt),
+        result_(result),
+        started_(Clock::now()),
+        interval_(std::max(opt.monitor_interval, std::chrono::milliseconds(1))),
+        next_check_(started_ + interval_) {}
+
+  void run() {
+    for (;;) {
+      read_output_and_stop_requests();
+      const auto now = Clock::now();
+      const bool check_now = now >= next_check_;
+      if (check_now) next_check_ = now + interval_;
+      if (check_now && opt_.should_stop && !kill_at_ && opt_.should_stop()) {
+        result_.stopped = true;
+        stop_group();
+      }
+      reap(workers_, opt_.own_all_children);
+      const bool any_running = judge_exits();
+      if (finished(any_running, now)) return;
+      if (opt_.timeout.count() > 0 && !kill_at_ && now - started_ > opt_.timeout) {
+        result_.timed_out = true;
+        stop_group();
+      }
+      if (kill_at_ && !killed_ && now >= *kill_at_) {
+        signal_all(workers_, SIGKILL);
+        killed_ = true;
+      }
+    }
+  }
+
+ private:
+  // Asks every worker to stop (once); SIGKILL follows when the grace period is over.
+  void stop_group(int sig = SIGTERM) {
+    if (kill_at_) return;
+    signal_all(workers_, sig);
+    kill_at_ = Clock::now() + opt_.grace;
+  }
+
+  // Waits until output arrives, stop_fd fires or the next check (or kill) is due, and handles
+  // what came.
+  void read_output_and_stop_requests() {
+    std::vector<pollfd> fds;
+    std::vector<std::pair<Worker*, Stream*>> owners;
+    for (auto& w : workers_)
+      for (Stream* s : {&w.out, &w.err})
+        if (s->fd >= 0) {
+          fds.push_back({s->fd, POLLIN, 0});
+          owners.emplace_back(&w, s);
+        }
+    const bool watch_stop = opt_.stop_fd >= 0 && !killed_;
+    if (watch_stop) fds.push_back({opt_.stop_fd, POLLIN, 0});
+    auto wake = next_check_;
+    if (kill_at_ && !killed_) wake = std::min(wake, *kill_at_);
+    const auto wait_ms =
+        std::chrono::duration_cast<std::chrono::milliseconds>(wake - Clock::now()).count();
+    poll(fds.data(), fds.size(), int(std::clamp<long long>(wait_ms, 0, interval_.count())));
+    for (std::size_t i = 0; i < owners.size(); ++i)
+      if (fds[i].revents) pump(*owners[i].first, *owners[i].second, opt_);
+    if (watch_stop && fds.back().revents) handle_stop_request();
+  }
+
+  void handle_stop_request() {
+    char requests[64];
+    (void)!read(opt_.stop_fd, requests, sizeof(requests));  // one byte per request
+    result_.stopped = true;
+    if (!kill_at_) {
+      const int sig = opt_.stop_signal ? opt_.stop_signal() : 0;
+      stop_group(sig > 0 ? sig : SIGTERM);
+    } else {
+      // Asked again while the workers are being stopped (a second Ctrl-C): no more grace.
+      signal_all(workers_, SIGKILL);
+      killed_ = true;
+    }
+  }
+
+  // Judges each exit once (on_success; the first failure is the root cause, told through
+  // on_failure, and stops the others); returns whether any worker still runs.
+  bool judge_exits() {
+    bool any_running = false;
+    for (std::size_t i = 0; i < workers_.size(); ++i) {
+      Worker& w = workers_[i];
+      if (!w.running && !w.exit_seen) {
+        w.exit_seen = true;
+        if (!failed(w.exit) && !kill_at_ && opt_.on_success) opt_.on_success(*w.spec);
+      }
+      if (!w.running && failed(w.exit) && !result_.first_failure && !kill_at_) {
+        result_.first_failure = i;  // the root cause; the others are collateral
+        if (opt_.on_failure) {
+          pump_available(w, opt_);
+          WorkerExit failure = w.exit;
+          failure.stderr_tail = tail_text(w);
+          opt_.on_failure(failure);
+        }
+        if (opt_.stop_on_failure) stop_group();
+      }
+      any_running |= w.running;
+    }
+    return any_running;
+  }
+
+  // Done when every worker exited and its streams closed, or 200 ms after the last exit: a
+  // worker that exited may leave a child holding its pipes (it is ended afterwards).
+  bool finished(bool any_running, Clock::time_point now) {
+    bool streams_open = false;
+    for (auto& w : workers_) streams_open |= (w.out.fd >= 0 || w.err.fd >= 0);
+    if (!any_running && !streams_open) return true;
+    if (any_running) return false;
+    if (!all_exited_at_) all_exited_at_ = now;
+    return now - *all_exited_at_ > std::chrono::milliseconds(200);
+  }
+
+  std::vector<Worker>& workers_;
+  const WorkerGroupOptions& opt_;
+  GroupResult& result_;
+  const Clock::time_point started_;
+  const std::chrono::milliseconds interval_;
+  Clock::time_point next_check_;
+  std::optional<Clock::time_point> kill_at_;  // set once we asked everyone to stop
+  bool killed_ = false;
+  std::optional<Clock::time_point> all_exited_at_;
+};
+
 }  // namespace
 
 std::string describe_exit(int exit_code, int signal) {
@@ -300,114 +448,11 @@ std::string GroupResult::failure_report() const {
 }
 
 GroupResult run_worker_group(const std::vector<WorkerSpec>& specs, const WorkerGroupOptions& opt) {
-  std::vector<Worker> workers(specs.size());
+  std::vector<Worker> workers = prepare_workers(specs, opt);
   GroupResult result;
-  for (std::size_t i = 0; i < specs.size(); ++i) {
-    workers[i].spec = &specs[i];
-    workers[i].exit.label = specs[i].label;
-    if (!specs[i].log_file.empty()) {
-      const std::filesystem::path path(specs[i].log_file);
-      if (path.has_parent_path()) std::filesystem::create_directories(path.parent_path());
-      workers[i].log =
-          std::make_unique<std::ofstream>(path, opt.log_append ? std::ios::app : std::ios::trunc);
-      if (!*workers[i].log) throw Error("launch: cannot write the log file " + path.string());
-      if (!opt.log_header.empty()) *workers[i].log << opt.log_header << '\n' << std::flush;
-    }
-  }
-
   try {
     for (auto& w : workers) start(w);
-
-    const auto started = Clock::now();
-    const auto interval = std::max(opt.monitor_interval, std::chrono::milliseconds(1));
-    auto next_check = started + interval;
-    std::optional<Clock::time_point> kill_at;  // set once we asked everyone to stop
-    bool killed = false;
-    std::optional<Clock::time_point> all_exited_at;
-    auto stop_group = [&](int sig = SIGTERM) {
-      if (kill_at) return;
-      signal_all(workers, sig);
-      kill_at = Clock::now() + opt.grace;
-    };
-
-    for (;;) {
-      std::vector<pollfd> fds;
-      std::vector<std::pair<Worker*, Stream*>> owners;
-      for (auto& w : workers)
-        for (Stream* s : {&w.out, &w.err})
-          if (s->fd >= 0) {
-            fds.push_back({s->fd, POLLIN, 0});
-            owners.emplace_back(&w, s);
-          }
-      const bool watch_stop = opt.stop_fd >= 0 && !killed;
-      if (watch_stop) fds.push_back({opt.stop_fd, POLLIN, 0});
-      auto wake = next_check;
-      if (kill_at && !killed) wake = std::min(wake, *kill_at);
-      const auto wait_ms =
-          std::chrono::duration_cast<std::chrono::milliseconds>(wake - Clock::now()).count();
-      poll(fds.data(), fds.size(), int(std::clamp<long long>(wait_ms, 0, interval.count())));
-      for (std::size_t i = 0; i < owners.size(); ++i)
-        if (fds[i].revents) pump(*owners[i].first, *owners[i].second, opt);
-      if (watch_stop && fds.back().revents) {
-        char requests[64];
-        (void)!read(opt.stop_fd, requests, sizeof(requests));  // one byte per request
-        if (!kill_at) {
-          result.stopped = true;
-          const int sig = opt.stop_signal ? opt.stop_signal() : 0;
-          stop_group(sig > 0 ? sig : SIGTERM);
-        } else {
-          // Asked again while the workers are being stopped (a second Ctrl-C): no more grace.
-          result.stopped = true;
-          signal_all(workers, SIGKILL);
-          killed = true;
-        }
-      }
-      const auto now = Clock::now();
-      const bool check_now = now >= next_check;
-      if (check_now) next_check = now + interval;
-      if (check_now && opt.should_stop && !kill_at && opt.should_stop()) {
-        result.stopped = true;
-        stop_group();
-      }
-
-      reap(workers, opt.own_all_children);
-      bool any_running = false;
-      for (std::size_t i = 0; i < workers.size(); ++i) {
-        Worker& w = workers[i];
-        if (!w.running && !w.exit_seen) {
-          w.exit_seen = true;
-          if (!failed(w.exit) && !kill_at && opt.on_success) opt.on_success(*w.spec);
-        }
-        if (!w.running && failed(w.exit) && !result.first_failure && !kill_at) {
-          result.first_failure = i;  // the root cause; the others are collateral
-          if (opt.on_failure) {
-            pump_available(w, opt);
-            WorkerExit failure = w.exit;
-            failure.stderr_tail = tail_text(w);
-            opt.on_failure(failure);
-          }
-          if (opt.stop_on_failure) stop_group();
-        }
-        any_running |= w.running;
-      }
-      bool streams_open = false;
-      for (auto& w : workers) streams_open |= (w.out.fd >= 0 || w.err.fd >= 0);
-      if (!any_running && !streams_open) break;
-      // A worker that exited may leave a child holding its pipes: it is ended below.
-      if (!any_running) {
-        if (!all_exited_at) all_exited_at = now;
-        if (now - *all_exited_at > std::chrono::milliseconds(200)) break;
-      }
-
-      if (opt.timeout.count() > 0 && !kill_at && now - started > opt.timeout) {
-        result.timed_out = true;
-        stop_group();
-      }
-      if (kill_at && !killed && now >= *kill_at) {
-        signal_all(workers, SIGKILL);
-        killed = true;
-      }
-    }
+    GroupMonitor(workers, opt, result).run();
     // Whatever the workers left running (a child holding their output, a daemon that left the
     // process group) is part of the job, and the job is over.
     result.leftovers_killed =

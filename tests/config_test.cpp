@@ -141,7 +141,7 @@ TEST_CASE("each bad config exits 2 naming the file, the line and the key") {
        "machine_rank", "2 is not below num_machines (2)"},
       {"distributed_type: MULTI_CPU\nnum_machines: 2\nnum_processes: 3\n", 3, "num_processes",
        "3 processes do not divide evenly over num_machines (2)"},
-      {"distributed_type: ZERO\nzero_stage: 4\n", 2, "zero_stage", "4 is not a ZeRO stage (1-3)"},
+      {"distributed_type: ZERO\nzero_stage: 3\n", 2, "zero_stage", "3 is not a ZeRO stage (1-2)"},
       {"distributed_type: MULTI_GPU\nnum_processes: 2\nzero_stage: 2\n", 3, "zero_stage",
        "zero_stage 2 needs distributed_type ZERO, not MULTI_GPU"},
       {"distributed_type: MULTI_CPU\noffload_optimizer_device: cpu\n", 2,
@@ -285,7 +285,7 @@ TEST_CASE("Accelerate's DEEPSPEED config maps onto ZERO, its nested keys onto ou
              "  offload_optimizer_device: cpu\n"
              "  offload_param_device: none\n"
              "  zero3_init_flag: false\n"
-             "  zero_stage: 3\n"
+             "  zero_stage: 1\n"
              "distributed_type: DEEPSPEED\n"
              "mixed_precision: bf16\n"
              "num_machines: 1\n"
@@ -293,7 +293,7 @@ TEST_CASE("Accelerate's DEEPSPEED config maps onto ZERO, its nested keys onto ou
              "use_cpu: true\n");
   const auto loaded = load_config_file(path);
   CHECK(loaded.config.distributed_type == DistributedType::ZERO);
-  CHECK(loaded.config.zero_stage == 3);
+  CHECK(loaded.config.zero_stage == 1);
   CHECK(loaded.config.offload_optimizer_device == "cpu");
   CHECK(loaded.config.gradient_accumulation_steps == 4);
   CHECK(loaded.origins.at("zero_stage") == path + ":7");
@@ -435,7 +435,7 @@ TEST_CASE("to_environment writes ACCEL_* pairs that resolve back to the same con
   c.num_machines = 2;
   c.machine_rank = 1;
   c.main_process_ip = "10.0.0.1";
-  c.zero_stage = 3;
+  c.zero_stage = 1;
   c.offload_optimizer_device = "cpu";
   c.cpu_communicator = "mpi";
   c.mixed_precision = MixedPrecision::bf16;
@@ -443,7 +443,7 @@ TEST_CASE("to_environment writes ACCEL_* pairs that resolve back to the same con
   const auto env = to_environment(c);
   bool saw_stage = false;
   for (const auto& [name, value] : env) {
-    if (name == "ACCEL_ZERO_STAGE") saw_stage = (value == "3");
+    if (name == "ACCEL_ZERO_STAGE") saw_stage = (value == "1");
     ::setenv(name.c_str(), value.c_str(), 1);
   }
   CHECK(saw_stage);
@@ -658,4 +658,31 @@ TEST_CASE("accel config rejects unknown actions and arguments with exit 2") {
   out = run_accel({"config", "--help"});
   CHECK(out.exit_code == 0);
   CHECK(contains(out.output, "accel config validate"));
+}
+
+TEST_CASE("zero_stage has one limit everywhere: the schema's, in help, flags, environment, files") {
+  TempDir dir;
+  CleanEnvironment clean(dir);
+  // What `accel launch --help` advertises is what the schema accepts.
+  auto out = run_accel({"launch", "--help"});
+  CHECK(out.exit_code == 0);
+  INFO(out.output);
+  CHECK(contains(out.output, "--zero_stage 1|2 "));
+  CHECK_FALSE(contains(out.output, "--zero_stage 1|2|3"));
+  // A stage the help does not offer is refused before any process starts, naming where it
+  // came from (the Accelerator used to find out at run time).
+  out = run_accel({"launch", "--use_zero", "--cpu", "--num_processes", "2", "--zero_stage", "3",
+                   "true"});
+  CHECK(out.exit_code == 2);
+  CHECK(contains(out.output, "command line --zero_stage: key 'zero_stage': 3 is not a ZeRO stage "
+                             "(1-2)"));
+  out = run_accel({"launch", "--use_zero", "--cpu", "--num_processes", "2", "true"},
+                  {{"ACCEL_ZERO_STAGE", "3"}});
+  CHECK(out.exit_code == 2);
+  CHECK(contains(out.output, "environment variable ACCEL_ZERO_STAGE: key 'zero_stage': 3 is not"));
+  const auto* spec = find_key("zero_stage");
+  REQUIRE(spec != nullptr);
+  CHECK(spec->min_value == kMinZeroStage);
+  CHECK(spec->max_value == kMaxZeroStage);
+  CHECK(value_hint("zero_stage") == "1|2");
 }

@@ -227,7 +227,7 @@ TEST_CASE(
   // compute env, type (Accelerate's name), machines, rank, ip, port, use_cpu, stage (by value),
   // offload, processes, gpu ids, precision (by number), steps.
   const auto [c, out] = wizard_in_process(lines({"", "deepspeed", "2", "1", "10.0.0.7", "29600",
-                                                 "no", "3", "cpu", "4", "0,1", "2", "8"}),
+                                                 "no", "1", "cpu", "4", "0,1", "2", "8"}),
                                           hw);
   INFO(out);
   CHECK(c.distributed_type == DistributedType::ZERO);
@@ -236,7 +236,7 @@ TEST_CASE(
   CHECK(c.main_process_ip == "10.0.0.7");
   CHECK(c.main_process_port == 29600);
   CHECK_FALSE(c.use_cpu);
-  CHECK(c.zero_stage == 3);
+  CHECK(c.zero_stage == 1);
   CHECK(c.offload_optimizer_device == "cpu");
   CHECK(c.num_processes == 4);
   CHECK(c.gpu_ids == "0,1");
@@ -429,4 +429,17 @@ TEST_CASE("on a pseudo-terminal: Ctrl-C in a menu restores the terminal and writ
   if (WIFSIGNALED(status)) CHECK(WTERMSIG(status) == SIGINT);
   CHECK(p.canonical_mode());
   CHECK(read_file(path) == old_text);
+}
+
+TEST_CASE("the ZeRO stage menu offers only the stages the schema accepts") {
+  // compute env, type, machines, use_cpu, stage 3 (refused), then stage 2, offload, processes,
+  // communicator... the rest by default.
+  const auto [c, out] =
+      wizard_in_process(lines({"", "ZERO", "1", "yes", "3", "2", "", "2", "", "", ""}),
+                        Hardware{8, 0});
+  INFO(out);
+  CHECK(c.zero_stage == 2);
+  CHECK(contains(out, "stage 2: shard optimizer state and gradients"));
+  CHECK_FALSE(contains(out, "stage 3"));
+  CHECK(contains(out, "'3' is not a choice: type 1-2"));
 }

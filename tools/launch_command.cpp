@@ -4,6 +4,7 @@
 // becomes a command-line override; the first word that is not an option is the program, and
 // everything after it belongs to the program.
 
+#include <cctype>
 #include <charconv>
 #include <cmath>
 #include <cstdio>
@@ -20,7 +21,7 @@
 namespace accel::tools {
 namespace {
 
-constexpr const char* kUsage = R"(usage: accel launch [options] PROGRAM [ARGS...]
+constexpr const char* kUsageTemplate = R"(usage: accel launch [options] PROGRAM [ARGS...]
 
 Starts PROGRAM once per process of the job, on this machine, with RANK, LOCAL_RANK,
 WORLD_SIZE, LOCAL_WORLD_SIZE, NODE_RANK, MASTER_ADDR, MASTER_PORT and ACCEL_* set.
@@ -30,24 +31,24 @@ Options take `--flag VALUE` or `--flag=VALUE`; torchrun's dashed spellings work 
 What to run (each is also a config key):
   --config_file FILE          the config `accel config` wrote (default: $ACCEL_CONFIG_FILE,
                               else ~/.config/accelerate-cpp/default_config.yaml if present)
-  --num_processes N           processes over all machines
+@num_processes|processes over all machines
   --nproc_per_node N          torchrun's way: num_processes = N x num_machines
-  --num_machines M            machines taking part (torchrun: --nnodes)
-  --machine_rank K            this machine, 0..M-1; machine 0 hosts the store (--node_rank)
-  --main_process_ip IP        machine 0's address (--master_addr)
-  --main_process_port P       the store's port; 0 = a free one, single machine (--master_port)
-  --mixed_precision no|fp16|bf16
-  --zero_stage 1|2|3          with --use_zero
-  --gpu_ids all|0,1,...       becomes CUDA_VISIBLE_DEVICES
-  --gradient_accumulation_steps N, --offload_optimizer_device none|cpu, --use_cpu[=BOOL]
-Distributed type (or --distributed_type NO|DATA_PARALLEL|MULTI_CPU|MULTI_GPU|ZERO):
+@num_machines|machines taking part (torchrun: --nnodes)
+@machine_rank|this machine, 0..M-1; machine 0 hosts the store (--node_rank)
+@main_process_ip|machine 0's address (--master_addr)
+@main_process_port|the store's port; 0 = a free one, single machine (--master_port)
+@mixed_precision|
+@zero_stage|with --use_zero
+@gpu_ids|becomes CUDA_VISIBLE_DEVICES
+  --gradient_accumulation_steps N, --offload_optimizer_device @@offload_optimizer_device, --use_cpu[=BOOL]
+Distributed type (or --distributed_type @@distributed_type):
   --multi_gpu                 one process per GPU, NCCL
   --multi_cpu                 one process per core group, Gloo (or MPI)
   --cpu                       run on CPU even where GPUs exist (use_cpu)
   --data_parallel             one process, a replica per GPU or CPU thread
                               (--data_parallel_replicas N on the CPU; 0 = one per core)
   --use_zero, --use_deepspeed ZeRO-sharded optimizer state
-  --cpu_communicator auto|gloo|mpi|shm|hierarchical
+@cpu_communicator|
                             communicator for CPU processes (also --comm_backend)
 
 Supervision:
@@ -74,6 +75,35 @@ MPI:
   --mpi_hostfile FILE         mpirun --hostfile FILE (several machines)
   --mpirun_arg ARG            passed to mpirun as is (repeat for several)
 )";
+
+// The usage with each config key's values as the schema declares them (config.hpp): a line
+// "@KEY|TEXT" becomes "  --KEY VALUES   TEXT", and "@@KEY" inside a line becomes VALUES.
+std::string usage() {
+  constexpr std::size_t kTextColumn = 30;
+  std::string out;
+  std::string_view rest = kUsageTemplate;
+  while (!rest.empty()) {
+    const auto eol = rest.find('\n');
+    std::string line(rest.substr(0, eol));
+    rest.remove_prefix(eol == std::string_view::npos ? rest.size() : eol + 1);
+    if (line.starts_with("@") && !line.starts_with("@@")) {
+      const auto bar = line.find('|');
+      const std::string key = line.substr(1, bar - 1), text = line.substr(bar + 1);
+      line = "  --" + key + " " + config::value_hint(key);
+      if (!text.empty())
+        line += std::string(line.size() < kTextColumn ? kTextColumn - line.size() : 1, ' ') + text;
+    }
+    for (std::size_t at; (at = line.find("@@")) != std::string::npos;) {
+      std::size_t end = at + 2;
+      while (end < line.size() &&
+             (std::isalnum(static_cast<unsigned char>(line[end])) || line[end] == '_'))
+        ++end;
+      line.replace(at, end - at, config::value_hint(line.substr(at + 2, end - at - 2)));
+    }
+    out += line + "\n";
+  }
+  return out;
+}
 
 // Durations are at most 11 days (1e6 s): beyond, the milliseconds would overflow.
 constexpr double kMaxSeconds = 1e6;
@@ -280,7 +310,7 @@ int run_launch_command(int argc, char** argv) {
   bool help = false;
   const launch::LaunchOptions options = parse_launch_options(argc, argv, &help);
   if (help) {
-    std::fputs(kUsage, stdout);
+    std::fputs(usage().c_str(), stdout);
     return 0;
   }
   if (options.program.empty())

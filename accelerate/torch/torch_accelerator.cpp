@@ -24,6 +24,7 @@
 #include "accelerate/torch/torch_optimizer_state.hpp"
 #include "accelerate/torch/torch_state.hpp"
 #include "backends/comm/error.hpp"
+#include "config/config.hpp"
 #include "backends/optim/host_collectives.hpp"
 
 namespace accel {
@@ -127,7 +128,7 @@ void AcceleratedScheduler::step() {
 // ---- TorchAccelerator
 
 TorchAccelerator::TorchAccelerator(AcceleratorOptions options) : Accelerator(std::move(options)) {
-  if (mixed_precision() == "fp16" && device() == DeviceKind::cpu)
+  if (precision() == config::MixedPrecision::fp16 && device() == DeviceKind::cpu)
     throw InvalidArgument(
         "mixed_precision fp16 needs a CUDA device; on the CPU use bf16 (LibTorch's CPU "
         "autocast runs in bfloat16)");
@@ -643,8 +644,9 @@ torch::Tensor TorchAccelerator::pad_across_processes(const torch::Tensor& t, dou
 
 AutocastGuard TorchAccelerator::autocast() const {
   const bool cuda = device() == DeviceKind::cuda;
-  return AutocastGuard(mixed_precision() != "no", cuda ? c10::DeviceType::CUDA : c10::DeviceType::CPU,
-                       mixed_precision() == "fp16" ? at::kHalf : at::kBFloat16);
+  return AutocastGuard(precision() != config::MixedPrecision::no,
+                       cuda ? c10::DeviceType::CUDA : c10::DeviceType::CPU,
+                       precision() == config::MixedPrecision::fp16 ? at::kHalf : at::kBFloat16);
 }
 
 std::vector<at::Tensor> TorchAccelerator::optimizer_gradients() const {

@@ -59,11 +59,10 @@
 #include "backends/comm/dtype.hpp"
 #include "backends/comm/reduce.hpp"
 #include "backends/comm/store.hpp"
+#include "backends/comm/timeout.hpp"
 #include "backends/comm/work.hpp"
 
 namespace accel {
-
-inline constexpr Milliseconds kDefaultCommTimeout = std::chrono::minutes(30);
 
 // What every backend needs to join a group. Backends that bring their own world (MPI) check
 // rank and world_size against it when they are set (>= 0).

@@ -9,9 +9,9 @@
 #include <string>
 #include <vector>
 
-namespace accel {
+#include "backends/comm/timeout.hpp"
 
-using Milliseconds = std::chrono::milliseconds;
+namespace accel {
 
 class Store {
  public:
@@ -40,7 +40,7 @@ class Store {
   void set_timeout(Milliseconds t) { timeout_ = t; }
 
  private:
-  Milliseconds timeout_ = std::chrono::minutes(30);
+  Milliseconds timeout_ = kDefaultCommTimeout;
 };
 
 using StorePtr = std::shared_ptr<Store>;

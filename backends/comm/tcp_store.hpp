@@ -75,7 +75,7 @@ struct TcpStoreOptions {
   Milliseconds connect_timeout = std::chrono::seconds(60);
   // The default timeout of get()/wait() (Store::timeout()), and how long any other request
   // waits for its reply.
-  Milliseconds timeout = std::chrono::minutes(30);
+  Milliseconds timeout = kDefaultCommTimeout;
 };
 
 // The client. Thread-safe: one request/reply at a time under a mutex, so a blocking get()

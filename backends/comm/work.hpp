@@ -15,6 +15,8 @@
 #include <optional>
 #include <string>
 
+#include "backends/comm/timeout.hpp"
+
 namespace accel {
 
 // A CUDA stream (cudaStream_t), opaque so that no public header needs the CUDA SDK.
@@ -50,13 +52,13 @@ class Work {
   // verdict is due by then (a wait with the communicator's timeout, begun a moment before the
   // operation started): that one, which names the ranks not heard from, is waited for
   // (up to kVerdictSlack past it), so the caller's timeout never hides it.
-  void wait(std::chrono::milliseconds timeout = std::chrono::minutes(30));
+  void wait(std::chrono::milliseconds timeout = kDefaultCommTimeout);
   // Orders `stream` after the operation: for a device operation the stream waits for its
   // completion event and the host only waits (up to `timeout`) until the operation was
   // launched; an operation that already finished, or a host one, is waited for as wait().
   // An error of the operation that shows after this returned surfaces at the next host wait
   // on the communicator (it is unusable from then on).
-  void wait_stream(DeviceStream stream, std::chrono::milliseconds timeout = std::chrono::minutes(30));
+  void wait_stream(DeviceStream stream, std::chrono::milliseconds timeout = kDefaultCommTimeout);
   bool is_completed() const;
   const std::string& description() const { return description_; }
 
