@@ -4,7 +4,7 @@
 #include <cstring>
 
 #include "accelerate/process_group.hpp"
-#include "backends/comm/error.hpp"
+#include "core/error.hpp"
 #include "backends/comm/local_communicator.hpp"
 #include "backends/optim/clip.hpp"
 #include "backends/optim/elementwise.hpp"

@@ -48,9 +48,9 @@
 #include "accelerate/sharded_sampler.hpp"
 #include "backends/backend.hpp"
 #include "backends/comm/communicator.hpp"
-#include "backends/comm/device_memory.hpp"
-#include "backends/comm/error.hpp"
-#include "backends/comm/reduce.hpp"
+#include "core/device_memory.hpp"
+#include "core/error.hpp"
+#include "core/reduce.hpp"
 #include "backends/optim/optimizer.hpp"
 
 namespace accel::config {

@@ -22,8 +22,8 @@
 #include "accelerate/checkpoint.hpp"
 #include "accelerate/optimizer_state.hpp"
 #include "accelerate/parameter_layout.hpp"
-#include "backends/comm/device_memory.hpp"
-#include "backends/comm/error.hpp"
+#include "core/device_memory.hpp"
+#include "core/error.hpp"
 
 namespace accel {
 namespace {

@@ -25,7 +25,7 @@
 #include <string_view>
 #include <vector>
 
-#include "backends/comm/error.hpp"
+#include "core/error.hpp"
 
 namespace accel {
 

@@ -4,7 +4,7 @@
 #include <sstream>
 
 #include "accelerate/checkpoint_manifest.hpp"
-#include "backends/comm/error.hpp"
+#include "core/error.hpp"
 #include "backends/optim/host_collectives.hpp"
 
 namespace accel {

@@ -4,7 +4,7 @@
 #include <map>
 
 #include "accelerate/checkpoint_manifest.hpp"
-#include "backends/comm/error.hpp"
+#include "core/error.hpp"
 
 namespace accel {
 namespace {

@@ -3,7 +3,7 @@
 #include <charconv>
 #include <cstdlib>
 
-#include "backends/comm/error.hpp"
+#include "core/error.hpp"
 
 namespace accel {
 

@@ -4,11 +4,11 @@
 #include <charconv>
 #include <cmath>
 
-#include "accelerate/process_group_records.hpp"
-#include "backends/comm/error.hpp"
-#include "backends/comm/prefix_store.hpp"
+#include "core/process_group_records.hpp"
+#include "core/error.hpp"
+#include "core/prefix_store.hpp"
 #include "backends/comm/registry.hpp"
-#include "backends/comm/tcp_store.hpp"
+#include "core/tcp_store.hpp"
 
 namespace accel {
 namespace {

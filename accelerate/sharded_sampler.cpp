@@ -3,7 +3,7 @@
 #include <numeric>
 #include <random>
 
-#include "backends/comm/error.hpp"
+#include "core/error.hpp"
 
 namespace accel {
 

@@ -29,8 +29,8 @@
 #include <vector>
 
 #include "backends/comm/communicator.hpp"
-#include "backends/comm/error.hpp"
-#include "backends/comm/reduce.hpp"
+#include "core/error.hpp"
+#include "core/reduce.hpp"
 
 namespace accel {
 

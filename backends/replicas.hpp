@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "backends/backend.hpp"
-#include "backends/comm/device_memory.hpp"
-#include "backends/comm/error.hpp"
+#include "core/device_memory.hpp"
+#include "core/error.hpp"
 
 namespace accel {
 

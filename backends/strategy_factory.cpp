@@ -1,6 +1,6 @@
 #include "backends/strategy_factory.hpp"
 
-#include "backends/comm/error.hpp"
+#include "core/error.hpp"
 #include "backends/dataparallel/data_parallel_strategy.hpp"
 #include "backends/ddp/ddp_strategy.hpp"
 #include "backends/zero/zero_strategy.hpp"

@@ -43,9 +43,9 @@
 #include <vector>
 
 #include "accelerate/process_group.hpp"
-#include "backends/comm/device_memory.hpp"
-#include "backends/comm/error.hpp"
-#include "backends/comm/prefix_store.hpp"
+#include "core/device_memory.hpp"
+#include "core/error.hpp"
+#include "core/prefix_store.hpp"
 #include "backends/comm/registry.hpp"
 
 #if ACCEL_BENCH_GLOO

@@ -11,7 +11,7 @@
 #include <type_traits>
 #include <variant>
 
-#include "backends/comm/error.hpp"
+#include "core/error.hpp"
 
 namespace accel::config {
 namespace {

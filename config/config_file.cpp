@@ -13,7 +13,7 @@
 #include <string_view>
 #include <vector>
 
-#include "backends/comm/error.hpp"
+#include "core/error.hpp"
 #include "config/detect.hpp"
 #include "config/layers.hpp"
 

@@ -4,7 +4,7 @@
 #include <cstdlib>
 #include <filesystem>
 
-#include "backends/comm/error.hpp"
+#include "core/error.hpp"
 #include "config/config_file.hpp"
 #include "config/layers.hpp"
 

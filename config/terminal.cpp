@@ -9,7 +9,7 @@
 #include <cerrno>
 #include <stdexcept>
 
-#include "backends/comm/error.hpp"
+#include "core/error.hpp"
 
 namespace accel::config {
 namespace {

@@ -5,7 +5,7 @@
 #include <istream>
 #include <ostream>
 
-#include "backends/comm/error.hpp"
+#include "core/error.hpp"
 #include "config/layers.hpp"
 #include "config/terminal.hpp"
 

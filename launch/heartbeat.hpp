@@ -15,7 +15,7 @@
 #include <thread>
 #include <vector>
 
-#include "backends/comm/store.hpp"
+#include "core/store.hpp"
 
 namespace accel::launch {
 

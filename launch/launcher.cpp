@@ -11,8 +11,8 @@
 #include <cstdlib>
 #include <filesystem>
 
-#include "backends/comm/error.hpp"
-#include "backends/comm/tcp_store.hpp"
+#include "core/error.hpp"
+#include "core/tcp_store.hpp"
 #include "config/resolve.hpp"
 #include "launch/mpirun.hpp"
 #include "launch/node_rendezvous.hpp"

@@ -1,6 +1,6 @@
 #include "launch/membership.hpp"
 
-#include "accelerate/process_group_records.hpp"
+#include "core/process_group_records.hpp"
 
 namespace accel::launch {
 

@@ -3,7 +3,7 @@
 #include <thread>
 #include <vector>
 
-#include "backends/comm/error.hpp"
+#include "core/error.hpp"
 
 namespace accel::launch {
 namespace {

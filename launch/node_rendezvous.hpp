@@ -20,8 +20,8 @@
 #include <optional>
 #include <string>
 
-#include "backends/comm/error.hpp"
-#include "backends/comm/store.hpp"
+#include "core/error.hpp"
+#include "core/store.hpp"
 #include "launch/heartbeat.hpp"
 
 namespace accel::launch {

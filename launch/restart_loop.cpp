@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "backends/comm/error.hpp"
+#include "core/error.hpp"
 
 namespace accel::launch {
 namespace {

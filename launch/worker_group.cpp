@@ -17,7 +17,7 @@
 #include <memory>
 #include <set>
 
-#include "backends/comm/error.hpp"
+#include "core/error.hpp"
 #include "launch/reaper.hpp"
 
 extern char** environ;

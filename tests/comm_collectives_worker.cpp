@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "accelerate/process_group.hpp"
-#include "backends/comm/error.hpp"
+#include "core/error.hpp"
 #include "tests/support/staging.hpp"
 #include "tests/support/typed_values.hpp"
 

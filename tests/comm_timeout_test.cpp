@@ -8,8 +8,8 @@
 #include <thread>
 #include <vector>
 
-#include "backends/comm/error.hpp"
-#include "backends/comm/memory_store.hpp"
+#include "core/error.hpp"
+#include "core/memory_store.hpp"
 #include "backends/comm/registry.hpp"
 #include "tests/support/skip.hpp"
 

@@ -14,7 +14,7 @@
 #include <sstream>
 #include <stdexcept>
 
-#include "backends/comm/error.hpp"
+#include "core/error.hpp"
 #include "config/config.hpp"
 #include "config/config_file.hpp"
 #include "config/detect.hpp"

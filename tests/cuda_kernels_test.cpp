@@ -21,7 +21,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "backends/comm/error.hpp"
+#include "core/error.hpp"
 #include "backends/optim/adamw.hpp"
 #include "backends/optim/elementwise.hpp"
 #include "backends/optim/sgd.hpp"

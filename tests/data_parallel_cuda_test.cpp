@@ -19,8 +19,8 @@
 #include <string>
 #include <vector>
 
-#include "backends/comm/device_memory.hpp"
-#include "backends/comm/error.hpp"
+#include "core/device_memory.hpp"
+#include "core/error.hpp"
 #include "backends/comm/local_communicator.hpp"
 #include "backends/dataparallel/data_parallel_strategy.hpp"
 #include "backends/optim/elementwise.hpp"

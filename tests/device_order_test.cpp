@@ -15,8 +15,8 @@
 #include <vector>
 
 #include "backends/comm/communicator.hpp"
-#include "backends/comm/device_memory.hpp"
-#include "backends/comm/error.hpp"
+#include "core/device_memory.hpp"
+#include "core/error.hpp"
 #include "tests/support/staging.hpp"
 
 using namespace accel;

@@ -12,9 +12,9 @@
 #include <string>
 #include <vector>
 
-#include "backends/comm/dtype.hpp"
-#include "backends/comm/error.hpp"
-#include "backends/comm/reduce.hpp"
+#include "core/dtype.hpp"
+#include "core/error.hpp"
+#include "core/reduce.hpp"
 
 namespace accel {
 namespace {

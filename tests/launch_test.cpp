@@ -14,7 +14,7 @@
 #include <sstream>
 #include <thread>
 
-#include "backends/comm/tcp_store.hpp"
+#include "core/tcp_store.hpp"
 #include "config/config.hpp"
 #include "launch/worker_env.hpp"
 #include "tests/support/files.hpp"

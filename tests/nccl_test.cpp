@@ -8,9 +8,9 @@
 #include <cmath>
 #include <cstring>
 
-#include "backends/comm/device_memory.hpp"
+#include "core/device_memory.hpp"
 #include "backends/comm/local_communicator.hpp"
-#include "backends/comm/memory_store.hpp"
+#include "core/memory_store.hpp"
 #include "backends/comm/registry.hpp"
 #include "backends/optim/elementwise.hpp"
 #include "backends/optim/sgd.hpp"

@@ -7,7 +7,7 @@
 #include <map>
 
 #include "accelerate/sharded_sampler.hpp"
-#include "backends/comm/error.hpp"
+#include "core/error.hpp"
 
 using namespace accel;
 

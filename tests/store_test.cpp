@@ -26,12 +26,12 @@
 #include <thread>
 #include <vector>
 
-#include "backends/comm/error.hpp"
-#include "backends/comm/memory_store.hpp"
-#include "backends/comm/prefix_store.hpp"
-#include "backends/comm/socket.hpp"
-#include "backends/comm/store_protocol.hpp"
-#include "backends/comm/tcp_store.hpp"
+#include "core/error.hpp"
+#include "core/memory_store.hpp"
+#include "core/prefix_store.hpp"
+#include "core/socket.hpp"
+#include "core/store_protocol.hpp"
+#include "core/tcp_store.hpp"
 #include "tests/support/files.hpp"
 #include "tests/support/ranks.hpp"
 #include "tests/support/skip.hpp"

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "accelerate/accelerator.hpp"
-#include "backends/comm/error.hpp"
+#include "core/error.hpp"
 #include "backends/comm/local_communicator.hpp"
 #include "backends/optim/sgd.hpp"
 #include "backends/strategy_factory.hpp"

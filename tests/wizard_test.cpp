@@ -20,7 +20,7 @@
 #include <stdexcept>
 #include <thread>
 
-#include "backends/comm/error.hpp"
+#include "core/error.hpp"
 #include "config/config.hpp"
 #include "config/config_file.hpp"
 #include "config/resolve.hpp"

@@ -9,7 +9,7 @@
 
 #include <unistd.h>
 
-#include "backends/comm/error.hpp"
+#include "core/error.hpp"
 #include "tools/commands.hpp"
 
 namespace {

@@ -14,7 +14,7 @@
 #include <string>
 #include <string_view>
 
-#include "backends/comm/error.hpp"
+#include "core/error.hpp"
 #include "config/config_file.hpp"
 #include "config/detect.hpp"
 #include "config/resolve.hpp"

@@ -11,7 +11,7 @@
 #include <string>
 #include <thread>
 
-#include "backends/comm/error.hpp"
+#include "core/error.hpp"
 #include "backends/comm/registry.hpp"
 #include "config/resolve.hpp"
 #include "launch/summary.hpp"

@@ -11,7 +11,7 @@
 #include <string>
 
 #include "accelerate/parameter_layout.hpp"
-#include "backends/comm/error.hpp"
+#include "core/error.hpp"
 #include "backends/zero/memory_estimate.hpp"
 #include "tools/commands.hpp"
 

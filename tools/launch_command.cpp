@@ -13,7 +13,7 @@
 #include <string>
 #include <string_view>
 
-#include "backends/comm/error.hpp"
+#include "core/error.hpp"
 #include "config/config.hpp"
 #include "launch/launcher.hpp"
 #include "tools/commands.hpp"

@@ -23,7 +23,7 @@
 
 #include "accelerate/checkpoint.hpp"
 #include "accelerate/parameter_layout.hpp"
-#include "backends/comm/error.hpp"
+#include "core/error.hpp"
 #include "tools/commands.hpp"
 
 #include <fcntl.h>

@@ -3,7 +3,7 @@
 
 #include <cstdio>
 
-#include "backends/comm/error.hpp"
+#include "core/error.hpp"
 #include "tools/commands.hpp"
 
 int main(int argc, char** argv) {

@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "accelerate/process_group.hpp"
-#include "backends/comm/error.hpp"
-#include "backends/comm/reduce.hpp"
+#include "core/error.hpp"
+#include "core/reduce.hpp"
 #include "tools/commands.hpp"
 
 #if ACCEL_TOOLS_HAVE_CUDA

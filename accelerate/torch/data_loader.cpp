@@ -3,7 +3,7 @@
 #include <ATen/Functions.h>
 
 #include "accelerate/accelerator.hpp"
-#include "backends/comm/error.hpp"
+#include "core/error.hpp"
 
 namespace accel {
 

@@ -16,7 +16,7 @@
 #include <ATen/Tensor.h>
 #include <torch/nn/module.h>
 
-#include "backends/comm/reduce.hpp"
+#include "core/reduce.hpp"
 
 namespace accel {
 

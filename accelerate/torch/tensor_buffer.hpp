@@ -6,8 +6,8 @@
 
 #include <ATen/Tensor.h>
 
-#include "backends/comm/dtype.hpp"
-#include "backends/comm/error.hpp"
+#include "core/dtype.hpp"
+#include "core/error.hpp"
 
 namespace accel {
 

@@ -23,7 +23,7 @@
 #include "accelerate/torch/tensor_buffer.hpp"
 #include "accelerate/torch/torch_optimizer_state.hpp"
 #include "accelerate/torch/torch_state.hpp"
-#include "backends/comm/error.hpp"
+#include "core/error.hpp"
 #include "config/config.hpp"
 #include "backends/optim/host_collectives.hpp"
 

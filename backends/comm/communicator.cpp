@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <sstream>
 
-#include "backends/comm/error.hpp"
+#include "core/error.hpp"
 
 namespace accel {
 

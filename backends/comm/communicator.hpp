@@ -56,11 +56,12 @@
 #include <thread>
 #include <vector>
 
-#include "backends/comm/dtype.hpp"
-#include "backends/comm/reduce.hpp"
-#include "backends/comm/store.hpp"
-#include "backends/comm/timeout.hpp"
+#include "core/dtype.hpp"
+#include "core/reduce.hpp"
+#include "core/store.hpp"
+#include "core/timeout.hpp"
 #include "backends/comm/work.hpp"
+#include "core/device_memory.hpp"
 
 namespace accel {
 
@@ -222,5 +223,10 @@ using CommunicatorPtr = std::unique_ptr<Communicator>;
 
 // "[0, 2]"
 std::string format_ranks(const std::vector<int>& ranks);
+
+// The communicator's compute stream (set_compute_stream), device and timeout.
+inline DeviceContext compute_context(const Communicator& comm) {
+  return {comm.compute_stream(), comm.cuda_device(), comm.timeout()};
+}
 
 }  // namespace accel

@@ -3,8 +3,8 @@
 #include <cstring>
 #include <limits>
 
-#include "backends/comm/device_memory.hpp"
-#include "backends/comm/error.hpp"
+#include "core/device_memory.hpp"
+#include "core/error.hpp"
 
 namespace accel {
 

@@ -1,6 +1,6 @@
 #include "backends/comm/registry.hpp"
 
-#include "backends/comm/error.hpp"
+#include "core/error.hpp"
 #include "backends/comm/local_communicator.hpp"
 #if ACCEL_HAVE_GLOO
 #include "backends/comm/gloo/gloo_communicator.hpp"
@@ -12,7 +12,7 @@
 #include "backends/comm/nccl/nccl_communicator.hpp"
 #endif
 #if ACCEL_HAVE_SHM
-#include "backends/comm/prefix_store.hpp"
+#include "core/prefix_store.hpp"
 #include "backends/comm/shm/hierarchical_communicator.hpp"
 #include "backends/comm/shm/host_identity.hpp"
 #include "backends/comm/shm/shm_communicator.hpp"

@@ -1,6 +1,6 @@
 #include "backends/comm/work.hpp"
 
-#include "backends/comm/error.hpp"
+#include "core/error.hpp"
 
 namespace accel {
 

@@ -15,13 +15,10 @@
 #include <optional>
 #include <string>
 
-#include "backends/comm/timeout.hpp"
+#include "core/device_stream.hpp"
+#include "core/timeout.hpp"
 
 namespace accel {
-
-// A CUDA stream (cudaStream_t), opaque so that no public header needs the CUDA SDK.
-// nullptr means the legacy default stream.
-using DeviceStream = void*;
 
 // What a device backend hands the worker when its run_* only launched the operation on the
 // backend's own stream: the worker polls it until the operation finished (the Work then

@@ -4,8 +4,8 @@
 #include <cstring>
 #include <string>
 
-#include "backends/comm/device_memory.hpp"
-#include "backends/comm/error.hpp"
+#include "core/device_memory.hpp"
+#include "core/error.hpp"
 #include "backends/optim/elementwise.hpp"
 #include "backends/replicas.hpp"
 

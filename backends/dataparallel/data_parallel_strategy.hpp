@@ -41,8 +41,8 @@
 #include <vector>
 
 #include "backends/backend.hpp"
-#include "backends/comm/device_memory.hpp"
-#include "backends/comm/reduce.hpp"
+#include "core/device_memory.hpp"
+#include "core/reduce.hpp"
 #include "backends/dataparallel/replica_pool.hpp"
 
 namespace accel {

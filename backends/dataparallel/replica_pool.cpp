@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <string>
 
-#include "backends/comm/error.hpp"
-#include "backends/comm/reduce.hpp"
+#include "core/error.hpp"
+#include "core/reduce.hpp"
 
 namespace accel {
 

@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <cstring>
 
-#include "backends/comm/device_memory.hpp"
-#include "backends/comm/error.hpp"
+#include "core/device_memory.hpp"
+#include "core/error.hpp"
 #include "backends/replicas.hpp"
 
 namespace accel {

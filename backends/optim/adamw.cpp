@@ -2,7 +2,7 @@
 
 #include <cmath>
 
-#include "backends/comm/error.hpp"
+#include "core/error.hpp"
 
 namespace accel {
 

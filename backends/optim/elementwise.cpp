@@ -7,8 +7,8 @@
 #include <utility>
 #include <vector>
 
-#include "backends/comm/error.hpp"
-#include "backends/comm/reduce.hpp"
+#include "core/error.hpp"
+#include "core/reduce.hpp"
 
 #if ACCEL_HAVE_CUDA_KERNELS
 #include "backends/optim/cuda/optim_kernels.hpp"

@@ -17,8 +17,8 @@
 #include <cstddef>
 #include <span>
 
-#include "backends/comm/device_memory.hpp"
-#include "backends/comm/dtype.hpp"
+#include "core/device_memory.hpp"
+#include "core/dtype.hpp"
 
 namespace accel {
 

@@ -2,7 +2,7 @@
 
 #include <string>
 
-#include "backends/comm/device_memory.hpp"
+#include "core/device_memory.hpp"
 
 namespace accel {
 namespace {

@@ -2,7 +2,7 @@
 
 #include <cstring>
 
-#include "backends/comm/error.hpp"
+#include "core/error.hpp"
 
 namespace accel {
 namespace {

@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "backends/comm/error.hpp"
+#include "core/error.hpp"
 
 namespace accel {
 

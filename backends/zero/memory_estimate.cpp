@@ -1,6 +1,6 @@
 #include "backends/zero/memory_estimate.hpp"
 
-#include "backends/comm/error.hpp"
+#include "core/error.hpp"
 
 namespace accel {
 namespace {

@@ -4,7 +4,7 @@
 #include <cstdio>
 #include <utility>
 
-#include "backends/comm/error.hpp"
+#include "core/error.hpp"
 #include "backends/optim/elementwise.hpp"
 #include "backends/replicas.hpp"
 

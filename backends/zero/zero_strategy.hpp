@@ -50,7 +50,7 @@
 #include <vector>
 
 #include "backends/backend.hpp"
-#include "backends/comm/device_memory.hpp"
+#include "core/device_memory.hpp"
 #include "backends/zero/flat_layout.hpp"
 
 namespace accel {

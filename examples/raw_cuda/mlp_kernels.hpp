@@ -6,7 +6,7 @@
 
 #include <cstddef>
 
-#include "backends/comm/dtype.hpp"
+#include "core/dtype.hpp"
 
 namespace raw_cuda {
 

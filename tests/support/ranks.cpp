@@ -4,7 +4,7 @@
 
 #include <filesystem>
 
-#include "backends/comm/tcp_store.hpp"
+#include "core/tcp_store.hpp"
 #include "config/config.hpp"
 #include "launch/worker_env.hpp"
 

@@ -4,7 +4,7 @@
 #include <cuda_runtime.h>
 #endif
 
-#include "backends/comm/error.hpp"
+#include "core/error.hpp"
 
 namespace accel::test {
 

@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "backends/comm/dtype.hpp"
+#include "core/dtype.hpp"
 
 namespace accel::test {
 

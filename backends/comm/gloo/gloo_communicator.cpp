@@ -13,9 +13,9 @@
 #include <cstring>
 #include <thread>
 
-#include "backends/comm/error.hpp"
+#include "core/error.hpp"
 #include "backends/comm/gloo/gloo_store_adapter.hpp"
-#include "backends/comm/prefix_store.hpp"
+#include "core/prefix_store.hpp"
 
 namespace accel {
 namespace {

@@ -4,7 +4,7 @@
 
 #include <gloo/rendezvous/store.h>
 
-#include "backends/comm/store.hpp"
+#include "core/store.hpp"
 
 namespace accel {
 

@@ -20,7 +20,7 @@
 
 #include <string>
 
-#include "backends/comm/error.hpp"
+#include "core/error.hpp"
 
 namespace accel::detail {
 

@@ -15,7 +15,7 @@
 #include <thread>
 #include <vector>
 
-#include "backends/comm/error.hpp"
+#include "core/error.hpp"
 #include "backends/comm/mpi/mpi_check.hpp"
 
 // The most elements one MPI call is given. MPI counts are int, hence INT_MAX; a test may

@@ -8,11 +8,11 @@
 
 #include <nccl.h>
 
-#include "backends/comm/cuda_check.hpp"
+#include "core/cuda_check.hpp"
 
 #include <string>
 
-#include "backends/comm/error.hpp"
+#include "core/error.hpp"
 
 namespace accel::detail {
 

@@ -10,7 +10,7 @@
 #include <string>
 #include <thread>
 
-#include "backends/comm/error.hpp"
+#include "core/error.hpp"
 #include "backends/comm/nccl/nccl_check.hpp"
 
 namespace accel {

@@ -2,7 +2,7 @@
 
 #include <cstring>
 
-#include "backends/comm/error.hpp"
+#include "core/error.hpp"
 #include "backends/comm/shm/shm_communicator.hpp"
 
 namespace accel {

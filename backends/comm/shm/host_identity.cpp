@@ -7,7 +7,7 @@
 #include <fstream>
 #include <map>
 
-#include "backends/comm/error.hpp"
+#include "core/error.hpp"
 
 namespace accel::shm {
 namespace {

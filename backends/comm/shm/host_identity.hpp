@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "backends/comm/store.hpp"
+#include "core/store.hpp"
 
 namespace accel::shm {
 

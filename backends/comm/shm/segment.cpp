@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "backends/comm/communicator.hpp"
-#include "backends/comm/error.hpp"
+#include "core/error.hpp"
 
 namespace accel::shm {
 namespace {

@@ -18,7 +18,7 @@
 #include <cstdint>
 #include <string>
 
-#include "backends/comm/store.hpp"
+#include "core/store.hpp"
 
 namespace accel::shm {
 

@@ -8,8 +8,8 @@
 #include <cstring>
 #include <string>
 
-#include "backends/comm/error.hpp"
-#include "backends/comm/prefix_store.hpp"
+#include "core/error.hpp"
+#include "core/prefix_store.hpp"
 
 namespace accel {
 namespace {

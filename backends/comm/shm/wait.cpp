@@ -12,7 +12,7 @@
 #include <immintrin.h>
 #endif
 
-#include "backends/comm/error.hpp"
+#include "core/error.hpp"
 
 namespace accel::shm {
 namespace {

@@ -15,7 +15,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "backends/comm/error.hpp"
+#include "core/error.hpp"
 
 namespace accel::cuda {
 namespace {

@@ -1,4 +1,4 @@
-#include "backends/comm/socket.hpp"
+#include "core/socket.hpp"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -16,7 +16,7 @@
 #include <optional>
 #include <thread>
 
-#include "backends/comm/error.hpp"
+#include "core/error.hpp"
 
 namespace accel {
 

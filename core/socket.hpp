@@ -10,7 +10,7 @@
 #include <cstddef>
 #include <string>
 
-#include "backends/comm/store.hpp"
+#include "core/store.hpp"
 
 namespace accel {
 

@@ -1,4 +1,4 @@
-#include "backends/comm/device_memory.hpp"
+#include "core/device_memory.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -7,10 +7,10 @@
 #include <thread>
 #include <utility>
 
-#include "backends/comm/error.hpp"
+#include "core/error.hpp"
 
 #if ACCEL_HAVE_CUDA_RUNTIME
-#include "backends/comm/cuda_check.hpp"
+#include "core/cuda_check.hpp"
 #endif
 
 namespace accel {

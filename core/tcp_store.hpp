@@ -14,9 +14,9 @@
 #include <string>
 #include <vector>
 
-#include "backends/comm/socket.hpp"
-#include "backends/comm/store.hpp"
-#include "backends/comm/store_protocol.hpp"
+#include "core/socket.hpp"
+#include "core/store.hpp"
+#include "core/store_protocol.hpp"
 
 namespace accel {
 

@@ -1,10 +1,10 @@
-#include "backends/comm/reduce.hpp"
+#include "core/reduce.hpp"
 
 #include <algorithm>
 #include <cstdint>
 #include <string>
 
-#include "backends/comm/error.hpp"
+#include "core/error.hpp"
 
 namespace accel {
 

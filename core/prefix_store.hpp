@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "backends/comm/store.hpp"
+#include "core/store.hpp"
 
 namespace accel {
 

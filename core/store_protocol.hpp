@@ -27,7 +27,7 @@
 #include <string_view>
 #include <vector>
 
-#include "backends/comm/error.hpp"
+#include "core/error.hpp"
 
 namespace accel::store_protocol {
 

@@ -1,9 +1,9 @@
-#include "backends/comm/memory_store.hpp"
+#include "core/memory_store.hpp"
 
 #include <algorithm>
 #include <charconv>
 
-#include "backends/comm/error.hpp"
+#include "core/error.hpp"
 
 namespace accel {
 

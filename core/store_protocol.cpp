@@ -1,4 +1,4 @@
-#include "backends/comm/store_protocol.hpp"
+#include "core/store_protocol.hpp"
 
 #include <algorithm>
 #include <cstdio>

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "backends/comm/timeout.hpp"
+#include "core/timeout.hpp"
 
 namespace accel {
 

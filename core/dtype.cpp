@@ -1,10 +1,10 @@
-#include "backends/comm/dtype.hpp"
+#include "core/dtype.hpp"
 
 #include <bit>
 #include <cmath>
 #include <cstring>
 
-#include "backends/comm/error.hpp"
+#include "core/error.hpp"
 
 namespace accel {
 

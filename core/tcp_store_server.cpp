@@ -1,4 +1,4 @@
-#include "backends/comm/tcp_store.hpp"
+#include "core/tcp_store.hpp"
 
 #include <poll.h>
 #include <sys/eventfd.h>
@@ -15,8 +15,8 @@
 #include <thread>
 #include <unordered_map>
 
-#include "backends/comm/error.hpp"
-#include "backends/comm/memory_store.hpp"
+#include "core/error.hpp"
+#include "core/memory_store.hpp"
 
 namespace accel {
 

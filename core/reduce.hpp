@@ -6,7 +6,7 @@
 #include <cstddef>
 #include <string_view>
 
-#include "backends/comm/dtype.hpp"
+#include "core/dtype.hpp"
 
 namespace accel {
 

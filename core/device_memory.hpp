@@ -10,17 +10,17 @@
 //
 // The CUDA kinds exist in builds with the CUDA runtime (ACCEL_WITH_NCCL or ACCEL_WITH_CUDA);
 // elsewhere asking for them throws InvalidArgument saying so. No CUDA header is included here:
-// streams are opaque (DeviceStream, work.hpp). This is the one place device memory is
+// streams are opaque (DeviceStream, device_stream.hpp). This is the one place device memory is
 // allocated, copied and waited for: the strategies' buffers, the built-in optimizers' state
 // (StateArray), the staging of host values (host_collectives) and checkpoints all use it.
 
 #include <cstddef>
 #include <string>
 
-#include "backends/comm/communicator.hpp"
-#include "backends/comm/dtype.hpp"
-#include "backends/comm/store.hpp"
-#include "backends/comm/work.hpp"
+#include "core/device_stream.hpp"
+#include "core/dtype.hpp"
+#include "core/store.hpp"
+#include "core/timeout.hpp"
 
 namespace accel {
 
@@ -55,18 +55,13 @@ class CudaDeviceGuard {
 // Where a call's GPU work goes: the stream the loop computes on, its device and how long a
 // call that hands a value back to the host may wait for that stream. Everything that queues
 // GPU work for the loop (the strategies' copies, the optimizer kernels, clipping, unscaling,
-// checkpoint copies) takes the communicator's: compute_context(comm). The default is the
+// checkpoint copies) takes the communicator's: compute_context(comm), communicator.hpp. The default is the
 // legacy default stream on the current device.
 struct DeviceContext {
   DeviceStream stream = nullptr;  // nullptr: the legacy default stream
   int cuda_device = -1;           // -1: the calling thread's current device
   Milliseconds timeout = kDefaultCommTimeout;
 };
-
-// The communicator's compute stream (set_compute_stream), device and timeout.
-inline DeviceContext compute_context(const Communicator& comm) {
-  return {comm.compute_stream(), comm.cuda_device(), comm.timeout()};
-}
 
 // An owned, zero-filled buffer of `count` elements of `dtype`. Move-only.
 class DeviceBuffer {

@@ -10,7 +10,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "backends/comm/store.hpp"
+#include "core/store.hpp"
 
 namespace accel {
 

@@ -1,8 +1,8 @@
-#include "backends/comm/tcp_store.hpp"
+#include "core/tcp_store.hpp"
 
 #include <cstdlib>
 
-#include "backends/comm/error.hpp"
+#include "core/error.hpp"
 
 namespace accel {
 

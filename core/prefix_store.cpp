@@ -1,6 +1,6 @@
-#include "backends/comm/prefix_store.hpp"
+#include "core/prefix_store.hpp"
 
-#include "backends/comm/error.hpp"
+#include "core/error.hpp"
 
 namespace accel {
 

@@ -1,4 +1,4 @@
-#include "backends/comm/error.hpp"
+#include "core/error.hpp"
 
 #include <cstring>
 #include <filesystem>
