@@ -249,15 +249,6 @@ int Accelerator::data_parallel_replicas() const {
   return strategy_options_.data_parallel.replicas;  // 1 unless DATA_PARALLEL set it
 }
 
-std::vector<Shard> Accelerator::begin_replica_chunks(ReplicaSet& dp, std::size_t rows) {
-  std::vector<Shard> chunks = chunk_rows(rows, dp.count());
-  std::vector<double> weights(chunks.size(), 0.0);
-  for (std::size_t k = 0; k < chunks.size(); ++k)
-    weights[k] = rows == 0 ? (k == 0 ? 1.0 : 0.0) : double(chunks[k].count) / double(rows);
-  dp.set_weights(std::move(weights));
-  return chunks;
-}
-
 Strategy& Accelerator::strategy() {
   ACCEL_CHECK_ARG(strategy_ != nullptr, "no parameters prepared yet (prepare_parameters)");
   return *strategy_;
