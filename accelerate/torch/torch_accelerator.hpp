@@ -106,6 +106,7 @@ struct Node;
 namespace accel {
 
 class TorchAccelerator;
+class TorchReplicas;
 
 // The user's optimizer, stepped only where gradients are synchronised.
 class AcceleratedOptimizer {
@@ -192,7 +193,7 @@ class TorchAccelerator : public Accelerator {
 
   // ---- DataParallel (see the top of this file)
   // Whether a prepared model's call runs on replicas (DATA_PARALLEL).
-  bool replicates_forward() const { return !replica_modules_.empty() || data_parallel_ready_; }
+  bool replicates_forward() const;
   // Replica k's module (k >= 1; replica 0 is the prepared module).
   torch::nn::Module& replica_module(int k);
   // The DataParallel forward over `rows` rows: forward(k, chunk) on worker k for every
@@ -270,12 +271,6 @@ class TorchAccelerator : public Accelerator {
   // Points parameter i's .grad() at its bucket slot, keeping the values it had.
   void adopt_bucket_view(std::size_t i);
   void zero_gradients();
-  // DataParallel: replica k's parameters' .grad() at the strategy's storage, and the
-  // replicas' backward from the gradients their outputs got.
-  void point_replica_grads(std::size_t k);
-  // DataParallel: K-1 clones of the module, their parameters and buffers for the strategy.
-  void make_replicas(torch::nn::Module& module, std::size_t trainable);
-  void replica_backward();
 
   std::vector<torch::Tensor> param_tensors_;
   std::vector<torch::Tensor> grad_views_;  // param_tensors_[i]'s bucket slot (empty: ZeRO-2)
@@ -292,20 +287,8 @@ class TorchAccelerator : public Accelerator {
   bool synced_ = false;
   bool accumulating_ = false;
 
-  // DataParallel: the replicas (1..K-1), their trainable parameters and gradient tensors,
-  // every replica's modules in pre-order (to copy train/eval flags), and the outputs of the
-  // forwards since the last backward (the graph output, the leaf given to the loop, and the
-  // replica that made it).
-  struct ReplicaOutput {
-    int replica;
-    at::Tensor output, leaf;
-  };
-  std::vector<std::shared_ptr<torch::nn::Module>> replica_modules_;
-  std::vector<std::vector<at::Tensor>> replica_params_, replica_grads_;
-  std::vector<std::vector<torch::nn::Module*>> module_lists_;  // [replica][module]
-  std::vector<ReplicaOutput> replica_outputs_;
-  bool data_parallel_ready_ = false;
-  bool warned_forward_ = false;
+  // DataParallel: the module's replicas (torch_replicas.hpp), made at prepare.
+  std::unique_ptr<TorchReplicas> replicas_;
 };
 
 template <typename Model>
