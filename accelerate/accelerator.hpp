@@ -61,6 +61,7 @@ enum class MixedPrecision;  // config/config.hpp
 namespace accel {
 
 class ProcessGroup;
+struct FullParameters;  // accelerate/parameter_layout.hpp
 
 // Whose copy of a registered state a checkpoint keeps.
 enum class StateScope {
@@ -374,6 +375,12 @@ class Accelerator {
   };
   std::vector<RegisteredState> states_;
   bool checkpoint_parameters_ = true;
+
+  // load_state's steps (accelerator_state.cpp): check every registered state's blob, then
+  // load them; copy the checked parameter bytes into the prepared parameters and buffers.
+  void check_registered_states(const LoadedCheckpoint& ck) const;
+  void load_registered_states(const LoadedCheckpoint& ck);
+  void copy_parameters_in(const FullParameters& values);
 };
 
 }  // namespace accel
