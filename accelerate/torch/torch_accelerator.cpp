@@ -164,43 +164,13 @@ torch::Device TorchAccelerator::device_for_tensors() const {
   return torch::Device(torch::kCPU);
 }
 
+// The steps are prepare_module's helpers below; in order: what the strategy gets, the
+// replicas, the strategy, the gradients' storage and hooks, ZeRO's slices, the checkpoints.
 AcceleratedOptimizer& TorchAccelerator::prepare_module(torch::nn::Module& module,
                                                        torch::optim::Optimizer& optimizer) {
   ACCEL_CHECK_ARG(!optimizer_, "prepare: a model was already prepared (one per accelerator)");
-  // ZeRO lays out one flat buffer per optimizer param group (and dtype).
-  std::unordered_map<const void*, std::size_t> group_of;
-  for (std::size_t g = 0; g < optimizer.param_groups().size(); ++g)
-    for (const at::Tensor& p : optimizer.param_groups()[g].params())
-      group_of.emplace(p.unsafeGetTensorImpl(), g);
-  std::vector<ParamRef> refs;
-  std::unordered_set<const void*> seen;  // tied parameters appear once
-  for (const auto& item : module.named_parameters(/*recurse=*/true)) {
-    const at::Tensor& p = item.value();
-    if (!p.requires_grad() || !seen.insert(p.unsafeGetTensorImpl()).second) continue;
-    const Buffer data = tensor_buffer(p, "parameter '" + item.key() + "'");
-    const auto group = group_of.find(p.unsafeGetTensorImpl());
-    // Gradients asked of the strategy (backend.hpp's contract): its slots (DDP, ZeRO-1,
-    // DataParallel), or autograd's own, lent to it (ZeRO-2).
-    // The param group is ZeRO's flat buffer and, under every strategy, the coordinates the
-    // optimizer state is saved in; a parameter the optimizer does not hold (DDP only) gets a
-    // group of its own, which has no state.
-    refs.push_back({item.key(), data, gradient_wanted(data),
-                    group != group_of.end() ? group->second : optimizer.param_groups().size(),
-                    p.sizes().vec()});
-    param_tensors_.push_back(p);
-  }
-  for (const auto& group : optimizer.param_groups())
-    for (const at::Tensor& p : group.params())
-      ACCEL_CHECK_ARG(seen.count(p.unsafeGetTensorImpl()),
-                      "prepare: the optimizer holds a parameter that is not a trainable "
-                      "parameter of the model, so its gradient would never be synchronised");
-  std::vector<Buffer> buffers;
-  for (const auto& item : module.named_buffers(/*recurse=*/true)) {
-    if (!item.value().defined()) continue;
-    buffers.push_back(tensor_buffer(item.value(), "buffer '" + item.key() + "'"));
-    buffer_tensors_.push_back(item.value());
-    buffer_data_.push_back(buffers.back().data);
-  }
+  std::vector<ParamRef> refs = collect_parameters(module, optimizer);
+  std::vector<Buffer> buffers = collect_buffers(module);
   // On a GPU the loop computes on LibTorch's current stream of the parameters' device: the
   // communicator orders its collectives and the strategies their copies against it. Debian's
   // LibTorch is CPU-only, so this is compiled only against a CUDA-enabled one; without it the
@@ -223,7 +193,59 @@ AcceleratedOptimizer& TorchAccelerator::prepare_module(torch::nn::Module& module
                     "prepare: parameter '" + name +
                         "' is in no param group of the optimizer; under ZeRO the optimizer "
                         "owns every trainable parameter's slice");
+  hook_gradients();
+  // Asked while the param groups still hold the parameters themselves.
+  const bool flat_state = torch_optimizer_state::unsupported_reason(optimizer).empty();
+  if (sharded) shard_optimizer(optimizer);
+  if (strategy().replicas() != nullptr) replicas_->attach(strategy());
+  optimizer_.reset(new AcceleratedOptimizer(*this, optimizer));
+  register_checkpoint_states(module, optimizer, flat_state, sharded);
+  return *optimizer_;
+}
 
+std::vector<ParamRef> TorchAccelerator::collect_parameters(torch::nn::Module& module,
+                                                           torch::optim::Optimizer& optimizer) {
+  // ZeRO lays out one flat buffer per optimizer param group (and dtype).
+  std::unordered_map<const void*, std::size_t> group_of;
+  for (std::size_t g = 0; g < optimizer.param_groups().size(); ++g)
+    for (const at::Tensor& p : optimizer.param_groups()[g].params())
+      group_of.emplace(p.unsafeGetTensorImpl(), g);
+  std::vector<ParamRef> refs;
+  std::unordered_set<const void*> seen;
+  for (auto& [name, p] : trainable_parameters(module)) {
+    seen.insert(p.unsafeGetTensorImpl());
+    const Buffer data = tensor_buffer(p, "parameter '" + name + "'");
+    const auto group = group_of.find(p.unsafeGetTensorImpl());
+    // Gradients asked of the strategy (backend.hpp's contract): its slots (DDP, ZeRO-1,
+    // DataParallel), or autograd's own, lent to it (ZeRO-2).
+    // The param group is ZeRO's flat buffer and, under every strategy, the coordinates the
+    // optimizer state is saved in; a parameter the optimizer does not hold (DDP only) gets a
+    // group of its own, which has no state.
+    refs.push_back({name, data, gradient_wanted(data),
+                    group != group_of.end() ? group->second : optimizer.param_groups().size(),
+                    p.sizes().vec()});
+    param_tensors_.push_back(p);
+  }
+  for (const auto& group : optimizer.param_groups())
+    for (const at::Tensor& p : group.params())
+      ACCEL_CHECK_ARG(seen.count(p.unsafeGetTensorImpl()),
+                      "prepare: the optimizer holds a parameter that is not a trainable "
+                      "parameter of the model, so its gradient would never be synchronised");
+  return refs;
+}
+
+std::vector<Buffer> TorchAccelerator::collect_buffers(torch::nn::Module& module) {
+  std::vector<Buffer> buffers;
+  for (const auto& item : module.named_buffers(/*recurse=*/true)) {
+    if (!item.value().defined()) continue;
+    buffers.push_back(tensor_buffer(item.value(), "buffer '" + item.key() + "'"));
+    buffer_tensors_.push_back(item.value());
+    buffer_data_.push_back(buffers.back().data);
+  }
+  return buffers;
+}
+
+void TorchAccelerator::hook_gradients() {
   const bool has_slots = strategy().gradient_storage() == GradientStorage::slots;
   for (std::size_t i = 0; i < param_tensors_.size(); ++i) {
     if (has_slots) {
@@ -245,45 +267,43 @@ AcceleratedOptimizer& TorchAccelerator::prepare_module(torch::nn::Module& module
     hook_keys_.push_back(node->add_post_hook(std::make_unique<GradReadyHook>(*this, i)));
     accumulators_.push_back(std::move(node));
   }
-  // Asked while the param groups still hold the parameters themselves.
-  const std::string flat_state_problem = torch_optimizer_state::unsupported_reason(optimizer);
-  if (sharded) shard_optimizer(optimizer);
-  if (strategy().replicas() != nullptr) replicas_->attach(strategy());
-  optimizer_.reset(new AcceleratedOptimizer(*this, optimizer));
+}
 
+void TorchAccelerator::register_checkpoint_states(torch::nn::Module& module,
+                                                  torch::optim::Optimizer& optimizer,
+                                                  bool flat_state, bool sharded) {
   // Checkpoints hold the model as a LibTorch archive (loadable without accelerate-cpp)
   // instead of the Accelerator's raw parameter blob.
   set_checkpoint_parameters(false);
   register_state(
       "model", [&module] { return torch_state::save_module(module); },
       [&module](const std::string& bytes) { torch_state::load_module(module, bytes); });
-  if (flat_state_problem.empty()) {
-    // The param groups' options (learning rates ...) from rank 0 as a LibTorch archive; the
-    // per-parameter state in flat coordinates, as the built-in optimizers' ("optimizer" under
-    // DDP, "optimizer.rankR" under ZeRO), so any strategy and number of processes resumes.
-    register_state(
-        "optimizer", [&optimizer] { return torch_state::save_optimizer_options(optimizer); },
-        [&optimizer](const std::string& bytes) {
-          torch_state::load_optimizer_options(optimizer, bytes);
-        });
-    register_optimizer_state(
-        [this, &optimizer] {
-          return torch_optimizer_state::save(optimizer, strategy().segments(),
-                                             optimizer_tensors());
-        },
-        [this, &optimizer](const std::string& bytes, const std::string& where) {
-          return torch_optimizer_state::load(optimizer, strategy().segments(),
-                                             optimizer_tensors(), bytes, where);
-        });
-  } else {
+  if (!flat_state) {
     // The whole LibTorch archive; under ZeRO each rank's own (its slices), so such a
     // checkpoint resumes with the same number of processes only.
     register_state(
         "optimizer", [&optimizer] { return torch_state::save_optimizer(optimizer); },
         [&optimizer](const std::string& bytes) { torch_state::load_optimizer(optimizer, bytes); },
         sharded ? StateScope::per_rank : StateScope::shared);
+    return;
   }
-  return *optimizer_;
+  // The param groups' options (learning rates ...) from rank 0 as a LibTorch archive; the
+  // per-parameter state in flat coordinates, as the built-in optimizers' ("optimizer" under
+  // DDP, "optimizer.rankR" under ZeRO), so any strategy and number of processes resumes.
+  register_state(
+      "optimizer", [&optimizer] { return torch_state::save_optimizer_options(optimizer); },
+      [&optimizer](const std::string& bytes) {
+        torch_state::load_optimizer_options(optimizer, bytes);
+      });
+  register_optimizer_state(
+      [this, &optimizer] {
+        return torch_optimizer_state::save(optimizer, strategy().segments(),
+                                           optimizer_tensors());
+      },
+      [this, &optimizer](const std::string& bytes, const std::string& where) {
+        return torch_optimizer_state::load(optimizer, strategy().segments(), optimizer_tensors(),
+                                           bytes, where);
+      });
 }
 
 bool TorchAccelerator::replicates_forward() const {

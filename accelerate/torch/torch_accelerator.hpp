@@ -262,6 +262,16 @@ class TorchAccelerator : public Accelerator {
   // Autograd accumulated parameter i's gradient: make sure it is (still) the bucket slot,
   // then report it ready.
   void on_grad_accumulated(std::size_t i);
+  // prepare_module's steps: the trainable parameters as the strategy gets them (param_tensors_
+  // filled), the buffers (buffer_tensors_); after prepare_parameters each parameter's .grad()
+  // at its storage and its ready hook; then the model and optimizer states for checkpoints
+  // (flat_state: the optimizer's per-parameter state in flat coordinates).
+  std::vector<ParamRef> collect_parameters(torch::nn::Module& module,
+                                           torch::optim::Optimizer& optimizer);
+  std::vector<Buffer> collect_buffers(torch::nn::Module& module);
+  void hook_gradients();
+  void register_checkpoint_states(torch::nn::Module& module, torch::optim::Optimizer& optimizer,
+                                  bool flat_state, bool sharded);
   // Under ZeRO: parameters into the flat buffers, the optimizer onto the slices.
   void shard_optimizer(torch::optim::Optimizer& optimizer);
   // The options of a slice tensor for `segment` (its group's parameters' dtype and device).
