@@ -154,9 +154,9 @@ class Accelerator {
   };
   // prepare(params_of(model), optimizer), and under DATA_PARALLEL also K-1 copies of the model
   // (copy-constructed now, kept in a ModelReplicas: accelerate/replicas.hpp) whose parameters
-  // params_of gives the strategy. On GPUs copy k is constructed with replica k's device current, so a copy constructor that
-  // allocates with cudaMalloc and copies with cudaMemcpy(..., cudaMemcpyDefault) puts the
-  // replica on its GPU.
+  // params_of gives the strategy. On GPUs copy k is constructed with replica k's device
+  // current, so a copy constructor that allocates with cudaMalloc and copies with
+  // cudaMemcpy(..., cudaMemcpyDefault) puts the replica on its GPU.
   // params_of(Model&) -> std::vector<ParamRef>, the same parameters in the same order for
   // every copy.
   template <typename Model, typename ParamsOf>
@@ -175,8 +175,8 @@ class Accelerator {
   // or one process fn runs once on `model` over all rows. Under DATA_PARALLEL the rows are
   // split in contiguous chunks (torch.chunk's rule: chunk_rows), fn runs on replica k in
   // worker thread k (with replica k's GPU current), and the reduction weights replica k's
-  // gradient by its share of the rows, so sync_gradients() leaves the gradient of the whole batch's mean loss. Returns the mean
-  // loss over all rows.
+  // gradient by its share of the rows, so sync_gradients() leaves the gradient of the whole
+  // batch's mean loss. Returns the mean loss over all rows.
   template <typename Model, typename Fn>
   float forward_backward(Model& model, std::size_t rows, Fn&& fn) {
     ReplicaSet* dp = strategy().replicas();

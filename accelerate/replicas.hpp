@@ -43,11 +43,9 @@ class ModelReplicas final : public ReplicatedModel {
   // Copies `model` options.replicas - 1 times and appends each copy's params_of to
   // options.replica_params.
   template <typename ParamsOf>
-  ModelReplicas(Model& model, ParamsOf& params_of, DataParallelOptions& options)
-      : model_(&model) {
+  ModelReplicas(Model& model, ParamsOf& params_of, DataParallelOptions& options) : model_(&model) {
     for (int k = 1; k < options.replicas; ++k) {
-      CudaDeviceGuard on(options.cuda_devices.empty() ? -1
-                                                      : options.cuda_devices[std::size_t(k)]);
+      CudaDeviceGuard on(options.cuda_devices.empty() ? -1 : options.cuda_devices[std::size_t(k)]);
       copies_.push_back(std::make_unique<Model>(model));
       options.replica_params.push_back(params_of(*copies_.back()));
     }

@@ -297,8 +297,7 @@ void TorchAccelerator::register_checkpoint_states(torch::nn::Module& module,
       });
   register_optimizer_state(
       [this, &optimizer] {
-        return torch_optimizer_state::save(optimizer, strategy().segments(),
-                                           optimizer_tensors());
+        return torch_optimizer_state::save(optimizer, strategy().segments(), optimizer_tensors());
       },
       [this, &optimizer](const std::string& bytes, const std::string& where) {
         return torch_optimizer_state::load(optimizer, strategy().segments(), optimizer_tensors(),

@@ -71,8 +71,8 @@ class TorchReplicas {
 
   std::vector<std::shared_ptr<torch::nn::Module>> copies_;  // replicas 1..K-1
   std::vector<std::vector<at::Tensor>> params_, grads_;     // [k - 1][i]
-  std::vector<std::vector<torch::nn::Module*>> modules_;     // [replica][module], pre-order
-  std::vector<Output> outputs_;  // the forwards' since the last backward
+  std::vector<std::vector<torch::nn::Module*>> modules_;    // [replica][module], pre-order
+  std::vector<Output> outputs_;                             // the forwards' since the last backward
   bool attached_ = false;
   bool warned_forward_ = false;
 };
