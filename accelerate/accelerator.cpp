@@ -79,6 +79,33 @@ std::vector<int> data_parallel_gpus(const config::ResolvedConfig& settings) {
   return ids;
 }
 
+// The one place the config's distributed_type picks a StrategyKind and its options (code
+// arguments' DdpOptions and ZeroOptions under the config's stage, offload and replicas).
+StrategyOptions strategy_options_for(const config::ResolvedConfig& settings,
+                                     const AcceleratorOptions& options) {
+  StrategyOptions out;
+  out.ddp = options.ddp;
+  out.zero = options.zero;
+  const config::Config& c = settings.config;
+  if (c.distributed_type == config::DistributedType::ZERO) {
+    out.kind = StrategyKind::zero;
+    out.zero.stage = c.zero_stage;  // the schema's range: 1-2
+    if (c.offload_optimizer_device == "cpu") out.zero.offload_optimizer = OffloadDevice::cpu;
+  }
+  if (c.distributed_type == config::DistributedType::DATA_PARALLEL) {
+    out.kind = StrategyKind::data_parallel;
+    DataParallelOptions& dp = out.data_parallel;
+    if (config::uses_gpu(c)) {
+      dp.cuda_devices = data_parallel_gpus(settings);
+      dp.replicas = int(dp.cuda_devices.size());
+    } else {
+      dp.replicas = c.data_parallel_replicas > 0 ? c.data_parallel_replicas
+                                                 : config::detect_hardware().cpu_cores;
+    }
+  }
+  return out;
+}
+
 // What every rank must have the same of before prepare's first collective (the parameters'
 // broadcast, whose size they set): the strategy and what shapes its collectives, accumulation
 // and mixed precision (which decide when ranks communicate), the parameters and buffers.
@@ -132,25 +159,7 @@ Accelerator::Accelerator(AcceleratorOptions options) : options_(std::move(option
   accumulation_steps_ = settings.config.gradient_accumulation_steps;
   mixed_precision_ = settings.config.mixed_precision;
   uses_gpu_ = config::uses_gpu(settings.config);
-  strategy_options_.ddp = options_.ddp;
-  strategy_options_.zero = options_.zero;
-  if (settings.config.distributed_type == config::DistributedType::ZERO) {
-    strategy_options_.kind = StrategyKind::zero;
-    strategy_options_.zero.stage = settings.config.zero_stage;  // the schema's range: 1-2
-    if (settings.config.offload_optimizer_device == "cpu")
-      strategy_options_.zero.offload_optimizer = OffloadDevice::cpu;
-  }
-  if (settings.config.distributed_type == config::DistributedType::DATA_PARALLEL) {
-    strategy_options_.kind = StrategyKind::data_parallel;
-    DataParallelOptions& dp = strategy_options_.data_parallel;
-    if (config::uses_gpu(settings.config)) {
-      dp.cuda_devices = data_parallel_gpus(settings);
-      dp.replicas = int(dp.cuda_devices.size());
-    } else {
-      const int replicas = settings.config.data_parallel_replicas;
-      dp.replicas = replicas > 0 ? replicas : config::detect_hardware().cpu_cores;
-    }
-  }
+  strategy_options_ = strategy_options_for(settings, options_);
 
   ProcessGroupOptions pg;
   if (options_.communicator) pg.backend = *options_.communicator;
@@ -247,15 +256,6 @@ void Accelerator::optimizer_step() {
 
 int Accelerator::data_parallel_replicas() const {
   return strategy_options_.data_parallel.replicas;  // 1 unless DATA_PARALLEL set it
-}
-
-std::vector<Shard> Accelerator::begin_replica_chunks(ReplicaSet& dp, std::size_t rows) {
-  std::vector<Shard> chunks = chunk_rows(rows, dp.count());
-  std::vector<double> weights(chunks.size(), 0.0);
-  for (std::size_t k = 0; k < chunks.size(); ++k)
-    weights[k] = rows == 0 ? (k == 0 ? 1.0 : 0.0) : double(chunks[k].count) / double(rows);
-  dp.set_weights(std::move(weights));
-  return chunks;
 }
 
 Strategy& Accelerator::strategy() {

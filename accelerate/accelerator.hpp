@@ -45,6 +45,7 @@
 #include "accelerate/loss_scaler.hpp"
 #include "accelerate/process_env.hpp"
 #include "accelerate/rank_agreement.hpp"
+#include "accelerate/replicas.hpp"
 #include "accelerate/sharded_sampler.hpp"
 #include "backends/backend.hpp"
 #include "backends/comm/communicator.hpp"
@@ -60,6 +61,7 @@ enum class MixedPrecision;  // config/config.hpp
 namespace accel {
 
 class ProcessGroup;
+struct FullParameters;  // accelerate/parameter_layout.hpp
 
 // Whose copy of a registered state a checkpoint keeps.
 enum class StateScope {
@@ -151,23 +153,18 @@ class Accelerator {
     Accelerator* accelerator_;
   };
   // prepare(params_of(model), optimizer), and under DATA_PARALLEL also K-1 copies of the model
-  // (copy-constructed now, kept here) whose parameters params_of gives the strategy. On GPUs
-  // copy k is constructed with replica k's device current, so a copy constructor that
-  // allocates with cudaMalloc and copies with cudaMemcpy(..., cudaMemcpyDefault) puts the
-  // replica on its GPU.
+  // (copy-constructed now, kept in a ModelReplicas: accelerate/replicas.hpp) whose parameters
+  // params_of gives the strategy. On GPUs copy k is constructed with replica k's device
+  // current, so a copy constructor that allocates with cudaMalloc and copies with
+  // cudaMemcpy(..., cudaMemcpyDefault) puts the replica on its GPU.
   // params_of(Model&) -> std::vector<ParamRef>, the same parameters in the same order for
   // every copy.
   template <typename Model, typename ParamsOf>
     requires std::copy_constructible<Model> &&
              std::is_invocable_r_v<std::vector<ParamRef>, ParamsOf&, Model&>
   void prepare(Model& model, ParamsOf params_of, Optimizer& optimizer) {
-    for (int k = 1; k < data_parallel_replicas(); ++k) {
-      CudaDeviceGuard on(replica_cuda_device(k));
-      auto copy = std::make_shared<Model>(model);
-      strategy_options_.data_parallel.replica_params.push_back(params_of(*copy));
-      replica_models_.push_back(std::move(copy));
-    }
-    prepared_model_ = &model;
+    replicas_ =
+        std::make_unique<ModelReplicas<Model>>(model, params_of, strategy_options_.data_parallel);
     prepare(params_of(model), optimizer);
   }
   // One micro-batch's forward and backward over `rows` rows, through
@@ -177,27 +174,18 @@ class Accelerator {
   // ready(i) when parameter i's gradient is final, and returns the mean loss. Under DDP, ZeRO
   // or one process fn runs once on `model` over all rows. Under DATA_PARALLEL the rows are
   // split in contiguous chunks (torch.chunk's rule: chunk_rows), fn runs on replica k in
-  // worker thread k (with replica k's GPU current), and the reduction weights replica k's gradient by its share of the rows,
-  // so sync_gradients() leaves the gradient of the whole batch's mean loss. Returns the mean
-  // loss over all rows.
+  // worker thread k (with replica k's GPU current), and the reduction weights replica k's
+  // gradient by its share of the rows, so sync_gradients() leaves the gradient of the whole
+  // batch's mean loss. Returns the mean loss over all rows.
   template <typename Model, typename Fn>
   float forward_backward(Model& model, std::size_t rows, Fn&& fn) {
     ReplicaSet* dp = strategy().replicas();
     if (dp == nullptr) return float(fn(model, std::size_t{0}, rows, GradReady(this)));
-    ACCEL_CHECK_ARG(static_cast<const void*>(&model) == prepared_model_,
+    ACCEL_CHECK_ARG(replicas_ != nullptr && static_cast<const void*>(&model) == replicas_->model(),
                     "forward_backward: under DATA_PARALLEL the model must be the one given to "
                     "prepare(model, params_of, optimizer)");
-    const std::vector<Shard> chunks = begin_replica_chunks(*dp, rows);
-    std::vector<double> losses(chunks.size(), 0.0);
-    dp->run([&](int k) {
-      const Shard c = chunks[std::size_t(k)];
-      if (c.count == 0) return;
-      Model& replica = k == 0 ? model : *static_cast<Model*>(replica_models_[std::size_t(k) - 1].get());
-      losses[std::size_t(k)] = double(fn(replica, c.offset, c.count, GradReady(nullptr)));
-    });
-    double total = 0;
-    for (std::size_t k = 0; k < chunks.size(); ++k) total += losses[k] * double(chunks[k].count);
-    return rows == 0 ? 0.0f : float(total / double(rows));
+    return static_cast<ModelReplicas<Model>&>(*replicas_).forward_backward(*dp, rows, fn,
+                                                                           GradReady(nullptr));
   }
   // The replica count under DATA_PARALLEL (data_parallel_replicas, 0 resolved to the cores);
   // 1 otherwise.
@@ -331,9 +319,6 @@ class Accelerator {
   // For a front end (the LibTorch adapter) to set what only it knows (the replicas it made)
   // before prepare_parameters.
   StrategyOptions& strategy_options_to_prepare() { return strategy_options_; }
-  // DataParallel: the chunks of `rows` per replica (torch.chunk's rule), and each replica's
-  // gradient weighted by its share of the rows in the coming reduction.
-  static std::vector<Shard> begin_replica_chunks(ReplicaSet& replicas, std::size_t rows);
   // For a front end with an optimizer of its own (the LibTorch adapter): its state is saved
   // and loaded as prepare()'s built-in optimizer's is ("optimizer": one blob under DDP, each
   // rank's slices under ZeRO; any strategy and world size loads it). save() returns it in
@@ -361,9 +346,8 @@ class Accelerator {
   std::vector<AgreedValue> prepare_agreement_;  // the optimizer's, for prepare_parameters
   std::vector<ParamRef> params_;       // as prepared, for checkpoints
   std::vector<Buffer> buffers_;
-  // DataParallel under the raw API: prepare(model, ...)'s model and its copies (Model erased).
-  const void* prepared_model_ = nullptr;
-  std::vector<std::shared_ptr<void>> replica_models_;
+  // DataParallel under the raw API: prepare(model, ...)'s model and its copies.
+  std::unique_ptr<ReplicatedModel> replicas_;
   int accumulation_steps_ = 1;
   bool uses_gpu_ = false;              // the config's choice (use_cpu false, or MULTI_GPU)
   config::MixedPrecision mixed_precision_{};  // MixedPrecision::no
@@ -391,6 +375,12 @@ class Accelerator {
   };
   std::vector<RegisteredState> states_;
   bool checkpoint_parameters_ = true;
+
+  // load_state's steps (accelerator_state.cpp): check every registered state's blob, then
+  // load them; copy the checked parameter bytes into the prepared parameters and buffers.
+  void check_registered_states(const LoadedCheckpoint& ck) const;
+  void load_registered_states(const LoadedCheckpoint& ck);
+  void copy_parameters_in(const FullParameters& values);
 };
 
 }  // namespace accel

@@ -94,6 +94,81 @@ std::uint64_t fresh_seed(std::uint64_t seed, int rank, std::uint64_t step,
   return std::uint64_t(out[0]) | std::uint64_t(out[1]) << 32;
 }
 
+[[noreturn]] void fail(const LoadedCheckpoint& ck, const std::string& what) {
+  throw CheckpointError(ck.dir + ": " + what);
+}
+
+// Every prepared parameter's and buffer's saved bytes, checked against the prepared layout.
+// Whatever strategy and world size saved them: this rank's own blobs are loaded, the other
+// ranks' slices are read here (stages 1 and 2 keep every parameter on every rank).
+FullParameters read_parameters(const LoadedCheckpoint& ck, const std::vector<ParamRef>& params,
+                               const std::vector<Buffer>& buffers, int rank) {
+  const ParameterLayout layout = parse_layout(ck.shared_blob(kLayout), ck.dir + "/" + kLayout);
+  const std::string difference = layout_difference(layout, params, buffers);
+  if (!difference.empty())
+    fail(ck, "the parameters differ from the checkpoint's (" + std::string(kLayout) +
+                 "): " + difference);
+  return reassemble_parameters(
+      layout,
+      [&](const std::string& blob) {
+        if (blob == kParameters) return ck.shared_blob(kParameters);
+        const std::string own = std::string(kParameters) + ".rank" + std::to_string(rank);
+        if (ck.per_rank_loaded && blob == own && ck.per_rank.count(kParameters))
+          return ck.per_rank.at(kParameters);
+        return read_blob(ck, blob);
+      },
+      ck.dir);
+}
+
+// The optimizer state in Optimizer::save_state's format for this rank's segments `mine`. DDP
+// saved one blob; ZeRO one per rank. Another strategy or world size rebuilds this rank's
+// segments from all of them.
+std::string read_optimizer_state(const LoadedCheckpoint& ck,
+                                 const std::vector<ParamSegment>& mine) {
+  const auto own = ck.per_rank.find(kOptimizer);
+  const bool any = std::any_of(ck.blobs.begin(), ck.blobs.end(), [](const BlobEntry& b) {
+    return b.name == kOptimizer || b.name.rfind(std::string(kOptimizer) + ".rank", 0) == 0;
+  });
+  if (!any)
+    fail(ck, "has no optimizer state ('" + std::string(kOptimizer) + "' or '" + kOptimizer +
+                 ".rankR') for the prepared optimizer: saved without one, or (a LibTorch "
+                 "checkpoint) by a version that kept it only in state.optimizer[.rankR]");
+  if (ck.shared.count(kOptimizer)) {
+    const std::string& blob = ck.shared_blob(kOptimizer);
+    return same_segments(blob, mine) ? optimizer_bytes(blob, ck.dir)
+                                     : reshard_optimizer_state({blob}, mine, ck.dir);
+  }
+  if (own != ck.per_rank.end() && same_segments(own->second, mine))
+    return optimizer_bytes(own->second, ck.dir);
+  std::vector<std::string> blobs;
+  const int world = int(ck.meta.world_size);
+  for (int r = 0; r < world; ++r) {
+    LoadedCheckpoint other = read_checkpoint(ck.dir, r, world);
+    const auto it = other.per_rank.find(kOptimizer);
+    if (it == other.per_rank.end())
+      fail(ck, "no optimizer state (" + std::string(kOptimizer) + ".rank" + std::to_string(r) +
+                   ") for the prepared optimizer");
+    blobs.push_back(std::move(it->second));
+  }
+  return reshard_optimizer_state(blobs, mine, ck.dir);
+}
+
+// This rank's saved rng(), or, from another number of processes where no saved stream belongs
+// to this rank, a fresh one that is still reproducible.
+std::mt19937_64 read_rng(const LoadedCheckpoint& ck, int rank) {
+  std::mt19937_64 rng;
+  if (!ck.per_rank_loaded) {
+    rng.seed(fresh_seed(ck.meta.seed, rank, ck.meta.step, kRng));
+    return rng;
+  }
+  const auto it = ck.per_rank.find(kRng);
+  if (it == ck.per_rank.end()) fail(ck, "no RNG state for rank " + std::to_string(rank));
+  std::istringstream in(it->second);
+  in >> rng;
+  if (!in) fail(ck, "the RNG state of rank " + std::to_string(rank) + " does not parse");
+  return rng;
+}
+
 }  // namespace
 
 void Accelerator::register_state(std::string name, std::function<std::string()> save,
@@ -189,98 +264,25 @@ void Accelerator::load_state(const std::string& dir) {
   // Everything checked (and parsed) before anything is applied; the ranks agree on it.
   std::string error;
   std::mt19937_64 restored_rng;
-  std::string optimizer_state;  // in Optimizer::save_state's format, for this rank's segments
   std::function<void()> apply_optimizer_state;
-  FullParameters values;        // every parameter's and buffer's saved bytes
+  FullParameters values;  // every parameter's and buffer's saved bytes
   try {
-    auto fail = [&](const std::string& what) { throw CheckpointError(ck.dir + ": " + what); };
-    if (checkpoint_parameters_ && strategy_) {
-      const ParameterLayout layout =
-          parse_layout(ck.shared_blob(kLayout), ck.dir + "/" + kLayout);
-      const std::string difference = layout_difference(layout, params_, buffers_);
-      if (!difference.empty())
-        fail("the parameters differ from the checkpoint's (" + std::string(kLayout) +
-             "): " + difference);
-      // Whatever strategy and world size saved them: this rank's own blobs are loaded, the
-      // other ranks' slices are read here (stages 1 and 2 keep every parameter on every rank).
-      values = reassemble_parameters(
-          layout,
-          [&](const std::string& blob) {
-            if (blob == kParameters) return ck.shared_blob(kParameters);
-            const std::string own = std::string(kParameters) + ".rank" +
-                                    std::to_string(process_index());
-            if (same_world && blob == own && ck.per_rank.count(kParameters))
-              return ck.per_rank.at(kParameters);
-            return read_blob(ck, blob);
-          },
-          ck.dir);
-    } else if (checkpoint_parameters_ && ck.shared.count(kParameters)) {
-      fail("has parameters but none were prepared: call prepare_parameters before load_state");
-    }
-    if (load_optimizer_ && strategy_) {
-      // DDP saved one blob; ZeRO one per rank. Another strategy or world size rebuilds this
-      // rank's segments from all of them.
-      const std::vector<ParamSegment> mine = strategy_->segments();
-      const auto own = ck.per_rank.find(kOptimizer);
-      const bool any = std::any_of(ck.blobs.begin(), ck.blobs.end(), [](const BlobEntry& b) {
-        return b.name == kOptimizer || b.name.rfind(std::string(kOptimizer) + ".rank", 0) == 0;
-      });
-      if (!any)
-        fail("has no optimizer state ('" + std::string(kOptimizer) + "' or '" + kOptimizer +
-             ".rankR') for the prepared optimizer: saved without one, or (a LibTorch "
-             "checkpoint) by a version that kept it only in state.optimizer[.rankR]");
-      if (ck.shared.count(kOptimizer)) {
-        const std::string& blob = ck.shared_blob(kOptimizer);
-        optimizer_state = same_segments(blob, mine) ? optimizer_bytes(blob, ck.dir)
-                                                    : reshard_optimizer_state({blob}, mine, ck.dir);
-      } else if (own != ck.per_rank.end() && same_segments(own->second, mine)) {
-        optimizer_state = optimizer_bytes(own->second, ck.dir);
-      } else {
-        std::vector<std::string> blobs;
-        for (int r = 0; r < int(meta.world_size); ++r) {
-          LoadedCheckpoint other = read_checkpoint(ck.dir, r, int(meta.world_size));
-          const auto it = other.per_rank.find(kOptimizer);
-          if (it == other.per_rank.end())
-            fail("no optimizer state (" + std::string(kOptimizer) + ".rank" + std::to_string(r) +
-                 ") for the prepared optimizer");
-          blobs.push_back(std::move(it->second));
-        }
-        optimizer_state = reshard_optimizer_state(blobs, mine, ck.dir);
-      }
-      apply_optimizer_state = load_optimizer_(optimizer_state, ck.dir);
-    }
-    std::set<std::string> known = {kParameters, kLayout, kOptimizer};
-    for (const RegisteredState& s : states_) {
-      known.insert(state_blob(s.name));
-      if (s.scope == StateScope::shared) {
-        ck.shared_blob(state_blob(s.name));  // throws naming the file when absent
-      } else if (!same_world && !s.reseed) {
-        fail("saved by " + std::to_string(meta.world_size) + " processes, this job has " +
-             std::to_string(num_processes()) + ": per-rank state '" + s.name +
-             "' cannot be matched to ranks");
-      } else if (same_world && !ck.per_rank.count(state_blob(s.name))) {
-        fail("no per-rank state '" + s.name + "' for rank " + std::to_string(process_index()));
-      }
-    }
-    for (const auto& [name, bytes] : ck.shared)
-      if (!known.count(name))
-        fail("has '" + name + "', which nothing registered (register_state before load_state)");
+    if (checkpoint_parameters_ && strategy_)
+      values = read_parameters(ck, params_, buffers_, process_index());
+    else if (checkpoint_parameters_ && ck.shared.count(kParameters))
+      fail(ck, "has parameters but none were prepared: call prepare_parameters before load_state");
+    if (load_optimizer_ && strategy_)
+      apply_optimizer_state =
+          load_optimizer_(read_optimizer_state(ck, strategy_->segments()), ck.dir);
+    check_registered_states(ck);
     if (!same_world && meta.batch != 0)
-      fail("saved mid-epoch (epoch " + std::to_string(meta.epoch) + ", batch " +
-           std::to_string(meta.batch) + ") by " + std::to_string(meta.world_size) +
-           " processes; with " + std::to_string(num_processes()) +
-           " the batches hold other samples: resume with " + std::to_string(meta.world_size) +
-           " processes or from an end-of-epoch checkpoint");
-    if (same_world) {
-      const auto it = ck.per_rank.find(kRng);
-      if (it == ck.per_rank.end()) fail("no RNG state for rank " + std::to_string(process_index()));
-      std::istringstream in(it->second);
-      in >> restored_rng;
-      if (!in) fail("the RNG state of rank " + std::to_string(process_index()) + " does not parse");
-    } else {
-      // No saved stream belongs to this rank; a fresh one that is still reproducible.
-      restored_rng.seed(fresh_seed(meta.seed, process_index(), meta.step, kRng));
-    }
+      fail(ck, "saved mid-epoch (epoch " + std::to_string(meta.epoch) + ", batch " +
+                   std::to_string(meta.batch) + ") by " + std::to_string(meta.world_size) +
+                   " processes; with " + std::to_string(num_processes()) +
+                   " the batches hold other samples: resume with " +
+                   std::to_string(meta.world_size) +
+                   " processes or from an end-of-epoch checkpoint");
+    restored_rng = read_rng(ck, process_index());
   } catch (const std::exception& e) {
     error = e.what();
   }
@@ -292,26 +294,8 @@ void Accelerator::load_state(const std::string& dir) {
   }
 
   // Apply: registered states first (user code that may throw), then what cannot fail.
-  for (const RegisteredState& s : states_) {
-    if (s.scope == StateScope::shared)
-      s.load(ck.shared_blob(state_blob(s.name)));
-    else if (same_world)
-      s.load(ck.per_rank.at(state_blob(s.name)));
-    else
-      s.reseed(fresh_seed(meta.seed, process_index(), meta.step, s.name));
-  }
-  if (checkpoint_parameters_ && strategy_) {  // sizes checked above
-    // Into CPU or GPU memory; GPU copies are queued on the compute stream (from pageable
-    // memory CUDA stages them before returning), ahead of the strategy's reload below.
-    const DeviceStream stream = comm().compute_stream();
-    auto host = [](const std::string& bytes, const Buffer& like) {
-      return Buffer{const_cast<char*>(bytes.data()), like.count, like.dtype, DeviceKind::cpu};
-    };
-    for (std::size_t i = 0; i < params_.size(); ++i)
-      copy_buffer(params_[i].data, host(values.params[i], params_[i].data), stream);
-    for (std::size_t i = 0; i < buffers_.size(); ++i)
-      copy_buffer(buffers_[i], host(values.buffers[i], buffers_[i]), stream);
-  }
+  load_registered_states(ck);
+  if (checkpoint_parameters_ && strategy_) copy_parameters_in(values);  // sizes checked above
   // Parameters changed from outside (the blob above, or a front end's registered model
   // state): ZeRO's flat copy follows.
   if (strategy_) strategy_->reload_parameters();
@@ -325,6 +309,50 @@ void Accelerator::load_state(const std::string& dir) {
   seed_ = meta.seed;
   rng_ = restored_rng;
   if (strategy_) strategy_->set_sync_enabled(is_accumulation_boundary());
+}
+
+void Accelerator::check_registered_states(const LoadedCheckpoint& ck) const {
+  const bool same_world = ck.per_rank_loaded;
+  std::set<std::string> known = {kParameters, kLayout, kOptimizer};
+  for (const RegisteredState& s : states_) {
+    known.insert(state_blob(s.name));
+    if (s.scope == StateScope::shared) {
+      ck.shared_blob(state_blob(s.name));  // throws naming the file when absent
+    } else if (!same_world && !s.reseed) {
+      fail(ck, "saved by " + std::to_string(ck.meta.world_size) + " processes, this job has " +
+                   std::to_string(num_processes()) + ": per-rank state '" + s.name +
+                   "' cannot be matched to ranks");
+    } else if (same_world && !ck.per_rank.count(state_blob(s.name))) {
+      fail(ck, "no per-rank state '" + s.name + "' for rank " + std::to_string(process_index()));
+    }
+  }
+  for (const auto& [name, bytes] : ck.shared)
+    if (!known.count(name))
+      fail(ck, "has '" + name + "', which nothing registered (register_state before load_state)");
+}
+
+void Accelerator::load_registered_states(const LoadedCheckpoint& ck) {
+  for (const RegisteredState& s : states_) {
+    if (s.scope == StateScope::shared)
+      s.load(ck.shared_blob(state_blob(s.name)));
+    else if (ck.per_rank_loaded)
+      s.load(ck.per_rank.at(state_blob(s.name)));
+    else
+      s.reseed(fresh_seed(ck.meta.seed, process_index(), ck.meta.step, s.name));
+  }
+}
+
+void Accelerator::copy_parameters_in(const FullParameters& values) {
+  // Into CPU or GPU memory; GPU copies are queued on the compute stream (from pageable
+  // memory CUDA stages them before returning), ahead of the strategy's reload.
+  const DeviceStream stream = comm().compute_stream();
+  auto host = [](const std::string& bytes, const Buffer& like) {
+    return Buffer{const_cast<char*>(bytes.data()), like.count, like.dtype, DeviceKind::cpu};
+  };
+  for (std::size_t i = 0; i < params_.size(); ++i)
+    copy_buffer(params_[i].data, host(values.params[i], params_[i].data), stream);
+  for (std::size_t i = 0; i < buffers_.size(); ++i)
+    copy_buffer(buffers_[i], host(values.buffers[i], buffers_[i]), stream);
 }
 
 }  // namespace accel

@@ -98,11 +98,17 @@ std::string format_manifest(const Manifest& m) {
   return out;
 }
 
-Manifest parse_manifest(std::string_view text, const std::string& path) {
-  auto fail = [&](int line, const std::string& what) -> CheckpointError {
-    return CheckpointError(path + (line > 0 ? ":" + std::to_string(line) : "") + ": " + what);
-  };
-  // The end line first: without it nothing else can be trusted.
+namespace {
+
+// An error at `line` of the manifest `path` (0: the whole file).
+CheckpointError manifest_error(const std::string& path, int line, const std::string& what) {
+  return CheckpointError(path + (line > 0 ? ":" + std::to_string(line) : "") + ": " + what);
+}
+
+// The manifest without its end line, once that line is there and its checksum matches: without
+// it nothing else can be trusted.
+std::string_view verified_body(std::string_view text, const std::string& path) {
+  auto fail = [&](int line, const std::string& what) { return manifest_error(path, line, what); };
   const std::size_t end_at = text.rfind("end: ");
   if (end_at == std::string_view::npos || (end_at > 0 && text[end_at - 1] != '\n'))
     throw fail(0,
@@ -116,11 +122,19 @@ Manifest parse_manifest(std::string_view text, const std::string& path) {
   if (actual != expected)
     throw fail(0, "manifest checksum mismatch (crc32 " + hex32(actual) + ", its end line says " +
                       hex32(expected) + "): the file was changed or damaged");
+  return text.substr(0, end_at);
+}
 
+}  // namespace
+
+// A little over 60 lines: one branch per key, each a line or two, sharing the line's error
+// context.
+Manifest parse_manifest(std::string_view text, const std::string& path) {
+  auto fail = [&](int line, const std::string& what) { return manifest_error(path, line, what); };
   Manifest m;
   bool have_version = false, have_world = false;
   int line_no = 0;
-  std::string_view body = text.substr(0, end_at);
+  std::string_view body = verified_body(text, path);
   while (!body.empty()) {
     const std::size_t nl = body.find('\n');
     const std::string_view line = body.substr(0, nl);

@@ -115,6 +115,9 @@ std::string format_layout(const ParameterLayout& layout) {
   return out.str();
 }
 
+// Over 60 lines on purpose: one branch per record kind, each a few lines, all sharing the
+// line's error context (fail) and the format version (legacy) set by the first line; split per
+// record, each helper would need both passed in.
 ParameterLayout parse_layout(std::string_view text, const std::string& where) {
   ParameterLayout out;
   std::istringstream lines{std::string(text)};

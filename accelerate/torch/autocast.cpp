@@ -36,4 +36,10 @@ AutocastGuard::~AutocastGuard() {
   }
 }
 
+NoCpuAutocast::NoCpuAutocast() : was_(at::autocast::is_cpu_enabled()) {
+  at::autocast::set_cpu_enabled(false);
+}
+
+NoCpuAutocast::~NoCpuAutocast() { at::autocast::set_cpu_enabled(was_); }
+
 }  // namespace accel

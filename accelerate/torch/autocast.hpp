@@ -26,4 +26,17 @@ class AutocastGuard {
   c10::ScalarType previous_dtype_ = c10::ScalarType::BFloat16;
 };
 
+// Turns CPU autocast off for the rest of a scope: backward ops already run in the types their
+// forward ops chose, and autocasting inside backward would only cast again.
+class NoCpuAutocast {
+ public:
+  NoCpuAutocast();
+  ~NoCpuAutocast();
+  NoCpuAutocast(const NoCpuAutocast&) = delete;
+  NoCpuAutocast& operator=(const NoCpuAutocast&) = delete;
+
+ private:
+  bool was_;
+};
+
 }  // namespace accel

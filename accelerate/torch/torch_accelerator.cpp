@@ -22,6 +22,7 @@
 
 #include "accelerate/torch/tensor_buffer.hpp"
 #include "accelerate/torch/torch_optimizer_state.hpp"
+#include "accelerate/torch/torch_replicas.hpp"
 #include "accelerate/torch/torch_state.hpp"
 #include "core/error.hpp"
 #include "config/config.hpp"
@@ -35,17 +36,6 @@ at::Tensor communicable(const at::Tensor& t) {
   const at::Tensor c = t.contiguous();
   return to_dtype(c.scalar_type()) ? c : c.to(at::kInt);
 }
-
-// Turns CPU autocast off for the rest of a scope: backward ops already run in the types their
-// forward ops chose, and autocasting inside backward would only cast again.
-class NoCpuAutocast {
- public:
-  NoCpuAutocast() : was_(at::autocast::is_cpu_enabled()) { at::autocast::set_cpu_enabled(false); }
-  ~NoCpuAutocast() { at::autocast::set_cpu_enabled(was_); }
-
- private:
-  bool was_;
-};
 
 // A param group's hyperparameters by name, for the check that every rank has the same: all of
 // them for the optimizers whose options the checkpoints know, the learning rate for others.
@@ -174,43 +164,13 @@ torch::Device TorchAccelerator::device_for_tensors() const {
   return torch::Device(torch::kCPU);
 }
 
+// The steps are prepare_module's helpers below; in order: what the strategy gets, the
+// replicas, the strategy, the gradients' storage and hooks, ZeRO's slices, the checkpoints.
 AcceleratedOptimizer& TorchAccelerator::prepare_module(torch::nn::Module& module,
                                                        torch::optim::Optimizer& optimizer) {
   ACCEL_CHECK_ARG(!optimizer_, "prepare: a model was already prepared (one per accelerator)");
-  // ZeRO lays out one flat buffer per optimizer param group (and dtype).
-  std::unordered_map<const void*, std::size_t> group_of;
-  for (std::size_t g = 0; g < optimizer.param_groups().size(); ++g)
-    for (const at::Tensor& p : optimizer.param_groups()[g].params())
-      group_of.emplace(p.unsafeGetTensorImpl(), g);
-  std::vector<ParamRef> refs;
-  std::unordered_set<const void*> seen;  // tied parameters appear once
-  for (const auto& item : module.named_parameters(/*recurse=*/true)) {
-    const at::Tensor& p = item.value();
-    if (!p.requires_grad() || !seen.insert(p.unsafeGetTensorImpl()).second) continue;
-    const Buffer data = tensor_buffer(p, "parameter '" + item.key() + "'");
-    const auto group = group_of.find(p.unsafeGetTensorImpl());
-    // Gradients asked of the strategy (backend.hpp's contract): its slots (DDP, ZeRO-1,
-    // DataParallel), or autograd's own, lent to it (ZeRO-2).
-    // The param group is ZeRO's flat buffer and, under every strategy, the coordinates the
-    // optimizer state is saved in; a parameter the optimizer does not hold (DDP only) gets a
-    // group of its own, which has no state.
-    refs.push_back({item.key(), data, gradient_wanted(data),
-                    group != group_of.end() ? group->second : optimizer.param_groups().size(),
-                    p.sizes().vec()});
-    param_tensors_.push_back(p);
-  }
-  for (const auto& group : optimizer.param_groups())
-    for (const at::Tensor& p : group.params())
-      ACCEL_CHECK_ARG(seen.count(p.unsafeGetTensorImpl()),
-                      "prepare: the optimizer holds a parameter that is not a trainable "
-                      "parameter of the model, so its gradient would never be synchronised");
-  std::vector<Buffer> buffers;
-  for (const auto& item : module.named_buffers(/*recurse=*/true)) {
-    if (!item.value().defined()) continue;
-    buffers.push_back(tensor_buffer(item.value(), "buffer '" + item.key() + "'"));
-    buffer_tensors_.push_back(item.value());
-    buffer_data_.push_back(buffers.back().data);
-  }
+  std::vector<ParamRef> refs = collect_parameters(module, optimizer);
+  std::vector<Buffer> buffers = collect_buffers(module);
   // On a GPU the loop computes on LibTorch's current stream of the parameters' device: the
   // communicator orders its collectives and the strategies their copies against it. Debian's
   // LibTorch is CPU-only, so this is compiled only against a CUDA-enabled one; without it the
@@ -219,7 +179,9 @@ AcceleratedOptimizer& TorchAccelerator::prepare_module(torch::nn::Module& module
   if (!param_tensors_.empty() && param_tensors_[0].is_cuda())
     set_cuda_stream(c10::cuda::getCurrentCUDAStream(param_tensors_[0].device().index()).stream());
 #endif
-  make_replicas(module, refs.size());  // DATA_PARALLEL's copies (none for one replica)
+  // DATA_PARALLEL's copies (none for one replica)
+  replicas_ = std::make_unique<TorchReplicas>(module, refs.size(),
+                                              strategy_options_to_prepare().data_parallel);
   agree_at_prepare(optimizer_agreement(optimizer));
   const std::size_t ungrouped = optimizer.param_groups().size();
   std::vector<std::string> names;
@@ -231,7 +193,59 @@ AcceleratedOptimizer& TorchAccelerator::prepare_module(torch::nn::Module& module
                     "prepare: parameter '" + name +
                         "' is in no param group of the optimizer; under ZeRO the optimizer "
                         "owns every trainable parameter's slice");
+  hook_gradients();
+  // Asked while the param groups still hold the parameters themselves.
+  const bool flat_state = torch_optimizer_state::unsupported_reason(optimizer).empty();
+  if (sharded) shard_optimizer(optimizer);
+  if (strategy().replicas() != nullptr) replicas_->attach(strategy());
+  optimizer_.reset(new AcceleratedOptimizer(*this, optimizer));
+  register_checkpoint_states(module, optimizer, flat_state, sharded);
+  return *optimizer_;
+}
 
+std::vector<ParamRef> TorchAccelerator::collect_parameters(torch::nn::Module& module,
+                                                           torch::optim::Optimizer& optimizer) {
+  // ZeRO lays out one flat buffer per optimizer param group (and dtype).
+  std::unordered_map<const void*, std::size_t> group_of;
+  for (std::size_t g = 0; g < optimizer.param_groups().size(); ++g)
+    for (const at::Tensor& p : optimizer.param_groups()[g].params())
+      group_of.emplace(p.unsafeGetTensorImpl(), g);
+  std::vector<ParamRef> refs;
+  std::unordered_set<const void*> seen;
+  for (auto& [name, p] : trainable_parameters(module)) {
+    seen.insert(p.unsafeGetTensorImpl());
+    const Buffer data = tensor_buffer(p, "parameter '" + name + "'");
+    const auto group = group_of.find(p.unsafeGetTensorImpl());
+    // Gradients asked of the strategy (backend.hpp's contract): its slots (DDP, ZeRO-1,
+    // DataParallel), or autograd's own, lent to it (ZeRO-2).
+    // The param group is ZeRO's flat buffer and, under every strategy, the coordinates the
+    // optimizer state is saved in; a parameter the optimizer does not hold (DDP only) gets a
+    // group of its own, which has no state.
+    refs.push_back({name, data, gradient_wanted(data),
+                    group != group_of.end() ? group->second : optimizer.param_groups().size(),
+                    p.sizes().vec()});
+    param_tensors_.push_back(p);
+  }
+  for (const auto& group : optimizer.param_groups())
+    for (const at::Tensor& p : group.params())
+      ACCEL_CHECK_ARG(seen.count(p.unsafeGetTensorImpl()),
+                      "prepare: the optimizer holds a parameter that is not a trainable "
+                      "parameter of the model, so its gradient would never be synchronised");
+  return refs;
+}
+
+std::vector<Buffer> TorchAccelerator::collect_buffers(torch::nn::Module& module) {
+  std::vector<Buffer> buffers;
+  for (const auto& item : module.named_buffers(/*recurse=*/true)) {
+    if (!item.value().defined()) continue;
+    buffers.push_back(tensor_buffer(item.value(), "buffer '" + item.key() + "'"));
+    buffer_tensors_.push_back(item.value());
+    buffer_data_.push_back(buffers.back().data);
+  }
+  return buffers;
+}
+
+void TorchAccelerator::hook_gradients() {
   const bool has_slots = strategy().gradient_storage() == GradientStorage::slots;
   for (std::size_t i = 0; i < param_tensors_.size(); ++i) {
     if (has_slots) {
@@ -253,195 +267,59 @@ AcceleratedOptimizer& TorchAccelerator::prepare_module(torch::nn::Module& module
     hook_keys_.push_back(node->add_post_hook(std::make_unique<GradReadyHook>(*this, i)));
     accumulators_.push_back(std::move(node));
   }
-  // Asked while the param groups still hold the parameters themselves.
-  const std::string flat_state_problem = torch_optimizer_state::unsupported_reason(optimizer);
-  if (sharded) shard_optimizer(optimizer);
-  if (ReplicaSet* dp = strategy().replicas()) {
-    for (std::size_t k = 1; k < std::size_t(dp->count()); ++k) {
-      std::vector<at::Tensor> grads;
-      for (std::size_t i = 0; i < replica_params_[k - 1].size(); ++i) {
-        const Buffer slot = strategy().grad_slot(int(k), i);
-        const at::Tensor& p = replica_params_[k - 1][i];
-        grads.push_back(at::from_blob(slot.data, p.sizes(), p.options()));
-      }
-      replica_grads_.push_back(std::move(grads));
-      point_replica_grads(k);
-    }
-    data_parallel_ready_ = true;
-  }
-  optimizer_.reset(new AcceleratedOptimizer(*this, optimizer));
+}
 
+void TorchAccelerator::register_checkpoint_states(torch::nn::Module& module,
+                                                  torch::optim::Optimizer& optimizer,
+                                                  bool flat_state, bool sharded) {
   // Checkpoints hold the model as a LibTorch archive (loadable without accelerate-cpp)
   // instead of the Accelerator's raw parameter blob.
   set_checkpoint_parameters(false);
   register_state(
       "model", [&module] { return torch_state::save_module(module); },
       [&module](const std::string& bytes) { torch_state::load_module(module, bytes); });
-  if (flat_state_problem.empty()) {
-    // The param groups' options (learning rates ...) from rank 0 as a LibTorch archive; the
-    // per-parameter state in flat coordinates, as the built-in optimizers' ("optimizer" under
-    // DDP, "optimizer.rankR" under ZeRO), so any strategy and number of processes resumes.
-    register_state(
-        "optimizer", [&optimizer] { return torch_state::save_optimizer_options(optimizer); },
-        [&optimizer](const std::string& bytes) {
-          torch_state::load_optimizer_options(optimizer, bytes);
-        });
-    register_optimizer_state(
-        [this, &optimizer] {
-          return torch_optimizer_state::save(optimizer, strategy().segments(),
-                                             optimizer_tensors());
-        },
-        [this, &optimizer](const std::string& bytes, const std::string& where) {
-          return torch_optimizer_state::load(optimizer, strategy().segments(),
-                                             optimizer_tensors(), bytes, where);
-        });
-  } else {
+  if (!flat_state) {
     // The whole LibTorch archive; under ZeRO each rank's own (its slices), so such a
     // checkpoint resumes with the same number of processes only.
     register_state(
         "optimizer", [&optimizer] { return torch_state::save_optimizer(optimizer); },
         [&optimizer](const std::string& bytes) { torch_state::load_optimizer(optimizer, bytes); },
         sharded ? StateScope::per_rank : StateScope::shared);
+    return;
   }
-  return *optimizer_;
+  // The param groups' options (learning rates ...) from rank 0 as a LibTorch archive; the
+  // per-parameter state in flat coordinates, as the built-in optimizers' ("optimizer" under
+  // DDP, "optimizer.rankR" under ZeRO), so any strategy and number of processes resumes.
+  register_state(
+      "optimizer", [&optimizer] { return torch_state::save_optimizer_options(optimizer); },
+      [&optimizer](const std::string& bytes) {
+        torch_state::load_optimizer_options(optimizer, bytes);
+      });
+  register_optimizer_state(
+      [this, &optimizer] {
+        return torch_optimizer_state::save(optimizer, strategy().segments(), optimizer_tensors());
+      },
+      [this, &optimizer](const std::string& bytes, const std::string& where) {
+        return torch_optimizer_state::load(optimizer, strategy().segments(), optimizer_tensors(),
+                                           bytes, where);
+      });
 }
 
-void TorchAccelerator::make_replicas(torch::nn::Module& module, std::size_t trainable) {
-  DataParallelOptions& options = strategy_options_to_prepare().data_parallel;
-  // The replicas are clone()s in the module's own memory and the forward fans out on the CPU;
-  // GPU replicas (cloning to each device, scattering inputs, gathering outputs) are only
-  // implemented for the raw API, and a CUDA LibTorch is not available to test them here.
-  ACCEL_CHECK_ARG(options.cuda_devices.empty(),
-                  "prepare: DATA_PARALLEL on GPUs is not supported by the LibTorch adapter (its "
-                  "replicas run on CPU threads: set use_cpu true); for GPUs use MULTI_GPU, DDP "
-                  "with one process per GPU, as PyTorch recommends over DataParallel");
-  const int replicas = options.replicas;
-  module_lists_.push_back({});
-  for (const auto& m : module.modules(/*include_self=*/true)) module_lists_[0].push_back(m.get());
-  for (int k = 1; k < replicas; ++k) {
-    std::shared_ptr<torch::nn::Module> copy;
-    try {
-      copy = module.clone();
-    } catch (const std::exception& e) {
-      throw InvalidArgument(
-          "prepare: DATA_PARALLEL copies the model with module->clone(), which failed (derive "
-          "the module from torch::nn::Cloneable<Impl> and build its submodules in reset()): " +
-          std::string(e.what()));
-    }
-    std::vector<ParamRef> refs;
-    std::vector<at::Tensor> params;
-    std::unordered_set<const void*> seen;
-    for (const auto& item : copy->named_parameters(/*recurse=*/true)) {
-      const at::Tensor& p = item.value();
-      if (!p.requires_grad() || !seen.insert(p.unsafeGetTensorImpl()).second) continue;
-      const Buffer data = tensor_buffer(p, "replica " + std::to_string(k) + " parameter '" + item.key() + "'");
-      refs.push_back({item.key(), data, Buffer{nullptr, data.count, data.dtype, data.device}, 0,
-                      p.sizes().vec()});
-      params.push_back(p);
-    }
-    ACCEL_CHECK_ARG(params.size() == trainable,
-                    "prepare: replica " + std::to_string(k) + " of the model has " +
-                        std::to_string(params.size()) + " trainable parameters, the model " +
-                        std::to_string(trainable));
-    std::vector<Buffer> buffers;
-    for (const auto& item : copy->named_buffers(/*recurse=*/true))
-      if (item.value().defined())
-        buffers.push_back(tensor_buffer(item.value(), "replica buffer '" + item.key() + "'"));
-    module_lists_.push_back({});
-    for (const auto& m : copy->modules(/*include_self=*/true)) module_lists_.back().push_back(m.get());
-    options.replica_params.push_back(std::move(refs));
-    options.replica_buffers.push_back(std::move(buffers));
-    replica_params_.push_back(std::move(params));
-    replica_modules_.push_back(std::move(copy));
-  }
-  // Each worker's intra-op threads: this thread's share. LibTorch's OpenMP thread count is
-  // per thread (the OpenMP ICV of the calling thread), so this leaves the caller's alone
-  // (data_parallel_test checks it).
-  const int threads = std::max(1, at::get_num_threads() / replicas);
-  options.worker_init = [threads](int) { at::set_num_threads(threads); };
+bool TorchAccelerator::replicates_forward() const {
+  return replicas_ != nullptr && (replicas_->has_copies() || replicas_->attached());
 }
 
 torch::nn::Module& TorchAccelerator::replica_module(int k) {
-  ACCEL_CHECK_ARG(k >= 1 && std::size_t(k) <= replica_modules_.size(),
-                  "DataParallel: no replica " + std::to_string(k));
-  return *replica_modules_[std::size_t(k) - 1];
-}
-
-void TorchAccelerator::point_replica_grads(std::size_t k) {
-  std::vector<at::Tensor>& params = replica_params_[k - 1];
-  const std::vector<at::Tensor>& slots = replica_grads_[k - 1];
-  for (std::size_t i = 0; i < params.size(); ++i) {
-    at::Tensor& grad = params[i].mutable_grad();
-    if (grad.defined() && grad.data_ptr() == slots[i].data_ptr()) continue;
-    if (grad.defined()) slots[i].copy_(grad);  // autograd replaced it: keep what it holds
-    grad = slots[i];
-  }
+  ACCEL_CHECK_ARG(replicas_ != nullptr, "DataParallel: no replica " + std::to_string(k));
+  return replicas_->module(k);
 }
 
 at::Tensor TorchAccelerator::replica_forward(
     std::int64_t rows, const std::function<at::Tensor(int, Shard)>& forward) {
   ReplicaSet* dp = strategy().replicas();
   ACCEL_CHECK_ARG(dp != nullptr, "replica_forward: DATA_PARALLEL is not configured");
-  // Replicas follow replica 0: buffers (BatchNorm statistics) and train/eval flags. Modules
-  // are visited parents first, so each ends with its own flag.
-  sync_buffers();
-  for (std::size_t k = 1; k < module_lists_.size(); ++k)
-    for (std::size_t m = 0; m < module_lists_[0].size(); ++m)
-      if (module_lists_[k][m]->is_training() != module_lists_[0][m]->is_training())
-        module_lists_[k][m]->train(module_lists_[0][m]->is_training());
-  const std::vector<Shard> chunks = chunk_rows(std::size_t(rows), dp->count());
-  // Grad mode and autocast are per thread: the workers run in the caller's.
-  const bool grad = at::GradMode::is_enabled();
-  const bool autocast = at::autocast::is_cpu_enabled();
-  const at::ScalarType autocast_type = at::autocast::get_autocast_cpu_dtype();
-  std::vector<at::Tensor> outputs(chunks.size());
-  dp->run([&](int k) {
-    const Shard chunk = chunks[std::size_t(k)];
-    if (chunk.count == 0) return;
-    at::AutoGradMode grad_mode(grad);
-    const bool was = at::autocast::is_cpu_enabled();
-    const at::ScalarType was_type = at::autocast::get_autocast_cpu_dtype();
-    at::autocast::set_cpu_enabled(autocast);
-    at::autocast::set_autocast_cpu_dtype(autocast_type);
-    try {
-      outputs[std::size_t(k)] = forward(k, chunk);
-    } catch (...) {
-      at::autocast::set_cpu_enabled(was);
-      at::autocast::set_autocast_cpu_dtype(was_type);
-      throw;
-    }
-    at::autocast::set_cpu_enabled(was);
-    at::autocast::set_autocast_cpu_dtype(was_type);
-    if (autocast) at::autocast::clear_cache();
-  });
-  std::vector<at::Tensor> pieces;
-  for (std::size_t k = 0; k < outputs.size(); ++k) {
-    if (!outputs[k].defined()) continue;
-    if (!grad || !outputs[k].requires_grad()) {
-      pieces.push_back(outputs[k]);
-      continue;
-    }
-    // The loop's graph starts at a leaf per replica: backward() runs the replica's own graph
-    // from the leaf's gradient on the replica's worker.
-    at::Tensor leaf = outputs[k].detach().requires_grad_(true);
-    replica_outputs_.push_back({int(k), outputs[k], leaf});
-    pieces.push_back(leaf);
-  }
-  ACCEL_CHECK_ARG(!pieces.empty(), "DataParallel: the model's call got 0 rows");
-  return pieces.size() == 1 ? pieces[0] : at::cat(pieces, 0);
-}
-
-void TorchAccelerator::replica_backward() {
-  ReplicaSet* dp = strategy().replicas();
-  std::vector<ReplicaOutput> outputs = std::move(replica_outputs_);
-  replica_outputs_.clear();
-  dp->run([&](int k) {
-    if (k > 0) point_replica_grads(std::size_t(k));
-    NoCpuAutocast no_autocast;
-    for (const ReplicaOutput& o : outputs)
-      if (o.replica == k && o.leaf.grad().defined()) o.output.backward(o.leaf.grad());
-    if (k > 0) point_replica_grads(std::size_t(k));
-  });
+  sync_buffers();  // replicas follow replica 0's buffers (BatchNorm statistics)
+  return replicas_->forward(*dp, rows, forward);
 }
 
 std::vector<at::Tensor> TorchAccelerator::optimizer_tensors() {
@@ -544,10 +422,7 @@ void TorchAccelerator::zero_gradients() {
     grad_views_[i].zero_();
   }
   if (strategy().gradient_storage() == GradientStorage::lent) strategy().withdraw_grads();
-  for (std::size_t k = 1; k <= replica_grads_.size(); ++k) {  // DataParallel's replicas
-    point_replica_grads(k);
-    for (at::Tensor& g : replica_grads_[k - 1]) g.zero_();
-  }
+  if (replicas_ != nullptr) replicas_->zero_grads();  // DataParallel's replicas
 }
 
 void TorchAccelerator::sync_buffers() {
@@ -562,17 +437,7 @@ bool TorchAccelerator::backward(const torch::Tensor& loss) {
   ACCEL_CHECK_ARG(optimizer_ != nullptr, "backward: prepare the model first");
   sync_buffers();
   ReplicaSet* dp = strategy().replicas();
-  if (dp != nullptr) {
-    if (replica_outputs_.empty() && !warned_forward_) {
-      warned_forward_ = true;
-      std::fprintf(stderr,
-                   "accel: warning: DATA_PARALLEL: this backward has no output of the prepared "
-                   "model's call; call the prepared model, model(x), not model->forward(x), or "
-                   "replica 0 computes the whole batch alone (still correct, on one thread)\n");
-    }
-    // The head's gradient already is the whole batch's mean: replicas sum with weight 1.
-    dp->set_weights(std::vector<double>(std::size_t(dp->count()), 1.0));
-  }
+  if (dp != nullptr) replicas_->begin_backward(*dp);
   {
     NoCpuAutocast no_autocast;
     const float scale = loss_scale();
@@ -581,7 +446,7 @@ bool TorchAccelerator::backward(const torch::Tensor& loss) {
     else
       (loss * scale).backward();
   }
-  if (dp != nullptr) replica_backward();
+  if (dp != nullptr) replicas_->backward(*dp);
   synced_ = sync_gradients();
   free_released_grads();
   accumulating_ = !synced_ && !optimizer_step_was_skipped();

@@ -106,6 +106,7 @@ struct Node;
 namespace accel {
 
 class TorchAccelerator;
+class TorchReplicas;
 
 // The user's optimizer, stepped only where gradients are synchronised.
 class AcceleratedOptimizer {
@@ -192,7 +193,7 @@ class TorchAccelerator : public Accelerator {
 
   // ---- DataParallel (see the top of this file)
   // Whether a prepared model's call runs on replicas (DATA_PARALLEL).
-  bool replicates_forward() const { return !replica_modules_.empty() || data_parallel_ready_; }
+  bool replicates_forward() const;
   // Replica k's module (k >= 1; replica 0 is the prepared module).
   torch::nn::Module& replica_module(int k);
   // The DataParallel forward over `rows` rows: forward(k, chunk) on worker k for every
@@ -261,6 +262,16 @@ class TorchAccelerator : public Accelerator {
   // Autograd accumulated parameter i's gradient: make sure it is (still) the bucket slot,
   // then report it ready.
   void on_grad_accumulated(std::size_t i);
+  // prepare_module's steps: the trainable parameters as the strategy gets them (param_tensors_
+  // filled), the buffers (buffer_tensors_); after prepare_parameters each parameter's .grad()
+  // at its storage and its ready hook; then the model and optimizer states for checkpoints
+  // (flat_state: the optimizer's per-parameter state in flat coordinates).
+  std::vector<ParamRef> collect_parameters(torch::nn::Module& module,
+                                           torch::optim::Optimizer& optimizer);
+  std::vector<Buffer> collect_buffers(torch::nn::Module& module);
+  void hook_gradients();
+  void register_checkpoint_states(torch::nn::Module& module, torch::optim::Optimizer& optimizer,
+                                  bool flat_state, bool sharded);
   // Under ZeRO: parameters into the flat buffers, the optimizer onto the slices.
   void shard_optimizer(torch::optim::Optimizer& optimizer);
   // The options of a slice tensor for `segment` (its group's parameters' dtype and device).
@@ -270,12 +281,6 @@ class TorchAccelerator : public Accelerator {
   // Points parameter i's .grad() at its bucket slot, keeping the values it had.
   void adopt_bucket_view(std::size_t i);
   void zero_gradients();
-  // DataParallel: replica k's parameters' .grad() at the strategy's storage, and the
-  // replicas' backward from the gradients their outputs got.
-  void point_replica_grads(std::size_t k);
-  // DataParallel: K-1 clones of the module, their parameters and buffers for the strategy.
-  void make_replicas(torch::nn::Module& module, std::size_t trainable);
-  void replica_backward();
 
   std::vector<torch::Tensor> param_tensors_;
   std::vector<torch::Tensor> grad_views_;  // param_tensors_[i]'s bucket slot (empty: ZeRO-2)
@@ -292,20 +297,8 @@ class TorchAccelerator : public Accelerator {
   bool synced_ = false;
   bool accumulating_ = false;
 
-  // DataParallel: the replicas (1..K-1), their trainable parameters and gradient tensors,
-  // every replica's modules in pre-order (to copy train/eval flags), and the outputs of the
-  // forwards since the last backward (the graph output, the leaf given to the loop, and the
-  // replica that made it).
-  struct ReplicaOutput {
-    int replica;
-    at::Tensor output, leaf;
-  };
-  std::vector<std::shared_ptr<torch::nn::Module>> replica_modules_;
-  std::vector<std::vector<at::Tensor>> replica_params_, replica_grads_;
-  std::vector<std::vector<torch::nn::Module*>> module_lists_;  // [replica][module]
-  std::vector<ReplicaOutput> replica_outputs_;
-  bool data_parallel_ready_ = false;
-  bool warned_forward_ = false;
+  // DataParallel: the module's replicas (torch_replicas.hpp), made at prepare.
+  std::unique_ptr<TorchReplicas> replicas_;
 };
 
 template <typename Model>
