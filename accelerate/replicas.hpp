@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "backends/backend.hpp"
-#include "backends/comm/device_memory.hpp"
+#include "core/device_memory.hpp"
 
 namespace accel {
 

@@ -30,6 +30,8 @@ packages=(
   libopenblas0-openmp
   dataset-fashion-mnist
   iproute2 procps
+  # format_test: the tree as Debian 12's clang-format (14) formats it
+  clang-format
 )
 # Benchmark baselines only (about 20 packages, mostly Python); the Python is /usr/bin/python3.
 [[ $bench -eq 1 ]] && packages+=(python3-torch)

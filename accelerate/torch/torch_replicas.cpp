@@ -11,7 +11,7 @@
 
 #include "accelerate/torch/autocast.hpp"
 #include "accelerate/torch/tensor_buffer.hpp"
-#include "backends/comm/error.hpp"
+#include "core/error.hpp"
 
 namespace accel {
 namespace {
