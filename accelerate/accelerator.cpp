@@ -4,7 +4,6 @@
 #include <cstring>
 
 #include "accelerate/process_group.hpp"
-#include "core/error.hpp"
 #include "backends/comm/local_communicator.hpp"
 #include "backends/optim/clip.hpp"
 #include "backends/optim/elementwise.hpp"
@@ -12,6 +11,7 @@
 #include "backends/strategy_factory.hpp"
 #include "config/detect.hpp"
 #include "config/resolve.hpp"
+#include "core/error.hpp"
 
 namespace accel {
 namespace {
@@ -73,8 +73,8 @@ std::vector<int> data_parallel_gpus(const config::ResolvedConfig& settings) {
     ids = config::gpu_id_list(c);
   for (int id : ids)
     if (id >= visible)
-      throw ConfigError(settings.origins.at("gpu_ids") + ": gpu_ids " + c.gpu_ids +
-                        " names GPU " + std::to_string(id) + ", but " + std::to_string(visible) +
+      throw ConfigError(settings.origins.at("gpu_ids") + ": gpu_ids " + c.gpu_ids + " names GPU " +
+                        std::to_string(id) + ", but " + std::to_string(visible) +
                         " GPU(s) are visible");
   return ids;
 }
@@ -125,9 +125,9 @@ std::vector<AgreedValue> prepare_agreement(const StrategyOptions& strategy, int 
     const std::string name = "parameter '" + p.name + "'";
     v.push_back({"parameter " + std::to_string(i) + "'s name", "'" + p.name + "'"});
     v.push_back({name + " dtype", std::string(dtype_name(p.data.dtype))});
-    v.push_back({name + " shape", shape_text(p.shape.empty()
-                                                 ? std::vector<std::int64_t>{std::int64_t(p.data.count)}
-                                                 : p.shape)});
+    v.push_back({name + " shape",
+                 shape_text(p.shape.empty() ? std::vector<std::int64_t>{std::int64_t(p.data.count)}
+                                            : p.shape)});
     v.push_back({name + " elements", std::to_string(p.data.count)});
     v.push_back({name + " device", p.data.device == DeviceKind::cuda ? "'cuda'" : "'cpu'"});
     v.push_back({name + " param group", std::to_string(p.group)});
@@ -212,8 +212,8 @@ void Accelerator::prepare_parameters(std::vector<ParamRef> params, std::vector<B
                       "prepare(params, ...)");
   // Before any collective shaped by these values (a rank that differs would pair a broadcast
   // of other sizes): every rank learns the verdict.
-  std::vector<AgreedValue> agree = prepare_agreement(strategy_options_, accumulation_steps_,
-                                                     mixed_precision_, params, buffers);
+  std::vector<AgreedValue> agree =
+      prepare_agreement(strategy_options_, accumulation_steps_, mixed_precision_, params, buffers);
   agree.insert(agree.end(), prepare_agreement_.begin(), prepare_agreement_.end());
   check_ranks_agree(comm(), agree, "prepare: ranks differ");
   params_ = params;  // views, kept for save_state / load_state

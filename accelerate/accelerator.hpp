@@ -49,10 +49,10 @@
 #include "accelerate/sharded_sampler.hpp"
 #include "backends/backend.hpp"
 #include "backends/comm/communicator.hpp"
+#include "backends/optim/optimizer.hpp"
 #include "core/device_memory.hpp"
 #include "core/error.hpp"
 #include "core/reduce.hpp"
-#include "backends/optim/optimizer.hpp"
 
 namespace accel::config {
 enum class MixedPrecision;  // config/config.hpp
@@ -72,15 +72,15 @@ enum class StateScope {
 struct AcceleratorOptions {
   std::optional<std::string> communicator;  // "auto", "gloo", "mpi", "nccl", "shm", "local", ...
   std::optional<int> gradient_accumulation_steps;
-  std::optional<std::string> mixed_precision;          // "no", "fp16", "bf16"
-  std::optional<Milliseconds> timeout;                 // every collective, and joining
-  std::optional<std::string> config_file;              // else ACCEL_CONFIG_FILE / default path
-  std::optional<std::string> distributed_type;         // "MULTI_CPU", "ZERO", ... (config key)
-  std::optional<int> zero_stage;                       // 1 or 2 with ZERO
-  std::optional<int> data_parallel_replicas;           // DATA_PARALLEL on the CPU; 0 = cores
+  std::optional<std::string> mixed_precision;   // "no", "fp16", "bf16"
+  std::optional<Milliseconds> timeout;          // every collective, and joining
+  std::optional<std::string> config_file;       // else ACCEL_CONFIG_FILE / default path
+  std::optional<std::string> distributed_type;  // "MULTI_CPU", "ZERO", ... (config key)
+  std::optional<int> zero_stage;                // 1 or 2 with ZERO
+  std::optional<int> data_parallel_replicas;    // DATA_PARALLEL on the CPU; 0 = cores
   DdpOptions ddp;
-  ZeroOptions zero;                                    // its stage comes from zero_stage
-  LossScalerOptions loss_scaler;                       // mixed_precision fp16 only
+  ZeroOptions zero;               // its stage comes from zero_stage
+  LossScalerOptions loss_scaler;  // mixed_precision fp16 only
 };
 
 class Accelerator {
@@ -160,9 +160,9 @@ class Accelerator {
   // params_of(Model&) -> std::vector<ParamRef>, the same parameters in the same order for
   // every copy.
   template <typename Model, typename ParamsOf>
-    requires std::copy_constructible<Model> &&
-             std::is_invocable_r_v<std::vector<ParamRef>, ParamsOf&, Model&>
-  void prepare(Model& model, ParamsOf params_of, Optimizer& optimizer) {
+  requires std::copy_constructible<Model> &&
+      std::is_invocable_r_v<std::vector<ParamRef>, ParamsOf&, Model&> void
+      prepare(Model& model, ParamsOf params_of, Optimizer& optimizer) {
     replicas_ =
         std::make_unique<ModelReplicas<Model>>(model, params_of, strategy_options_.data_parallel);
     prepare(params_of(model), optimizer);
@@ -184,8 +184,8 @@ class Accelerator {
     ACCEL_CHECK_ARG(replicas_ != nullptr && static_cast<const void*>(&model) == replicas_->model(),
                     "forward_backward: under DATA_PARALLEL the model must be the one given to "
                     "prepare(model, params_of, optimizer)");
-    return static_cast<ModelReplicas<Model>&>(*replicas_).forward_backward(*dp, rows, fn,
-                                                                           GradReady(nullptr));
+    return static_cast<ModelReplicas<Model>&>(*replicas_)
+        .forward_backward(*dp, rows, fn, GradReady(nullptr));
   }
   // The replica count under DATA_PARALLEL (data_parallel_replicas, 0 resolved to the cores);
   // 1 otherwise.
@@ -226,7 +226,7 @@ class Accelerator {
   ShardedSampler make_sampler(std::size_t size, SamplerOptions options = {});
 
   // ---- collectives on the loop's own values (blocking)
-  void reduce(Buffer data, ReduceOp op);        // in place: sum, avg, min, max
+  void reduce(Buffer data, ReduceOp op);  // in place: sum, avg, min, max
   void broadcast(Buffer data, int root = 0);
   // Every rank's `local` (equal counts), concatenated in rank order.
   std::vector<float> gather(const std::vector<float>& local);
@@ -339,23 +339,23 @@ class Accelerator {
   std::unique_ptr<ProcessGroup> group_;
   StrategyOptions strategy_options_;
   std::unique_ptr<Strategy> strategy_;
-  Optimizer* optimizer_ = nullptr;     // prepare()'s built-in optimizer
+  Optimizer* optimizer_ = nullptr;  // prepare()'s built-in optimizer
   // Its state (or a front end's optimizer's, register_optimizer_state) for checkpoints.
   std::function<std::string()> save_optimizer_;
   OptimizerStateLoader load_optimizer_;
   std::vector<AgreedValue> prepare_agreement_;  // the optimizer's, for prepare_parameters
-  std::vector<ParamRef> params_;       // as prepared, for checkpoints
+  std::vector<ParamRef> params_;                // as prepared, for checkpoints
   std::vector<Buffer> buffers_;
   // DataParallel under the raw API: prepare(model, ...)'s model and its copies.
   std::unique_ptr<ReplicatedModel> replicas_;
   int accumulation_steps_ = 1;
-  bool uses_gpu_ = false;              // the config's choice (use_cpu false, or MULTI_GPU)
-  config::MixedPrecision mixed_precision_{};  // MixedPrecision::no
-  int micro_since_sync_ = 0;           // micro-batches since the last boundary
+  bool uses_gpu_ = false;                      // the config's choice (use_cpu false, or MULTI_GPU)
+  config::MixedPrecision mixed_precision_{};   // MixedPrecision::no
+  int micro_since_sync_ = 0;                   // micro-batches since the last boundary
   std::unique_ptr<DynamicLossScaler> scaler_;  // mixed_precision fp16
-  bool step_skipped_ = false;          // the last boundary's gradients overflowed
-  bool last_batch_ = false;            // the current batch ends an epoch
-  std::uint64_t optimizer_steps_ = 0;  // boundaries reached
+  bool step_skipped_ = false;                  // the last boundary's gradients overflowed
+  bool last_batch_ = false;                    // the current batch ends an epoch
+  std::uint64_t optimizer_steps_ = 0;          // boundaries reached
   std::uint64_t seed_ = 0;
   std::mt19937_64 rng_;
 

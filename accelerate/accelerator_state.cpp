@@ -183,8 +183,9 @@ void Accelerator::register_state(std::string name, std::function<std::string()> 
 void Accelerator::register_optimizer_state(std::function<std::string()> save,
                                            OptimizerStateLoader load) {
   ACCEL_CHECK_ARG(save && load, "register_optimizer_state: save and load must be set");
-  ACCEL_CHECK_ARG(!save_optimizer_, "register_optimizer_state: an optimizer's state is already "
-                                    "registered (one optimizer per accelerator)");
+  ACCEL_CHECK_ARG(!save_optimizer_,
+                  "register_optimizer_state: an optimizer's state is already "
+                  "registered (one optimizer per accelerator)");
   save_optimizer_ = std::move(save);
   load_optimizer_ = std::move(load);
 }
@@ -230,9 +231,9 @@ void Accelerator::save_state(const std::string& dir) {
     }
     if (sharded)
       contents.per_rank.push_back(
-          {kParameters, blob_pieces(layout, std::string(kParameters) + ".rank" +
-                                                std::to_string(process_index()),
-                                    staged.params, staged.buffers)});
+          {kParameters,
+           blob_pieces(layout, std::string(kParameters) + ".rank" + std::to_string(process_index()),
+                       staged.params, staged.buffers)});
   }
   for (const RegisteredState& s : states_) {
     const bool mine = s.scope == StateScope::per_rank;
@@ -245,7 +246,8 @@ void Accelerator::save_state(const std::string& dir) {
     const bool sharded = strategy_->gradients_sharded();
     if (sharded || is_main_process()) {
       owned.push_back(pack_optimizer_state(save_optimizer_(), strategy_->segments()));
-      (sharded ? contents.per_rank : contents.shared).push_back({kOptimizer, {bytes_of(owned.back())}});
+      (sharded ? contents.per_rank : contents.shared)
+          .push_back({kOptimizer, {bytes_of(owned.back())}});
     }
   }
   std::ostringstream rng_text;

@@ -4,8 +4,8 @@
 #include <sstream>
 
 #include "accelerate/checkpoint_manifest.hpp"
-#include "core/error.hpp"
 #include "backends/optim/host_collectives.hpp"
+#include "core/error.hpp"
 
 namespace accel {
 

@@ -22,7 +22,9 @@ struct Reader {
   }
 };
 
-void put_u64(std::string& out, std::uint64_t v) { out.append(reinterpret_cast<const char*>(&v), 8); }
+void put_u64(std::string& out, std::uint64_t v) {
+  out.append(reinterpret_cast<const char*>(&v), 8);
+}
 
 struct SegmentMapEntry {
   std::uint64_t group, offset, count;
@@ -84,7 +86,8 @@ std::string reshard_optimizer_state(const std::vector<std::string>& blobs,
   for (const std::string& blob : blobs) {
     Reader r{blob, 0, where};
     const auto map = read_map(r);
-    const SavedOptimizerState saved = read_optimizer_bytes(std::string_view(blob).substr(r.at), where);
+    const SavedOptimizerState saved =
+        read_optimizer_bytes(std::string_view(blob).substr(r.at), where);
     if (!first && saved.step != steps)
       throw CheckpointError(where + ": the ranks' optimizer states are at different steps (" +
                             std::to_string(steps) + " and " + std::to_string(saved.step) + ")");

@@ -61,7 +61,8 @@ ProcessEnv read_process_env() {
 
   // Open MPI names no node index; with its default by-slot mapping of equally many processes
   // per node, it is the rank divided by the processes per node.
-  if (env.source == "OMPI" && env.local_world_size > 0) env.node_rank = env.rank / env.local_world_size;
+  if (env.source == "OMPI" && env.local_world_size > 0)
+    env.node_rank = env.rank / env.local_world_size;
 
   if (env.world_size < 1)
     throw ConfigError("world size from " + env.source + " variables is " +

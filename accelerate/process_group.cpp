@@ -4,10 +4,10 @@
 #include <charconv>
 #include <cmath>
 
-#include "core/process_group_records.hpp"
+#include "backends/comm/registry.hpp"
 #include "core/error.hpp"
 #include "core/prefix_store.hpp"
-#include "backends/comm/registry.hpp"
+#include "core/process_group_records.hpp"
 #include "core/tcp_store.hpp"
 
 namespace accel {

@@ -10,9 +10,9 @@ namespace accel {
 ShardedSampler::ShardedSampler(std::size_t dataset_size, int world_size, int rank,
                                SamplerOptions options)
     : dataset_size_(dataset_size), world_size_(world_size), rank_(rank), options_(options) {
-  ACCEL_CHECK_ARG(world_size >= 1 && rank >= 0 && rank < world_size,
-                  "sampler: rank " + std::to_string(rank) + " outside world of " +
-                      std::to_string(world_size));
+  ACCEL_CHECK_ARG(
+      world_size >= 1 && rank >= 0 && rank < world_size,
+      "sampler: rank " + std::to_string(rank) + " outside world of " + std::to_string(world_size));
   ACCEL_CHECK_ARG(options.batch_size >= 1, "sampler: batch_size must be at least 1");
   ACCEL_CHECK_ARG(dataset_size > 0 || options.drop_last, "sampler: the dataset is empty");
 }

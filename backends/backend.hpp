@@ -204,9 +204,12 @@ class Strategy {
 
 inline std::string_view strategy_kind_name(StrategyKind kind) {
   switch (kind) {
-    case StrategyKind::ddp: return "ddp";
-    case StrategyKind::zero: return "zero";
-    case StrategyKind::data_parallel: return "data_parallel";
+    case StrategyKind::ddp:
+      return "ddp";
+    case StrategyKind::zero:
+      return "zero";
+    case StrategyKind::data_parallel:
+      return "data_parallel";
   }
   return "unknown";
 }

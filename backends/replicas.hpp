@@ -1,7 +1,7 @@
 #pragma once
 // What every strategy that keeps a full copy of the model on each rank (DDP, ZeRO stages 1
-// and 2, DataParallel's replicas) does alike: check what it was given, start every rank from rank 0's values, and keep
-// the non-trainable buffers (BatchNorm statistics) equal to rank 0's.
+// and 2, DataParallel's replicas) does alike: check what it was given, start every rank from rank
+// 0's values, and keep the non-trainable buffers (BatchNorm statistics) equal to rank 0's.
 
 #include <algorithm>
 #include <string>
@@ -19,9 +19,9 @@ namespace accel {
 inline void check_params_on(std::string_view who, const std::vector<ParamRef>& params,
                             DeviceKind device, std::string_view why) {
   for (const ParamRef& p : params) {
-    ACCEL_CHECK_ARG(p.data.dtype == p.grad.dtype && p.data.count == p.grad.count,
-                    std::string(who) + ": parameter '" + p.name +
-                        "' has a gradient of another shape or dtype");
+    ACCEL_CHECK_ARG(
+        p.data.dtype == p.grad.dtype && p.data.count == p.grad.count,
+        std::string(who) + ": parameter '" + p.name + "' has a gradient of another shape or dtype");
     ACCEL_CHECK_ARG(p.data.device == device,
                     std::string(who) + ": parameter '" + p.name + "' is in " +
                         (p.data.device == DeviceKind::cuda ? "CUDA" : "CPU") + " memory, but " +

@@ -1,9 +1,9 @@
 #include "backends/strategy_factory.hpp"
 
-#include "core/error.hpp"
 #include "backends/dataparallel/data_parallel_strategy.hpp"
 #include "backends/ddp/ddp_strategy.hpp"
 #include "backends/zero/zero_strategy.hpp"
+#include "core/error.hpp"
 
 namespace accel {
 

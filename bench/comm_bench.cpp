@@ -43,10 +43,10 @@
 #include <vector>
 
 #include "accelerate/process_group.hpp"
+#include "backends/comm/registry.hpp"
 #include "core/device_memory.hpp"
 #include "core/error.hpp"
 #include "core/prefix_store.hpp"
-#include "backends/comm/registry.hpp"
 
 #if ACCEL_BENCH_GLOO
 #include <gloo/allgather.h>
@@ -112,8 +112,8 @@ double bus_factor(Op op, int n) {
 }
 
 // Every table the bench can print, in the order it prints them.
-constexpr std::string_view kAllTables[] = {"memcpy",  "shm", "hierarchical", "gloo", "raw_gloo",
-                                           "mpi",     "raw_mpi", "nccl"};
+constexpr std::string_view kAllTables[] = {"memcpy",   "shm", "hierarchical", "gloo",
+                                           "raw_gloo", "mpi", "raw_mpi",      "nccl"};
 
 struct Flags {
   std::size_t min_bytes = 4 << 10;
@@ -284,7 +284,6 @@ class HostMemory {
   std::size_t bytes_;
   std::byte* data_ = nullptr;
 };
-
 
 // What rank r puts at element i: a small integer, so sums over up to 32 ranks are exact in
 // every dtype (bf16 included) whatever order a ring adds them in.
@@ -999,7 +998,8 @@ int run(int argc, char** argv) {
       options.backend = "nccl";
       options.timeout = timeout;
       try {
-        targets.push_back(std::make_unique<CommTarget>(init_process_group(options), flags.max_bytes));
+        targets.push_back(
+            std::make_unique<CommTarget>(init_process_group(options), flags.max_bytes));
       } catch (const Error& e) {
         // Every rank fails alike here (no GPU, no driver), so no rank waits for another.
         bench.say("# nccl: skipped (%s)\n", e.what());

@@ -54,7 +54,8 @@ double median_ms(const Flags& f, Step&& step) {
   for (int i = 0; i < f.steps; ++i) {
     const auto t0 = std::chrono::steady_clock::now();
     step();
-    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    ms.push_back(
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
   }
   std::nth_element(ms.begin(), ms.begin() + std::ptrdiff_t(ms.size() / 2), ms.end());
   return ms[ms.size() / 2];
@@ -87,7 +88,8 @@ double mlp_step_ms(const Flags& f, int replicas) {
   accel::Accelerator acc(options_for(replicas));
   raw_mlp::Mlp model({784, f.hidden, 10}, 1);
   accel::Sgd sgd(accel::SgdOptions{.lr = 0.01f, .momentum = 0.9f});
-  acc.prepare(model, [](raw_mlp::Mlp& m) { return raw_mlp::param_refs(m); }, sgd);
+  acc.prepare(
+      model, [](raw_mlp::Mlp& m) { return raw_mlp::param_refs(m); }, sgd);
   std::mt19937 rng(1);
   std::normal_distribution<float> normal;
   std::vector<float> x(std::size_t(f.batch) * 784);
@@ -95,16 +97,15 @@ double mlp_step_ms(const Flags& f, int replicas) {
   std::vector<int> labels(std::size_t(f.batch));
   for (std::size_t i = 0; i < labels.size(); ++i) labels[i] = int(i % 10);
   return median_ms(f, [&] {
-    acc.forward_backward(model, labels.size(),
-                         [&](raw_mlp::Mlp& m, std::size_t first, std::size_t n, auto ready) {
-                           return m.forward_backward(
-                               std::span<const float>(x).subspan(first * 784, n * 784),
-                               std::span<const int>(labels).subspan(first, n), acc.loss_scale(),
-                               [&](std::size_t l) {
-                                 ready(2 * l);
-                                 ready(2 * l + 1);
-                               });
-                         });
+    acc.forward_backward(
+        model, labels.size(), [&](raw_mlp::Mlp& m, std::size_t first, std::size_t n, auto ready) {
+          return m.forward_backward(std::span<const float>(x).subspan(first * 784, n * 784),
+                                    std::span<const int>(labels).subspan(first, n),
+                                    acc.loss_scale(), [&](std::size_t l) {
+                                      ready(2 * l);
+                                      ready(2 * l + 1);
+                                    });
+        });
     if (acc.sync_gradients()) {
       acc.optimizer_step();
       model.zero_grad();
@@ -116,10 +117,14 @@ Flags parse(int argc, char** argv) {
   Flags f;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string key = argv[i], value = argv[i + 1];
-    if (key == "--steps") f.steps = std::stoi(value);
-    else if (key == "--warmup") f.warmup = std::stoi(value);
-    else if (key == "--hidden") f.hidden = std::stoi(value);
-    else if (key == "--batch") f.batch = std::stoll(value);
+    if (key == "--steps")
+      f.steps = std::stoi(value);
+    else if (key == "--warmup")
+      f.warmup = std::stoi(value);
+    else if (key == "--hidden")
+      f.hidden = std::stoi(value);
+    else if (key == "--batch")
+      f.batch = std::stoll(value);
     else if (key == "--replicas") {
       f.replicas.clear();
       std::stringstream ss(value);
@@ -141,10 +146,11 @@ Flags parse(int argc, char** argv) {
 int main(int argc, char** argv) {
   const Flags f = parse(argc, argv);
   try {
-    std::printf("data_parallel_bench: global batch %lld, median of %d steps; one replica: %u "
-                "intra-op threads (the CNN; the raw MLP is single-threaded)\n",
-                static_cast<long long>(f.batch), f.steps,
-                std::max(1u, std::thread::hardware_concurrency()));
+    std::printf(
+        "data_parallel_bench: global batch %lld, median of %d steps; one replica: %u "
+        "intra-op threads (the CNN; the raw MLP is single-threaded)\n",
+        static_cast<long long>(f.batch), f.steps,
+        std::max(1u, std::thread::hardware_concurrency()));
     std::printf("%-22s %-22s %12s %10s\n", "model", "setup", "ms/step", "speedup");
     // The DataParallel rows first: once the caller has run with every hardware thread, its
     // OpenMP team stays around (spinning between regions) and would slow the replicas' workers.
@@ -154,7 +160,8 @@ int main(int argc, char** argv) {
     std::vector<double> cnn_ms;
     for (int k : f.replicas) cnn_ms.push_back(cnn_step_ms(f, k));
     const double cnn_one = cnn_step_ms(f, 0);
-    std::printf("%-22s %-22s %12.2f %10s\n", "fashion_mnist CNN", "one replica (NO)", cnn_one, "1.00");
+    std::printf("%-22s %-22s %12.2f %10s\n", "fashion_mnist CNN", "one replica (NO)", cnn_one,
+                "1.00");
     for (std::size_t i = 0; i < f.replicas.size(); ++i)
       std::printf("%-22s %-22s %12.2f %10.2f\n", "fashion_mnist CNN",
                   ("DATA_PARALLEL K=" + std::to_string(f.replicas[i])).c_str(), cnn_ms[i],

@@ -27,8 +27,10 @@ int main(int argc, char** argv) {
   std::size_t batch = 8;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
-    if (flag == "--steps") steps = std::stoi(argv[i + 1]);
-    else if (flag == "--batch_size") batch = std::stoul(argv[i + 1]);
+    if (flag == "--steps")
+      steps = std::stoi(argv[i + 1]);
+    else if (flag == "--batch_size")
+      batch = std::stoul(argv[i + 1]);
   }
   try {
     accel::Accelerator acc;
@@ -36,8 +38,10 @@ int main(int argc, char** argv) {
     std::vector<accel::ParamRef> params;
     std::size_t total = 0;
     for (auto& L : model.layers()) {
-      params.push_back({"weight", accel::buffer_of(std::span(L.weight)), accel::buffer_of(std::span(L.weight_grad))});
-      params.push_back({"bias", accel::buffer_of(std::span(L.bias)), accel::buffer_of(std::span(L.bias_grad))});
+      params.push_back({"weight", accel::buffer_of(std::span(L.weight)),
+                        accel::buffer_of(std::span(L.weight_grad))});
+      params.push_back(
+          {"bias", accel::buffer_of(std::span(L.bias)), accel::buffer_of(std::span(L.bias_grad))});
       total += L.weight.size() + L.bias.size();
     }
     accel::AdamW optimizer(accel::AdamWOptions{});
@@ -71,16 +75,17 @@ int main(int argc, char** argv) {
     std::sort(times.begin(), times.end());
     rusage usage{};
     getrusage(RUSAGE_SELF, &usage);
-    acc.print("%s, %zu parameters, %d processes, batch %zu per rank: median step %.3f s over %d steps\n",
-              std::string(acc.strategy().name()).c_str(), total, acc.num_processes(), batch,
-              times[times.size() / 2], steps);
+    acc.print(
+        "%s, %zu parameters, %d processes, batch %zu per rank: median step %.3f s over %d steps\n",
+        std::string(acc.strategy().name()).c_str(), total, acc.num_processes(), batch,
+        times[times.size() / 2], steps);
     acc.wait_for_everyone();
-    std::printf("rank %d: %s peak RSS %.1f MiB, gradient bytes %.1f MiB, optimizer state %.1f MiB, "
-                "bus bytes per step %.1f MiB\n",
-                acc.process_index(), std::string(acc.strategy().name()).c_str(),
-                double(usage.ru_maxrss) / 1024.0,
-                double(acc.strategy().gradient_bytes()) / double(1 << 20),
-                double(optimizer.state_bytes()) / double(1 << 20), double(bytes) / double(1 << 20));
+    std::printf(
+        "rank %d: %s peak RSS %.1f MiB, gradient bytes %.1f MiB, optimizer state %.1f MiB, "
+        "bus bytes per step %.1f MiB\n",
+        acc.process_index(), std::string(acc.strategy().name()).c_str(),
+        double(usage.ru_maxrss) / 1024.0, double(acc.strategy().gradient_bytes()) / double(1 << 20),
+        double(optimizer.state_bytes()) / double(1 << 20), double(bytes) / double(1 << 20));
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "zero_step_bench: %s\n", e.what());

@@ -13,9 +13,9 @@
 #include <string_view>
 #include <vector>
 
-#include "core/error.hpp"
 #include "config/detect.hpp"
 #include "config/layers.hpp"
+#include "core/error.hpp"
 
 namespace accel::config {
 namespace {

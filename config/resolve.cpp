@@ -4,9 +4,9 @@
 #include <cstdlib>
 #include <filesystem>
 
-#include "core/error.hpp"
 #include "config/config_file.hpp"
 #include "config/layers.hpp"
+#include "core/error.hpp"
 
 namespace accel::config {
 namespace detail {

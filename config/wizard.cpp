@@ -5,9 +5,9 @@
 #include <istream>
 #include <ostream>
 
-#include "core/error.hpp"
 #include "config/layers.hpp"
 #include "config/terminal.hpp"
+#include "core/error.hpp"
 
 namespace accel::config {
 namespace {

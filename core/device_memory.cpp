@@ -17,8 +17,8 @@ namespace accel {
 namespace {
 
 std::string describe(std::size_t bytes, MemoryKind kind, int device) {
-  std::string out = std::to_string(bytes) + " bytes of " + std::string(memory_kind_name(kind)) +
-                    " memory";
+  std::string out =
+      std::to_string(bytes) + " bytes of " + std::string(memory_kind_name(kind)) + " memory";
   if (kind == MemoryKind::cuda) out += " on CUDA device " + std::to_string(device);
   return out;
 }
@@ -113,8 +113,8 @@ DeviceBuffer::DeviceBuffer(std::size_t count, DType dtype, MemoryKind kind, int 
 #if ACCEL_HAVE_CUDA_RUNTIME
     try {
       if (kind == MemoryKind::cuda) {
-        ACCEL_CHECK_ARG(cuda_device >= 0, "a CUDA buffer needs a device index, got " +
-                                              std::to_string(cuda_device));
+        ACCEL_CHECK_ARG(cuda_device >= 0,
+                        "a CUDA buffer needs a device index, got " + std::to_string(cuda_device));
         CudaDeviceGuard guard(cuda_device);
         ACCEL_CUDA_CHECK(cudaMalloc(&data, bytes));
         const cudaError_t rc = cudaMemset(data, 0, bytes);
@@ -181,7 +181,8 @@ void copy_buffer(Buffer dst, Buffer src, DeviceStream stream) {
   }
 #if ACCEL_HAVE_CUDA_RUNTIME
   // Unified addressing: CUDA tells host from device pointers itself.
-  ACCEL_CUDA_CHECK(cudaMemcpyAsync(dst.data, src.data, dst.bytes(), cudaMemcpyDefault, as_cuda(stream)));
+  ACCEL_CUDA_CHECK(
+      cudaMemcpyAsync(dst.data, src.data, dst.bytes(), cudaMemcpyDefault, as_cuda(stream)));
 #else
   (void)stream;
   no_cuda("copy_buffer between CPU and CUDA memory");

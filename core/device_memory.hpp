@@ -55,8 +55,8 @@ class CudaDeviceGuard {
 // Where a call's GPU work goes: the stream the loop computes on, its device and how long a
 // call that hands a value back to the host may wait for that stream. Everything that queues
 // GPU work for the loop (the strategies' copies, the optimizer kernels, clipping, unscaling,
-// checkpoint copies) takes the communicator's: compute_context(comm), communicator.hpp. The default is the
-// legacy default stream on the current device.
+// checkpoint copies) takes the communicator's: compute_context(comm), communicator.hpp. The default
+// is the legacy default stream on the current device.
 struct DeviceContext {
   DeviceStream stream = nullptr;  // nullptr: the legacy default stream
   int cuda_device = -1;           // -1: the calling thread's current device

@@ -10,24 +10,36 @@ namespace accel {
 
 std::size_t element_size(DType dtype) {
   switch (dtype) {
-    case DType::f32: return 4;
-    case DType::f64: return 8;
-    case DType::f16: return 2;
-    case DType::bf16: return 2;
-    case DType::i32: return 4;
-    case DType::i64: return 8;
+    case DType::f32:
+      return 4;
+    case DType::f64:
+      return 8;
+    case DType::f16:
+      return 2;
+    case DType::bf16:
+      return 2;
+    case DType::i32:
+      return 4;
+    case DType::i64:
+      return 8;
   }
   return 0;
 }
 
 std::string_view dtype_name(DType dtype) {
   switch (dtype) {
-    case DType::f32: return "f32";
-    case DType::f64: return "f64";
-    case DType::f16: return "f16";
-    case DType::bf16: return "bf16";
-    case DType::i32: return "i32";
-    case DType::i64: return "i64";
+    case DType::f32:
+      return "f32";
+    case DType::f64:
+      return "f64";
+    case DType::f16:
+      return "f16";
+    case DType::bf16:
+      return "bf16";
+    case DType::i32:
+      return "i32";
+    case DType::i64:
+      return "i64";
   }
   return "?";
 }
@@ -52,8 +64,9 @@ float to_float(BFloat16 b) { return std::bit_cast<float>(std::uint32_t(b.bits) <
 
 BFloat16 to_bf16(float f) {
   std::uint32_t u = std::bit_cast<std::uint32_t>(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return BFloat16{std::uint16_t((u >> 16) | 0x40)};  // NaN stays NaN
-  u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even
+  if ((u & 0x7fffffffu) > 0x7f800000u)
+    return BFloat16{std::uint16_t((u >> 16) | 0x40)};  // NaN stays NaN
+  u += 0x7fffu + ((u >> 16) & 1u);                     // round to nearest even
   return BFloat16{std::uint16_t(u >> 16)};
 }
 
@@ -84,7 +97,7 @@ Half to_half(float f) {
   const std::uint32_t u = std::bit_cast<std::uint32_t>(f);
   const std::uint16_t sign = std::uint16_t((u >> 16) & 0x8000u);
   const std::uint32_t abs = u & 0x7fffffffu;
-  if (abs > 0x7f800000u) return Half{std::uint16_t(sign | 0x7e00u)};  // NaN
+  if (abs > 0x7f800000u) return Half{std::uint16_t(sign | 0x7e00u)};   // NaN
   if (abs >= 0x477ff000u) return Half{std::uint16_t(sign | 0x7c00u)};  // overflow -> inf
   if (abs < 0x38800000u) {
     // Result is subnormal (or zero): scale so the integer part holds the mantissa.

@@ -14,7 +14,7 @@ namespace accel {
 
 enum class DType : std::uint8_t { f32, f64, f16, bf16, i32, i64 };
 
-inline constexpr DType kAllDTypes[] = {DType::f32, DType::f64, DType::f16,
+inline constexpr DType kAllDTypes[] = {DType::f32,  DType::f64, DType::f16,
                                        DType::bf16, DType::i32, DType::i64};
 
 std::size_t element_size(DType dtype);
@@ -31,18 +31,25 @@ struct BFloat16 {
 };
 float to_float(Half h);
 float to_float(BFloat16 b);
-Half to_half(float f);       // round to nearest even
-BFloat16 to_bf16(float f);   // round to nearest even
+Half to_half(float f);      // round to nearest even
+BFloat16 to_bf16(float f);  // round to nearest even
 
 template <typename T>
 constexpr DType dtype_of() {
-  if constexpr (std::is_same_v<T, float>) return DType::f32;
-  else if constexpr (std::is_same_v<T, double>) return DType::f64;
-  else if constexpr (std::is_same_v<T, Half>) return DType::f16;
-  else if constexpr (std::is_same_v<T, BFloat16>) return DType::bf16;
-  else if constexpr (std::is_same_v<T, std::int32_t>) return DType::i32;
-  else if constexpr (std::is_same_v<T, std::int64_t>) return DType::i64;
-  else static_assert(sizeof(T) == 0, "unsupported element type");
+  if constexpr (std::is_same_v<T, float>)
+    return DType::f32;
+  else if constexpr (std::is_same_v<T, double>)
+    return DType::f64;
+  else if constexpr (std::is_same_v<T, Half>)
+    return DType::f16;
+  else if constexpr (std::is_same_v<T, BFloat16>)
+    return DType::bf16;
+  else if constexpr (std::is_same_v<T, std::int32_t>)
+    return DType::i32;
+  else if constexpr (std::is_same_v<T, std::int64_t>)
+    return DType::i64;
+  else
+    static_assert(sizeof(T) == 0, "unsupported element type");
 }
 
 // Calls fn(T{}) with the C++ element type of dtype (float, double, Half, BFloat16,
@@ -50,12 +57,18 @@ constexpr DType dtype_of() {
 template <typename Fn>
 decltype(auto) visit_dtype(DType dtype, Fn&& fn) {
   switch (dtype) {
-    case DType::f32: return fn(float{});
-    case DType::f64: return fn(double{});
-    case DType::f16: return fn(Half{});
-    case DType::bf16: return fn(BFloat16{});
-    case DType::i32: return fn(std::int32_t{});
-    case DType::i64: return fn(std::int64_t{});
+    case DType::f32:
+      return fn(float{});
+    case DType::f64:
+      return fn(double{});
+    case DType::f16:
+      return fn(Half{});
+    case DType::bf16:
+      return fn(BFloat16{});
+    case DType::i32:
+      return fn(std::int32_t{});
+    case DType::i64:
+      return fn(std::int64_t{});
   }
   return fn(float{});  // unreachable: every enumerator is handled above
 }
@@ -64,14 +77,19 @@ decltype(auto) visit_dtype(DType dtype, Fn&& fn) {
 // fills or checks buffers of any dtype: tests, benchmarks.
 template <typename T>
 T element_from_double(double v) {
-  if constexpr (std::is_same_v<T, Half>) return to_half(float(v));
-  else if constexpr (std::is_same_v<T, BFloat16>) return to_bf16(float(v));
-  else return static_cast<T>(v);
+  if constexpr (std::is_same_v<T, Half>)
+    return to_half(float(v));
+  else if constexpr (std::is_same_v<T, BFloat16>)
+    return to_bf16(float(v));
+  else
+    return static_cast<T>(v);
 }
 template <typename T>
 double element_to_double(T v) {
-  if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) return double(to_float(v));
-  else return static_cast<double>(v);
+  if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>)
+    return double(to_float(v));
+  else
+    return static_cast<double>(v);
 }
 
 enum class DeviceKind : std::uint8_t { cpu, cuda };

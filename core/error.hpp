@@ -47,9 +47,10 @@ class ConfigError : public Error {
 std::string with_location(const std::string& what, const char* file, int line);
 
 // Throws InvalidArgument with the location of the check when cond is false.
-#define ACCEL_CHECK_ARG(cond, message)                                                  \
-  do {                                                                                   \
-    if (!(cond)) throw ::accel::InvalidArgument(::accel::with_location(message, __FILE__, __LINE__)); \
+#define ACCEL_CHECK_ARG(cond, message)                                                     \
+  do {                                                                                     \
+    if (!(cond))                                                                           \
+      throw ::accel::InvalidArgument(::accel::with_location(message, __FILE__, __LINE__)); \
   } while (0)
 
 // Converts a failed POSIX call (returning -1 and setting errno) into CommError.

@@ -10,10 +10,14 @@ namespace accel {
 
 std::string_view reduce_op_name(ReduceOp op) {
   switch (op) {
-    case ReduceOp::sum: return "sum";
-    case ReduceOp::avg: return "avg";
-    case ReduceOp::min: return "min";
-    case ReduceOp::max: return "max";
+    case ReduceOp::sum:
+      return "sum";
+    case ReduceOp::avg:
+      return "avg";
+    case ReduceOp::min:
+      return "min";
+    case ReduceOp::max:
+      return "max";
   }
   return "?";
 }
@@ -29,15 +33,21 @@ namespace {
 
 struct Sum {
   template <typename T>
-  static T apply(T a, T b) { return a + b; }
+  static T apply(T a, T b) {
+    return a + b;
+  }
 };
 struct Min {
   template <typename T>
-  static T apply(T a, T b) { return std::min(a, b); }
+  static T apply(T a, T b) {
+    return std::min(a, b);
+  }
 };
 struct Max {
   template <typename T>
-  static T apply(T a, T b) { return std::max(a, b); }
+  static T apply(T a, T b) {
+    return std::max(a, b);
+  }
 };
 
 // Native types: a plain loop the compiler vectorises.
@@ -57,8 +67,10 @@ void kernel16(void* out, const void* a, const void* b, std::size_t n) {
   const T* y = static_cast<const T*>(b);
   for (std::size_t i = 0; i < n; ++i) {
     const float r = Op::apply(to_float(x[i]), to_float(y[i]));
-    if constexpr (std::is_same_v<T, Half>) o[i] = to_half(r);
-    else o[i] = to_bf16(r);
+    if constexpr (std::is_same_v<T, Half>)
+      o[i] = to_half(r);
+    else
+      o[i] = to_bf16(r);
   }
 }
 
@@ -66,8 +78,10 @@ template <typename Op>
 ReduceKernel kernel_for(DType dtype) {
   return visit_dtype(dtype, [](auto element) -> ReduceKernel {
     using T = decltype(element);
-    if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) return &kernel16<T, Op>;
-    else return &kernel<T, Op>;
+    if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>)
+      return &kernel16<T, Op>;
+    else
+      return &kernel<T, Op>;
   });
 }
 
@@ -75,10 +89,14 @@ ReduceKernel kernel_for(DType dtype) {
 
 ReduceKernel reduce_kernel(DType dtype, ReduceOp op) {
   switch (op) {
-    case ReduceOp::sum: return kernel_for<Sum>(dtype);
-    case ReduceOp::min: return kernel_for<Min>(dtype);
-    case ReduceOp::max: return kernel_for<Max>(dtype);
-    case ReduceOp::avg: break;
+    case ReduceOp::sum:
+      return kernel_for<Sum>(dtype);
+    case ReduceOp::min:
+      return kernel_for<Min>(dtype);
+    case ReduceOp::max:
+      return kernel_for<Max>(dtype);
+    case ReduceOp::avg:
+      break;
   }
   throw InvalidArgument("reduce_kernel: avg has no element kernel; reduce with sum and divide");
 }
@@ -103,9 +121,9 @@ void divide_elements(void* data, std::size_t count, DType dtype, int divisor) {
 }
 
 Shard shard_of(std::size_t total, int world, int rank) {
-  ACCEL_CHECK_ARG(world > 0 && rank >= 0 && rank < world,
-                  "shard_of: rank " + std::to_string(rank) + " outside world " +
-                      std::to_string(world));
+  ACCEL_CHECK_ARG(
+      world > 0 && rank >= 0 && rank < world,
+      "shard_of: rank " + std::to_string(rank) + " outside world " + std::to_string(world));
   const std::size_t w = std::size_t(world), r = std::size_t(rank);
   const std::size_t base = total / w, extra = total % w;
   return Shard{r * base + std::min(r, extra), base + (r < extra ? 1 : 0)};

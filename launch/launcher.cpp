@@ -11,9 +11,9 @@
 #include <cstdlib>
 #include <filesystem>
 
+#include "config/resolve.hpp"
 #include "core/error.hpp"
 #include "core/tcp_store.hpp"
-#include "config/resolve.hpp"
 #include "launch/mpirun.hpp"
 #include "launch/node_rendezvous.hpp"
 #include "launch/reaper.hpp"

@@ -145,8 +145,8 @@ WorkerEnvPlan plan_worker_env(const config::Config& config, const LaunchOptions&
   // "auto" and "hierarchical" use Gloo between machines.
   const bool gloo_between_machines =
       backend == "gloo" || backend == "auto" || backend == "hierarchical";
-  if (gloo_between_machines && !is_loopback(layout.master_addr) && options.env_defaults.gloo_hostname &&
-      !env_set("ACCEL_GLOO_HOSTNAME")) {
+  if (gloo_between_machines && !is_loopback(layout.master_addr) &&
+      options.env_defaults.gloo_hostname && !env_set("ACCEL_GLOO_HOSTNAME")) {
     const std::string local = local_address_toward(layout.master_addr);
     if (local.empty())
       plan.warnings.push_back("no route from this machine to main_process_ip " +

@@ -41,10 +41,12 @@ TEST_CASE("the raw API over mpi equals one process") {
     return;
   RanksOptions options;
   options.env = {{"ACCEL_COMM_BACKEND", "mpi"}};
-  expect_pass(run_under_mpirun(2, "accelerator_worker", {"--accumulation", "4", "--clip", "0.5"}, options));
+  expect_pass(
+      run_under_mpirun(2, "accelerator_worker", {"--accumulation", "4", "--clip", "0.5"}, options));
 }
 
-TEST_CASE("the same raw loop under ZeRO-1 and ZeRO-2 (only the config changes) equals one process") {
+TEST_CASE(
+    "the same raw loop under ZeRO-1 and ZeRO-2 (only the config changes) equals one process") {
   if (skip_unless(communicator_available("gloo"), "gloo communicator not built")) return;
   for (int world : {1, 2, 4})
     for (const char* stage : {"1", "2"}) {
@@ -52,7 +54,8 @@ TEST_CASE("the same raw loop under ZeRO-1 and ZeRO-2 (only the config changes) e
       CAPTURE(stage);
       RanksOptions options;
       options.env = {{"ACCEL_DISTRIBUTED_TYPE", "ZERO"}, {"ACCEL_ZERO_STAGE", stage}};
-      expect_pass(run_ranks(world, "accelerator_worker", {"--accumulation", "4", "--clip", "0.5"}, options),
-                  std::string("zero") + stage);
+      expect_pass(
+          run_ranks(world, "accelerator_worker", {"--accumulation", "4", "--clip", "0.5"}, options),
+          std::string("zero") + stage);
     }
 }

@@ -86,8 +86,10 @@ int main(int argc, char** argv) {
   double max_norm = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
-    if (flag == "--accumulation") options.gradient_accumulation_steps = std::stoi(argv[i + 1]);
-    else if (flag == "--clip") max_norm = std::stod(argv[i + 1]);
+    if (flag == "--accumulation")
+      options.gradient_accumulation_steps = std::stoi(argv[i + 1]);
+    else if (flag == "--clip")
+      max_norm = std::stod(argv[i + 1]);
   }
   options.ddp.first_bucket_bytes = 512;  // several buckets even for this small model
   options.ddp.bucket_cap_bytes = 2048;
@@ -136,8 +138,9 @@ int main(int argc, char** argv) {
         if (boundary) {
           test::fold_step(measured, std::exchange(step_magnitudes, {}));
           if (max_norm > 0) test::fold_clip_share(measured, reference, max_norm);
-          if (max_norm > 0) norm_diff = std::max(norm_diff, std::abs(acc.clip_grad_norm(max_norm) -
-                                                                     clip(reference, max_norm)));
+          if (max_norm > 0)
+            norm_diff = std::max(
+                norm_diff, std::abs(acc.clip_grad_norm(max_norm) - clip(reference, max_norm)));
           acc.optimizer_step();
           reference.sgd_step(0.2f);
           model.zero_grad();
@@ -148,9 +151,11 @@ int main(int argc, char** argv) {
     double diff = 0;
     for (std::size_t l = 0; l < model.layers().size(); ++l) {
       for (std::size_t i = 0; i < model.layers()[l].weight.size(); ++i)
-        diff = std::max(diff, double(std::abs(model.layers()[l].weight[i] - reference.layers()[l].weight[i])));
+        diff = std::max(
+            diff, double(std::abs(model.layers()[l].weight[i] - reference.layers()[l].weight[i])));
       for (std::size_t i = 0; i < model.layers()[l].bias.size(); ++i)
-        diff = std::max(diff, double(std::abs(model.layers()[l].bias[i] - reference.layers()[l].bias[i])));
+        diff = std::max(
+            diff, double(std::abs(model.layers()[l].bias[i] - reference.layers()[l].bias[i])));
     }
     // A gradient sums K micro-batches of the global batch's rows (per rank: its shard, then
     // the world partials), each term scaled once more or less (2 roundings). The raw loops are
@@ -202,7 +207,8 @@ int main(int argc, char** argv) {
                std::to_string(distinct.size()) + " distinct, of " + std::to_string(kDatasetSize));
 
     acc.set_seed(rank == 0 ? 1234 : 99);
-    std::vector<std::int64_t> seeds = acc.gather(std::vector<std::int64_t>{std::int64_t(acc.seed())});
+    std::vector<std::int64_t> seeds =
+        acc.gather(std::vector<std::int64_t>{std::int64_t(acc.seed())});
     report(std::all_of(seeds.begin(), seeds.end(), [](std::int64_t s) { return s == 1234; }),
            "set_seed agrees on rank 0's seed");
 
@@ -210,7 +216,8 @@ int main(int argc, char** argv) {
     std::vector<std::int64_t> range = {std::int64_t(begin), std::int64_t(end)};
     const auto ranges = acc.gather(range);
     bool contiguous = ranges.front() == 0 && ranges.back() == 10;
-    for (std::size_t r = 1; r < ranges.size() / 2; ++r) contiguous &= ranges[2 * r] == ranges[2 * r - 1];
+    for (std::size_t r = 1; r < ranges.size() / 2; ++r)
+      contiguous &= ranges[2 * r] == ranges[2 * r - 1];
     report(contiguous, "split_between_processes covers [0, 10) once");
 
     const auto padded = acc.pad_across_processes(std::vector<float>(std::size_t(rank + 1), 1.0f));

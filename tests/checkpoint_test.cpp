@@ -20,9 +20,9 @@
 #include "accelerate/checkpoint.hpp"
 #include "accelerate/checkpoint_manifest.hpp"
 #include "accelerate/optimizer_state.hpp"
-#include "backends/optim/sgd.hpp"
 #include "backends/comm/local_communicator.hpp"
 #include "backends/comm/registry.hpp"
+#include "backends/optim/sgd.hpp"
 #include "examples/raw_mlp/mlp.hpp"
 #include "tests/support/ranks.hpp"
 #include "tests/support/skip.hpp"
@@ -239,8 +239,9 @@ TEST_CASE("crc32 and the manifest") {
 TEST_CASE("optimizer state bytes parse; truncated or overlong ones are refused, nothing loaded") {
   // SGD with momentum on two segments: one state array each, the momentum buffer.
   std::vector<float> a = {1, 2, 3}, ga = {0.5f, -1, 2}, b = {4, 5}, gb = {1, 1};
-  const std::vector<ParamSegment> segments = {{0, buffer_of(std::span(a)), buffer_of(std::span(ga)), 0},
-                                              {0, buffer_of(std::span(b)), buffer_of(std::span(gb)), 3}};
+  const std::vector<ParamSegment> segments = {
+      {0, buffer_of(std::span(a)), buffer_of(std::span(ga)), 0},
+      {0, buffer_of(std::span(b)), buffer_of(std::span(gb)), 3}};
   Sgd sgd(SgdOptions{.lr = 0.1, .momentum = 0.9});
   sgd.step(segments);
   sgd.step(segments);

@@ -26,8 +26,8 @@
 
 #include "accelerate/accelerator.hpp"
 #include "examples/raw_mlp/mlp.hpp"
-#include "examples/raw_mlp/param_refs.hpp"
 #include "examples/raw_mlp/momentum_sgd.hpp"
+#include "examples/raw_mlp/param_refs.hpp"
 
 using namespace accel;
 

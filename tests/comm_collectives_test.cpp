@@ -127,7 +127,8 @@ TEST_CASE("auto picks shm when every rank is on this host") {
   CHECK(result.workers.at(0).output.find("(shm)") != std::string::npos);
 }
 
-TEST_CASE("hierarchical collectives (shm inside, gloo between) with 3 and 4 ranks on 2 fake hosts") {
+TEST_CASE(
+    "hierarchical collectives (shm inside, gloo between) with 3 and 4 ranks on 2 fake hosts") {
   if (skip_unless(communicator_available("hierarchical") && communicator_available("gloo"),
                   "hierarchical communicator not built"))
     return;
@@ -158,9 +159,9 @@ TEST_CASE("shm: a rank killed mid-collective is named by the others, who fail fa
     // The collective timeout is far beyond the job's limit: only noticing the death can pass.
     options.env = {{"ACCEL_COMM_TIMEOUT", "600"}};
     options.timeout = std::chrono::seconds(60);
-    const auto result = run_ranks(world, "comm_collectives_worker",
-                                  {"--backend", "shm", "--kill_rank", std::to_string(victim)},
-                                  options);
+    const auto result =
+        run_ranks(world, "comm_collectives_worker",
+                  {"--backend", "shm", "--kill_rank", std::to_string(victim)}, options);
     INFO(describe(result));
     REQUIRE_FALSE(result.timed_out);
     for (int r = 0; r < world; ++r) {
@@ -188,8 +189,8 @@ TEST_CASE("shm: a segment left by a killed job neither confuses nor outlives a n
   // What a creator killed between creating and unlinking leaves: its name, garbage inside.
   struct stat ns {};
   REQUIRE(stat("/proc/self/ns/pid", &ns) == 0);
-  const std::string stale = "accel-shm-" + std::to_string(ns.st_ino) + "-" +
-                            std::to_string(child) + "-00000000deadbeef";
+  const std::string stale =
+      "accel-shm-" + std::to_string(ns.st_ino) + "-" + std::to_string(child) + "-00000000deadbeef";
   const int fd = shm_open(("/" + stale).c_str(), O_CREAT | O_RDWR, 0600);
   REQUIRE(fd >= 0);
   REQUIRE(ftruncate(fd, 1 << 20) == 0);

@@ -12,10 +12,10 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
-#include <thread>
-#include <memory>
 #include <cstring>
+#include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "accelerate/process_group.hpp"
@@ -51,11 +51,16 @@ void expect_equal(const std::string& what, const Buffer& got, std::size_t i, dou
 double avg_tolerance(const Communicator& comm, DType dtype) {
   if (comm.backend_name() != "nccl" || comm.world_size() == 1) return 0.0;
   switch (dtype) {
-    case DType::f16: return 4e-3;
-    case DType::bf16: return 3e-2;
-    case DType::f32: return 1e-6;
-    case DType::f64: return 1e-14;
-    default: return 1.0;  // integer average: truncation may differ by one
+    case DType::f16:
+      return 4e-3;
+    case DType::bf16:
+      return 3e-2;
+    case DType::f32:
+      return 1e-6;
+    case DType::f64:
+      return 1e-14;
+    default:
+      return 1.0;  // integer average: truncation may differ by one
   }
 }
 
@@ -74,9 +79,12 @@ double reference_reduce(ReduceOp op, int world, std::size_t i, DType dtype) {
   double acc = input_value(0, i);
   for (int r = 1; r < world; ++r) {
     const double v = input_value(r, i);
-    if (op == ReduceOp::min) acc = std::min(acc, v);
-    else if (op == ReduceOp::max) acc = std::max(acc, v);
-    else acc += v;
+    if (op == ReduceOp::min)
+      acc = std::min(acc, v);
+    else if (op == ReduceOp::max)
+      acc = std::max(acc, v);
+    else
+      acc += v;
   }
   return op == ReduceOp::avg ? average_as_dtype(acc, world, dtype) : acc;
 }
@@ -142,8 +150,8 @@ void check_reduce_scatter(Communicator& comm, DType dtype, ReduceOp op, std::siz
   const std::string what = label("reduce_scatter", dtype, total, std::string(reduce_op_name(op)));
   const double tolerance = op == ReduceOp::avg ? avg_tolerance(comm, dtype) : 0.0;
   for (std::size_t k = 0; k < mine.count; ++k)
-    expect_near(what, out.view, k,
-                reference_reduce(op, comm.world_size(), mine.offset + k, dtype), tolerance);
+    expect_near(what, out.view, k, reference_reduce(op, comm.world_size(), mine.offset + k, dtype),
+                tolerance);
   // The input is left as it was.
   for (std::size_t i = 0; i < total; ++i)
     expect_equal(what + " input", in.view, i, input_value(comm.rank(), i));
@@ -155,14 +163,17 @@ void check_reduce_scatter_parts(Communicator& comm, DType dtype, ReduceOp op, st
                                 bool in_place) {
   const auto world = std::size_t(comm.world_size()), rank = std::size_t(comm.rank());
   std::vector<std::size_t> counts;
-  const auto boundary = [&](std::size_t r) { return total * (r * (r + 1) / 2) / (world * (world + 1) / 2); };
+  const auto boundary = [&](std::size_t r) {
+    return total * (r * (r + 1) / 2) / (world * (world + 1) / 2);
+  };
   for (std::size_t r = 0; r < world; ++r) counts.push_back(boundary(r + 1) - boundary(r));
   const Shard mine{boundary(rank), counts[rank]};
   OwnedBuffer in(dtype, total), out(dtype, mine.count);
   for (std::size_t i = 0; i < total; ++i) set_value(in.view, i, input_value(comm.rank(), i));
   Staged staged_in(comm, in), staged_out(comm, out);
   staged_in.upload();
-  const Buffer output = in_place ? staged_in.view().slice(mine.offset, mine.count) : staged_out.view();
+  const Buffer output =
+      in_place ? staged_in.view().slice(mine.offset, mine.count) : staged_out.view();
   comm.reduce_scatter(staged_in.view(), output, op, counts)->wait();
   staged_in.download();
   staged_out.download();
@@ -180,7 +191,8 @@ void check_all_gather_in_place(Communicator& comm, DType dtype, std::size_t tota
   const Shard mine = shard_of(total, comm.world_size(), comm.rank());
   OwnedBuffer out(dtype, total);
   for (std::size_t j = 0; j < total; ++j)
-    set_value(out.view, j, mine.offset <= j && j < mine.offset + mine.count ? input_value(comm.rank(), j) : -99);
+    set_value(out.view, j,
+              mine.offset <= j && j < mine.offset + mine.count ? input_value(comm.rank(), j) : -99);
   Staged staged_out(comm, out);
   staged_out.upload();
   comm.all_gather(staged_out.view().slice(mine.offset, mine.count), staged_out.view())->wait();

@@ -8,9 +8,9 @@
 #include <thread>
 #include <vector>
 
+#include "backends/comm/registry.hpp"
 #include "core/error.hpp"
 #include "core/memory_store.hpp"
-#include "backends/comm/registry.hpp"
 #include "tests/support/skip.hpp"
 
 using namespace accel;

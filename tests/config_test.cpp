@@ -14,12 +14,12 @@
 #include <sstream>
 #include <stdexcept>
 
-#include "core/error.hpp"
 #include "config/config.hpp"
 #include "config/config_file.hpp"
 #include "config/detect.hpp"
 #include "config/layers.hpp"
 #include "config/resolve.hpp"
+#include "core/error.hpp"
 #include "tests/support/files.hpp"
 #include "tests/support/ranks.hpp"
 
@@ -671,11 +671,12 @@ TEST_CASE("zero_stage has one limit everywhere: the schema's, in help, flags, en
   CHECK_FALSE(contains(out.output, "--zero_stage 1|2|3"));
   // A stage the help does not offer is refused before any process starts, naming where it
   // came from (the Accelerator used to find out at run time).
-  out = run_accel({"launch", "--use_zero", "--cpu", "--num_processes", "2", "--zero_stage", "3",
-                   "true"});
+  out = run_accel(
+      {"launch", "--use_zero", "--cpu", "--num_processes", "2", "--zero_stage", "3", "true"});
   CHECK(out.exit_code == 2);
-  CHECK(contains(out.output, "command line --zero_stage: key 'zero_stage': 3 is not a ZeRO stage "
-                             "(1-2)"));
+  CHECK(contains(out.output,
+                 "command line --zero_stage: key 'zero_stage': 3 is not a ZeRO stage "
+                 "(1-2)"));
   out = run_accel({"launch", "--use_zero", "--cpu", "--num_processes", "2", "true"},
                   {{"ACCEL_ZERO_STAGE", "3"}});
   CHECK(out.exit_code == 2);

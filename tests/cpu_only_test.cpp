@@ -98,8 +98,8 @@ TEST_CASE("comm_bench over every CPU communicator reaches no CUDA call") {
   if (skip_unless(communicator_available("mpi") && !find_mpirun().empty(),
                   "MPI not built or mpirun not found"))
     return;
-  expect_no_cuda({"launch", "-q", "--main_process_port", "0", "--use_mpi", "--num_processes",
-                  "2", bin_path("comm_bench"), "--comms", "mpi,raw_mpi", "--min_bytes", "4K",
+  expect_no_cuda({"launch", "-q", "--main_process_port", "0", "--use_mpi", "--num_processes", "2",
+                  bin_path("comm_bench"), "--comms", "mpi,raw_mpi", "--min_bytes", "4K",
                   "--max_bytes", "16K", "--iters", "2"},
                  "comm_bench under mpirun");
 }
@@ -112,24 +112,32 @@ TEST_CASE("training on the CPU under every strategy reaches no CUDA call") {
   if (skip_unless(fs::exists(kData + "/train-images-idx3-ubyte.gz"),
                   "Fashion-MNIST not installed at " + kData))
     return;
-  const std::vector<std::string> raw_mlp = {bin_path("raw_mlp"), "--data_dir", kData,
-                                            "--train_samples", "600", "--test_samples", "200",
-                                            "--epochs", "1", "--hidden", "16"};
+  const std::vector<std::string> raw_mlp = {bin_path("raw_mlp"),
+                                            "--data_dir",
+                                            kData,
+                                            "--train_samples",
+                                            "600",
+                                            "--test_samples",
+                                            "200",
+                                            "--epochs",
+                                            "1",
+                                            "--hidden",
+                                            "16"};
   auto launch = [&](std::vector<std::string> flags, const std::vector<std::string>& program) {
     flags.insert(flags.begin(), {"launch", "-q", "--main_process_port", "0"});
     flags.insert(flags.end(), program.begin(), program.end());
     return flags;
   };
   expect_no_cuda(launch({"--num_processes", "2"}, raw_mlp), "raw_mlp, DDP over shm");
-  expect_no_cuda(launch({"--num_processes", "2", "--comm_backend", "gloo", "--use_zero",
-                         "--zero_stage", "2"},
-                        raw_mlp),
-                 "raw_mlp, ZeRO-2 over Gloo");
+  expect_no_cuda(
+      launch({"--num_processes", "2", "--comm_backend", "gloo", "--use_zero", "--zero_stage", "2"},
+             raw_mlp),
+      "raw_mlp, ZeRO-2 over Gloo");
   expect_no_cuda(launch({"--data_parallel", "--data_parallel_replicas", "2"}, raw_mlp),
                  "raw_mlp, DATA_PARALLEL");
   if (fs::exists(bin_path("fashion_mnist")))
     expect_no_cuda(launch({"--num_processes", "2"},
-                          {bin_path("fashion_mnist"), "--data_dir", kData, "--train_samples",
-                           "256", "--test_samples", "128", "--epochs", "1"}),
+                          {bin_path("fashion_mnist"), "--data_dir", kData, "--train_samples", "256",
+                           "--test_samples", "128", "--epochs", "1"}),
                    "fashion_mnist (LibTorch), DDP over shm");
 }

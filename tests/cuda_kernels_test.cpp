@@ -21,10 +21,10 @@
 #include <type_traits>
 #include <vector>
 
-#include "core/error.hpp"
 #include "backends/optim/adamw.hpp"
 #include "backends/optim/elementwise.hpp"
 #include "backends/optim/sgd.hpp"
+#include "core/error.hpp"
 #include "tests/support/skip.hpp"
 #include "tests/support/staging.hpp"
 
@@ -90,9 +90,10 @@ Diff compare(const std::vector<float>& gpu, const std::vector<float>& cpu) {
   for (std::size_t i = 0; i < gpu.size(); ++i) {
     if (gpu[i] == cpu[i]) continue;
     ++d.differing;
-    const double rel = std::fabs(double(gpu[i]) - double(cpu[i])) /
-                       std::max(1.0, std::fabs(double(cpu[i])));
-    d.max_rel = std::isnan(rel) ? std::numeric_limits<double>::infinity() : std::max(d.max_rel, rel);
+    const double rel =
+        std::fabs(double(gpu[i]) - double(cpu[i])) / std::max(1.0, std::fabs(double(cpu[i])));
+    d.max_rel =
+        std::isnan(rel) ? std::numeric_limits<double>::infinity() : std::max(d.max_rel, rel);
   }
   return d;
 }
@@ -161,8 +162,7 @@ void run_against_cpu(Optimizer& gpu_opt, Optimizer& cpu_opt, int steps) {
   const std::string gpu_state = gpu_opt.save_state(), cpu_state = cpu_opt.save_state();
   REQUIRE(gpu_state.size() == cpu_state.size());
   const Diff state = compare(state_floats(gpu_state), state_floats(cpu_state));
-  INFO("state: " << state.differing << " values differ, max relative difference "
-                 << state.max_rel);
+  INFO("state: " << state.differing << " values differ, max relative difference " << state.max_rel);
   CHECK(state.max_rel <= 1e-6);
 
   // A state loaded into a fresh optimizer goes to the GPU at its next step and continues as
@@ -211,7 +211,8 @@ TEST_CASE("AdamW and Adam (L2) on GPU segments match the CPU optimizer") {
 #if ACCEL_TEST_HAVE_CUDA_KERNELS
   for (const bool decoupled : {true, false}) {
     CAPTURE(decoupled);
-    const AdamWOptions options{.lr = 1e-2, .weight_decay = 0.05, .decoupled_weight_decay = decoupled};
+    const AdamWOptions options{
+        .lr = 1e-2, .weight_decay = 0.05, .decoupled_weight_decay = decoupled};
     AdamWOptions second = options;
     second.weight_decay = 0;
     AdamW gpu({options, second}), cpu({options, second});
@@ -325,8 +326,10 @@ TEST_CASE("DataParallel's gradient sum on GPU buffers matches the CPU bit for bi
       const std::vector<float> f = random_floats(n, rng);
       h.resize(n);
       for (std::size_t i = 0; i < n; ++i) {
-        if constexpr (std::is_same_v<T, BFloat16>) h[i] = to_bf16(f[i]);
-        else h[i] = T(f[i]);
+        if constexpr (std::is_same_v<T, BFloat16>)
+          h[i] = to_bf16(f[i]);
+        else
+          h[i] = T(f[i]);
       }
     }
     std::vector<std::unique_ptr<DeviceVector<T>>> gpu;
@@ -354,7 +357,8 @@ TEST_CASE("DataParallel's gradient sum on GPU buffers matches the CPU bit for bi
 TEST_CASE("without the CUDA kernels, CUDA buffers are refused naming the operation") {
   CHECK_FALSE(cuda_kernels_built());
   float values[4] = {}, grads[4] = {};
-  const Buffer v{values, 4, DType::f32, DeviceKind::cuda}, g{grads, 4, DType::f32, DeviceKind::cuda};
+  const Buffer v{values, 4, DType::f32, DeviceKind::cuda},
+      g{grads, 4, DType::f32, DeviceKind::cuda};
   Sgd sgd(SgdOptions{.lr = 0.1, .momentum = 0.9});
   CHECK_THROWS_WITH_AS(sgd.step({ParamSegment{0, v, g, 0}}),
                        doctest::Contains("SGD: segment 0 is in CUDA memory, and this build"),
@@ -364,7 +368,7 @@ TEST_CASE("without the CUDA kernels, CUDA buffers are refused naming the operati
   CHECK_THROWS_WITH_AS(add_sum_of_squares(g, sum), doctest::Contains("clip_grad_norm"),
                        InvalidArgument);
   const Buffer grads_list[] = {g};
-  CHECK_THROWS_WITH_AS(unscale_gradients(grads_list, 2.0),
-                       doctest::Contains("fp16 loss scaling"), InvalidArgument);
+  CHECK_THROWS_WITH_AS(unscale_gradients(grads_list, 2.0), doctest::Contains("fp16 loss scaling"),
+                       InvalidArgument);
 }
 #endif

@@ -19,11 +19,11 @@
 #include <string>
 #include <vector>
 
-#include "core/device_memory.hpp"
-#include "core/error.hpp"
 #include "backends/comm/local_communicator.hpp"
 #include "backends/dataparallel/data_parallel_strategy.hpp"
 #include "backends/optim/elementwise.hpp"
+#include "core/device_memory.hpp"
+#include "core/error.hpp"
 #include "tests/support/skip.hpp"
 #include "tests/support/staging.hpp"
 
@@ -74,15 +74,16 @@ struct Replica {
   Replica(int device) : buffer(5, DType::f32, MemoryKind::cuda, device) {
     for (std::size_t i = 0; i < kSizes.size(); ++i) {
       params.emplace_back(kSizes[i], DType::f32, MemoryKind::cuda, device);
-      if (i + 1 < kSizes.size()) grads.emplace_back(kSizes[i], DType::f32, MemoryKind::cuda, device);
+      if (i + 1 < kSizes.size())
+        grads.emplace_back(kSizes[i], DType::f32, MemoryKind::cuda, device);
     }
   }
   std::vector<ParamRef> refs() const {
     std::vector<ParamRef> out;
     for (std::size_t i = 0; i < kSizes.size(); ++i)
       out.push_back({"p" + std::to_string(i), params[i].view(),
-                     i < grads.size() ? grads[i].view() : Buffer{nullptr, kSizes[i], DType::f32,
-                                                                 DeviceKind::cuda}});
+                     i < grads.size() ? grads[i].view()
+                                      : Buffer{nullptr, kSizes[i], DType::f32, DeviceKind::cuda}});
     return out;
   }
 };

@@ -83,7 +83,8 @@ std::vector<float> train_mlp(int replicas, const MlpRun& run,
   Sgd sgd(SgdOptions{.lr = 0.05f, .momentum = 0.9f});
   AdamW adamw(AdamWOptions{.lr = 2e-3});
   Optimizer& optimizer = run.adamw ? static_cast<Optimizer&>(adamw) : sgd;
-  acc.prepare(model, [](raw_mlp::Mlp& m) { return raw_mlp::param_refs(m); }, optimizer);
+  acc.prepare(
+      model, [](raw_mlp::Mlp& m) { return raw_mlp::param_refs(m); }, optimizer);
   const std::size_t micro_batches = std::size_t(run.steps * run.accumulation);
   std::size_t next = 0;
   std::vector<double> step_magnitudes;
@@ -98,17 +99,16 @@ std::vector<float> train_mlp(int replicas, const MlpRun& run,
               model,
               std::span<const float>(data.x).subspan(first * data.features, rows * data.features),
               std::span<const int>(data.labels).subspan(first, rows), acc.loss_scale()));
-    acc.forward_backward(model, rows,
-                         [&](raw_mlp::Mlp& m, std::size_t from, std::size_t n, auto ready) {
-                           return m.forward_backward(
-                               std::span<const float>(data.x).subspan(
-                                   (first + from) * data.features, n * data.features),
-                               std::span<const int>(data.labels).subspan(first + from, n),
-                               acc.loss_scale(), [&](std::size_t l) {
-                                 ready(2 * l);
-                                 ready(2 * l + 1);
-                               });
-                         });
+    acc.forward_backward(
+        model, rows, [&](raw_mlp::Mlp& m, std::size_t from, std::size_t n, auto ready) {
+          return m.forward_backward(std::span<const float>(data.x).subspan(
+                                        (first + from) * data.features, n * data.features),
+                                    std::span<const int>(data.labels).subspan(first + from, n),
+                                    acc.loss_scale(), [&](std::size_t l) {
+                                      ready(2 * l);
+                                      ready(2 * l + 1);
+                                    });
+        });
     if (acc.sync_gradients()) {
       if (magnitude) {
         fold_step(*magnitude, std::exchange(step_magnitudes, {}));
@@ -125,7 +125,8 @@ std::vector<float> train_mlp(int replicas, const MlpRun& run,
     out.insert(out.end(), l.weight.begin(), l.weight.end());
     out.insert(out.end(), l.bias.begin(), l.bias.end());
   }
-  if (auto* dp = dynamic_cast<DataParallelStrategy*>(&acc.strategy())) {  // replicas hold replica 0's values
+  if (auto* dp = dynamic_cast<DataParallelStrategy*>(
+          &acc.strategy())) {  // replicas hold replica 0's values
     for (int k = 1; k < dp->count(); ++k)
       for (std::size_t i = 0; i < dp->params().size(); ++i) {
         const Buffer a = dp->params()[i].data, b = dp->replica_params(k)[i].data;
@@ -241,8 +242,9 @@ TEST_CASE("raw MLP: DataParallel with 2 and 4 replicas equals one replica on the
     expect_mlp_equivalence({.accumulation = 2, .clip = 1.0, .batch = 30, .steps = 20},
                            "accumulation 2, batch 30, clip 1");
   }
-  SUBCASE("accumulating micro-batches of different sizes (30 then 20 rows): replica weights "
-          "change mid-accumulation") {
+  SUBCASE(
+      "accumulating micro-batches of different sizes (30 then 20 rows): replica weights "
+      "change mid-accumulation") {
     expect_mlp_equivalence({.accumulation = 2, .batch = 30, .odd_batch = 20, .steps = 20},
                            "accumulation 2, batches 30 and 20");
   }
@@ -278,10 +280,21 @@ std::string final_line(const std::string& out) {
 
 TEST_CASE("accel launch with DATA_PARALLEL runs raw_mlp on 2 replicas with one replica's result") {
   if (skip_unless(have_data(), "Fashion-MNIST not installed at " + kData)) return;
-  if (skip_unless(std::filesystem::exists(bin_path("raw_mlp")), "raw_mlp example not built")) return;
-  const std::vector<std::string> args = {bin_path("raw_mlp"), "--data_dir", kData,
-                                         "--train_samples", "1000", "--test_samples", "500",
-                                         "--epochs", "1", "--hidden", "32", "--batch_size", "50"};
+  if (skip_unless(std::filesystem::exists(bin_path("raw_mlp")), "raw_mlp example not built"))
+    return;
+  const std::vector<std::string> args = {bin_path("raw_mlp"),
+                                         "--data_dir",
+                                         kData,
+                                         "--train_samples",
+                                         "1000",
+                                         "--test_samples",
+                                         "500",
+                                         "--epochs",
+                                         "1",
+                                         "--hidden",
+                                         "32",
+                                         "--batch_size",
+                                         "50"};
   auto launch = [&](std::vector<std::string> head) {
     head.insert(head.begin(), "launch");
     head.insert(head.end(), args.begin(), args.end());
@@ -300,7 +313,8 @@ TEST_CASE("accel launch with DATA_PARALLEL runs raw_mlp on 2 replicas with one r
 }
 
 TEST_CASE("bad DATA_PARALLEL settings are refused naming the key") {
-  if (skip_unless(std::filesystem::exists(bin_path("raw_mlp")), "raw_mlp example not built")) return;
+  if (skip_unless(std::filesystem::exists(bin_path("raw_mlp")), "raw_mlp example not built"))
+    return;
   auto refused = [](const std::vector<std::string>& flags, const std::string& key) {
     std::vector<std::string> argv = {"launch"};
     argv.insert(argv.end(), flags.begin(), flags.end());
@@ -348,13 +362,13 @@ std::vector<at::Tensor> train_cnn(int replicas, const CnnRun& run) {
   torch::manual_seed(3);
   fashion_mnist::Net net;
   net->to(run.dtype);
-  torch::optim::SGD sgd(net->parameters(),
-                        torch::optim::SGDOptions(run.lr).momentum(run.momentum));
+  torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(run.lr).momentum(run.momentum));
   auto [model, opt] = acc.prepare(net, sgd);
   model->train();
   if (run.frozen_norm)  // per-chunk batch statistics and random masks differ by design
     for (const auto& item : model->named_modules())
-      if (item.key() == "bn1" || item.key() == "bn2" || item.key() == "dropout") item.value()->eval();
+      if (item.key() == "bn1" || item.key() == "bn2" || item.key() == "dropout")
+        item.value()->eval();
   for (int step = 0; step < run.steps; ++step) {
     const std::int64_t first = (step * run.batch) % (data.images.size(0) - run.batch);
     opt.zero_grad();
@@ -370,10 +384,8 @@ std::vector<at::Tensor> train_cnn(int replicas, const CnnRun& run) {
   for (int k = 1; k < acc.data_parallel_replicas(); ++k) {
     auto params = acc.replica_module(k).parameters();
     auto buffers = acc.replica_module(k).buffers();
-    for (std::size_t i = 0; i < params.size(); ++i)
-      CHECK(params[i].equal(model->parameters()[i]));
-    for (std::size_t i = 0; i < buffers.size(); ++i)
-      CHECK(buffers[i].equal(model->buffers()[i]));
+    for (std::size_t i = 0; i < params.size(); ++i) CHECK(params[i].equal(model->parameters()[i]));
+    for (std::size_t i = 0; i < buffers.size(); ++i) CHECK(buffers[i].equal(model->buffers()[i]));
   }
   return out;
 }
@@ -403,13 +415,14 @@ TEST_CASE("Fashion-MNIST CNN: DataParallel with 2 and 4 replicas equals one repl
   const std::vector<at::Tensor> one = train_cnn(0, run);
   for (int k : {2, 4}) {
     const double diff = max_abs_diff(train_cnn(k, run), one);
-    MESSAGE("CNN (fp64), SGD momentum, " << k << " replicas: max |diff| " << diff
-                                         << " (limit " << limit << ")");
+    MESSAGE("CNN (fp64), SGD momentum, " << k << " replicas: max |diff| " << diff << " (limit "
+                                         << limit << ")");
     CHECK(diff <= limit);
   }
 }
 
-TEST_CASE("Fashion-MNIST CNN in training mode: replicas follow replica 0's parameters and buffers") {
+TEST_CASE(
+    "Fashion-MNIST CNN in training mode: replicas follow replica 0's parameters and buffers") {
   if (skip_unless(have_data(), "Fashion-MNIST not installed at " + kData)) return;
   // Per-chunk BatchNorm statistics and dropout: not the single replica's numbers, but every
   // replica must end with replica 0's parameters and buffers (checked inside train_cnn).
@@ -422,10 +435,10 @@ TEST_CASE("accel launch with DATA_PARALLEL runs examples/fashion_mnist end to en
   if (skip_unless(have_data(), "Fashion-MNIST not installed at " + kData)) return;
   if (skip_unless(std::filesystem::exists(bin_path("fashion_mnist")), "fashion_mnist not built"))
     return;
-  auto r = run_accel({"launch", "--data_parallel", "--data_parallel_replicas", "2",
-                      bin_path("fashion_mnist"), "--data_dir", kData, "--train_samples", "1000",
-                      "--test_samples", "500", "--epochs", "1"},
-                     {}, std::chrono::seconds(240));
+  auto r = run_accel(
+      {"launch", "--data_parallel", "--data_parallel_replicas", "2", bin_path("fashion_mnist"),
+       "--data_dir", kData, "--train_samples", "1000", "--test_samples", "500", "--epochs", "1"},
+      {}, std::chrono::seconds(240));
   INFO(describe(r));
   REQUIRE(r.exit_code() == 0);
   const std::string& out = r.workers.at(0).output;

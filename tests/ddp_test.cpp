@@ -17,7 +17,8 @@ namespace {
 int count_matches(const launch::GroupResult& result) {
   int n = 0;
   for (const auto& w : result.workers)
-    for (std::size_t pos = 0; (pos = w.output.find("max |ddp - single|", pos)) != std::string::npos; ++pos)
+    for (std::size_t pos = 0; (pos = w.output.find("max |ddp - single|", pos)) != std::string::npos;
+         ++pos)
       ++n;
   return n;
 }
@@ -30,8 +31,8 @@ TEST_CASE("DDP over gloo equals one process on the global batch") {
     for (const char* accumulation : {"1", "4"}) {
       CAPTURE(world);
       CAPTURE(accumulation);
-      const auto result = run_ranks(world, "ddp_worker",
-                                    {"--backend", "gloo", "--accumulation", accumulation});
+      const auto result =
+          run_ranks(world, "ddp_worker", {"--backend", "gloo", "--accumulation", accumulation});
       INFO(describe(result));
       REQUIRE(result.exit_code() == 0);
       CHECK(count_matches(result) == world);

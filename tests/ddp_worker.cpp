@@ -59,9 +59,12 @@ int main(int argc, char** argv) {
   int accumulation = 1, steps = 20;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
-    if (flag == "--backend") pg.backend = argv[i + 1];
-    else if (flag == "--accumulation") accumulation = std::stoi(argv[i + 1]);
-    else if (flag == "--steps") steps = std::stoi(argv[i + 1]);
+    if (flag == "--backend")
+      pg.backend = argv[i + 1];
+    else if (flag == "--accumulation")
+      accumulation = std::stoi(argv[i + 1]);
+    else if (flag == "--steps")
+      steps = std::stoi(argv[i + 1]);
   }
   try {
     auto group = init_process_group(pg);

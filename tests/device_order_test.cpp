@@ -26,11 +26,11 @@ namespace {
 
 struct FakeDevice {
   std::mutex mutex;
-  std::vector<std::thread::id> issued_on;  // on_issue's threads, in order
-  std::vector<DeviceStream> issue_streams; // the compute stream on_issue was given
-  std::vector<DeviceStream> ordered;       // streams order_before was asked to order
+  std::vector<std::thread::id> issued_on;   // on_issue's threads, in order
+  std::vector<DeviceStream> issue_streams;  // the compute stream on_issue was given
+  std::vector<DeviceStream> ordered;        // streams order_before was asked to order
   std::atomic<int> launched{0};
-  std::atomic<int> completed_upto{0};      // operations 1..n have completed on the "device"
+  std::atomic<int> completed_upto{0};  // operations 1..n have completed on the "device"
   std::atomic<bool> abandoned{false};
 };
 
@@ -182,9 +182,9 @@ TEST_CASE("device memory: host buffers are zeroed, copied and cleared") {
   CHECK(a.view().data == nullptr);
   DeviceBuffer empty(0, DType::f32, MemoryKind::host);
   CHECK(empty.view().data != nullptr);
-  CHECK_THROWS_WITH_AS(copy_buffer(b.view(), DeviceBuffer(4, DType::f64, MemoryKind::host).view(), nullptr),
-                       doctest::Contains("the destination holds 5 x f64, the source 4 x f64"),
-                       InvalidArgument);
+  CHECK_THROWS_WITH_AS(
+      copy_buffer(b.view(), DeviceBuffer(4, DType::f64, MemoryKind::host).view(), nullptr),
+      doctest::Contains("the destination holds 5 x f64, the source 4 x f64"), InvalidArgument);
 }
 
 TEST_CASE("device memory: a CUDA buffer where CUDA cannot give one is a clear error") {

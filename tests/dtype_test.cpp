@@ -150,7 +150,6 @@ TEST_CASE("shard_of: shards tile the buffer in rank order and differ by at most 
 const std::vector<double> kA = {1, -2, 3, 0, 100, -7};
 const std::vector<double> kB = {4, -5, 1, 0, -100, -7};
 
-
 double expected(ReduceOp op, double a, double b) {
   switch (op) {
     case ReduceOp::sum:

@@ -26,9 +26,18 @@ const std::string kData = "/usr/share/datasets/fashion-mnist";
 
 // `accel launch --num_processes 2 fashion_mnist ARGS...` on a subset; returns what it printed.
 launch::WorkerExit launch_example(const std::vector<std::string>& args) {
-  std::vector<std::string> argv = {"launch", "--num_processes", "2", "--main_process_port", "0",
-                                   bin_path("fashion_mnist"), "--data_dir", kData,
-                                   "--train_samples", "6000", "--test_samples", "2000"};
+  std::vector<std::string> argv = {"launch",
+                                   "--num_processes",
+                                   "2",
+                                   "--main_process_port",
+                                   "0",
+                                   bin_path("fashion_mnist"),
+                                   "--data_dir",
+                                   kData,
+                                   "--train_samples",
+                                   "6000",
+                                   "--test_samples",
+                                   "2000"};
   argv.insert(argv.end(), args.begin(), args.end());
   auto result = run_accel(argv, {}, std::chrono::seconds(240));
   REQUIRE_FALSE(result.timed_out);

@@ -163,10 +163,11 @@ launch::GroupResult run_both(const TwoMachines& machines, const std::vector<std:
                              std::function<void()> during = {}) {
   launch::WorkerGroupOptions options;
   options.monitor_interval = std::chrono::milliseconds(50);
-  if (during) options.should_stop = [during] {
-    during();
-    return false;
-  };
+  if (during)
+    options.should_stop = [during] {
+      during();
+      return false;
+    };
   options.capture = true;
   options.echo = false;
   options.timeout = std::chrono::seconds(120);  // anti-hang only
@@ -187,11 +188,13 @@ TEST_CASE("two machines run a 2-node all-reduce (shm inside, Gloo between) throu
   const std::string& m0 = result.workers.at(0).output;
   const std::string& m1 = result.workers.at(1).output;
   // Global ranks: machine K runs K * 2 + local rank.
-  CHECK(contains(
-      m0, "[rank 0] rank 0 of 4 (hierarchical): all_reduce of 1048576 floats: 10 (expected 10), 0 wrong"));
+  CHECK(contains(m0,
+                 "[rank 0] rank 0 of 4 (hierarchical): all_reduce of 1048576 floats: 10 (expected "
+                 "10), 0 wrong"));
   CHECK(contains(m0, "[rank 1] rank 1 of 4 (hierarchical)"));
-  CHECK(contains(
-      m1, "[rank 2] rank 2 of 4 (hierarchical): all_reduce of 1048576 floats: 10 (expected 10), 0 wrong"));
+  CHECK(contains(m1,
+                 "[rank 2] rank 2 of 4 (hierarchical): all_reduce of 1048576 floats: 10 (expected "
+                 "10), 0 wrong"));
   CHECK(contains(m1, "[rank 3] rank 3 of 4 (hierarchical)"));
   // Gloo was told which address reaches the other machine.
   CHECK(contains(m1, std::string("ACCEL_GLOO_HOSTNAME=") + kMachine1));
@@ -233,12 +236,12 @@ TEST_CASE("--max_restarts restarts the workers of both machines together") {
       result.workers.at(0).output,
       "restarting every worker (restart 1 of 1) after machine 1: rank 2 exited with code 9"));
   CHECK(contains(result.workers.at(1).output, "restarting every worker (restart 1 of 1)"));
-  CHECK(contains(
-      result.workers.at(0).output,
-      "[rank 0] rank 0 of 4 (hierarchical): all_reduce of 1048576 floats: 10 (expected 10), 0 wrong"));
-  CHECK(contains(
-      result.workers.at(1).output,
-      "[rank 2] rank 2 of 4 (hierarchical): all_reduce of 1048576 floats: 10 (expected 10), 0 wrong"));
+  CHECK(contains(result.workers.at(0).output,
+                 "[rank 0] rank 0 of 4 (hierarchical): all_reduce of 1048576 floats: 10 (expected "
+                 "10), 0 wrong"));
+  CHECK(contains(result.workers.at(1).output,
+                 "[rank 2] rank 2 of 4 (hierarchical): all_reduce of 1048576 floats: 10 (expected "
+                 "10), 0 wrong"));
 }
 
 TEST_CASE("a machine cut off mid-run is noticed by the heartbeat: both launchers stop naming it") {
@@ -254,13 +257,14 @@ TEST_CASE("a machine cut off mid-run is noticed by the heartbeat: both launchers
       if (!std::filesystem::exists(dir / ("running_" + std::to_string(r)))) return false;
     return true;
   };
-  const auto result = run_both(
-      machines,
-      {"--num_processes", "4", "--grace_period", "1", "--heartbeat_interval", "0.5",
-       "--heartbeat_misses", "4", "sh", "-c", "touch " + dir.path.string() + "/running_$RANK; exec sleep 600"},
-      [&] {
-        if (!cut && all_running()) cut = machines.cut_link();
-      });
+  const auto result =
+      run_both(machines,
+               {"--num_processes", "4", "--grace_period", "1", "--heartbeat_interval", "0.5",
+                "--heartbeat_misses", "4", "sh", "-c",
+                "touch " + dir.path.string() + "/running_$RANK; exec sleep 600"},
+               [&] {
+                 if (!cut && all_running()) cut = machines.cut_link();
+               });
   INFO(describe(result));
   REQUIRE(cut);
   REQUIRE_FALSE(result.timed_out);

@@ -14,8 +14,8 @@
 #include <sstream>
 #include <thread>
 
-#include "core/tcp_store.hpp"
 #include "config/config.hpp"
+#include "core/tcp_store.hpp"
 #include "launch/worker_env.hpp"
 #include "tests/support/files.hpp"
 #include "tests/support/ranks.hpp"
@@ -30,7 +30,7 @@ using Clock = std::chrono::steady_clock;
 
 // `accel ARGS...` in a clean environment (test::run_accel); its one process's exit and output.
 launch::WorkerExit accel_command(const std::vector<std::string>& args,
-                             const std::vector<std::pair<std::string, std::string>>& env = {}) {
+                                 const std::vector<std::pair<std::string, std::string>>& env = {}) {
   auto result = test::run_accel(args, env);
   REQUIRE_FALSE(result.timed_out);
   return result.workers.at(0);
@@ -105,8 +105,8 @@ TEST_CASE(
 
   auto out = accel_command(with({}));
   INFO(out.output);
-  CHECK(contains(out.output, "[rank 1] OMP=" + omp + " GT=" + std::string(launch::kWorkerMallocTunables) +
-                                 " CVD=unset"));
+  CHECK(contains(out.output, "[rank 1] OMP=" + omp + " GT=" +
+                                 std::string(launch::kWorkerMallocTunables) + " CVD=unset"));
   CHECK(contains(out.output, "OMP_NUM_THREADS=" + omp + "  ("));  // the printed default
   CHECK(contains(out.output, "--no_malloc_hugetlb"));             // ...and how to stop it
 
@@ -116,14 +116,15 @@ TEST_CASE(
   out = accel_command(with({"--num_cpu_threads_per_process=3", "--no_malloc_hugetlb"}));
   CHECK(contains(out.output, "[rank 0] OMP=3 GT=unset"));
 
-  out = accel_command(with({}), {{"OMP_NUM_THREADS", "7"}, {"GLIBC_TUNABLES", "glibc.malloc.check=0"}});
+  out = accel_command(with({}),
+                      {{"OMP_NUM_THREADS", "7"}, {"GLIBC_TUNABLES", "glibc.malloc.check=0"}});
   CHECK(contains(out.output, "[rank 0] OMP=7 GT=glibc.malloc.check=0"));
 }
 
 TEST_CASE("flags take --flag=value and everything after the program is the program's") {
   const auto out =
-      accel_command({"launch", "--num_processes=2", "--main-process-port=0", "-q", "--multi_cpu", "sh",
-                 "-c", "echo args: \"$@\"", "sh", "--num_processes", "9", "-q"});
+      accel_command({"launch", "--num_processes=2", "--main-process-port=0", "-q", "--multi_cpu",
+                     "sh", "-c", "echo args: \"$@\"", "sh", "--num_processes", "9", "-q"});
   INFO(out.output);
   CHECK(out.exit_code == 0);
   CHECK(contains(out.output, "[rank 1] args: --num_processes 9 -q"));
@@ -146,8 +147,8 @@ TEST_CASE("a failing worker stops the others and its exit code and stderr are re
 
 TEST_CASE("a worker killed by a signal is reported with the signal") {
   const auto out =
-      accel_command({"launch", "--num_processes", "2", "--main_process_port", "0", "--multi_cpu", "sh",
-                 "-c", "if [ \"$RANK\" = 0 ]; then kill -SEGV $$; fi; sleep 600"});
+      accel_command({"launch", "--num_processes", "2", "--main_process_port", "0", "--multi_cpu",
+                     "sh", "-c", "if [ \"$RANK\" = 0 ]; then kill -SEGV $$; fi; sleep 600"});
   INFO(out.output);
   CHECK(out.exit_code == 128 + 11);
   CHECK(contains(out.output, "rank 0 was killed by signal 11"));
@@ -158,9 +159,9 @@ TEST_CASE("a worker that fails once is restarted under --max_restarts and the jo
   const std::string marker = dir / "failed_once";
   const auto out =
       accel_command({"launch", "--num_processes", "2", "--main_process_port", "0", "--multi_cpu",
-                 "--max_restarts", "1", "--log_dir", dir / "logs", "sh", "-c",
-                 "if [ \"$RANK\" = 1 ] && [ ! -e " + marker + " ]; then touch " + marker +
-                     "; exit 5; fi; echo ok restart=$ACCEL_RESTART_COUNT"});
+                     "--max_restarts", "1", "--log_dir", dir / "logs", "sh", "-c",
+                     "if [ \"$RANK\" = 1 ] && [ ! -e " + marker + " ]; then touch " + marker +
+                         "; exit 5; fi; echo ok restart=$ACCEL_RESTART_COUNT"});
   INFO(out.output);
   CHECK(out.exit_code == 0);
   CHECK(contains(out.output, "rank 1 exited with code 5"));
@@ -177,15 +178,15 @@ TEST_CASE("a restarted job rendezvouses afresh: stale keys of the failed attempt
   // The first attempt completes a whole Gloo rendezvous (every rank's address is in the
   // store) before rank 1 fails; the second attempt must not read those addresses of dead
   // processes, or it would try to connect to them.
-  const auto out =
-      accel_command({"launch", "--num_processes", "2", "--main_process_port", "0", "--multi_cpu",
-                 "--cpu_communicator", "gloo", "--max_restarts", "1", "--grace_period", "1", "sh", "-c",
-                 // In the second attempt rank 0 comes late, so rank 1 finds only the first
-                 // attempt's keys at first.
-                 "if [ \"$ACCEL_RESTART_COUNT\" = 1 ] && [ \"$RANK\" = 0 ]; then sleep 1; fi; " +
-                     bin_path("allreduce_demo") +
-                     " || exit $?; echo attempt $ACCEL_RESTART_COUNT done; "
-                     "if [ \"$ACCEL_RESTART_COUNT\" = 0 ] && [ \"$RANK\" = 1 ]; then exit 7; fi"});
+  const auto out = accel_command(
+      {"launch", "--num_processes", "2", "--main_process_port", "0", "--multi_cpu",
+       "--cpu_communicator", "gloo", "--max_restarts", "1", "--grace_period", "1", "sh", "-c",
+       // In the second attempt rank 0 comes late, so rank 1 finds only the first
+       // attempt's keys at first.
+       "if [ \"$ACCEL_RESTART_COUNT\" = 1 ] && [ \"$RANK\" = 0 ]; then sleep 1; fi; " +
+           bin_path("allreduce_demo") +
+           " || exit $?; echo attempt $ACCEL_RESTART_COUNT done; "
+           "if [ \"$ACCEL_RESTART_COUNT\" = 0 ] && [ \"$RANK\" = 1 ]; then exit 7; fi"});
   INFO(out.output);
   CHECK(out.exit_code == 0);
   CHECK(contains(out.output, "rank 1 exited with code 7"));
@@ -195,8 +196,8 @@ TEST_CASE("a restarted job rendezvouses afresh: stale keys of the failed attempt
 
 TEST_CASE("when the restarts are spent the launcher exits with the failure") {
   const auto out = accel_command({"launch", "--num_processes", "2", "--main_process_port", "0",
-                              "--multi_cpu", "--max_restarts", "1", "sh", "-c",
-                              "if [ \"$RANK\" = 0 ]; then exit 4; fi; exec sleep 600"});
+                                  "--multi_cpu", "--max_restarts", "1", "sh", "-c",
+                                  "if [ \"$RANK\" = 0 ]; then exit 4; fi; exec sleep 600"});
   INFO(out.output);
   CHECK(out.exit_code == 4);
   CHECK(contains(out.output, "restart 1 of 1"));
@@ -206,8 +207,8 @@ TEST_CASE("when the restarts are spent the launcher exits with the failure") {
 TEST_CASE("--log_dir writes one file per rank; --tee picks what reaches the console") {
   TempDir dir;
   const auto out = accel_command({"launch", "--num_processes", "2", "--main_process_port", "0",
-                              "--multi_cpu", "--log_dir", dir / "logs", "--tee", "2", "sh", "-c",
-                              "echo out of $RANK; echo err of $RANK >&2"});
+                                  "--multi_cpu", "--log_dir", dir / "logs", "--tee", "2", "sh",
+                                  "-c", "echo out of $RANK; echo err of $RANK >&2"});
   INFO(out.output);
   CHECK(out.exit_code == 0);
   for (int r = 0; r < 2; ++r) {
@@ -314,9 +315,9 @@ TEST_CASE("SIGTERM to the launcher ends every worker and everything they started
 
 TEST_CASE("children a successful worker left running are ended with the job") {
   TempDir dir;
-  const auto out =
-      accel_command({"launch", "--num_processes", "2", "--main_process_port", "0", "--multi_cpu", "sh",
-                 "-c", "setsid sleep 600 & echo $! > " + dir.path.string() + "/left_$RANK"});
+  const auto out = accel_command(
+      {"launch", "--num_processes", "2", "--main_process_port", "0", "--multi_cpu", "sh", "-c",
+       "setsid sleep 600 & echo $! > " + dir.path.string() + "/left_$RANK"});
   INFO(out.output);
   CHECK(out.exit_code == 0);
   for (int r = 0; r < 2; ++r) {
@@ -329,7 +330,7 @@ TEST_CASE("children a successful worker left running are ended with the job") {
 
 TEST_CASE("the 2-process all-reduce demo runs under accel launch, over shared memory by default") {
   const auto out = accel_command({"launch", "--num_processes", "2", "--main_process_port", "0",
-                              "--multi_cpu", bin_path("allreduce_demo")});
+                                  "--multi_cpu", bin_path("allreduce_demo")});
   INFO(out.output);
   CHECK(out.exit_code == 0);
   CHECK(contains(
@@ -337,9 +338,9 @@ TEST_CASE("the 2-process all-reduce demo runs under accel launch, over shared me
       "[rank 0] rank 0 of 2 (shm): all_reduce of 1048576 floats: 3 (expected 3), 0 wrong"));
   CHECK(contains(out.output, "[rank 1] rank 1 of 2 (shm)"));
   // A setting forces Gloo.
-  const auto gloo = accel_command({"launch", "--num_processes", "2", "--main_process_port", "0",
-                                   "--multi_cpu", "--cpu_communicator", "gloo",
-                                   bin_path("allreduce_demo")});
+  const auto gloo =
+      accel_command({"launch", "--num_processes", "2", "--main_process_port", "0", "--multi_cpu",
+                     "--cpu_communicator", "gloo", bin_path("allreduce_demo")});
   INFO(gloo.output);
   CHECK(contains(gloo.output, "[rank 1] rank 1 of 2 (gloo)"));
 }
@@ -367,15 +368,16 @@ TEST_CASE("accel env names the versions and the config in effect") {
       contains(out.output, "/nonexistent/accel.yaml"));  // the broken config is reported, not fatal
 }
 
-TEST_CASE("a rank that exits 0 before joining ends the job naming it; ranks that never join succeed") {
+TEST_CASE(
+    "a rank that exits 0 before joining ends the job naming it; ranks that never join succeed") {
   // ACCEL_COMM_TIMEOUT bounds the wait should the launcher not notice (it would say timeout).
   const std::vector<std::pair<std::string, std::string>> env = {{"ACCEL_COMM_TIMEOUT", "30"}};
   const std::string demo = bin_path("allreduce_demo");
   // Rank 1 leaves at once; rank 0 joins only later (the rule is judged again as ranks join).
-  auto out = accel_command({"launch", "--num_processes", "2", "--main_process_port", "0",
-                            "--multi_cpu", "sh", "-c",
-                            "[ $RANK = 1 ] && exit 0; sleep 1; exec " + demo},
-                           env);
+  auto out =
+      accel_command({"launch", "--num_processes", "2", "--main_process_port", "0", "--multi_cpu",
+                     "sh", "-c", "[ $RANK = 1 ] && exit 0; sleep 1; exec " + demo},
+                    env);
   INFO(out.output);
   CHECK(out.exit_code == 1);
   CHECK(contains(out.output,
@@ -384,31 +386,34 @@ TEST_CASE("a rank that exits 0 before joining ends the job naming it; ranks that
   CHECK_FALSE(contains(out.output, "timed out"));
 
   // A rank whose program asks for another communicator fails at once, naming both.
-  out = accel_command({"launch", "--num_processes", "2", "--main_process_port", "0",
-                       "--multi_cpu", "sh", "-c",
-                       "[ $RANK = 1 ] && sleep 1 && export ACCEL_COMM_BACKEND=gloo; exec " + demo},
-                      env);
+  out = accel_command(
+      {"launch", "--num_processes", "2", "--main_process_port", "0", "--multi_cpu", "sh", "-c",
+       "[ $RANK = 1 ] && sleep 1 && export ACCEL_COMM_BACKEND=gloo; exec " + demo},
+      env);
   INFO(out.output);
   CHECK(out.exit_code == 1);
-  CHECK(contains(out.output, "rank 1 asks for the 'gloo' communicator, but rank 0 joined the "
-                             "process group with 'auto'"));
+  CHECK(contains(out.output,
+                 "rank 1 asks for the 'gloo' communicator, but rank 0 joined the "
+                 "process group with 'auto'"));
 
   // Ranks ending at different times after leaving their process group, and ranks that never
   // join one, are a job that succeeded.
-  out = accel_command({"launch", "--num_processes", "3", "--main_process_port", "0",
-                       "--multi_cpu", "sh", "-c", demo + " && sleep $RANK"},
+  out = accel_command({"launch", "--num_processes", "3", "--main_process_port", "0", "--multi_cpu",
+                       "sh", "-c", demo + " && sleep $RANK"},
                       env);
   INFO(out.output);
   CHECK(out.exit_code == 0);
-  out = accel_command({"launch", "--num_processes", "2", "--main_process_port", "0",
-                       "--multi_cpu", "sh", "-c", "[ $RANK = 1 ] && exit 0; sleep 1; echo hi"},
+  out = accel_command({"launch", "--num_processes", "2", "--main_process_port", "0", "--multi_cpu",
+                       "sh", "-c", "[ $RANK = 1 ] && exit 0; sleep 1; echo hi"},
                       env);
   INFO(out.output);
   CHECK(out.exit_code == 0);
   CHECK(contains(out.output, "[rank 0] hi"));
 }
 
-TEST_CASE("a rank that stops answering (SIGSTOP) is named as the root cause, not the rank that timed out") {
+TEST_CASE(
+    "a rank that stops answering (SIGSTOP) is named as the root cause, not the rank that timed "
+    "out") {
   TempDir dir;
   const std::string log = dir / "launcher.out";
   const std::string script = "echo $$ > " + dir.path.string() + "/pid_$RANK; exec " +

@@ -12,9 +12,9 @@
 
 #include "accelerate/checkpoint_manifest.hpp"
 #include "accelerate/loss_scaler.hpp"
-#include "backends/optim/elementwise.hpp"
 #include "backends/comm/local_communicator.hpp"
 #include "backends/comm/registry.hpp"
+#include "backends/optim/elementwise.hpp"
 #include "tests/support/ranks.hpp"
 #include "tests/support/skip.hpp"
 
@@ -23,8 +23,8 @@ using namespace accel::test;
 
 TEST_CASE("the scale backs off on overflow and grows after growth_interval finite steps") {
   LocalCommunicator comm;
-  DynamicLossScaler scaler({.init_scale = 8, .growth_factor = 2, .backoff_factor = 0.5,
-                            .growth_interval = 2});
+  DynamicLossScaler scaler(
+      {.init_scale = 8, .growth_factor = 2, .backoff_factor = 0.5, .growth_interval = 2});
   CHECK(scaler.update(comm, true));
   CHECK(scaler.scale() == 8);
   CHECK(scaler.update(comm, true));

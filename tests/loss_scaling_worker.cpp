@@ -76,7 +76,8 @@ int main(int argc, char** argv) {
       } else {
         skipped.push_back(step);
         for (float g : grad) zeroed_after_skip = zeroed_after_skip && g == 0.0f;
-        if (!acc.optimizer_step_was_skipped()) report(false, "sync_gradients false but not skipped");
+        if (!acc.optimizer_step_was_skipped())
+          report(false, "sync_gradients false but not skipped");
       }
       if (step != kOverflowStep)
         for (int i = 0; i < kParams; ++i) {
@@ -86,9 +87,9 @@ int main(int argc, char** argv) {
         }
     }
 
-    report(skipped == std::vector<int>{kOverflowStep},
-           "every rank skipped exactly the step that overflowed on rank " +
-               std::to_string(world - 1));
+    report(
+        skipped == std::vector<int>{kOverflowStep},
+        "every rank skipped exactly the step that overflowed on rank " + std::to_string(world - 1));
     report(zeroed_after_skip, "the skipped step's gradients were zeroed");
     const std::vector<double> expected = {1024, 1024, 1024, 2048, 1024,
                                           1024, 1024, 2048, 2048, 2048};

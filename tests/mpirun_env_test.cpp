@@ -35,9 +35,9 @@ TEST_CASE("a program started by plain mpirun -np 2 gets the right rank and world
 TEST_CASE("accel launch --use_mpi starts the workers through mpirun with the launcher's settings") {
   if (skip_unless(!find_mpirun().empty(), "mpirun not found (openmpi-bin not installed)")) return;
   // Ranks and the config come only from the launcher (run_accel clears the outer ones).
-  const auto result = run_accel({"launch", "--use_mpi", "--num_processes", "2",
-                                 "--main_process_port", "0", "--multi_cpu",
-                                 bin_path("print_process_env")});
+  const auto result =
+      run_accel({"launch", "--use_mpi", "--num_processes", "2", "--main_process_port", "0",
+                 "--multi_cpu", bin_path("print_process_env")});
   const std::string& out = result.workers.at(0).output;
   INFO(out);
   REQUIRE_FALSE(result.timed_out);
@@ -52,9 +52,8 @@ TEST_CASE("accel launch --use_mpi starts the workers through mpirun with the lau
 
 TEST_CASE("under --use_mpi, Gloo workers rendezvous through the launcher's store") {
   if (skip_unless(!find_mpirun().empty(), "mpirun not found (openmpi-bin not installed)")) return;
-  const auto result = run_accel({"test", "--use_mpi", "--num_processes", "2",
-                                 "--main_process_port", "0", "--multi_cpu", "--cpu_communicator",
-                                 "gloo"});
+  const auto result = run_accel({"test", "--use_mpi", "--num_processes", "2", "--main_process_port",
+                                 "0", "--multi_cpu", "--cpu_communicator", "gloo"});
   const std::string& out = result.workers.at(0).output;
   INFO(out);
   REQUIRE_FALSE(result.timed_out);

@@ -8,14 +8,14 @@
 #include <cmath>
 #include <cstring>
 
-#include "core/device_memory.hpp"
 #include "backends/comm/local_communicator.hpp"
-#include "core/memory_store.hpp"
 #include "backends/comm/registry.hpp"
 #include "backends/optim/elementwise.hpp"
 #include "backends/optim/sgd.hpp"
 #include "backends/strategy_factory.hpp"
 #include "backends/zero/zero_strategy.hpp"
+#include "core/device_memory.hpp"
+#include "core/memory_store.hpp"
 #include "tests/support/ranks.hpp"
 #include "tests/support/skip.hpp"
 #include "tests/support/staging.hpp"
@@ -69,7 +69,9 @@ struct LoopSettings {
 };
 
 // Blocks until `stream`'s work is done (bounded), for the test's own host reads.
-void sync(DeviceStream stream) { synchronize_stream(stream, 0, std::chrono::seconds(60), "nccl_test"); }
+void sync(DeviceStream stream) {
+  synchronize_stream(stream, 0, std::chrono::seconds(60), "nccl_test");
+}
 
 std::vector<std::vector<float>> train(Communicator& comm, const LoopSettings& settings,
                                       DeviceStream stream) {
@@ -198,7 +200,8 @@ TEST_CASE("DDP and ZeRO on CUDA parameters over NCCL match the host loop (world 
   LocalCommunicator local;
   ComputeStream compute;
   for (int accumulation : {1, 3}) {
-    for (const auto& [kind, stage] : std::vector<std::pair<StrategyKind, int>>{{StrategyKind::ddp, 0}, {StrategyKind::zero, 1}, {StrategyKind::zero, 2}}) {
+    for (const auto& [kind, stage] : std::vector<std::pair<StrategyKind, int>>{
+             {StrategyKind::ddp, 0}, {StrategyKind::zero, 1}, {StrategyKind::zero, 2}}) {
       CAPTURE(std::string(strategy_kind_name(kind)));
       CAPTURE(stage);
       CAPTURE(accumulation);
@@ -241,14 +244,15 @@ TEST_CASE("NCCL operations wait for the compute stream's earlier work, and it fo
   // 64 MiB: the upload queued before the all_gather takes milliseconds, so an all_gather that
   // did not wait for it would read the previous round's values (or zeros).
   const std::size_t n = (std::size_t(64) << 20) / sizeof(float);
-  DeviceBuffer host(n, DType::f32, MemoryKind::pinned_host), back(n, DType::f32, MemoryKind::pinned_host);
+  DeviceBuffer host(n, DType::f32, MemoryKind::pinned_host),
+      back(n, DType::f32, MemoryKind::pinned_host);
   DeviceBuffer in(n, DType::f32, MemoryKind::cuda, 0), out(n, DType::f32, MemoryKind::cuda, 0);
   auto* h = static_cast<float*>(host.view().data);
   for (int round = 1; round <= 3; ++round) {
     CAPTURE(round);
     for (std::size_t i = 0; i < n; ++i) h[i] = float(round * 1000 + int(i % 997));
-    copy_buffer(in.view(), host.view(), compute.stream);  // queued, not waited for
-    WorkPtr work = nccl->all_gather(in.view(), out.view());  // world 1: a copy by NCCL
+    copy_buffer(in.view(), host.view(), compute.stream);          // queued, not waited for
+    WorkPtr work = nccl->all_gather(in.view(), out.view());       // world 1: a copy by NCCL
     work->wait_stream(compute.stream, std::chrono::seconds(60));  // no host wait for the GPU
     copy_buffer(back.view(), out.view(), compute.stream);  // after the all_gather, by the event
     sync(compute.stream);

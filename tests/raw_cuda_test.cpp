@@ -3,8 +3,8 @@
 // runs with the same seed end with the same parameters bit for bit, ZeRO at world 1 ends
 // where DDP does, and a run stopped at step N and resumed from its checkpoint (--checkpoint_dir:
 // GPU parameters and optimizer state through save_state / load_state) ends where an
-// uninterrupted run does. Skipped, saying why, without a GPU (after checking that raw_cuda itself says
-// it needs one), without the NCCL communicator, or without the dataset.
+// uninterrupted run does. Skipped, saying why, without a GPU (after checking that raw_cuda itself
+// says it needs one), without the NCCL communicator, or without the dataset.
 
 #include <doctest/doctest.h>
 
@@ -47,15 +47,16 @@ Run run_raw_cuda(const TempDir& dir, const std::string& name,
                  const std::vector<std::pair<std::string, std::string>>& env,
                  std::vector<std::string> extra = {}, int steps = kSteps) {
   const std::string params = dir / (name + ".params");
-  std::vector<std::string> args = {"--data_dir", kData, "--train_samples", "4096",
-                                   "--test_samples", "512", "--epochs", "1", "--batch_size", "64",
-                                   "--max_steps", std::to_string(steps), "--log_every", "1",
-                                   "--seed", "7", "--save_params", params};
+  std::vector<std::string> args = {
+      "--data_dir",  kData, "--train_samples", "4096", "--test_samples", "512",
+      "--epochs",    "1",   "--batch_size",    "64",   "--max_steps",    std::to_string(steps),
+      "--log_every", "1",   "--seed",          "7",    "--save_params",  params};
   args.insert(args.end(), extra.begin(), extra.end());
   RanksOptions options;
   options.env = env;
   bool chooses_backend = false;
-  for (const auto& [name, value] : env) chooses_backend = chooses_backend || name == "ACCEL_COMM_BACKEND";
+  for (const auto& [name, value] : env)
+    chooses_backend = chooses_backend || name == "ACCEL_COMM_BACKEND";
   if (!chooses_backend) options.env.emplace_back("ACCEL_COMM_BACKEND", "nccl");
   const auto result = run_ranks(1, "raw_cuda", args, options);
   INFO(name << ": " << describe(result));
@@ -67,7 +68,8 @@ Run run_raw_cuda(const TempDir& dir, const std::string& name,
   while (std::getline(lines, line)) {
     unsigned long long step = 0;
     double loss = 0;
-    if (std::sscanf(line.c_str(), "step %llu loss %lf", &step, &loss) == 2) run.losses.push_back(loss);
+    if (std::sscanf(line.c_str(), "step %llu loss %lf", &step, &loss) == 2)
+      run.losses.push_back(loss);
   }
   const std::string bytes = read_file(params);
   run.params.resize(bytes.size() / sizeof(float));
@@ -112,9 +114,9 @@ bool cannot_run() {
   if (skip_unless(communicator_available("nccl"), "nccl communicator not built")) return true;
   if (skip_unless(cuda_device_count() > 0, "no CUDA device visible: raw_cuda needs a GPU"))
     return true;
-  return skip_unless(std::filesystem::exists(kData + "/train-images-idx3-ubyte.gz"),
-                     "Fashion-MNIST not installed at " + kData +
-                         " (Debian package dataset-fashion-mnist)");
+  return skip_unless(
+      std::filesystem::exists(kData + "/train-images-idx3-ubyte.gz"),
+      "Fashion-MNIST not installed at " + kData + " (Debian package dataset-fashion-mnist)");
 }
 
 }  // namespace
@@ -130,9 +132,9 @@ TEST_CASE("raw_cuda trains the MLP on a GPU under DDP, ZeRO 1/2, fp16 and bf16, 
     skip_unless(false, "no CUDA device visible: raw_cuda needs a GPU");
     return;
   }
-  if (skip_unless(std::filesystem::exists(kData + "/train-images-idx3-ubyte.gz"),
-                  "Fashion-MNIST not installed at " + kData +
-                      " (Debian package dataset-fashion-mnist)"))
+  if (skip_unless(
+          std::filesystem::exists(kData + "/train-images-idx3-ubyte.gz"),
+          "Fashion-MNIST not installed at " + kData + " (Debian package dataset-fashion-mnist)"))
     return;
   TempDir dir("raw_cuda_test");
 
@@ -157,9 +159,9 @@ TEST_CASE("raw_cuda trains the MLP on a GPU under DDP, ZeRO 1/2, fp16 and bf16, 
   }
 
   // Clipping on the GPU (the sum of squares and the multiply kernels) and AdamW.
-  check_learns(run_raw_cuda(dir, "adamw_clip", {},
-                            {"--optimizer", "adamw", "--lr", "0.002", "--clip", "1"}),
-               "AdamW with clipping");
+  check_learns(
+      run_raw_cuda(dir, "adamw_clip", {}, {"--optimizer", "adamw", "--lr", "0.002", "--clip", "1"}),
+      "AdamW with clipping");
 
   // Mixed precision: f16 / bf16 compute copies of fp32 master weights; fp16 with the dynamic
   // loss scaler unscaling on the GPU. Reproducible too.
@@ -173,7 +175,8 @@ TEST_CASE("raw_cuda trains the MLP on a GPU under DDP, ZeRO 1/2, fp16 and bf16, 
   CHECK(bf16.params != ddp.params);  // it really computed in bf16
 }
 
-TEST_CASE("raw_cuda in one process without NCCL, and DataParallel over one GPU, end where DDP does") {
+TEST_CASE(
+    "raw_cuda in one process without NCCL, and DataParallel over one GPU, end where DDP does") {
   if (cannot_run()) return;
   TempDir dir("raw_cuda_one_process_test");
   // The same kernels on the same gradients: DDP's average over one rank, the world of one's
@@ -201,7 +204,8 @@ TEST_CASE("raw_cuda in one process without NCCL, and DataParallel over one GPU, 
   }
 }
 
-TEST_CASE("raw_cuda stopped at step N and resumed from its checkpoint ends where a whole run does") {
+TEST_CASE(
+    "raw_cuda stopped at step N and resumed from its checkpoint ends where a whole run does") {
   if (cannot_run()) return;
   TempDir dir("raw_cuda_resume_test");
   constexpr int kStop = kSteps / 2;  // mid-epoch: 64 batches of 64 in the 4096 samples
@@ -231,10 +235,8 @@ TEST_CASE("raw_cuda stopped at step N and resumed from its checkpoint ends where
     CHECK(resumed.output.find("resumed from") != std::string::npos);
     // Steps kStop+1 .. kSteps again, on the restored parameters, optimizer state and batches.
     REQUIRE(resumed.losses.size() == std::size_t(kSteps - kStop));
-    CHECK(std::vector<double>(whole.losses.begin(), whole.losses.begin() + kStop) ==
-          first.losses);
-    CHECK(std::vector<double>(whole.losses.begin() + kStop, whole.losses.end()) ==
-          resumed.losses);
+    CHECK(std::vector<double>(whole.losses.begin(), whole.losses.begin() + kStop) == first.losses);
+    CHECK(std::vector<double>(whole.losses.begin() + kStop, whole.losses.end()) == resumed.losses);
     const ParamDiff d = compare_params(resumed.params, whole.params);
     INFO(d.differ << " of " << whole.params.size() << " parameters differ at all");
     CHECK(d.worst <= 1e-6);

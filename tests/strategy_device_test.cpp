@@ -10,11 +10,11 @@
 #include <vector>
 
 #include "accelerate/accelerator.hpp"
-#include "core/error.hpp"
 #include "backends/comm/local_communicator.hpp"
 #include "backends/optim/sgd.hpp"
 #include "backends/strategy_factory.hpp"
 #include "backends/zero/zero_strategy.hpp"
+#include "core/error.hpp"
 #include "tests/support/files.hpp"
 
 using namespace accel;
@@ -30,8 +30,8 @@ std::vector<std::vector<float>> train_zero(OffloadDevice offload, bool* offloade
     for (std::size_t k = 0; k < values[i].size(); ++k) values[i][k] = std::sin(float(i * 100 + k));
   std::vector<ParamRef> params;
   for (std::size_t i = 0; i < values.size(); ++i)
-    params.push_back({"p" + std::to_string(i), buffer_of(std::span(values[i])),
-                      buffer_of(std::span(grads[i]))});
+    params.push_back(
+        {"p" + std::to_string(i), buffer_of(std::span(values[i])), buffer_of(std::span(grads[i]))});
   StrategyOptions options;
   options.kind = StrategyKind::zero;
   options.zero.stage = 2;
@@ -67,7 +67,7 @@ TEST_CASE("ZeRO optimizer offload with CPU parameters changes nothing") {
   const auto offload = train_zero(OffloadDevice::cpu, &offloaded_cpu);
   CHECK_FALSE(offloaded_none);
   CHECK_FALSE(offloaded_cpu);
-  CHECK(plain == offload);  // bitwise
+  CHECK(plain == offload);                 // bitwise
   CHECK(plain[1][3] != std::sin(103.0f));  // and training did move the values
 }
 
@@ -75,9 +75,9 @@ TEST_CASE("parameters on another device than the communicator's are refused, nam
   LocalCommunicator comm;
   float values[4] = {}, grads[4] = {};
   // Marked CUDA (never dereferenced: the strategies check before touching anything).
-  std::vector<ParamRef> params = {
-      {"encoder.weight", Buffer{values, 4, DType::f32, DeviceKind::cuda},
-       Buffer{grads, 4, DType::f32, DeviceKind::cuda}}};
+  std::vector<ParamRef> params = {{"encoder.weight",
+                                   Buffer{values, 4, DType::f32, DeviceKind::cuda},
+                                   Buffer{grads, 4, DType::f32, DeviceKind::cuda}}};
   for (const StrategyKind kind : {StrategyKind::ddp, StrategyKind::zero}) {
     CAPTURE(std::string(strategy_kind_name(kind)));
     StrategyOptions options;

@@ -170,8 +170,7 @@ TEST_CASE("the data loader shards, pads and tells the accelerator where it is") 
 
 TEST_CASE("the data loader counts its epochs and reads like torch::data's (*loader)") {
   TorchAccelerator acc(local_options(1));
-  auto loader =
-      acc.prepare_data_loader(torch::arange(12), torch::arange(12), {4, true, 7, false});
+  auto loader = acc.prepare_data_loader(torch::arange(12), torch::arange(12), {4, true, 7, false});
   auto epoch_order = [&] {
     std::vector<std::int64_t> order;
     for (auto& batch : *loader)
@@ -181,7 +180,7 @@ TEST_CASE("the data loader counts its epochs and reads like torch::data's (*load
   };
   CHECK(loader.epoch() == 0);
   const auto first = epoch_order();
-  CHECK(loader.epoch() == 0);        // still the epoch just iterated
+  CHECK(loader.epoch() == 0);         // still the epoch just iterated
   const auto second = epoch_order();  // a full pass moved it on: the next shuffle
   CHECK(loader.epoch() == 1);
   CHECK(first != second);
@@ -299,11 +298,13 @@ TEST_CASE("DDP over gloo equals one process (2 and 4 ranks)") {
 
 TEST_CASE("ranks whose model, param group options or loader differ are refused on every rank") {
   const std::vector<std::pair<std::string, std::string>> cases = {
-      {"hidden", "prepare: ranks differ: rank 1: parameter 'fc1.weight' shape is [16, 16], rank 0 "
-                 "has [32, 16]"},
+      {"hidden",
+       "prepare: ranks differ: rank 1: parameter 'fc1.weight' shape is [16, 16], rank 0 "
+       "has [32, 16]"},
       {"lr", "prepare: ranks differ: rank 1: param group 0 lr is 0.2, rank 0 has 0.1"},
-      {"batch_size", "make_sampler: ranks differ: rank 1: the sampler's batch_size is 2, rank 0 "
-                     "has 4"},
+      {"batch_size",
+       "make_sampler: ranks differ: rank 1: the sampler's batch_size is 2, rank 0 "
+       "has 4"},
   };
   for (const char* backend : {"shm", "gloo"}) {
     if (!communicator_available(backend)) continue;
@@ -323,8 +324,9 @@ TEST_CASE("ranks whose model, param group options or loader differ are refused o
   }
 }
 
-TEST_CASE("two backwards before one step (a GAN's discriminator) equal plain LibTorch under "
-          "DDP, ZeRO-1, ZeRO-2 and DataParallel") {
+TEST_CASE(
+    "two backwards before one step (a GAN's discriminator) equal plain LibTorch under "
+    "DDP, ZeRO-1, ZeRO-2 and DataParallel") {
   if (skip_unless(communicator_available("gloo"), "gloo communicator not built")) return;
   using Env = std::vector<std::pair<std::string, std::string>>;
   const std::vector<std::pair<std::string, Env>> strategies = {
@@ -350,7 +352,8 @@ TEST_CASE("two backwards before one step (a GAN's discriminator) equal plain Lib
       expect_ok(run_ranks(world, "torch_two_backward_worker", {}, options), world);
     }
   RanksOptions dp;
-  dp.env = {{"ACCEL_DISTRIBUTED_TYPE", "DATA_PARALLEL"}, {"ACCEL_USE_CPU", "true"},
+  dp.env = {{"ACCEL_DISTRIBUTED_TYPE", "DATA_PARALLEL"},
+            {"ACCEL_USE_CPU", "true"},
             {"ACCEL_DATA_PARALLEL_REPLICAS", "2"}};
   expect_ok(run_ranks(1, "torch_two_backward_worker", {}, dp), 1);
 }
@@ -398,8 +401,8 @@ TEST_CASE("model, optimizer, scheduler and RNG resume bitwise after the process 
     INFO(describe(straight));
     REQUIRE(straight.exit_code() == 0);
 
-    const auto first = run_resume_worker(
-        world, with({"--checkpoint", dir / "ck", "--die_after_epoch", "1"}));
+    const auto first =
+        run_resume_worker(world, with({"--checkpoint", dir / "ck", "--die_after_epoch", "1"}));
     INFO(describe(first));
     REQUIRE(killed(first));
 
@@ -428,8 +431,8 @@ TEST_CASE("model, optimizer, scheduler and RNG resume bitwise after the process 
 
 TEST_CASE("a LibTorch checkpoint from 2 processes loads into 1, the generators reseeded") {
   TempDir dir("accel_torch_reshape");
-  const auto first = run_resume_worker(
-      2, {"--epochs", "2", "--seed_per_rank", "--checkpoint", dir / "ck", "--die_after_epoch", "1"});
+  const auto first = run_resume_worker(2, {"--epochs", "2", "--seed_per_rank", "--checkpoint",
+                                           dir / "ck", "--die_after_epoch", "1"});
   INFO(describe(first));
   REQUIRE(killed(first));
   const auto resumed = run_resume_worker(1, {"--epochs", "2", "--checkpoint", dir / "ck"});
@@ -449,8 +452,8 @@ TEST_CASE("loading a LibTorch checkpoint into another model names the parameter"
   }
   TorchAccelerator acc(local_options());
   torch::manual_seed(1);
-  auto wider = torch::nn::Sequential(torch::nn::Linear(6, 9), torch::nn::ReLU(),
-                                     torch::nn::Linear(9, 3));
+  auto wider =
+      torch::nn::Sequential(torch::nn::Linear(6, 9), torch::nn::ReLU(), torch::nn::Linear(9, 3));
   const auto before = wider->parameters()[0].detach().clone();
   torch::optim::SGD sgd(wider->parameters(), torch::optim::SGDOptions(0.1));
   acc.prepare(wider, sgd);
@@ -507,7 +510,8 @@ std::vector<ParamStateCopy> train_and_save(const std::string& dir, Make make) {
 
 }  // namespace
 
-TEST_CASE("LibTorch SGD, Adam and AdamW state load exactly, and into another optimizer not at all") {
+TEST_CASE(
+    "LibTorch SGD, Adam and AdamW state load exactly, and into another optimizer not at all") {
   using namespace torch::optim;
   TempDir dir("accel_torch_optimizer_state");
   auto sgd = [](torch::nn::Sequential& net) {
@@ -562,8 +566,9 @@ TEST_CASE("LibTorch SGD, Adam and AdamW state load exactly, and into another opt
   CHECK(wrong->state().empty());
 }
 
-TEST_CASE("an adapter checkpoint of the earlier format (optimizer state only in "
-          "state.optimizer) is refused, naming what is missing") {
+TEST_CASE(
+    "an adapter checkpoint of the earlier format (optimizer state only in "
+    "state.optimizer) is refused, naming what is missing") {
   TempDir dir("accel_torch_old_format");
   TorchAccelerator acc(local_options());
   auto net = small_net();
@@ -616,7 +621,8 @@ TEST_CASE("ZeRO-1 and ZeRO-2 under the LibTorch adapter equal DDP (SGD Nesterov,
       }
       REQUIRE(values.size() == ddp.size());
       double diff = 0;
-      for (std::size_t i = 0; i < values.size(); ++i) diff = std::max(diff, std::abs(values[i] - ddp[i]));
+      for (std::size_t i = 0; i < values.size(); ++i)
+        diff = std::max(diff, std::abs(values[i] - ddp[i]));
       // The same local gradients (fp64, torch_worker), reduced over 2 ranks (a + b is the same
       // bits in either order; bounded as any reordering of 2 terms of torch_worker's S), and
       // clipped to 0.5 by norms summed in another order: the clip factors differ by at most
@@ -675,8 +681,9 @@ RanksOptions strategy_env(int zero_stage) {
 
 }  // namespace
 
-TEST_CASE("a LibTorch ZeRO-2 checkpoint of 4 ranks resumes at 2 (ZeRO-2, DDP) and 1, a DDP one "
-          "under ZeRO-2 at 3, and merges into a plain model") {
+TEST_CASE(
+    "a LibTorch ZeRO-2 checkpoint of 4 ranks resumes at 2 (ZeRO-2, DDP) and 1, a DDP one "
+    "under ZeRO-2 at 3, and merges into a plain model") {
   if (skip_unless(communicator_available("gloo"), "gloo communicator not built")) return;
   constexpr int kSteps = 8;
   for (const std::string optimizer : {"adam", "sgd"}) {
@@ -709,13 +716,14 @@ TEST_CASE("a LibTorch ZeRO-2 checkpoint of 4 ranks resumes at 2 (ZeRO-2, DDP) an
         {"ddp world 2", 2, 0, dir / "ck4", {"--checkpoint", dir / "ck_ddp", "--save_at", "6"}},
         {"world 1", 1, 0, dir / "ck4", {}},
     };
-    if (optimizer == "adam") resumes.push_back({"zero2 world 3 from ddp", 3, 2, dir / "ck_ddp", {}});
+    if (optimizer == "adam")
+      resumes.push_back({"zero2 world 3 from ddp", 3, 2, dir / "ck_ddp", {}});
     for (const Resume& r : resumes) {
       CAPTURE(r.name);
       std::vector<std::string> more = {"--resume", r.from, "--dump", dir / "resumed"};
       more.insert(more.end(), r.more.begin(), r.more.end());
-      const auto resumed = run_ranks(r.world, "torch_reshard_worker", args(more),
-                                     strategy_env(r.zero_stage));
+      const auto resumed =
+          run_ranks(r.world, "torch_reshard_worker", args(more), strategy_env(r.zero_stage));
       INFO(describe(resumed));
       REQUIRE(resumed.exit_code() == 0);
       // The state arrived whole (step count and learning rate too), before any step.

@@ -70,8 +70,8 @@ StateSummary summarize(const torch::optim::Optimizer& optimizer) {
 void print_state(TorchAccelerator& acc, const torch::optim::Optimizer& optimizer) {
   StateSummary s = summarize(optimizer);
   if (acc.strategy().gradients_sharded())  // each rank holds its slices' state only
-    s.sum_squares = acc.reduce(torch::tensor(s.sum_squares, torch::kDouble), ReduceOp::sum)
-                        .item<double>();
+    s.sum_squares =
+        acc.reduce(torch::tensor(s.sum_squares, torch::kDouble), ReduceOp::sum).item<double>();
   std::printf("optimizer state: sum of squares %.17g, step %lld, lr %.17g\n", s.sum_squares,
               static_cast<long long>(s.step), optimizer.param_groups()[0].options().get_lr());
   std::fflush(stdout);
@@ -96,13 +96,15 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::string& name,
   if (name == "sgd")
     return std::make_unique<SGD>(
         std::vector<OptimizerParamGroup>{
-            {weights, std::make_unique<SGDOptions>(SGDOptions(0.05).momentum(0.9).weight_decay(0.01))},
+            {weights,
+             std::make_unique<SGDOptions>(SGDOptions(0.05).momentum(0.9).weight_decay(0.01))},
             {biases, std::make_unique<SGDOptions>(SGDOptions(0.1).momentum(0.5))}},
         SGDOptions(0.05));
   if (name == "adam")
     return std::make_unique<Adam>(
         std::vector<OptimizerParamGroup>{
-            {weights, std::make_unique<AdamOptions>(AdamOptions(0.01).weight_decay(0.01).amsgrad(true))},
+            {weights,
+             std::make_unique<AdamOptions>(AdamOptions(0.01).weight_decay(0.01).amsgrad(true))},
             {biases, std::make_unique<AdamOptions>(AdamOptions(0.02))}},
         AdamOptions(0.01));
   if (name == "adamw")
@@ -163,8 +165,8 @@ int main(int argc, char** argv) {
     for (auto step = std::int64_t(acc.step()); step < steps; ++step) {
       const std::int64_t first = step * kGlobalBatch + acc.process_index() * local;
       opt.zero_grad();
-      acc.backward(torch::mse_loss(model->forward(x.narrow(0, first, local)),
-                                   y.narrow(0, first, local)));
+      acc.backward(
+          torch::mse_loss(model->forward(x.narrow(0, first, local)), y.narrow(0, first, local)));
       opt.step();
       scheduler.step();
       if (step + 1 == save_at) {

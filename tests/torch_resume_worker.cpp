@@ -100,8 +100,8 @@ int main(int argc, char** argv) {
     for (int epoch = int(acc.resume_epoch()); epoch < epochs; ++epoch) {
       for (auto& batch : *loader) {
         opt.zero_grad();
-        acc.backward(torch::nn::functional::cross_entropy(model->forward(batch.data),
-                                                          batch.target));
+        acc.backward(
+            torch::nn::functional::cross_entropy(model->forward(batch.data), batch.target));
         opt.step();
         scheduler.step();
       }

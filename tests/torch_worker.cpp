@@ -76,10 +76,13 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::string& kind,
   using torch::optim::OptimizerParamGroup;
   std::vector<OptimizerParamGroup> groups;
   if (kind == "nesterov") {
-    groups.emplace_back(weights, std::make_unique<torch::optim::SGDOptions>(
-                                     torch::optim::SGDOptions(0.1).momentum(0.9).nesterov(true).weight_decay(1e-3)));
-    groups.emplace_back(others, std::make_unique<torch::optim::SGDOptions>(
-                                    torch::optim::SGDOptions(0.05).momentum(0.5).weight_decay(1e-2)));
+    groups.emplace_back(
+        weights,
+        std::make_unique<torch::optim::SGDOptions>(
+            torch::optim::SGDOptions(0.1).momentum(0.9).nesterov(true).weight_decay(1e-3)));
+    groups.emplace_back(others,
+                        std::make_unique<torch::optim::SGDOptions>(
+                            torch::optim::SGDOptions(0.05).momentum(0.5).weight_decay(1e-2)));
     return std::make_unique<torch::optim::SGD>(std::move(groups), torch::optim::SGDOptions(0.1));
   }
   if (kind == "sgd") {
@@ -190,7 +193,8 @@ int main(int argc, char** argv) {
     bool views = true;
     if (ddp) {
       for (const auto& p : params) grad_ptrs.push_back(p.grad().data_ptr());
-      for (std::size_t i = 0; i < params.size(); ++i) views &= grad_ptrs[i] == ddp->grad_slot(0, i).data;
+      for (std::size_t i = 0; i < params.size(); ++i)
+        views &= grad_ptrs[i] == ddp->grad_slot(0, i).data;
     }
 
     // The same synthetic dataset on every rank: 10 global batches of 4 per rank, the last
@@ -272,7 +276,8 @@ int main(int argc, char** argv) {
 
     if (ddp) {
       for (std::size_t i = 0; i < params.size(); ++i)
-        views &= params[i].grad().data_ptr() == grad_ptrs[i] && grad_ptrs[i] == ddp->grad_slot(0, i).data;
+        views &= params[i].grad().data_ptr() == grad_ptrs[i] &&
+                 grad_ptrs[i] == ddp->grad_slot(0, i).data;
       report(views, "gradients stay views of the DDP buckets");
     } else {
       // ZeRO: the optimizer holds this rank's slices, and the parameters live in the flat buffer.
@@ -282,7 +287,8 @@ int main(int argc, char** argv) {
       for (const auto& group : opt->optimizer().param_groups())
         for (const auto& p : group.params()) optimizer_elements += std::size_t(p.numel());
       bool in_flat = true;
-      for (std::size_t i = 0; i < params.size(); ++i) in_flat &= params[i].data_ptr() == zero.param_slot(i).data;
+      for (std::size_t i = 0; i < params.size(); ++i)
+        in_flat &= params[i].data_ptr() == zero.param_slot(i).data;
       report(slice_elements == optimizer_elements && in_flat,
              "the optimizer steps this rank's " + std::to_string(optimizer_elements) +
                  " slice elements; parameters live in the flat buffers (" +
@@ -351,9 +357,9 @@ int main(int argc, char** argv) {
     if (!dump.empty() && rank == 0) {
       const torch::Tensor values = flat_state(model.module(), false).contiguous();
       std::FILE* out = std::fopen(dump.c_str(), "wb");
-      const bool written = out && std::fwrite(values.data_ptr<double>(), sizeof(double),
-                                              std::size_t(values.numel()), out) ==
-                                      std::size_t(values.numel());
+      const bool written =
+          out && std::fwrite(values.data_ptr<double>(), sizeof(double), std::size_t(values.numel()),
+                             out) == std::size_t(values.numel());
       if (out) std::fclose(out);
       report(written, "parameters written to " + dump);
     }

@@ -20,11 +20,11 @@
 #include <stdexcept>
 #include <thread>
 
-#include "core/error.hpp"
 #include "config/config.hpp"
 #include "config/config_file.hpp"
 #include "config/resolve.hpp"
 #include "config/wizard.hpp"
+#include "core/error.hpp"
 #include "tests/support/files.hpp"
 #include "tests/support/ranks.hpp"
 
@@ -255,8 +255,9 @@ TEST_CASE("DATA_PARALLEL: CPU replicas asked for without GPUs, GPU ids with them
   CHECK(c.num_processes == 1);
   CHECK(c.data_parallel_replicas == 3);
   CHECK(contains(out, "How many model replicas (threads) should DataParallel run"));
-  CHECK(contains(out, "-1 is not a replica count (0 = one per CPU core, or more); please answer "
-                      "again."));
+  CHECK(contains(out,
+                 "-1 is not a replica count (0 = one per CPU core, or more); please answer "
+                 "again."));
   CHECK_FALSE(contains(out, "GPU(s)"));
   CHECK_FALSE(contains(out, "over all machines)?"));
 
@@ -434,9 +435,8 @@ TEST_CASE("on a pseudo-terminal: Ctrl-C in a menu restores the terminal and writ
 TEST_CASE("the ZeRO stage menu offers only the stages the schema accepts") {
   // compute env, type, machines, use_cpu, stage 3 (refused), then stage 2, offload, processes,
   // communicator... the rest by default.
-  const auto [c, out] =
-      wizard_in_process(lines({"", "ZERO", "1", "yes", "3", "2", "", "2", "", "", ""}),
-                        Hardware{8, 0});
+  const auto [c, out] = wizard_in_process(
+      lines({"", "ZERO", "1", "yes", "3", "2", "", "2", "", "", ""}), Hardware{8, 0});
   INFO(out);
   CHECK(c.zero_stage == 2);
   CHECK(contains(out, "stage 2: shard optimizer state and gradients"));

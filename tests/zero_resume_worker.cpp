@@ -37,7 +37,8 @@ std::vector<float> logits(const raw_mlp::Mlp& model, std::vector<float> a, int r
     for (int n = 0; n < rows; ++n)
       for (int o = 0; o < L.out; ++o) {
         float s = L.bias[o];
-        for (int i = 0; i < L.in; ++i) s += L.weight[std::size_t(o) * L.in + i] * a[std::size_t(n) * L.in + i];
+        for (int i = 0; i < L.in; ++i)
+          s += L.weight[std::size_t(o) * L.in + i] * a[std::size_t(n) * L.in + i];
         next[std::size_t(n) * L.out + o] = l + 1 < model.layers().size() ? std::max(s, 0.0f) : s;
       }
     a = std::move(next);
@@ -45,7 +46,8 @@ std::vector<float> logits(const raw_mlp::Mlp& model, std::vector<float> a, int r
   return a;
 }
 
-void batch_for(std::uint64_t step, int rank, int world, std::vector<float>& x, std::vector<int>& y) {
+void batch_for(std::uint64_t step, int rank, int world, std::vector<float>& x,
+               std::vector<int>& y) {
   std::mt19937 rng(500 + unsigned(step));
   std::normal_distribution<float> g;
   std::vector<float> all(std::size_t(kGlobalBatch) * kSizes.front());
@@ -53,7 +55,8 @@ void batch_for(std::uint64_t step, int rank, int world, std::vector<float>& x, s
   std::vector<int> labels;
   for (int n = 0; n < kGlobalBatch; ++n) labels.push_back(int(rng() % kSizes.back()));
   const int per = kGlobalBatch / world, in = kSizes.front();
-  x.assign(all.begin() + std::ptrdiff_t(rank) * per * in, all.begin() + std::ptrdiff_t(rank + 1) * per * in);
+  x.assign(all.begin() + std::ptrdiff_t(rank) * per * in,
+           all.begin() + std::ptrdiff_t(rank + 1) * per * in);
   y.assign(labels.begin() + rank * per, labels.begin() + (rank + 1) * per);
 }
 
@@ -64,12 +67,18 @@ int main(int argc, char** argv) {
   std::uint64_t steps = 20, save_at = 10;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i], value = argv[i + 1];
-    if (flag == "--phase") phase = value;
-    else if (flag == "--dir") dir = value;
-    else if (flag == "--out") out = value;
-    else if (flag == "--predict") predict = value;
-    else if (flag == "--steps") steps = std::stoull(value);
-    else if (flag == "--save_at") save_at = std::stoull(value);
+    if (flag == "--phase")
+      phase = value;
+    else if (flag == "--dir")
+      dir = value;
+    else if (flag == "--out")
+      out = value;
+    else if (flag == "--predict")
+      predict = value;
+    else if (flag == "--steps")
+      steps = std::stoull(value);
+    else if (flag == "--save_at")
+      save_at = std::stoull(value);
   }
   try {
     Accelerator acc;
@@ -98,8 +107,14 @@ int main(int argc, char** argv) {
     if (!out.empty() && acc.is_main_process()) {
       std::FILE* f = std::fopen(out.c_str(), "wb");
       for (const auto& L : model.layers()) {
-        for (float v : L.weight) { const double d = v; std::fwrite(&d, sizeof d, 1, f); }
-        for (float v : L.bias) { const double d = v; std::fwrite(&d, sizeof d, 1, f); }
+        for (float v : L.weight) {
+          const double d = v;
+          std::fwrite(&d, sizeof d, 1, f);
+        }
+        for (float v : L.bias) {
+          const double d = v;
+          std::fwrite(&d, sizeof d, 1, f);
+        }
       }
       std::fclose(f);
     }

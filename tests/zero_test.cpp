@@ -11,8 +11,8 @@
 
 #include <cmath>
 #include <cstring>
-#include <fstream>
 #include <filesystem>
+#include <fstream>
 #include <sstream>
 
 #include "backends/comm/registry.hpp"
@@ -53,10 +53,10 @@ void expect_zero_equals_ddp(const char* backend, Run run) {
         CAPTURE(world);
         CAPTURE(stage);
         CAPTURE(optimizer);
-        expect_pass(run(world, "zero_worker",
-                        {"--backend", backend, "--stage", stage, "--optimizer", optimizer},
-                        RanksOptions{}),
-                    world, "max |zero - ddp|");
+        expect_pass(
+            run(world, "zero_worker",
+                {"--backend", backend, "--stage", stage, "--optimizer", optimizer}, RanksOptions{}),
+            world, "max |zero - ddp|");
       }
 }
 
@@ -110,9 +110,9 @@ double number_after(const launch::GroupResult& result, const std::string& label)
 
 // The ZeRO-1 row's optimizer-state column of `accel estimate-memory --bytes`.
 double estimated_state_bytes(int world) {
-  const auto result = run_accel({"estimate-memory", "--params", "11500011", "--world_size",
-                                 std::to_string(world), "--precision", "fp32", "--optimizer",
-                                 "adamw", "--bytes"});
+  const auto result =
+      run_accel({"estimate-memory", "--params", "11500011", "--world_size", std::to_string(world),
+                 "--precision", "fp32", "--optimizer", "adamw", "--bytes"});
   INFO(describe(result));
   REQUIRE(result.exit_code() == 0);
   const std::string& out = result.workers.front().output;
@@ -139,7 +139,8 @@ TEST_CASE("ZeRO memory: optimizer state is unsharded / N and agrees with estimat
       // measured state has one flat buffer per param group, each padded to N.
       const double measured = number_after(result, "zero state bytes per rank: ");
       const double estimated = estimated_state_bytes(world);
-      MESSAGE("world " << world << ": measured " << measured << " bytes, estimate-memory " << estimated);
+      MESSAGE("world " << world << ": measured " << measured << " bytes, estimate-memory "
+                       << estimated);
       CHECK(std::abs(measured - estimated) <= 0.01 * estimated);
     }
 }
@@ -149,16 +150,19 @@ TEST_CASE("examples/raw_mlp under ZeRO-2 resumes from its checkpoint as if unint
   if (skip_unless(std::filesystem::exists(data + "/train-images-idx3-ubyte.gz"),
                   "Fashion-MNIST not installed at " + data))
     return;
-  if (skip_unless(std::filesystem::exists(bin_path("raw_mlp")), "raw_mlp example not built")) return;
+  if (skip_unless(std::filesystem::exists(bin_path("raw_mlp")), "raw_mlp example not built"))
+    return;
   if (skip_unless(communicator_available("gloo"), "gloo communicator not built")) return;
   const std::string dir = std::string(ACCEL_BIN_DIR) + "/../zero_resume_test";
   std::filesystem::remove_all(dir);
   RanksOptions options;
-  options.env = {{"ACCEL_COMM_BACKEND", "gloo"}, {"ACCEL_DISTRIBUTED_TYPE", "ZERO"},
+  options.env = {{"ACCEL_COMM_BACKEND", "gloo"},
+                 {"ACCEL_DISTRIBUTED_TYPE", "ZERO"},
                  {"ACCEL_ZERO_STAGE", "2"}};
-  const std::vector<std::string> common = {"--train_samples", "2000", "--test_samples", "500",
-                                           "--hidden", "32", "--batch_size", "32", "--lr", "0.03",
-                                           "--data_dir", data, "--epochs", "2"};
+  const std::vector<std::string> common = {
+      "--train_samples", "2000", "--test_samples", "500",  "--hidden",   "32",
+      "--batch_size",    "32",   "--lr",           "0.03", "--data_dir", data,
+      "--epochs",        "2"};
   // The last line of rank 0's output: "epoch 2/2: loss L, test accuracy A (T s)".
   auto final_line = [](const launch::GroupResult& r) {
     const std::string& out = r.workers.front().output;
@@ -181,7 +185,8 @@ TEST_CASE("examples/raw_mlp under ZeRO-2 resumes from its checkpoint as if unint
   const auto second = run_ranks(2, "raw_mlp", args, options);
   INFO(describe(second));
   REQUIRE(second.exit_code() == 0);
-  CHECK(second.workers[0].output.find("resumed from " + dir + ": epoch 2, batch 0") != std::string::npos);
+  CHECK(second.workers[0].output.find("resumed from " + dir + ": epoch 2, batch 0") !=
+        std::string::npos);
   CHECK(final_line(second) == final_line(whole));
   MESSAGE(final_line(whole));
 }
@@ -198,7 +203,8 @@ double max_abs_diff(const std::vector<double>& a, const std::vector<double>& b) 
 
 }  // namespace
 
-TEST_CASE("a ZeRO checkpoint saved at world 4 resumes at world 2 (ZeRO, DDP) and 1 as if uninterrupted") {
+TEST_CASE(
+    "a ZeRO checkpoint saved at world 4 resumes at world 2 (ZeRO, DDP) and 1 as if uninterrupted") {
   if (skip_unless(communicator_available("gloo"), "gloo communicator not built")) return;
   const std::string dir = std::string(ACCEL_BIN_DIR) + "/../zero_reshard_test";
   std::filesystem::remove_all(dir);
@@ -221,7 +227,8 @@ TEST_CASE("a ZeRO checkpoint saved at world 4 resumes at world 2 (ZeRO, DDP) and
   }
   CHECK(std::filesystem::file_size(dir + "/ck/parameters") == 0);
   std::ifstream layout_file(dir + "/ck/parameters.layout");
-  const std::string layout((std::istreambuf_iterator<char>(layout_file)), std::istreambuf_iterator<char>());
+  const std::string layout((std::istreambuf_iterator<char>(layout_file)),
+                           std::istreambuf_iterator<char>());
   CHECK(layout.find("strategy zero2\nworld_size 4\n") != std::string::npos);
   CHECK(layout.find(" [37,13] layers.0.weight\n") != std::string::npos);
   CHECK(layout.find("slice parameters.rank3 ") != std::string::npos);
@@ -236,8 +243,9 @@ TEST_CASE("a ZeRO checkpoint saved at world 4 resumes at world 2 (ZeRO, DDP) and
   const double d2ddp = max_abs_diff(whole, read_doubles(dir + "/ddp2.bin"));
   const double d1 = max_abs_diff(whole, read_doubles(dir + "/world1.bin"));
   const double d3 = max_abs_diff(whole, read_doubles(dir + "/zero3.bin"));
-  MESSAGE("resumed at world 2 (ZeRO-2): max diff " << d2 << "; at world 2 (DDP): " << d2ddp
-          << "; at world 1: " << d1 << "; saved at world 1, resumed at world 3 (ZeRO-2): " << d3);
+  MESSAGE("resumed at world 2 (ZeRO-2): max diff "
+          << d2 << "; at world 2 (DDP): " << d2ddp << "; at world 1: " << d1
+          << "; saved at world 1, resumed at world 3 (ZeRO-2): " << d3);
   // Another world splits each global batch of 24 otherwise after the resume, and the raw
   // loops are the same bits on every x86-64 CPU; but the run is AdamW in fp32, for which no
   // first-order bound exists (tests/support/tolerance.hpp) and the raw MLP has no fp64
@@ -249,8 +257,9 @@ TEST_CASE("a ZeRO checkpoint saved at world 4 resumes at world 2 (ZeRO, DDP) and
   CHECK(d3 <= kLimit);
 }
 
-TEST_CASE("two backwards before one step (a GAN's discriminator) equal plain training under "
-          "DDP, ZeRO-1, ZeRO-2 and DataParallel (raw API)") {
+TEST_CASE(
+    "two backwards before one step (a GAN's discriminator) equal plain training under "
+    "DDP, ZeRO-1, ZeRO-2 and DataParallel (raw API)") {
   if (skip_unless(communicator_available("gloo"), "gloo communicator not built")) return;
   using Env = std::vector<std::pair<std::string, std::string>>;
   const std::vector<std::pair<std::string, Env>> strategies = {
@@ -269,7 +278,8 @@ TEST_CASE("two backwards before one step (a GAN's discriminator) equal plain tra
                   "ok two backwards per step equal plain training");
     }
   RanksOptions dp;
-  dp.env = {{"ACCEL_DISTRIBUTED_TYPE", "DATA_PARALLEL"}, {"ACCEL_USE_CPU", "true"},
+  dp.env = {{"ACCEL_DISTRIBUTED_TYPE", "DATA_PARALLEL"},
+            {"ACCEL_USE_CPU", "true"},
             {"ACCEL_DATA_PARALLEL_REPLICAS", "2"}};
   expect_pass(run_ranks(1, "two_backward_worker", {}, dp), 1,
               "ok two backwards per step equal plain training");

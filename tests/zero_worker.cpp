@@ -40,7 +40,7 @@ using namespace accel;
 
 namespace {
 
-constexpr int kGlobalBatch = 24;  // divides by 1, 2, 3 and 4 ranks
+constexpr int kGlobalBatch = 24;                   // divides by 1, 2, 3 and 4 ranks
 const std::vector<int> kSizes = {13, 37, 29, 10};  // 1920 parameters in 6 tensors of odd sizes
 
 struct Batch {
@@ -57,7 +57,8 @@ Batch my_slice(int index, int rank, int world) {
   for (int n = 0; n < kGlobalBatch; ++n) labels.push_back(int(rng() % kSizes.back()));
   const int per = kGlobalBatch / world, in = kSizes.front();
   Batch s;
-  s.x.assign(x.begin() + std::ptrdiff_t(rank) * per * in, x.begin() + std::ptrdiff_t(rank + 1) * per * in);
+  s.x.assign(x.begin() + std::ptrdiff_t(rank) * per * in,
+             x.begin() + std::ptrdiff_t(rank + 1) * per * in);
   s.labels.assign(labels.begin() + rank * per, labels.begin() + (rank + 1) * per);
   return s;
 }
@@ -70,7 +71,11 @@ std::unique_ptr<Optimizer> make_optimizer(const std::string& kind) {
   const bool decoupled = kind == "adamw";
   return std::make_unique<AdamW>(std::vector<AdamWOptions>{
       {.lr = 2e-3, .weight_decay = 1e-2, .decoupled_weight_decay = decoupled},
-      {.lr = 1e-3, .beta1 = 0.8, .beta2 = 0.99, .eps = 1e-6, .weight_decay = 0,
+      {.lr = 1e-3,
+       .beta1 = 0.8,
+       .beta2 = 0.99,
+       .eps = 1e-6,
+       .weight_decay = 0,
        .decoupled_weight_decay = decoupled}});
 }
 
@@ -213,8 +218,10 @@ int memory(Communicator& comm, const Flags& f) {
   }
   for (std::size_t i = 0; i < sizes.size(); ++i) {
     const std::string name = "p" + std::to_string(i);
-    ddp_params.push_back({name, buffer_of(std::span(ddp_values[i])), buffer_of(std::span(ddp_grads[i])), i % 2});
-    zero_params.push_back({name, buffer_of(std::span(zero_values[i])), buffer_of(std::span(zero_grads[i])), i % 2});
+    ddp_params.push_back(
+        {name, buffer_of(std::span(ddp_values[i])), buffer_of(std::span(ddp_grads[i])), i % 2});
+    zero_params.push_back(
+        {name, buffer_of(std::span(zero_values[i])), buffer_of(std::span(zero_grads[i])), i % 2});
   }
   StrategyOptions ddp_options, zero_options;
   zero_options.kind = StrategyKind::zero;
@@ -240,8 +247,9 @@ int memory(Communicator& comm, const Flags& f) {
   const double per_rank = double(zero_opt.state_bytes());
   // Padding: at most world - 1 elements per flat buffer (2 groups), 2 state slots of 4 bytes.
   const double padding = 2.0 * 4 * 2 * double(world - 1);
-  const bool state_ok = unsharded == 2.0 * 4 * double(total) &&
-                        std::abs(per_rank - unsharded / world) <= 0.01 * unsharded / world + padding;
+  const bool state_ok =
+      unsharded == 2.0 * 4 * double(total) &&
+      std::abs(per_rank - unsharded / world) <= 0.01 * unsharded / world + padding;
   const double full_grad = 4.0 * double(total);
   const double bucket = double(ZeroOptions{}.bucket_cap_bytes);
   const double grad_bytes = double(zero->gradient_bytes());
@@ -269,14 +277,23 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
     const char* value = i + 1 < argc ? argv[i + 1] : "";
-    if (flag == "--memory") { f.memory = true; continue; }
+    if (flag == "--memory") {
+      f.memory = true;
+      continue;
+    }
     ++i;
-    if (flag == "--backend") pg.backend = value;
-    else if (flag == "--stage") f.stage = std::stoi(value);
-    else if (flag == "--optimizer") f.optimizer = value;
-    else if (flag == "--steps") f.steps = std::stoi(value);
-    else if (flag == "--accumulation") f.accumulation = std::stoi(value);
-    else if (flag == "--clip") f.clip = std::stod(value);
+    if (flag == "--backend")
+      pg.backend = value;
+    else if (flag == "--stage")
+      f.stage = std::stoi(value);
+    else if (flag == "--optimizer")
+      f.optimizer = value;
+    else if (flag == "--steps")
+      f.steps = std::stoi(value);
+    else if (flag == "--accumulation")
+      f.accumulation = std::stoi(value);
+    else if (flag == "--clip")
+      f.clip = std::stod(value);
     else {
       std::fprintf(stderr, "zero_worker: unknown flag %s\n", flag.c_str());
       return 2;

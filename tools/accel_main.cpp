@@ -68,7 +68,8 @@ int main(int argc, char** argv) {
     return argc < 2 ? kUsageError : 0;
   }
   try {
-    if (std::strcmp(argv[1], "launch") == 0) return accel::tools::run_launch_command(argc - 2, argv + 2);
+    if (std::strcmp(argv[1], "launch") == 0)
+      return accel::tools::run_launch_command(argc - 2, argv + 2);
     if (std::strcmp(argv[1], "env") == 0) return accel::tools::run_env_command(argc - 2, argv + 2);
     if (std::strcmp(argv[1], "test") == 0)
       return accel::tools::run_test_command(argc - 2, argv + 2, self_path(argv[0]).c_str());
@@ -76,7 +77,8 @@ int main(int argc, char** argv) {
       return accel::tools::run_estimate_memory_command(argc - 2, argv + 2);
     if (std::strcmp(argv[1], "merge-weights") == 0)
       return run_merge_weights_program(self_path(argv[0]), argv + 2);
-    if (std::strcmp(argv[1], "config") == 0) return accel::tools::run_config_command(argc - 2, argv + 2);
+    if (std::strcmp(argv[1], "config") == 0)
+      return accel::tools::run_config_command(argc - 2, argv + 2);
     std::fprintf(stderr, "accel: unknown command '%s'\n", argv[1]);
     usage(stderr);
     return kUsageError;

@@ -14,11 +14,11 @@
 #include <string>
 #include <string_view>
 
-#include "core/error.hpp"
 #include "config/config_file.hpp"
 #include "config/detect.hpp"
 #include "config/resolve.hpp"
 #include "config/wizard.hpp"
+#include "core/error.hpp"
 #include "tools/commands.hpp"
 
 namespace accel::tools {

@@ -11,9 +11,9 @@
 #include <string>
 #include <thread>
 
-#include "core/error.hpp"
 #include "backends/comm/registry.hpp"
 #include "config/resolve.hpp"
+#include "core/error.hpp"
 #include "launch/summary.hpp"
 #include "launch/worker_env.hpp"
 #include "tools/commands.hpp"

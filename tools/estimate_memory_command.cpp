@@ -11,8 +11,8 @@
 #include <string>
 
 #include "accelerate/parameter_layout.hpp"
-#include "core/error.hpp"
 #include "backends/zero/memory_estimate.hpp"
+#include "core/error.hpp"
 #include "tools/commands.hpp"
 
 namespace accel::tools {
@@ -20,7 +20,8 @@ namespace {
 
 constexpr const char* kUsage =
     "usage: accel estimate-memory (--params N | --checkpoint DIR) [--world_size N]\n"
-    "                             [--precision fp32|bf16|fp16] [--optimizer adam|adamw|sgd_momentum|sgd]\n"
+    "                             [--precision fp32|bf16|fp16] [--optimizer "
+    "adam|adamw|sgd_momentum|sgd]\n"
     "                             [--bytes]\n"
     "  --params N       parameter count; K, M, B suffixes (25M = 25,000,000)\n"
     "  --checkpoint DIR count the parameters of a checkpoint saved by save_state\n"
@@ -36,9 +37,12 @@ std::uint64_t parse_count(const std::string& text) {
   }
   const std::string suffix = text.substr(used);
   double scale = 1;
-  if (suffix == "K" || suffix == "k") scale = 1e3;
-  else if (suffix == "M" || suffix == "m") scale = 1e6;
-  else if (suffix == "B" || suffix == "b" || suffix == "G") scale = 1e9;
+  if (suffix == "K" || suffix == "k")
+    scale = 1e3;
+  else if (suffix == "M" || suffix == "m")
+    scale = 1e6;
+  else if (suffix == "B" || suffix == "b" || suffix == "G")
+    scale = 1e9;
   else if (!suffix.empty())
     throw ConfigError("accel estimate-memory: --params: '" + text + "' has an unknown suffix");
   if (!(value >= 0)) throw ConfigError("accel estimate-memory: --params must not be negative");
@@ -90,7 +94,8 @@ int run_estimate_memory_command(int argc, char** argv) {
       exact = true;
       continue;
     }
-    if (i + 1 >= argc) throw ConfigError("accel estimate-memory: " + flag + " needs a value\n" + kUsage);
+    if (i + 1 >= argc)
+      throw ConfigError("accel estimate-memory: " + flag + " needs a value\n" + kUsage);
     const std::string value = argv[++i];
     if (flag == "--params") {
       options.num_params = parse_count(value);
@@ -104,7 +109,8 @@ int run_estimate_memory_command(int argc, char** argv) {
         options.world_size = 0;
       }
       if (options.world_size < 1)
-        throw ConfigError("accel estimate-memory: " + flag + ": '" + value + "' is not a positive count");
+        throw ConfigError("accel estimate-memory: " + flag + ": '" + value +
+                          "' is not a positive count");
     } else if (flag == "--precision" || flag == "--mixed_precision") {
       options.precision = value == "no" ? "fp32" : value;
     } else if (flag == "--optimizer") {
@@ -114,7 +120,8 @@ int run_estimate_memory_command(int argc, char** argv) {
     }
   }
   if (have_params == !checkpoint.empty())
-    throw ConfigError(std::string("accel estimate-memory: give --params or --checkpoint\n") + kUsage);
+    throw ConfigError(std::string("accel estimate-memory: give --params or --checkpoint\n") +
+                      kUsage);
   if (!checkpoint.empty()) options.num_params = checkpoint_params(checkpoint);
   std::vector<MemoryEstimate> rows;
   int k = 0;
@@ -124,10 +131,11 @@ int run_estimate_memory_command(int argc, char** argv) {
   } catch (const InvalidArgument& e) {
     throw ConfigError(e.what());
   }
-  std::printf("%llu parameters, world size %d, precision %s, optimizer %s: K = %d bytes of "
-              "optimizer state per parameter\n",
-              static_cast<unsigned long long>(options.num_params), options.world_size,
-              options.precision.c_str(), options.optimizer.c_str(), k);
+  std::printf(
+      "%llu parameters, world size %d, precision %s, optimizer %s: K = %d bytes of "
+      "optimizer state per parameter\n",
+      static_cast<unsigned long long>(options.num_params), options.world_size,
+      options.precision.c_str(), options.optimizer.c_str(), k);
   std::printf("%-8s %16s %16s %16s %16s\n", "strategy", "parameters", "gradients",
               "optimizer state", "total per rank");
   for (const MemoryEstimate& r : rows)

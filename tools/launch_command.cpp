@@ -13,8 +13,8 @@
 #include <string>
 #include <string_view>
 
-#include "core/error.hpp"
 #include "config/config.hpp"
+#include "core/error.hpp"
 #include "launch/launcher.hpp"
 #include "tools/commands.hpp"
 

@@ -42,7 +42,6 @@ constexpr const char* kUsage =
     "  DIR  a checkpoint saved by save_state (DDP or ZeRO, any number of processes)\n"
     "  OUT  the LibTorch archive to write: torch::load(model, OUT) loads it\n";
 
-
 at::ScalarType scalar_type(DType dtype) {
   switch (dtype) {
     case DType::f32:
@@ -156,7 +155,6 @@ void write_atomically(const std::string& out, const std::string& bytes) {
     ::close(dir_fd);
   }
 }
-
 
 }  // namespace
 

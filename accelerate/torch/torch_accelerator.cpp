@@ -24,9 +24,9 @@
 #include "accelerate/torch/torch_optimizer_state.hpp"
 #include "accelerate/torch/torch_replicas.hpp"
 #include "accelerate/torch/torch_state.hpp"
-#include "core/error.hpp"
-#include "config/config.hpp"
 #include "backends/optim/host_collectives.hpp"
+#include "config/config.hpp"
+#include "core/error.hpp"
 
 namespace accel {
 namespace {
@@ -48,12 +48,9 @@ std::vector<std::pair<std::string, double>> group_options(const torch::optim::Op
             {"weight_decay", sgd->weight_decay()},
             {"nesterov", sgd->nesterov() ? 1.0 : 0.0}};
   const auto adam_like = [](const auto& a) -> std::vector<std::pair<std::string, double>> {
-    return {{"lr", a.lr()},
-            {"beta1", std::get<0>(a.betas())},
-            {"beta2", std::get<1>(a.betas())},
-            {"eps", a.eps()},
-            {"weight_decay", a.weight_decay()},
-            {"amsgrad", a.amsgrad() ? 1.0 : 0.0}};
+    return {
+        {"lr", a.lr()},   {"beta1", std::get<0>(a.betas())},  {"beta2", std::get<1>(a.betas())},
+        {"eps", a.eps()}, {"weight_decay", a.weight_decay()}, {"amsgrad", a.amsgrad() ? 1.0 : 0.0}};
   };
   if (const auto* adam = dynamic_cast<const AdamOptions*>(&o)) return adam_like(*adam);
   if (const auto* adamw = dynamic_cast<const AdamWOptions*>(&o)) return adam_like(*adamw);
@@ -314,8 +311,8 @@ torch::nn::Module& TorchAccelerator::replica_module(int k) {
   return replicas_->module(k);
 }
 
-at::Tensor TorchAccelerator::replica_forward(
-    std::int64_t rows, const std::function<at::Tensor(int, Shard)>& forward) {
+at::Tensor TorchAccelerator::replica_forward(std::int64_t rows,
+                                             const std::function<at::Tensor(int, Shard)>& forward) {
   ReplicaSet* dp = strategy().replicas();
   ACCEL_CHECK_ARG(dp != nullptr, "replica_forward: DATA_PARALLEL is not configured");
   sync_buffers();  // replicas follow replica 0's buffers (BatchNorm statistics)
@@ -337,7 +334,8 @@ std::vector<at::Tensor> TorchAccelerator::optimizer_tensors() {
 }
 
 AcceleratedScheduler& TorchAccelerator::prepare_scheduler(torch::optim::LRScheduler& scheduler) {
-  ACCEL_CHECK_ARG(optimizer_ != nullptr, "prepare_scheduler: prepare the model and optimizer first");
+  ACCEL_CHECK_ARG(optimizer_ != nullptr,
+                  "prepare_scheduler: prepare the model and optimizer first");
   ACCEL_CHECK_ARG(!scheduler_, "prepare_scheduler: a scheduler was already prepared");
   scheduler_.reset(new AcceleratedScheduler(*optimizer_, scheduler));
   register_state(
@@ -354,8 +352,8 @@ void TorchAccelerator::shard_optimizer(torch::optim::Optimizer& optimizer) {
   if (z.has_param_slots()) {
     for (std::size_t i = 0; i < param_tensors_.size(); ++i) {
       const Buffer view = z.param_slot(i);
-      param_tensors_[i].set_data(at::from_blob(view.data, param_tensors_[i].sizes(),
-                                               param_tensors_[i].options()));
+      param_tensors_[i].set_data(
+          at::from_blob(view.data, param_tensors_[i].sizes(), param_tensors_[i].options()));
     }
     z.use_param_slots();
   }
@@ -392,7 +390,8 @@ void TorchAccelerator::adopt_bucket_view(std::size_t i) {
   const at::Tensor& view = grad_views_[i];
   if (!view.defined()) {  // lent (ZeRO-2): the strategy reads autograd's gradient where it is
     if (grad.defined())
-      strategy().lend_grad(i, tensor_buffer(grad, "the gradient of parameter " + std::to_string(i)));
+      strategy().lend_grad(i,
+                           tensor_buffer(grad, "the gradient of parameter " + std::to_string(i)));
     return;
   }
   if (grad.defined() && grad.data_ptr() == view.data_ptr()) return;
@@ -516,7 +515,7 @@ AutocastGuard TorchAccelerator::autocast() const {
 
 std::vector<at::Tensor> TorchAccelerator::optimizer_gradients() const {
   if (slice_tensors_.empty()) return grad_views_;  // DDP: the full gradients
-  std::vector<at::Tensor> out;                      // ZeRO: this rank's reduced slices
+  std::vector<at::Tensor> out;                     // ZeRO: this rank's reduced slices
   for (const at::Tensor& slice : slice_tensors_) out.push_back(slice.grad());
   return out;
 }
@@ -525,8 +524,8 @@ bool TorchAccelerator::unscale_gradients(double scale) {
   torch::NoGradGuard no_grad;
   const std::vector<at::Tensor> grads = optimizer_gradients();
   // One flag for all gradients, read once: on a GPU each read is a synchronisation.
-  at::Tensor finite = at::ones({}, grads.empty() ? at::TensorOptions(at::kBool)
-                                                 : grads[0].options().dtype(at::kBool));
+  at::Tensor finite = at::ones(
+      {}, grads.empty() ? at::TensorOptions(at::kBool) : grads[0].options().dtype(at::kBool));
   for (const at::Tensor& g : grads) finite.logical_and_(at::isfinite(g).all());
   if (!finite.item<bool>()) return false;
   for (const at::Tensor& g : grads) g.mul_(1.0 / scale);

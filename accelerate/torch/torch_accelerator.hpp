@@ -45,7 +45,8 @@
 // Checkpoints: save_state / load_state (accelerator.hpp) carry, besides the Accelerator's
 // counters and the loop's position, what Accelerate's save_state carries:
 //   state.model             the prepared model's parameters and buffers as a LibTorch archive
-//                           (a plain LibTorch program loads it: torch::load(net, "DIR/state.model"))
+//                           (a plain LibTorch program loads it: torch::load(net,
+//                           "DIR/state.model"))
 //   state.optimizer         the prepared optimizer's param groups with their options
 //                           (learning rates ...), a LibTorch archive (rank 0's)
 //   optimizer[.rankR]       its per-parameter state (SGD momentum buffers, Adam/AdamW moments
@@ -313,7 +314,8 @@ auto PreparedModel<Model>::operator()(Args&&... args) const {
                       "dimension (dim 0) to split between the replicas");
       ACCEL_CHECK_ARG(detail::same_rows(rows, args...),
                       "DataParallel: every tensor argument of the model's call must have the "
-                      "same size in dim 0 (" + std::to_string(rows) + " rows)");
+                      "same size in dim 0 (" +
+                          std::to_string(rows) + " rows)");
       return accelerator_->replica_forward(rows, [&](int k, Shard chunk) -> at::Tensor {
         Impl* replica = k == 0 ? &*model_ : dynamic_cast<Impl*>(&accelerator_->replica_module(k));
         ACCEL_CHECK_ARG(replica != nullptr, "DataParallel: replica " + std::to_string(k) +

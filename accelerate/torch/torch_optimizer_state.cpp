@@ -34,9 +34,7 @@ const char* kind_name(Kind kind) {
 }
 
 // LibTorch's optimizers key their state by the parameter's TensorImpl address.
-std::string state_key(const at::Tensor& t) {
-  return c10::guts::to_string(t.unsafeGetTensorImpl());
-}
+std::string state_key(const at::Tensor& t) { return c10::guts::to_string(t.unsafeGetTensorImpl()); }
 
 // The state arrays a group's options make the optimizer keep, in the saved order.
 std::size_t expected_slots(Kind kind, const torch::optim::OptimizerOptions& options) {
@@ -107,7 +105,9 @@ std::unique_ptr<torch::optim::OptimizerParamState> make_state(Kind kind,
   return nullptr;
 }
 
-void put_u64(std::string& out, std::uint64_t v) { out.append(reinterpret_cast<const char*>(&v), 8); }
+void put_u64(std::string& out, std::uint64_t v) {
+  out.append(reinterpret_cast<const char*>(&v), 8);
+}
 
 }  // namespace
 
@@ -118,10 +118,10 @@ std::string unsupported_reason(const torch::optim::Optimizer& optimizer) {
     std::set<at::ScalarType> dtypes;
     for (const at::Tensor& p : optimizer.param_groups()[g].params()) dtypes.insert(p.scalar_type());
     if (dtypes.count(at::kDouble))
-      return "param group " + std::to_string(g) + " holds double parameters (the state is "
+      return "param group " + std::to_string(g) +
+             " holds double parameters (the state is "
              "resharded as float)";
-    if (dtypes.size() > 1)
-      return "param group " + std::to_string(g) + " mixes parameter dtypes";
+    if (dtypes.size() > 1) return "param group " + std::to_string(g) + " mixes parameter dtypes";
   }
   return "";
 }
@@ -141,8 +141,8 @@ std::string save(const torch::optim::Optimizer& optimizer,
     if (!t.defined()) continue;
     const auto it = optimizer.state().find(state_key(t));
     if (it != optimizer.state().end()) slots[k] = slots_of(*kind, *it->second);
-    const std::string what = "optimizer state: " + std::string(kind_name(*kind)) +
-                             " param group " + std::to_string(segments[k].group);
+    const std::string what = "optimizer state: " + std::string(kind_name(*kind)) + " param group " +
+                             std::to_string(segments[k].group);
     for (const at::Tensor& a : slots[k].arrays)
       if (a.numel() != t.numel() || std::size_t(t.numel()) != segments[k].values.count)
         throw CheckpointError(what + ": a state tensor of " + std::to_string(a.numel()) +
@@ -152,8 +152,9 @@ std::string save(const torch::optim::Optimizer& optimizer,
     if (group_has_state.size() <= segments[k].group) group_has_state.resize(segments[k].group + 1);
     auto& seen = group_has_state[segments[k].group];
     if (seen && *seen != has)
-      throw CheckpointError(what + ": some parameters have state and others none (a parameter "
-                                   "that never had a gradient?); the group steps as one");
+      throw CheckpointError(what +
+                            ": some parameters have state and others none (a parameter "
+                            "that never had a gradient?); the group steps as one");
     seen = has;
     if (has && *kind != Kind::sgd) {
       if (step && *step != slots[k].step)
@@ -193,17 +194,16 @@ std::function<void()> load(torch::optim::Optimizer& optimizer,
   const SavedOptimizerState saved = read_optimizer_bytes(bytes, where);
   const std::uint64_t step = saved.step;
   if (!saved.segments.empty() && saved.segments.size() != segments.size())
-    throw CheckpointError(where + ": optimizer state for " +
-                          std::to_string(saved.segments.size()) + " segments, this rank has " +
-                          std::to_string(segments.size()));
+    throw CheckpointError(where + ": optimizer state for " + std::to_string(saved.segments.size()) +
+                          " segments, this rank has " + std::to_string(segments.size()));
   // Every new state built (and checked) before the optimizer's is touched.
   auto states = std::make_shared<
       std::vector<std::pair<std::string, std::unique_ptr<torch::optim::OptimizerParamState>>>>();
   torch::NoGradGuard no_grad;
   for (std::size_t k = 0; k < saved.segments.size(); ++k) {
     const SavedOptimizerState::Segment& in = saved.segments[k];
-    const std::string what = where + ": optimizer state of param group " +
-                             std::to_string(segments[k].group);
+    const std::string what =
+        where + ": optimizer state of param group " + std::to_string(segments[k].group);
     if (in.count != segments[k].values.count)
       throw CheckpointError(what + ": a segment of " + std::to_string(in.count) +
                             " elements where this rank's has " +
@@ -224,9 +224,8 @@ std::function<void()> load(torch::optim::Optimizer& optimizer,
                             " state has (saved by SGD?)");
     std::vector<at::Tensor> arrays;
     for (std::uint64_t s = 0; s < in.slots; ++s) {
-      const at::Tensor f =
-          at::from_blob(const_cast<char*>(in.data) + s * in.count * sizeof(float),
-                        {std::int64_t(in.count)}, at::kFloat);
+      const at::Tensor f = at::from_blob(const_cast<char*>(in.data) + s * in.count * sizeof(float),
+                                         {std::int64_t(in.count)}, at::kFloat);
       arrays.push_back(f.to(t.options(), /*non_blocking=*/false, /*copy=*/true).view(t.sizes()));
     }
     states->emplace_back(state_key(t), make_state(*kind, std::move(arrays), std::int64_t(step)));

@@ -39,8 +39,7 @@ std::string unsupported_reason(const torch::optim::Optimizer& optimizer);
 // the state is not element-wise as described above (a parameter with state in a group whose
 // other parameters have none, steps that differ, a state tensor of another size).
 std::string save(const torch::optim::Optimizer& optimizer,
-                 const std::vector<ParamSegment>& segments,
-                 const std::vector<at::Tensor>& tensors);
+                 const std::vector<ParamSegment>& segments, const std::vector<at::Tensor>& tensors);
 
 // Checks `bytes` (this rank's segments, resharded: sizes, the number of state arrays each
 // group's options need) and builds the state from it; returns what replaces the state of

@@ -154,8 +154,7 @@ void load_optimizer(torch::optim::Optimizer& optimizer, const std::string& bytes
   } catch (const CheckpointError&) {
     throw;
   } catch (const std::exception& e) {
-    throw CheckpointError(std::string("optimizer state does not fit this optimizer: ") +
-                          e.what());
+    throw CheckpointError(std::string("optimizer state does not fit this optimizer: ") + e.what());
   }
 }
 
@@ -180,8 +179,7 @@ void load_optimizer_options(torch::optim::Optimizer& optimizer, const std::strin
   } catch (const CheckpointError&) {
     throw;
   } catch (const std::exception& e) {
-    throw CheckpointError(std::string("optimizer options do not fit this optimizer: ") +
-                          e.what());
+    throw CheckpointError(std::string("optimizer options do not fit this optimizer: ") + e.what());
   }
 }
 

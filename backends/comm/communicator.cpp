@@ -23,11 +23,11 @@ std::string describe(const Buffer& b) {
 
 Communicator::Communicator(int rank, int world_size, Milliseconds timeout)
     : rank_(rank), world_size_(world_size), timeout_(timeout) {
-  ACCEL_CHECK_ARG(world_size >= 1, "world size must be at least 1, got " +
-                                       std::to_string(world_size));
-  ACCEL_CHECK_ARG(rank >= 0 && rank < world_size,
-                  "rank " + std::to_string(rank) + " outside world of " +
-                      std::to_string(world_size));
+  ACCEL_CHECK_ARG(world_size >= 1,
+                  "world size must be at least 1, got " + std::to_string(world_size));
+  ACCEL_CHECK_ARG(
+      rank >= 0 && rank < world_size,
+      "rank " + std::to_string(rank) + " outside world of " + std::to_string(world_size));
   ACCEL_CHECK_ARG(timeout.count() > 0, "communicator timeout must be positive");
   worker_ = std::thread([this] { worker_loop(); });
 }
@@ -70,7 +70,8 @@ DeviceStream Communicator::compute_stream() const {
 }
 
 void Communicator::defer_completion(std::shared_ptr<DeviceCompletion> completion) {
-  ACCEL_CHECK_ARG(!inline_enabled_, "a backend that runs operations inline cannot defer completions");
+  ACCEL_CHECK_ARG(!inline_enabled_,
+                  "a backend that runs operations inline cannot defer completions");
   deferred_ = std::move(completion);
 }
 
@@ -106,8 +107,8 @@ bool Communicator::poll_in_flight() {
       in_flight_.pop_front();
       // Launched behind the failed one on a communicator that is now unusable.
       for (InFlight& later : in_flight_)
-        later.work->finish(std::make_exception_ptr(
-            CommError(later.name + " not completed: the communicator is unusable since " + broken)));
+        later.work->finish(std::make_exception_ptr(CommError(
+            later.name + " not completed: the communicator is unusable since " + broken)));
       in_flight_.clear();
       return true;
     }
@@ -212,8 +213,8 @@ WorkPtr Communicator::enqueue(std::string what, std::size_t payload_bytes,
                               std::function<void(Milliseconds)> run) {
   std::unique_lock lock(mutex_);
   const std::uint64_t seq = next_seq_++;
-  const std::string name = "rank " + std::to_string(rank_) + ": " + what + " #" +
-                           std::to_string(seq);
+  const std::string name =
+      "rank " + std::to_string(rank_) + ": " + what + " #" + std::to_string(seq);
   auto work = std::make_shared<Work>(name);
   if (stopping_) {
     work->finish(std::make_exception_ptr(CommError(name + ": communicator is shut down")));
@@ -260,9 +261,9 @@ WorkPtr Communicator::all_reduce(Buffer data, ReduceOp op) {
 }
 
 WorkPtr Communicator::broadcast(Buffer data, int root) {
-  ACCEL_CHECK_ARG(root >= 0 && root < world_size_,
-                  "broadcast root " + std::to_string(root) + " outside world of " +
-                      std::to_string(world_size_));
+  ACCEL_CHECK_ARG(root >= 0 && root < world_size_, "broadcast root " + std::to_string(root) +
+                                                       " outside world of " +
+                                                       std::to_string(world_size_));
   count_bytes(data.bytes(), 1, 1);
   return enqueue("broadcast(root " + std::to_string(root) + ", " + describe(data) + ")",
                  data.bytes(), [=, this](Milliseconds t) {
@@ -271,15 +272,14 @@ WorkPtr Communicator::broadcast(Buffer data, int root) {
 }
 
 WorkPtr Communicator::all_gather(Buffer input, Buffer output) {
-  ACCEL_CHECK_ARG(input.dtype == output.dtype, "all_gather: input is " +
-                                                   std::string(dtype_name(input.dtype)) +
-                                                   " but output is " +
-                                                   std::string(dtype_name(output.dtype)));
+  ACCEL_CHECK_ARG(input.dtype == output.dtype,
+                  "all_gather: input is " + std::string(dtype_name(input.dtype)) +
+                      " but output is " + std::string(dtype_name(output.dtype)));
   const Shard mine = shard_of(output.count, world_size_, rank_);
-  ACCEL_CHECK_ARG(input.count == mine.count,
-                  "all_gather: rank " + std::to_string(rank_) + " must contribute " +
-                      std::to_string(mine.count) + " of " + std::to_string(output.count) +
-                      " elements, got " + std::to_string(input.count));
+  ACCEL_CHECK_ARG(input.count == mine.count, "all_gather: rank " + std::to_string(rank_) +
+                                                 " must contribute " + std::to_string(mine.count) +
+                                                 " of " + std::to_string(output.count) +
+                                                 " elements, got " + std::to_string(input.count));
   count_bytes(output.bytes(), world_size_ - 1, world_size_);
   return enqueue("all_gather(" + describe(output) + ")", output.bytes(), [=, this](Milliseconds t) {
     if (output.count > 0) run_all_gather(input, output, t);
@@ -288,16 +288,16 @@ WorkPtr Communicator::all_gather(Buffer input, Buffer output) {
 
 WorkPtr Communicator::reduce_scatter(Buffer input, Buffer output, ReduceOp op) {
   std::vector<std::size_t> counts;
-  for (int r = 0; r < world_size_; ++r) counts.push_back(shard_of(input.count, world_size_, r).count);
+  for (int r = 0; r < world_size_; ++r)
+    counts.push_back(shard_of(input.count, world_size_, r).count);
   return reduce_scatter(input, output, op, std::move(counts));
 }
 
 WorkPtr Communicator::reduce_scatter(Buffer input, Buffer output, ReduceOp op,
                                      std::vector<std::size_t> counts) {
-  ACCEL_CHECK_ARG(input.dtype == output.dtype, "reduce_scatter: input is " +
-                                                   std::string(dtype_name(input.dtype)) +
-                                                   " but output is " +
-                                                   std::string(dtype_name(output.dtype)));
+  ACCEL_CHECK_ARG(input.dtype == output.dtype,
+                  "reduce_scatter: input is " + std::string(dtype_name(input.dtype)) +
+                      " but output is " + std::string(dtype_name(output.dtype)));
   ACCEL_CHECK_ARG(counts.size() == std::size_t(world_size_),
                   "reduce_scatter: " + std::to_string(counts.size()) + " part counts for " +
                       std::to_string(world_size_) + " ranks");
@@ -307,17 +307,16 @@ WorkPtr Communicator::reduce_scatter(Buffer input, Buffer output, ReduceOp op,
     parts[r] = {offset, counts[r]};
     offset += counts[r];
   }
-  ACCEL_CHECK_ARG(offset == input.count,
-                  "reduce_scatter: the parts hold " + std::to_string(offset) +
-                      " elements, the input " + std::to_string(input.count));
+  ACCEL_CHECK_ARG(offset == input.count, "reduce_scatter: the parts hold " +
+                                             std::to_string(offset) + " elements, the input " +
+                                             std::to_string(input.count));
   const Shard mine = parts[std::size_t(rank_)];
   ACCEL_CHECK_ARG(output.count == mine.count,
                   "reduce_scatter: rank " + std::to_string(rank_) + " receives " +
                       std::to_string(mine.count) + " of " + std::to_string(input.count) +
                       " elements, but its output holds " + std::to_string(output.count));
   count_bytes(input.bytes(), world_size_ - 1, world_size_);
-  return enqueue("reduce_scatter(" + std::string(reduce_op_name(op)) + ", " + describe(input) +
-                     ")",
+  return enqueue("reduce_scatter(" + std::string(reduce_op_name(op)) + ", " + describe(input) + ")",
                  input.bytes(), [=, this, parts = std::move(parts)](Milliseconds t) {
                    if (input.count > 0) run_reduce_scatter(input, output, op, parts, t);
                  });

@@ -56,12 +56,12 @@
 #include <thread>
 #include <vector>
 
+#include "backends/comm/work.hpp"
+#include "core/device_memory.hpp"
 #include "core/dtype.hpp"
 #include "core/reduce.hpp"
 #include "core/store.hpp"
 #include "core/timeout.hpp"
-#include "backends/comm/work.hpp"
-#include "core/device_memory.hpp"
 
 namespace accel {
 
@@ -70,10 +70,10 @@ namespace accel {
 struct CommOptions {
   int rank = 0;
   int world_size = 1;
-  StorePtr store;                           // rendezvous; Gloo and NCCL need it
+  StorePtr store;                              // rendezvous; Gloo and NCCL need it
   Milliseconds timeout = kDefaultCommTimeout;  // per operation, and for joining
-  std::string hostname = "127.0.0.1";       // address this rank listens on (Gloo)
-  int cuda_device = -1;                     // NCCL: device index; -1 = LOCAL_RANK
+  std::string hostname = "127.0.0.1";          // address this rank listens on (Gloo)
+  int cuda_device = -1;                        // NCCL: device index; -1 = LOCAL_RANK
   // Store keys of this group live under "<backend>/<group_name>/", so several groups (or a
   // benchmark's baseline) can rendezvous through one store.
   std::string group_name = "world";
@@ -107,8 +107,7 @@ class Communicator {
   WorkPtr broadcast(Buffer data, int root);
   WorkPtr all_gather(Buffer input, Buffer output);
   WorkPtr reduce_scatter(Buffer input, Buffer output, ReduceOp op);
-  WorkPtr reduce_scatter(Buffer input, Buffer output, ReduceOp op,
-                         std::vector<std::size_t> counts);
+  WorkPtr reduce_scatter(Buffer input, Buffer output, ReduceOp op, std::vector<std::size_t> counts);
   WorkPtr barrier();
   WorkPtr send(Buffer data, int dst, std::uint32_t tag = 0);
   WorkPtr recv(Buffer data, int src, std::uint32_t tag = 0);
@@ -186,8 +185,8 @@ class Communicator {
   // in launch order; returns whether any did.
   bool poll_in_flight();
   // Runs one operation (on the worker or inline) and finishes its Work.
-  void execute(const WorkPtr& work, const std::function<void(Milliseconds)>& run,
-               std::uint64_t seq, const std::string& name, std::shared_ptr<void> inputs);
+  void execute(const WorkPtr& work, const std::function<void(Milliseconds)>& run, std::uint64_t seq,
+               const std::string& name, std::shared_ptr<void> inputs);
 
   const int rank_;
   const int world_size_;
@@ -199,7 +198,7 @@ class Communicator {
   std::uint64_t next_seq_ = 1;
   std::atomic<std::uint64_t> bus_bytes_{0};
   bool stopping_ = false;
-  bool running_ = false;  // an operation is executing (on the worker or inline)
+  bool running_ = false;           // an operation is executing (on the worker or inline)
   std::uint64_t current_seq_ = 0;  // written and read only by whoever executes operations
   bool inline_enabled_ = false;
   std::size_t inline_max_bytes_ = 0;

@@ -18,9 +18,9 @@ LocalCommunicator::LocalCommunicator(Milliseconds timeout) : Communicator(0, 1, 
 LocalCommunicator::~LocalCommunicator() { stop_worker(); }
 
 void LocalCommunicator::use_cuda_device(int device) {
-  ACCEL_CHECK_ARG(cuda_runtime_built(),
-                  "the world of one on CUDA device " + std::to_string(device) +
-                      ": this build has no CUDA runtime");
+  ACCEL_CHECK_ARG(cuda_runtime_built(), "the world of one on CUDA device " +
+                                            std::to_string(device) +
+                                            ": this build has no CUDA runtime");
   cuda_device_ = device;
 }
 

@@ -16,7 +16,9 @@ class LocalCommunicator final : public Communicator {
   // switches it to CUDA memory on `device` when it prepares parameters on a GPU, so the
   // strategies keep their buffers beside them, and its copies then run on the compute stream.
   void use_cuda_device(int device);
-  DeviceKind device() const override { return cuda_device_ >= 0 ? DeviceKind::cuda : DeviceKind::cpu; }
+  DeviceKind device() const override {
+    return cuda_device_ >= 0 ? DeviceKind::cuda : DeviceKind::cpu;
+  }
   int cuda_device() const override { return cuda_device_; }
   // Its collectives move nothing between ranks: host values never need staging.
   bool accepts_host_buffers() const override { return true; }
@@ -25,8 +27,8 @@ class LocalCommunicator final : public Communicator {
   void run_all_reduce(Buffer data, ReduceOp op, Milliseconds timeout) override;
   void run_broadcast(Buffer data, int root, Milliseconds timeout) override;
   void run_all_gather(Buffer input, Buffer output, Milliseconds timeout) override;
-  void run_reduce_scatter(Buffer input, Buffer output, ReduceOp op,
-                          const std::vector<Shard>& parts, Milliseconds timeout) override;
+  void run_reduce_scatter(Buffer input, Buffer output, ReduceOp op, const std::vector<Shard>& parts,
+                          Milliseconds timeout) override;
   void run_barrier(Milliseconds timeout) override;
   void run_send(Buffer data, int dst, std::uint32_t tag, Milliseconds timeout) override;
   void run_recv(Buffer data, int src, std::uint32_t tag, Milliseconds timeout) override;

@@ -1,7 +1,7 @@
 #include "backends/comm/registry.hpp"
 
-#include "core/error.hpp"
 #include "backends/comm/local_communicator.hpp"
+#include "core/error.hpp"
 #if ACCEL_HAVE_GLOO
 #include "backends/comm/gloo/gloo_communicator.hpp"
 #endif
@@ -12,10 +12,10 @@
 #include "backends/comm/nccl/nccl_communicator.hpp"
 #endif
 #if ACCEL_HAVE_SHM
-#include "core/prefix_store.hpp"
 #include "backends/comm/shm/hierarchical_communicator.hpp"
 #include "backends/comm/shm/host_identity.hpp"
 #include "backends/comm/shm/shm_communicator.hpp"
+#include "core/prefix_store.hpp"
 #endif
 
 #include <algorithm>
@@ -47,8 +47,8 @@ CommunicatorPtr make_local(const CommOptions& options) {
 std::vector<int> hosts_of(std::string_view backend, const CommOptions& options) {
   ACCEL_CHECK_ARG(options.store != nullptr,
                   "the '" + std::string(backend) + "' communicator needs a rendezvous store");
-  auto store = std::make_shared<PrefixStore>(std::string(backend) + "/" + options.group_name,
-                                             options.store);
+  auto store =
+      std::make_shared<PrefixStore>(std::string(backend) + "/" + options.group_name, options.store);
   return shm::exchange_hosts(store, options.rank, options.world_size, options.timeout);
 }
 

@@ -4,10 +4,10 @@
 #include <cstring>
 #include <string>
 
-#include "core/device_memory.hpp"
-#include "core/error.hpp"
 #include "backends/optim/elementwise.hpp"
 #include "backends/replicas.hpp"
+#include "core/device_memory.hpp"
+#include "core/error.hpp"
 
 namespace accel {
 namespace {
@@ -45,8 +45,7 @@ std::vector<Shard> chunk_rows(std::size_t rows, int replicas) {
 }
 
 DataParallelStrategy::DataParallelStrategy(Communicator& comm, std::vector<ParamRef> params,
-                                           std::vector<Buffer> buffers,
-                                           DataParallelOptions options)
+                                           std::vector<Buffer> buffers, DataParallelOptions options)
     : comm_(comm),
       devices_(std::move(options.cuda_devices)),
       pool_(options.replicas, std::move(options.worker_init)) {

@@ -41,9 +41,9 @@
 #include <vector>
 
 #include "backends/backend.hpp"
+#include "backends/dataparallel/replica_pool.hpp"
 #include "core/device_memory.hpp"
 #include "core/reduce.hpp"
-#include "backends/dataparallel/replica_pool.hpp"
 
 namespace accel {
 
@@ -111,7 +111,7 @@ class DataParallelStrategy final : public Strategy, public ReplicaSet {
   Communicator& comm_;
   std::vector<std::vector<ParamRef>> replicas_;
   std::vector<std::vector<Buffer>> buffers_;
-  std::vector<int> devices_;  // per replica; empty for CPU replicas
+  std::vector<int> devices_;               // per replica; empty for CPU replicas
   std::vector<DeviceBuffer> owned_grads_;  // gradient storage for ParamRefs given without
   // GPU replicas on another device than replica 0: [k - 1][i], replica k's gradient i on
   // replica 0's device (empty vectors for replicas on replica 0's device).

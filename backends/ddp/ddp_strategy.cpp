@@ -3,19 +3,19 @@
 #include <algorithm>
 #include <cstring>
 
+#include "backends/replicas.hpp"
 #include "core/device_memory.hpp"
 #include "core/error.hpp"
-#include "backends/replicas.hpp"
 
 namespace accel {
 
 struct DdpStrategy::Bucket {
   DType dtype;
   std::vector<std::size_t> params;
-  std::size_t count = 0;               // elements
-  DeviceBuffer storage;                // where the parameters live (replica_memory)
+  std::size_t count = 0;  // elements
+  DeviceBuffer storage;   // where the parameters live (replica_memory)
   Buffer flat;
-  std::size_t pending = 0;             // gradients not yet ready this iteration
+  std::size_t pending = 0;  // gradients not yet ready this iteration
   WorkPtr work;
 };
 
@@ -74,9 +74,9 @@ DdpStrategy::~DdpStrategy() {
 }
 
 Buffer DdpStrategy::grad_slot(int replica, std::size_t index) const {
-  ACCEL_CHECK_ARG(replica == 0 && index < params_.size(),
-                  "DDP: no parameter " + std::to_string(index) + " in replica " +
-                      std::to_string(replica));
+  ACCEL_CHECK_ARG(
+      replica == 0 && index < params_.size(),
+      "DDP: no parameter " + std::to_string(index) + " in replica " + std::to_string(replica));
   return buckets_[bucket_of_[index]]->flat.slice(offset_of_[index], params_[index].data.count);
 }
 

@@ -75,9 +75,9 @@ class DdpStrategy final : public Strategy {
   std::vector<Buffer> buffers_;
   DdpOptions options_;
   std::vector<std::unique_ptr<Bucket>> buckets_;
-  std::vector<std::size_t> bucket_of_;   // param index -> bucket index
-  std::vector<std::size_t> offset_of_;   // param index -> element offset in its bucket
-  std::vector<bool> ready_;              // this iteration
+  std::vector<std::size_t> bucket_of_;  // param index -> bucket index
+  std::vector<std::size_t> offset_of_;  // param index -> element offset in its bucket
+  std::vector<bool> ready_;             // this iteration
   std::size_t next_launch_ = 0;
   bool sync_enabled_ = true;
   std::mutex mutex_;  // hooks may fire on autograd's threads

@@ -29,8 +29,8 @@ class AdamW final : public Optimizer {
 
  protected:
   std::size_t state_slots(std::size_t) const override { return 2; }
-  void update(const ParamSegment& segment, std::vector<float*>& state,
-              std::uint64_t step, const DeviceContext& ctx) override;
+  void update(const ParamSegment& segment, std::vector<float*>& state, std::uint64_t step,
+              const DeviceContext& ctx) override;
 
  private:
   std::vector<AdamWOptions> groups_;

@@ -221,8 +221,10 @@ void weighted_sum(Buffer dst, std::span<const Buffer> sources, std::span<const d
       d[j] = T(sum / divide_by);
     }
   };
-  if (dst.dtype == DType::f32) run(static_cast<float*>(dst.data));
-  else run(static_cast<double*>(dst.data));
+  if (dst.dtype == DType::f32)
+    run(static_cast<float*>(dst.data));
+  else
+    run(static_cast<double*>(dst.data));
 }
 
 void fill_zero(Buffer buffer, const DeviceContext& ctx) {

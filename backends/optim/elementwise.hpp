@@ -36,12 +36,12 @@ void sgd_update(Buffer values, Buffer grad, float* momentum_buffer, const SgdSte
 
 // torch.optim.AdamW's (or Adam's, decoupled = false) per-element update.
 struct AdamWStepArgs {
-  float step_size = 0;        // lr / (1 - beta1^step)
+  float step_size = 0;  // lr / (1 - beta1^step)
   float beta1 = 0, beta2 = 0, one_minus_beta1 = 0, one_minus_beta2 = 0;
   float eps = 0;
-  float decay = 1;            // 1 - lr * weight_decay (decoupled)
-  float weight_decay = 0;     // added to the gradient (not decoupled)
-  float bias2_sqrt = 1;       // sqrt(1 - beta2^step)
+  float decay = 1;         // 1 - lr * weight_decay (decoupled)
+  float weight_decay = 0;  // added to the gradient (not decoupled)
+  float bias2_sqrt = 1;    // sqrt(1 - beta2^step)
   bool decoupled = true;
 };
 void adamw_update(Buffer values, Buffer grad, float* exp_avg, float* exp_avg_sq,
@@ -58,8 +58,7 @@ void scale_in_place(Buffer grad, double factor, const DeviceContext& ctx = {});
 // fp16 loss scaling: divides every buffer by `scale` (multiplying by 1 / scale in double) and
 // returns whether all were finite; a buffer holding an inf or NaN is left as it is (its step
 // is skipped). Floating dtypes only. CUDA buffers are checked together: one flag read per call.
-bool unscale_gradients(std::span<const Buffer> grads, double scale,
-                       const DeviceContext& ctx = {});
+bool unscale_gradients(std::span<const Buffer> grads, double scale, const DeviceContext& ctx = {});
 
 // DataParallel's gradient reduction into replica 0:
 //   dst = (weights[0] dst + sum_k weights[k + 1] sources[k]) / divide_by

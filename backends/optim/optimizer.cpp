@@ -7,7 +7,9 @@
 namespace accel {
 namespace {
 
-void put_u64(std::string& out, std::uint64_t v) { out.append(reinterpret_cast<const char*>(&v), 8); }
+void put_u64(std::string& out, std::uint64_t v) {
+  out.append(reinterpret_cast<const char*>(&v), 8);
+}
 
 }  // namespace
 
@@ -27,9 +29,9 @@ void Optimizer::step(const std::vector<ParamSegment>& segments, const DeviceCont
                         std::to_string(s.group) + ") is " +
                         std::string(dtype_name(s.values.dtype)) +
                         "; the built-in optimizers update f32 parameters");
-    ACCEL_CHECK_ARG(s.values.count == s.grad.count,
-                    std::string(name()) + ": segment " + std::to_string(k) +
-                        " has a gradient of another size");
+    ACCEL_CHECK_ARG(
+        s.values.count == s.grad.count,
+        std::string(name()) + ": segment " + std::to_string(k) + " has a gradient of another size");
     ACCEL_CHECK_ARG(s.values.device == s.grad.device,
                     std::string(name()) + ": segment " + std::to_string(k) +
                         " has its values and its gradient on different devices");
@@ -61,7 +63,8 @@ void Optimizer::step(const std::vector<ParamSegment>& segments, const DeviceCont
   // State loaded from a checkpoint lands in host memory; it follows its segment to the GPU.
   for (std::size_t k = 0; k < segments.size(); ++k)
     for (StateArray& slot : state_[k])
-      if (slot.device() != segments[k].values.device) slot = slot.to(segments[k].values.device, ctx);
+      if (slot.device() != segments[k].values.device)
+        slot = slot.to(segments[k].values.device, ctx);
   ++steps_;
   context_ = ctx;
   std::vector<float*> state;

@@ -55,8 +55,8 @@ class Optimizer {
   virtual std::size_t state_slots(std::size_t group) const = 0;
   // One segment's update; `state` holds state_slots(group) arrays of values.count floats on
   // the segment's device, `step` counts from 1.
-  virtual void update(const ParamSegment& segment, std::vector<float*>& state,
-                      std::uint64_t step, const DeviceContext& ctx) = 0;
+  virtual void update(const ParamSegment& segment, std::vector<float*>& state, std::uint64_t step,
+                      const DeviceContext& ctx) = 0;
   void check_group(std::size_t group) const;
 
  private:

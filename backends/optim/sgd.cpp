@@ -41,7 +41,7 @@ std::vector<std::pair<std::string, double>> Sgd::options(std::size_t group) cons
 std::size_t Sgd::state_slots(std::size_t group) const { return groups_[group].momentum != 0; }
 
 void Sgd::update(const ParamSegment& segment, std::vector<float*>& state, std::uint64_t step,
-                    const DeviceContext& ctx) {
+                 const DeviceContext& ctx) {
   const SgdOptions& o = groups_[segment.group];
   SgdStepArgs args;
   args.lr = float(o.lr);

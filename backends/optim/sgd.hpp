@@ -27,8 +27,8 @@ class Sgd final : public Optimizer {
 
  protected:
   std::size_t state_slots(std::size_t group) const override;
-  void update(const ParamSegment& segment, std::vector<float*>& state,
-              std::uint64_t step, const DeviceContext& ctx) override;
+  void update(const ParamSegment& segment, std::vector<float*>& state, std::uint64_t step,
+              const DeviceContext& ctx) override;
 
  private:
   std::vector<SgdOptions> groups_;

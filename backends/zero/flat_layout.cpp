@@ -8,9 +8,9 @@ namespace accel {
 
 FlatLayout::FlatLayout(const std::vector<ParamRef>& params, int world, int rank)
     : world_(world), rank_(rank), flat_of_(params.size()), offset_of_(params.size()) {
-  ACCEL_CHECK_ARG(world >= 1 && rank >= 0 && rank < world,
-                  "ZeRO layout: rank " + std::to_string(rank) + " outside world of " +
-                      std::to_string(world));
+  ACCEL_CHECK_ARG(
+      world >= 1 && rank >= 0 && rank < world,
+      "ZeRO layout: rank " + std::to_string(rank) + " outside world of " + std::to_string(world));
   std::size_t num_groups = 0;
   for (const ParamRef& p : params) num_groups = std::max(num_groups, p.group + 1);
   for (std::size_t g = 0; g < num_groups; ++g) {

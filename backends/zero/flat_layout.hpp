@@ -27,9 +27,9 @@ struct FlatGroup {
 };
 
 struct FlatBucket {
-  std::size_t flat = 0;              // index into FlatLayout::groups
-  std::size_t begin = 0, end = 0;    // element range in that flat buffer
-  std::vector<std::size_t> params;   // those overlapping it, in reverse parameter order
+  std::size_t flat = 0;             // index into FlatLayout::groups
+  std::size_t begin = 0, end = 0;   // element range in that flat buffer
+  std::vector<std::size_t> params;  // those overlapping it, in reverse parameter order
 };
 
 class FlatLayout {

@@ -4,9 +4,9 @@
 #include <cstdio>
 #include <utility>
 
-#include "core/error.hpp"
 #include "backends/optim/elementwise.hpp"
 #include "backends/replicas.hpp"
+#include "core/error.hpp"
 
 namespace accel {
 namespace {
@@ -33,9 +33,9 @@ ZeroStrategy::ZeroStrategy(Communicator& comm, std::vector<ParamRef> params,
       buckets_of_(params_.size()),
       release_in_(params_.size()),
       ready_(params_.size(), false) {
-  ACCEL_CHECK_ARG(options_.stage == 1 || options_.stage == 2,
-                  "ZeRO stage " + std::to_string(options_.stage) +
-                      " is not available (stages 1 and 2 are)");
+  ACCEL_CHECK_ARG(
+      options_.stage == 1 || options_.stage == 2,
+      "ZeRO stage " + std::to_string(options_.stage) + " is not available (stages 1 and 2 are)");
   ACCEL_CHECK_ARG(options_.bucket_cap_bytes > 0, "ZeRO bucket size must be positive");
   check_replica_params("ZeRO", comm_, params_);
   // Offloading only means something when the parameters are on a GPU (see the header).
@@ -46,7 +46,8 @@ ZeroStrategy::ZeroStrategy(Communicator& comm, std::vector<ParamRef> params,
   for (std::size_t f = 0; f < groups.size(); ++f) {
     const Shard own = layout_.owned(f);
     param_store_.emplace_back(groups[f].padded, groups[f].dtype, memory, device);
-    if (options_.stage == 1) flat_grads_.emplace_back(groups[f].padded, groups[f].dtype, memory, device);
+    if (options_.stage == 1)
+      flat_grads_.emplace_back(groups[f].padded, groups[f].dtype, memory, device);
     grad_slices_.emplace_back(own.count, groups[f].dtype, memory, device);
     if (offload_) {
       host_params_.emplace_back(own.count, groups[f].dtype, MemoryKind::pinned_host);
@@ -95,15 +96,16 @@ Buffer ZeroStrategy::grad_slice(std::size_t f) const { return grad_slices_[f].vi
 
 Buffer ZeroStrategy::param_slot(std::size_t index) const {
   ACCEL_CHECK_ARG(index < params_.size(), "ZeRO: no parameter " + std::to_string(index));
-  return flat_params(layout_.flat_of(index)).slice(layout_.offset_of(index), params_[index].data.count);
+  return flat_params(layout_.flat_of(index))
+      .slice(layout_.offset_of(index), params_[index].data.count);
 }
 
 Buffer ZeroStrategy::grad_slot(int replica, std::size_t index) const {
-  ACCEL_CHECK_ARG(replica == 0 && index < params_.size(),
-                  "ZeRO: no parameter " + std::to_string(index) + " in replica " +
-                      std::to_string(replica));
-  ACCEL_CHECK_ARG(options_.stage == 1, "ZeRO-2 keeps no full gradient of '" +
-                                           params_[index].name + "' (only this rank's slice)");
+  ACCEL_CHECK_ARG(
+      replica == 0 && index < params_.size(),
+      "ZeRO: no parameter " + std::to_string(index) + " in replica " + std::to_string(replica));
+  ACCEL_CHECK_ARG(options_.stage == 1, "ZeRO-2 keeps no full gradient of '" + params_[index].name +
+                                           "' (only this rank's slice)");
   return flat_grads_[layout_.flat_of(index)].view().slice(layout_.offset_of(index),
                                                           params_[index].data.count);
 }
@@ -111,10 +113,9 @@ Buffer ZeroStrategy::grad_slot(int replica, std::size_t index) const {
 void ZeroStrategy::lend_grad(std::size_t index, Buffer grad) {
   ACCEL_CHECK_ARG(index < params_.size(), "ZeRO: no parameter " + std::to_string(index));
   ACCEL_CHECK_ARG(lent_, "ZeRO: lend_grad needs stage 2 with gradients asked of the strategy");
-  ACCEL_CHECK_ARG(grad.dtype == params_[index].data.dtype &&
-                      grad.count == params_[index].data.count,
-                  "ZeRO: the new gradient of '" + params_[index].name +
-                      "' has another shape or dtype");
+  ACCEL_CHECK_ARG(
+      grad.dtype == params_[index].data.dtype && grad.count == params_[index].data.count,
+      "ZeRO: the new gradient of '" + params_[index].name + "' has another shape or dtype");
   std::lock_guard lock(mutex_);
   params_[index].grad = grad;
 }
@@ -138,7 +139,8 @@ void ZeroStrategy::use_param_slots() {
 
 void ZeroStrategy::reload_parameters() {
   const DeviceStream stream = comm_.compute_stream();
-  for (std::size_t i = 0; i < params_.size(); ++i) copy_buffer(param_slot(i), params_[i].data, stream);
+  for (std::size_t i = 0; i < params_.size(); ++i)
+    copy_buffer(param_slot(i), params_[i].data, stream);
   if (!offload_) return;
   // The optimizer's copy of the owned slices (host memory) follows the parameters.
   for (std::size_t f = 0; f < layout_.groups().size(); ++f) {
@@ -169,8 +171,8 @@ std::vector<ParamSegment> ZeroStrategy::segments() const {
   for (std::size_t f = 0; f < layout_.groups().size(); ++f) {
     const Shard own = layout_.owned(f);
     if (offload_)  // the optimizer steps the host copies (its state lives in host memory)
-      out.push_back({layout_.groups()[f].group, host_params_[f].view(), host_grads_[f].view(),
-                     own.offset});
+      out.push_back(
+          {layout_.groups()[f].group, host_params_[f].view(), host_grads_[f].view(), own.offset});
     else
       out.push_back({layout_.groups()[f].group, flat_params(f).slice(own.offset, own.count),
                      grad_slice(f), own.offset});
@@ -182,7 +184,8 @@ std::size_t ZeroStrategy::gradient_bytes() const {
   std::size_t bytes = 0;
   for (std::size_t f = 0; f < layout_.groups().size(); ++f) {
     const FlatGroup& g = layout_.groups()[f];
-    bytes += ((options_.stage == 1 ? g.padded : 0) + layout_.owned(f).count) * element_size(g.dtype);
+    bytes +=
+        ((options_.stage == 1 ? g.padded : 0) + layout_.owned(f).count) * element_size(g.dtype);
   }
   for (const auto& s : staging_) bytes += s.view().bytes();
   return bytes;
@@ -344,7 +347,8 @@ void ZeroStrategy::after_optimizer_step() {
   }
   for (auto& w : works) w->wait_stream(stream, comm_.timeout());
   if (flat_parameters_) return;
-  for (std::size_t i = 0; i < params_.size(); ++i) copy_buffer(params_[i].data, param_slot(i), stream);
+  for (std::size_t i = 0; i < params_.size(); ++i)
+    copy_buffer(params_[i].data, param_slot(i), stream);
 }
 
 }  // namespace accel

@@ -4,10 +4,10 @@
 // dtype) buffer (flat_layout.hpp), so optimizer state exists for that slice only.
 //
 //   stage 1: the strategy keeps full flat gradient buffers (a front end may make them the
-//            gradient storage: grad_slot, backend.hpp's "slots"); in the micro-batch that ends an accumulation (sync
-//            enabled) they are reduce-scattered (average) in buckets as backward produces
-//            them, each rank's part landing in its own gradient slice (not in place: the flat
-//            buffers keep what the loop accumulated, so a later backward adds to it).
+//            gradient storage: grad_slot, backend.hpp's "slots"); in the micro-batch that ends an
+//            accumulation (sync enabled) they are reduce-scattered (average) in buckets as backward
+//            produces them, each rank's part landing in its own gradient slice (not in place: the
+//            flat buffers keep what the loop accumulated, so a later backward adds to it).
 //   stage 2: the strategy keeps only the owned gradient slices and two bucket buffers (one
 //            filling while the other is in flight): each bucket's gradients are copied in,
 //            reduce-scattered during backward, this rank's part copied to its slice; gradients
@@ -50,8 +50,8 @@
 #include <vector>
 
 #include "backends/backend.hpp"
-#include "core/device_memory.hpp"
 #include "backends/zero/flat_layout.hpp"
+#include "core/device_memory.hpp"
 
 namespace accel {
 
@@ -108,15 +108,15 @@ class ZeroStrategy final : public Strategy {
     FlatBucket range;
     std::vector<std::size_t> counts;  // per rank: its part of the bucket
     std::size_t pending = 0;
-    int slot = -1;                    // stage 2: the staging buffer in use
+    int slot = -1;  // stage 2: the staging buffer in use
     WorkPtr work;
   };
-  void launch_ready_buckets();        // with mutex_ held
+  void launch_ready_buckets();  // with mutex_ held
   void launch(Bucket& b);
-  void finish(Bucket& b);             // waits; stage 2: copies this rank's part to its slice
+  void finish(Bucket& b);  // waits; stage 2: copies this rank's part to its slice
   void finish_all();
   Buffer own_part(const Bucket& b, Buffer bucket_data) const;  // within the bucket
-  Buffer own_slice_part(const Bucket& b) const;                  // the same within the slice
+  Buffer own_slice_part(const Bucket& b) const;                // the same within the slice
   Buffer flat_params(std::size_t f) const;
   Buffer grad_slice(std::size_t f) const;
 

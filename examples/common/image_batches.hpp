@@ -33,9 +33,8 @@ inline FloatImages to_floats(const ImageDataset& d) {
 }
 
 // Rows `idx[first, first + n)` of the data, as one batch.
-inline void take_batch(const FloatImages& d, const std::vector<std::size_t>& idx,
-                       std::size_t first, std::size_t n, std::vector<float>& x,
-                       std::vector<int>& labels) {
+inline void take_batch(const FloatImages& d, const std::vector<std::size_t>& idx, std::size_t first,
+                       std::size_t n, std::vector<float>& x, std::vector<int>& labels) {
   x.resize(n * d.features);
   labels.resize(n);
   for (std::size_t k = 0; k < n; ++k) {
@@ -58,8 +57,7 @@ float forward_backward_rows(accel::Accelerator& acc, Model& model, const std::ve
       model, labels.size(), [&](Model& replica, std::size_t first, std::size_t n, auto ready) {
         return replica.forward_backward(
             std::span<const float>(x).subspan(first * features, n * features),
-            std::span<const int>(labels).subspan(first, n), acc.loss_scale(),
-            [&](std::size_t l) {
+            std::span<const int>(labels).subspan(first, n), acc.loss_scale(), [&](std::size_t l) {
               ready(2 * l);      // weight
               ready(2 * l + 1);  // bias
             });

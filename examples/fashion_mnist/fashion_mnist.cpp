@@ -20,10 +20,10 @@ namespace F = torch::nn::functional;
 NetImpl::NetImpl() { reset(); }
 
 void NetImpl::reset() {
-  conv1_ = register_module("conv1",
-                           torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 32, 3).bias(false)));
-  conv2_ = register_module("conv2",
-                           torch::nn::Conv2d(torch::nn::Conv2dOptions(32, 64, 3).bias(false)));
+  conv1_ =
+      register_module("conv1", torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 32, 3).bias(false)));
+  conv2_ =
+      register_module("conv2", torch::nn::Conv2d(torch::nn::Conv2dOptions(32, 64, 3).bias(false)));
   bn1_ = register_module("bn1", torch::nn::BatchNorm2d(32));
   bn2_ = register_module("bn2", torch::nn::BatchNorm2d(64));
   dropout_ = register_module("dropout", torch::nn::Dropout(0.25));

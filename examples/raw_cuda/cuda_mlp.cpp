@@ -33,9 +33,12 @@ T* device_alloc(std::size_t bytes) {
 
 cudaDataType cuda_type(accel::DType dtype) {
   switch (dtype) {
-    case accel::DType::f16: return CUDA_R_16F;
-    case accel::DType::bf16: return CUDA_R_16BF;
-    default: return CUDA_R_32F;
+    case accel::DType::f16:
+      return CUDA_R_16F;
+    case accel::DType::bf16:
+      return CUDA_R_16BF;
+    default:
+      return CUDA_R_32F;
   }
 }
 
@@ -88,7 +91,8 @@ void CudaMlp::allocate(const std::vector<int>& sizes) {
     L.bias = device_alloc<float>(std::size_t(L.out) * sizeof(float));
     L.weight_grad = device_alloc<float>(nw * sizeof(float));
     L.bias_grad = device_alloc<float>(std::size_t(L.out) * sizeof(float));
-    if (dtype_ != accel::DType::f32) L.weight_compute = device_alloc(nw * accel::element_size(dtype_));
+    if (dtype_ != accel::DType::f32)
+      L.weight_compute = device_alloc(nw * accel::element_size(dtype_));
     widest = std::max({widest, L.in, L.out});
     layers_.push_back(L);
   }
@@ -103,9 +107,9 @@ void CudaMlp::allocate(const std::vector<int>& sizes) {
 
 CudaMlp::~CudaMlp() {
   for (CudaLayer& L : layers_)
-    for (void* p : {static_cast<void*>(L.weight), static_cast<void*>(L.bias),
-                    static_cast<void*>(L.weight_grad), static_cast<void*>(L.bias_grad),
-                    L.weight_compute})
+    for (void* p :
+         {static_cast<void*>(L.weight), static_cast<void*>(L.bias),
+          static_cast<void*>(L.weight_grad), static_cast<void*>(L.bias_grad), L.weight_compute})
       cudaFree(p);
   for (void* p : acts_) cudaFree(p);
   for (void* p : delta_) cudaFree(p);
@@ -123,8 +127,11 @@ std::vector<accel::ParamRef> CudaMlp::param_refs(std::size_t bias_group) {
     CudaLayer& L = layers_[l];
     const std::size_t nw = std::size_t(L.out) * L.in, nb = std::size_t(L.out);
     const std::string name = "layer" + std::to_string(l);
-    params.push_back({name + ".weight", Buffer{L.weight, nw, DType::f32, DeviceKind::cuda},
-                      Buffer{L.weight_grad, nw, DType::f32, DeviceKind::cuda}, 0, {L.out, L.in}});
+    params.push_back({name + ".weight",
+                      Buffer{L.weight, nw, DType::f32, DeviceKind::cuda},
+                      Buffer{L.weight_grad, nw, DType::f32, DeviceKind::cuda},
+                      0,
+                      {L.out, L.in}});
     params.push_back({name + ".bias", Buffer{L.bias, nb, DType::f32, DeviceKind::cuda},
                       Buffer{L.bias_grad, nb, DType::f32, DeviceKind::cuda}, bias_group});
   }
@@ -178,8 +185,8 @@ float CudaMlp::forward_backward(std::span<const float> x, std::span<const int> l
         "cudaMemcpy labels");
   const cudaDataType type = cuda_type(dtype_);
   const int classes = layers_.back().out;
-  softmax_cross_entropy(acts_.back(), labels_, batch, classes, loss_scale / float(batch),
-                        delta_[0], losses_, dtype_);
+  softmax_cross_entropy(acts_.back(), labels_, batch, classes, loss_scale / float(batch), delta_[0],
+                        losses_, dtype_);
   const float one = 1.0f, zero = 0.0f;
   int cur = 0;
   for (std::size_t l = layers_.size(); l-- > 0;) {
@@ -224,8 +231,8 @@ std::vector<int> CudaMlp::predict(std::span<const float> x, int batch) {
 std::vector<float> CudaMlp::download_parameters() const {
   std::vector<float> out;
   for (const CudaLayer& L : layers_) {
-    for (auto [ptr, n] : {std::pair{L.weight, std::size_t(L.out) * L.in},
-                          std::pair{L.bias, std::size_t(L.out)}}) {
+    for (auto [ptr, n] :
+         {std::pair{L.weight, std::size_t(L.out) * L.in}, std::pair{L.bias, std::size_t(L.out)}}) {
       const std::size_t at = out.size();
       out.resize(at + n);
       check(cudaMemcpy(out.data() + at, ptr, n * sizeof(float), cudaMemcpyDeviceToHost),

@@ -29,8 +29,8 @@ namespace raw_cuda {
 
 struct CudaLayer {
   int in = 0, out = 0;
-  float* weight = nullptr;       // out x in, row-major (torch::nn::Linear's layout), fp32 master
-  float* bias = nullptr;         // out
+  float* weight = nullptr;  // out x in, row-major (torch::nn::Linear's layout), fp32 master
+  float* bias = nullptr;    // out
   float* weight_grad = nullptr;
   float* bias_grad = nullptr;
   void* weight_compute = nullptr;  // the f16/bf16 copy of weight (null for f32)
@@ -56,8 +56,8 @@ class CudaMlp {
   // Forward and backward over a batch from host memory. Gradients of (mean loss) * loss_scale
   // are ADDED to the fp32 gradient buffers; on_layer_grads(l) is called once layer l's are
   // queued, last layer first (the strategy starts communicating there). Returns the mean loss.
-  float forward_backward(std::span<const float> x, std::span<const int> labels,
-                         float loss_scale, const std::function<void(std::size_t)>& on_layer_grads);
+  float forward_backward(std::span<const float> x, std::span<const int> labels, float loss_scale,
+                         const std::function<void(std::size_t)>& on_layer_grads);
   std::vector<int> predict(std::span<const float> x, int batch);
 
   // Every master parameter, weights then bias per layer, copied to the host.
@@ -75,9 +75,9 @@ class CudaMlp {
   int max_batch_;
   std::vector<int> sizes_;  // {inputs, hidden..., classes}
   cublasHandle_t cublas_ = nullptr;
-  float* input_f32_ = nullptr;             // max_batch x in (the batch as uploaded)
-  std::vector<void*> acts_;                // per layer boundary: max_batch x width, dtype_
-  void* delta_[2] = {nullptr, nullptr};    // max_batch x widest, dtype_
+  float* input_f32_ = nullptr;           // max_batch x in (the batch as uploaded)
+  std::vector<void*> acts_;              // per layer boundary: max_batch x width, dtype_
+  void* delta_[2] = {nullptr, nullptr};  // max_batch x widest, dtype_
   int* labels_ = nullptr;
   float* losses_ = nullptr;
   int* predicted_ = nullptr;

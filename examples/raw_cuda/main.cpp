@@ -45,12 +45,12 @@ namespace {
 
 struct Flags {
   int epochs = 2;
-  std::size_t batch_size = 64;  // per process
+  std::size_t batch_size = 64;    // per process
   std::string optimizer = "sgd";  // sgd | adamw
   float lr = 0.01f;               // AdamW: use ~1e-3
   float momentum = 0.9f;          // SGD
   float weight_decay = 0.0f;
-  double clip = 5.0;  // max global gradient norm; 0 = no clipping
+  double clip = 5.0;            // max global gradient norm; 0 = no clipping
   std::string mixed_precision;  // "" = the config's; no | fp16 | bf16
   std::string data_dir = "/usr/share/datasets/fashion-mnist";
   int hidden = 64;
@@ -81,25 +81,44 @@ Flags parse_flags(int argc, char** argv) {
   Flags f;
   for (const auto& [key, value] : examples::parse_flag_values(argc, argv, usage)) {
     try {
-      if (key == "epochs") f.epochs = std::stoi(value);
-      else if (key == "batch_size") f.batch_size = std::stoul(value);
-      else if (key == "optimizer") f.optimizer = value;
-      else if (key == "lr") f.lr = std::stof(value);
-      else if (key == "momentum") f.momentum = std::stof(value);
-      else if (key == "weight_decay") f.weight_decay = std::stof(value);
-      else if (key == "clip") f.clip = std::stod(value);
-      else if (key == "mixed_precision") f.mixed_precision = value;
-      else if (key == "data_dir") f.data_dir = value;
-      else if (key == "hidden") f.hidden = std::stoi(value);
-      else if (key == "train_samples") f.train_samples = std::stoul(value);
-      else if (key == "test_samples") f.test_samples = std::stoul(value);
-      else if (key == "seed") f.seed = std::stoull(value);
-      else if (key == "max_steps") f.max_steps = std::stoull(value);
-      else if (key == "log_every") f.log_every = std::stoull(value);
-      else if (key == "save_params") f.save_params = value;
-      else if (key == "checkpoint_dir") f.checkpoint_dir = value;
-      else if (key == "save_every") f.save_every = std::stoull(value);
-      else usage("unknown flag --" + key);
+      if (key == "epochs")
+        f.epochs = std::stoi(value);
+      else if (key == "batch_size")
+        f.batch_size = std::stoul(value);
+      else if (key == "optimizer")
+        f.optimizer = value;
+      else if (key == "lr")
+        f.lr = std::stof(value);
+      else if (key == "momentum")
+        f.momentum = std::stof(value);
+      else if (key == "weight_decay")
+        f.weight_decay = std::stof(value);
+      else if (key == "clip")
+        f.clip = std::stod(value);
+      else if (key == "mixed_precision")
+        f.mixed_precision = value;
+      else if (key == "data_dir")
+        f.data_dir = value;
+      else if (key == "hidden")
+        f.hidden = std::stoi(value);
+      else if (key == "train_samples")
+        f.train_samples = std::stoul(value);
+      else if (key == "test_samples")
+        f.test_samples = std::stoul(value);
+      else if (key == "seed")
+        f.seed = std::stoull(value);
+      else if (key == "max_steps")
+        f.max_steps = std::stoull(value);
+      else if (key == "log_every")
+        f.log_every = std::stoull(value);
+      else if (key == "save_params")
+        f.save_params = value;
+      else if (key == "checkpoint_dir")
+        f.checkpoint_dir = value;
+      else if (key == "save_every")
+        f.save_every = std::stoull(value);
+      else
+        usage("unknown flag --" + key);
     } catch (const std::logic_error&) {
       usage("--" + key + ": bad value '" + value + "'");
     }
@@ -136,9 +155,10 @@ int main(int argc, char** argv) {
     accel::Accelerator acc(options);
     // The GPU the config gives this process (LOCAL_RANK's, or DataParallel's replica 0's).
     if (acc.cuda_device() < 0)
-      throw std::runtime_error("the configuration runs on the CPU (use_cpu true or MULTI_CPU); "
-                               "raw_cuda needs use_cpu false (MULTI_GPU, ZERO or DATA_PARALLEL "
-                               "on GPUs, or NO on a GPU)");
+      throw std::runtime_error(
+          "the configuration runs on the CPU (use_cpu true or MULTI_CPU); "
+          "raw_cuda needs use_cpu false (MULTI_GPU, ZERO or DATA_PARALLEL "
+          "on GPUs, or NO on a GPU)");
     if (acc.cuda_device() >= devices)
       throw std::runtime_error("this process's GPU is " + std::to_string(acc.cuda_device()) +
                                ", but " + std::to_string(devices) + " are visible");
@@ -147,15 +167,15 @@ int main(int argc, char** argv) {
     acc.set_seed(flags.seed);
     const auto train = examples::to_floats(
         examples::load_mnist_split(flags.data_dir, "train", flags.train_samples));
-    const auto test = examples::to_floats(
-        examples::load_mnist_split(flags.data_dir, "t10k", flags.test_samples));
+    const auto test =
+        examples::to_floats(examples::load_mnist_split(flags.data_dir, "t10k", flags.test_samples));
     const accel::DType dtype = compute_dtype(acc.mixed_precision());
-    acc.print("raw_cuda: %zu training and %zu test images, %d processes x %d replica(s), %zu per "
-              "batch each, MLP %zu-%d-10, %s compute, %s\n",
-              train.count, test.count, acc.num_processes(), acc.data_parallel_replicas(),
-              flags.batch_size, train.features,
-              flags.hidden, std::string(accel::dtype_name(dtype)).c_str(),
-              flags.optimizer.c_str());
+    acc.print(
+        "raw_cuda: %zu training and %zu test images, %d processes x %d replica(s), %zu per "
+        "batch each, MLP %zu-%d-10, %s compute, %s\n",
+        train.count, test.count, acc.num_processes(), acc.data_parallel_replicas(),
+        flags.batch_size, train.features, flags.hidden,
+        std::string(accel::dtype_name(dtype)).c_str(), flags.optimizer.c_str());
 
     raw_cuda::CudaMlp model({int(train.features), flags.hidden, 10}, acc.seed(), dtype,
                             int(std::max<std::size_t>(flags.batch_size, 256)));
@@ -169,7 +189,8 @@ int main(int argc, char** argv) {
     else
       optimizer = std::make_unique<accel::AdamW>(
           accel::AdamWOptions{.lr = flags.lr, .weight_decay = flags.weight_decay});
-    acc.prepare(model, [](raw_cuda::CudaMlp& m) { return m.param_refs(); }, *optimizer);
+    acc.prepare(
+        model, [](raw_cuda::CudaMlp& m) { return m.param_refs(); }, *optimizer);
     acc.print("raw_cuda: strategy %s\n", std::string(acc.strategy().name()).c_str());
 
     const bool checkpoints = !flags.checkpoint_dir.empty();

@@ -26,19 +26,28 @@ __device__ float to_f(__nv_bfloat16 v) { return __bfloat162float(v); }
 template <typename T>
 __device__ T from_f(float v);
 template <>
-__device__ float from_f<float>(float v) { return v; }
+__device__ float from_f<float>(float v) {
+  return v;
+}
 template <>
-__device__ __half from_f<__half>(float v) { return __float2half_rn(v); }
+__device__ __half from_f<__half>(float v) {
+  return __float2half_rn(v);
+}
 template <>
-__device__ __nv_bfloat16 from_f<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+__device__ __nv_bfloat16 from_f<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
 
 // Calls fn(T{}) with the device type of an activation dtype.
 template <typename Fn>
 void visit(accel::DType dtype, Fn&& fn) {
   switch (dtype) {
-    case accel::DType::f32: return fn(float{});
-    case accel::DType::f16: return fn(__half{});
-    case accel::DType::bf16: return fn(__nv_bfloat16{});
+    case accel::DType::f32:
+      return fn(float{});
+    case accel::DType::f16:
+      return fn(__half{});
+    case accel::DType::bf16:
+      return fn(__nv_bfloat16{});
     default:
       throw std::invalid_argument("raw_cuda: activations are f32, f16 or bf16, not " +
                                   std::string(accel::dtype_name(dtype)));
@@ -119,8 +128,8 @@ void add_bias_activate(void* y, const float* bias, int batch, int out, bool relu
                        accel::DType dtype) {
   visit(dtype, [&](auto t) {
     using T = decltype(t);
-    bias_act_kernel<T><<<blocks_for(std::size_t(batch) * out), kThreads>>>(
-        static_cast<T*>(y), bias, batch, out, relu);
+    bias_act_kernel<T><<<blocks_for(std::size_t(batch) * out), kThreads>>>(static_cast<T*>(y), bias,
+                                                                           batch, out, relu);
   });
   check_launch("bias + ReLU kernel");
 }
@@ -130,8 +139,8 @@ void softmax_cross_entropy(const void* logits, const int* labels, int batch, int
   visit(dtype, [&](auto t) {
     using T = decltype(t);
     softmax_ce_kernel<T><<<blocks_for(std::size_t(batch)), kThreads>>>(
-        static_cast<const T*>(logits), labels, batch, classes, delta_scale,
-        static_cast<T*>(delta), losses);
+        static_cast<const T*>(logits), labels, batch, classes, delta_scale, static_cast<T*>(delta),
+        losses);
   });
   check_launch("softmax cross-entropy kernel");
 }
@@ -141,7 +150,7 @@ void bias_grad_accumulate(const void* delta, int batch, int out, float* bias_gra
   visit(dtype, [&](auto t) {
     using T = decltype(t);
     bias_grad_kernel<T><<<blocks_for(std::size_t(out)), kThreads>>>(static_cast<const T*>(delta),
-                                                                     batch, out, bias_grad);
+                                                                    batch, out, bias_grad);
   });
   check_launch("bias gradient kernel");
 }
@@ -150,8 +159,8 @@ void relu_backward(void* grad, const void* act, std::size_t n, accel::DType dtyp
   if (n == 0) return;
   visit(dtype, [&](auto t) {
     using T = decltype(t);
-    relu_backward_kernel<T><<<blocks_for(n), kThreads>>>(static_cast<T*>(grad),
-                                                         static_cast<const T*>(act), n);
+    relu_backward_kernel<T>
+        <<<blocks_for(n), kThreads>>>(static_cast<T*>(grad), static_cast<const T*>(act), n);
   });
   check_launch("ReLU backward kernel");
 }

@@ -103,16 +103,15 @@ int main(int argc, char** argv) {
   try {
     accel::Accelerator acc;
     acc.set_seed(flags.seed);
-    const Data train =
-        examples::to_floats(examples::load_mnist_split(flags.data_dir, "train", flags.train_samples));
+    const Data train = examples::to_floats(
+        examples::load_mnist_split(flags.data_dir, "train", flags.train_samples));
     const Data test =
         examples::to_floats(examples::load_mnist_split(flags.data_dir, "t10k", flags.test_samples));
     acc.print(
         "raw_mlp: %zu training and %zu test images, %d processes x %d replica(s), %zu per batch "
         "each, MLP %zu-%d-10\n",
         train.count, test.count, acc.num_processes(), acc.data_parallel_replicas(),
-        flags.batch_size, train.features,
-        flags.hidden);
+        flags.batch_size, train.features, flags.hidden);
 
     raw_mlp::Mlp model({int(train.features), flags.hidden, 10}, acc.seed());
     // The built-in optimizer steps what the strategy hands it (every parameter under DDP, this
@@ -120,7 +119,8 @@ int main(int argc, char** argv) {
     // under each; prepare() also puts its state into checkpoints, and under DATA_PARALLEL
     // copies the model into its replicas.
     accel::Sgd optimizer(accel::SgdOptions{.lr = flags.lr, .momentum = flags.momentum});
-    acc.prepare(model, [](raw_mlp::Mlp& m) { return raw_mlp::param_refs(m); }, optimizer);
+    acc.prepare(
+        model, [](raw_mlp::Mlp& m) { return raw_mlp::param_refs(m); }, optimizer);
 
     const bool checkpoints = !flags.checkpoint_dir.empty();
     examples::resume_if_saved(acc, flags.checkpoint_dir);

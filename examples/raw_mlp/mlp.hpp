@@ -15,7 +15,7 @@ namespace raw_mlp {
 
 struct Layer {
   int in = 0, out = 0;
-  std::vector<float> weight, bias;             // weight is out x in, row-major
+  std::vector<float> weight, bias;  // weight is out x in, row-major
   std::vector<float> weight_grad, bias_grad;
 };
 
@@ -132,15 +132,17 @@ class Mlp {
       for (int n = 0; n < batch; ++n)
         for (int o = 0; o < L.out; ++o) {
           float s = L.bias[o];
-          for (int i = 0; i < L.in; ++i) s += L.weight[std::size_t(o) * L.in + i] * a[std::size_t(n) * L.in + i];
+          for (int i = 0; i < L.in; ++i)
+            s += L.weight[std::size_t(o) * L.in + i] * a[std::size_t(n) * L.in + i];
           next[std::size_t(n) * L.out + o] = (l + 1 < layers_.size()) ? std::max(s, 0.0f) : s;
         }
       a = std::move(next);
     }
     const int classes = layers_.back().out;
     for (int n = 0; n < batch; ++n)
-      out.push_back(int(std::max_element(&a[std::size_t(n) * classes], &a[std::size_t(n) * classes] + classes) -
-                        &a[std::size_t(n) * classes]));
+      out.push_back(int(
+          std::max_element(&a[std::size_t(n) * classes], &a[std::size_t(n) * classes] + classes) -
+          &a[std::size_t(n) * classes]));
     return out;
   }
 

@@ -20,8 +20,11 @@ inline std::vector<accel::ParamRef> param_refs(Mlp& m, const std::string& prefix
   for (std::size_t l = 0; l < m.layers().size(); ++l) {
     Layer& L = m.layers()[l];
     const std::string name = prefix + std::to_string(l);
-    params.push_back({name + ".weight", accel::buffer_of(std::span(L.weight)),
-                      accel::buffer_of(std::span(L.weight_grad)), 0, {L.out, L.in}});
+    params.push_back({name + ".weight",
+                      accel::buffer_of(std::span(L.weight)),
+                      accel::buffer_of(std::span(L.weight_grad)),
+                      0,
+                      {L.out, L.in}});
     params.push_back({name + ".bias", accel::buffer_of(std::span(L.bias)),
                       accel::buffer_of(std::span(L.bias_grad)), bias_group});
   }

@@ -20,14 +20,14 @@ static void record(const char* name) {
 
 enum { kCudaErrorInsufficientDriver = 35, kNcclUnhandledCudaError = 1 };
 
-#define CUDA_TRIP(name) \
-  int name(void) {      \
-    record(#name);      \
+#define CUDA_TRIP(name)                  \
+  int name(void) {                       \
+    record(#name);                       \
     return kCudaErrorInsufficientDriver; \
   }
-#define NCCL_TRIP(name) \
-  int name(void) {      \
-    record(#name);      \
+#define NCCL_TRIP(name)             \
+  int name(void) {                  \
+    record(#name);                  \
     return kNcclUnhandledCudaError; \
   }
 

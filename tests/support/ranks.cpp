@@ -4,8 +4,8 @@
 
 #include <filesystem>
 
-#include "core/tcp_store.hpp"
 #include "config/config.hpp"
+#include "core/tcp_store.hpp"
 #include "launch/worker_env.hpp"
 
 namespace accel::test {
@@ -60,8 +60,8 @@ launch::GroupResult run_under_mpirun(int world, const std::string& program,
   spec.argv = {find_mpirun()};
   if (geteuid() == 0) spec.argv.push_back("--allow-run-as-root");
   // This machine may have fewer cores than ranks; shared memory between ranks on one host.
-  for (const char* a : {"--oversubscribe", "--bind-to", "none", "--mca", "btl", "self,vader",
-                        "-np"})
+  for (const char* a :
+       {"--oversubscribe", "--bind-to", "none", "--mca", "btl", "self,vader", "-np"})
     spec.argv.push_back(a);
   spec.argv.push_back(std::to_string(world));
   spec.argv.push_back(bin_path(program));
@@ -84,9 +84,15 @@ launch::GroupResult run_accel(const std::vector<std::string>& args,
   spec.argv.push_back(bin_path("accel"));
   spec.argv.insert(spec.argv.end(), args.begin(), args.end());
   spec.label = "accel";
-  spec.unset_env = {"RANK",                "WORLD_SIZE",        "LOCAL_RANK",
-                    "OMP_NUM_THREADS",     "GLIBC_TUNABLES",    "ACCEL_COMM_BACKEND",
-                    "ACCEL_CONFIG_FILE",   "ACCEL_STORE_TOKEN", "ACCEL_GLOO_HOSTNAME",
+  spec.unset_env = {"RANK",
+                    "WORLD_SIZE",
+                    "LOCAL_RANK",
+                    "OMP_NUM_THREADS",
+                    "GLIBC_TUNABLES",
+                    "ACCEL_COMM_BACKEND",
+                    "ACCEL_CONFIG_FILE",
+                    "ACCEL_STORE_TOKEN",
+                    "ACCEL_GLOO_HOSTNAME",
                     "CUDA_VISIBLE_DEVICES"};
   for (const auto& key : config::schema()) spec.unset_env.push_back(config::env_var_for(key.name));
   spec.env = env;

@@ -35,14 +35,16 @@ Staged::~Staged() {
 
 void Staged::upload() {
   if (on_device_)
-    check(cudaMemcpy(device_view_.data, host_.view.data, host_.view.bytes(), cudaMemcpyHostToDevice),
-          "cudaMemcpy to device");
+    check(
+        cudaMemcpy(device_view_.data, host_.view.data, host_.view.bytes(), cudaMemcpyHostToDevice),
+        "cudaMemcpy to device");
 }
 
 void Staged::download() {
   if (on_device_)
-    check(cudaMemcpy(host_.view.data, device_view_.data, host_.view.bytes(), cudaMemcpyDeviceToHost),
-          "cudaMemcpy to host");
+    check(
+        cudaMemcpy(host_.view.data, device_view_.data, host_.view.bytes(), cudaMemcpyDeviceToHost),
+        "cudaMemcpy to host");
 }
 #else
 int cuda_device_count() { return 0; }

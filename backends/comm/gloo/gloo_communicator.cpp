@@ -13,8 +13,8 @@
 #include <cstring>
 #include <thread>
 
-#include "core/error.hpp"
 #include "backends/comm/gloo/gloo_store_adapter.hpp"
+#include "core/error.hpp"
 #include "core/prefix_store.hpp"
 
 namespace accel {
@@ -34,9 +34,12 @@ std::string timeout_key(int rank) { return "timed_out_at/" + std::to_string(rank
 template <typename Fn>
 void with_element_type(DType dtype, Fn&& fn) {
   switch (element_size(dtype)) {
-    case 2: return fn(std::uint16_t{});
-    case 4: return fn(std::uint32_t{});
-    case 8: return fn(std::uint64_t{});
+    case 2:
+      return fn(std::uint16_t{});
+    case 4:
+      return fn(std::uint32_t{});
+    case 8:
+      return fn(std::uint64_t{});
   }
   throw InvalidArgument("gloo: unsupported element size for " + std::string(dtype_name(dtype)));
 }
@@ -86,11 +89,10 @@ GlooCommunicator::GlooCommunicator(const CommOptions& options)
     std::vector<int> missing;
     for (int r = 0; r < world_size(); ++r)
       if (!store_->check({join_key(r)})) missing.push_back(r);
-    throw TimeoutError("rank " + std::to_string(rank()) + ": gloo group '" +
-                       options.group_name + "' timed out after " +
-                       std::to_string(options.timeout.count()) + " ms waiting for ranks " +
-                       format_ranks(missing) + " of " + std::to_string(world_size()) +
-                       " to join");
+    throw TimeoutError("rank " + std::to_string(rank()) + ": gloo group '" + options.group_name +
+                       "' timed out after " + std::to_string(options.timeout.count()) +
+                       " ms waiting for ranks " + format_ranks(missing) + " of " +
+                       std::to_string(world_size()) + " to join");
   }
 
   gloo::transport::tcp::attr attr;
@@ -134,9 +136,8 @@ void GlooCommunicator::run_all_reduce(Buffer data, ReduceOp op, Milliseconds tim
     using T = decltype(element);
     gloo::AllreduceOptions opts(context_);
     opts.setOutput(static_cast<T*>(data.data), data.count);
-    opts.setReduceFunction([kernel](void* out, const void* a, const void* b, size_t n) {
-      kernel(out, a, b, n);
-    });
+    opts.setReduceFunction(
+        [kernel](void* out, const void* a, const void* b, size_t n) { kernel(out, a, b, n); });
     opts.setAlgorithm(gloo::AllreduceOptions::Algorithm::RING);
     opts.setTag(next_tag());
     opts.setTimeout(timeout);
@@ -224,8 +225,7 @@ void GlooCommunicator::run_reduce_scatter(Buffer input, Buffer output, ReduceOp 
     if (send_count) wait_send(*send_buf, timeout);
     // Add this rank's own contribution; the last step lands in the output.
     void* dst = (step == n - 2) ? output.data : send_stage;
-    if (incoming.count)
-      kernel(dst, recv_stage, in + incoming.offset * esize, incoming.count);
+    if (incoming.count) kernel(dst, recv_stage, in + incoming.offset * esize, incoming.count);
     send_count = incoming.count;
   }
   if (op == ReduceOp::avg) finish_average(output);

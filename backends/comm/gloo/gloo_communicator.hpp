@@ -27,8 +27,8 @@ class GlooCommunicator final : public Communicator {
   void run_all_reduce(Buffer data, ReduceOp op, Milliseconds timeout) override;
   void run_broadcast(Buffer data, int root, Milliseconds timeout) override;
   void run_all_gather(Buffer input, Buffer output, Milliseconds timeout) override;
-  void run_reduce_scatter(Buffer input, Buffer output, ReduceOp op,
-                          const std::vector<Shard>& parts, Milliseconds timeout) override;
+  void run_reduce_scatter(Buffer input, Buffer output, ReduceOp op, const std::vector<Shard>& parts,
+                          Milliseconds timeout) override;
   void run_barrier(Milliseconds timeout) override;
   void run_send(Buffer data, int dst, std::uint32_t tag, Milliseconds timeout) override;
   void run_recv(Buffer data, int src, std::uint32_t tag, Milliseconds timeout) override;

@@ -15,8 +15,8 @@
 #include <thread>
 #include <vector>
 
-#include "core/error.hpp"
 #include "backends/comm/mpi/mpi_check.hpp"
+#include "core/error.hpp"
 
 // The most elements one MPI call is given. MPI counts are int, hence INT_MAX; a test may
 // build this file with a tiny value to exercise the chunked paths on small buffers.
@@ -571,8 +571,7 @@ void MpiCommunicator::run_reduce_scatter(Buffer input, Buffer output, ReduceOp o
   }
   if (input.count <= kMaxCount) {
     s.counts.resize(static_cast<std::size_t>(world));
-    for (int r = 0; r < world; ++r)
-      s.counts[r] = static_cast<int>(parts[std::size_t(r)].count);
+    for (int r = 0; r < world; ++r) s.counts[r] = static_cast<int>(parts[std::size_t(r)].count);
     MpiLock lock;
     ACCEL_MPI_CHECK(MPI_Ireduce_scatter(input.data, result.data, s.counts.data(), type, mop,
                                         state_->comm, pending.next()));

@@ -10,8 +10,8 @@
 #include <string>
 #include <thread>
 
-#include "core/error.hpp"
 #include "backends/comm/nccl/nccl_check.hpp"
+#include "core/error.hpp"
 
 namespace accel {
 
@@ -116,8 +116,8 @@ struct NcclCommunicator::State {
   int device = -1;
   ncclComm_t comm = nullptr;
   cudaStream_t stream = nullptr;
-  void* barrier_word = nullptr;        // one zero int: NCCL has no barrier, so we all-reduce this
-  bool failed = false;                 // then only ncclCommAbort is safe
+  void* barrier_word = nullptr;  // one zero int: NCCL has no barrier, so we all-reduce this
+  bool failed = false;           // then only ncclCommAbort is safe
   Milliseconds finalize_wait = kMaxFinalizeWait;
 
   State() = default;
@@ -297,7 +297,8 @@ template <typename Enqueue>
 void NcclCommunicator::run(const std::string& what, Milliseconds timeout, Enqueue&& enqueue) {
   State& s = *state_;
   const auto* inputs = static_cast<const InputsEvent*>(issued_inputs().get());
-  ACCEL_CHECK_ARG(inputs != nullptr, "NcclCommunicator: " + what + " was not issued through on_issue");
+  ACCEL_CHECK_ARG(inputs != nullptr,
+                  "NcclCommunicator: " + what + " was not issued through on_issue");
   cudaEvent_t done = s.launch(what, timeout, inputs->event, std::forward<Enqueue>(enqueue));
   defer_completion(std::make_shared<Completion>(s, done, what));
 }
@@ -487,7 +488,9 @@ std::string nccl_library_version() {
 }
 
 std::string cuda_summary() {
-  auto version = [](int v) { return std::to_string(v / 1000) + "." + std::to_string((v % 1000) / 10); };
+  auto version = [](int v) {
+    return std::to_string(v / 1000) + "." + std::to_string((v % 1000) / 10);
+  };
   int runtime = 0, driver = 0, devices = 0;
   cudaRuntimeGetVersion(&runtime);
   std::string out = "runtime " + version(runtime);

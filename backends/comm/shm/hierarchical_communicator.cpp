@@ -2,8 +2,8 @@
 
 #include <cstring>
 
-#include "core/error.hpp"
 #include "backends/comm/shm/shm_communicator.hpp"
+#include "core/error.hpp"
 
 namespace accel {
 

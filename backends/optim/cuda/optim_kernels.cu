@@ -21,7 +21,7 @@ namespace accel::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr std::size_t kMaxBlocks = 4096;  // grid-stride loops cover the rest
+constexpr std::size_t kMaxBlocks = 4096;    // grid-stride loops cover the rest
 constexpr std::size_t kReduceBlocks = 512;  // fixed, so a sum's order depends on the count only
 
 void check(cudaError_t rc, const char* what) {
@@ -43,7 +43,9 @@ __device__ double load_double(const __nv_bfloat16* p, std::size_t i) {
 }
 __device__ void store_double(float* p, std::size_t i, double v) { p[i] = float(v); }
 __device__ void store_double(double* p, std::size_t i, double v) { p[i] = v; }
-__device__ void store_double(__half* p, std::size_t i, double v) { p[i] = __float2half_rn(float(v)); }
+__device__ void store_double(__half* p, std::size_t i, double v) {
+  p[i] = __float2half_rn(float(v));
+}
 __device__ void store_double(__nv_bfloat16* p, std::size_t i, double v) {
   p[i] = __float2bfloat16_rn(float(v));
 }
@@ -52,10 +54,14 @@ __device__ void store_double(__nv_bfloat16* p, std::size_t i, double v) {
 template <typename Fn>
 void visit_floating(const Buffer& b, const char* what, Fn&& fn) {
   switch (b.dtype) {
-    case DType::f32: return fn(static_cast<float*>(b.data));
-    case DType::f64: return fn(static_cast<double*>(b.data));
-    case DType::f16: return fn(static_cast<__half*>(b.data));
-    case DType::bf16: return fn(static_cast<__nv_bfloat16*>(b.data));
+    case DType::f32:
+      return fn(static_cast<float*>(b.data));
+    case DType::f64:
+      return fn(static_cast<double*>(b.data));
+    case DType::f16:
+      return fn(static_cast<__half*>(b.data));
+    case DType::bf16:
+      return fn(static_cast<__nv_bfloat16*>(b.data));
     default:
       throw InvalidArgument(std::string(what) + ": a CUDA buffer of dtype " +
                             std::string(dtype_name(b.dtype)) + " (floating dtypes only)");
@@ -146,7 +152,8 @@ __global__ void weighted_sum_kernel(T* dst, SummedSources<T> s, double divide_by
         if constexpr (std::is_same_v<T, double>)
           dst[i] += s.source[k][i];
         else  // f32 adds in float; f16/bf16 widen to float, add, round back
-          store_double(dst, i, double(float(load_double(dst, i)) + float(load_double(s.source[k], i))));
+          store_double(dst, i,
+                       double(float(load_double(dst, i)) + float(load_double(s.source[k], i))));
       }
     } else {
       double sum = s.weight[0] * load_double(dst, i);
@@ -168,7 +175,7 @@ void sgd_update(float* values, const float* grad, float* momentum_buffer, std::s
                 const SgdStepArgs& args, const DeviceContext& ctx) {
   if (count == 0) return;
   sgd_kernel<<<blocks_for(count), kThreads, 0, stream_of(ctx)>>>(values, grad, momentum_buffer,
-                                                                  count, args);
+                                                                 count, args);
   check(cudaGetLastError(), "SGD kernel launch");
 }
 
@@ -176,7 +183,7 @@ void adamw_update(float* values, const float* grad, float* exp_avg, float* exp_a
                   std::size_t count, const AdamWStepArgs& args, const DeviceContext& ctx) {
   if (count == 0) return;
   adamw_kernel<<<blocks_for(count), kThreads, 0, stream_of(ctx)>>>(values, grad, exp_avg,
-                                                                    exp_avg_sq, count, args);
+                                                                   exp_avg_sq, count, args);
   check(cudaGetLastError(), "AdamW kernel launch");
 }
 
@@ -202,7 +209,7 @@ void scale_in_place(Buffer grad, double factor, const DeviceContext& ctx) {
   if (grad.count == 0) return;
   visit_floating(grad, "scale", [&](auto* g) {
     scale_kernel<<<blocks_for(grad.count), kThreads, 0, stream_of(ctx)>>>(g, grad.count, factor,
-                                                                           nullptr);
+                                                                          nullptr);
   });
   check(cudaGetLastError(), "scale kernel launch");
 }
@@ -211,9 +218,9 @@ void weighted_sum(Buffer dst, std::span<const Buffer> sources, std::span<const d
                   double divide_by, bool plain, const DeviceContext& ctx) {
   if (dst.count == 0) return;
   if (sources.size() > kMaxSummedSources)
-    throw InvalidArgument("DataParallel's gradient sum on a GPU: " +
-                          std::to_string(sources.size() + 1) + " replicas, at most " +
-                          std::to_string(kMaxSummedSources + 1));
+    throw InvalidArgument(
+        "DataParallel's gradient sum on a GPU: " + std::to_string(sources.size() + 1) +
+        " replicas, at most " + std::to_string(kMaxSummedSources + 1));
   visit_floating(dst, "DataParallel's gradient sum", [&](auto* d) {
     using T = std::remove_pointer_t<decltype(d)>;
     SummedSources<T> s{};
@@ -224,7 +231,7 @@ void weighted_sum(Buffer dst, std::span<const Buffer> sources, std::span<const d
       s.weight[k + 1] = weights[k + 1];
     }
     weighted_sum_kernel<<<blocks_for(dst.count), kThreads, 0, stream_of(ctx)>>>(d, s, divide_by,
-                                                                               plain, dst.count);
+                                                                                plain, dst.count);
   });
   check(cudaGetLastError(), "DataParallel gradient sum kernel launch");
 }
@@ -245,7 +252,7 @@ bool unscale(std::span<const Buffer> grads, double inverse, const DeviceContext&
       find_non_finite_kernel<<<blocks_for(b.count), kThreads, 0, stream_of(ctx)>>>(g, b.count,
                                                                                    flag + k);
       scale_kernel<<<blocks_for(b.count), kThreads, 0, stream_of(ctx)>>>(g, b.count, inverse,
-                                                                          flag + k);
+                                                                         flag + k);
     });
     check(cudaGetLastError(), "unscale kernel launch");
   }

@@ -15,9 +15,9 @@
 #include <cstddef>
 #include <span>
 
+#include "backends/optim/elementwise.hpp"
 #include "core/device_memory.hpp"
 #include "core/dtype.hpp"
-#include "backends/optim/elementwise.hpp"
 
 namespace accel::cuda {
 
