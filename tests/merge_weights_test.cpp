@@ -106,7 +106,7 @@ bool no_output(const fs::path& out) {
 
 void save(int world, const std::string& dir, const std::string& predict, bool zero) {
   RanksOptions options;
-  if (zero) options.env = {{"ACCEL_DISTRIBUTED_TYPE", "ZERO"}, {"ACCEL_ZERO_STAGE", "2"}};
+  if (zero) options.env = zero_env(2);
   const auto r = run_ranks(world, "zero_resume_worker",
                            {"--phase", "save", "--dir", dir, "--predict", predict}, options);
   INFO(describe(r));
@@ -185,7 +185,7 @@ TEST_CASE(
   if (skip_unless(communicator_available("gloo"), "gloo communicator not built")) return;
   TempDir tmp("merge_weights_test");
   RanksOptions options;
-  options.env = {{"ACCEL_DISTRIBUTED_TYPE", "ZERO"}, {"ACCEL_ZERO_STAGE", "2"}};
+  options.env = zero_env(2);
   const auto trained =
       run_ranks(2, "torch_resume_worker", {"--epochs", "1", "--checkpoint", tmp / "ck"}, options);
   INFO(describe(trained));

@@ -330,10 +330,7 @@ TEST_CASE(
   if (skip_unless(communicator_available("gloo"), "gloo communicator not built")) return;
   using Env = std::vector<std::pair<std::string, std::string>>;
   const std::vector<std::pair<std::string, Env>> strategies = {
-      {"ddp", {}},
-      {"zero1", {{"ACCEL_DISTRIBUTED_TYPE", "ZERO"}, {"ACCEL_ZERO_STAGE", "1"}}},
-      {"zero2", {{"ACCEL_DISTRIBUTED_TYPE", "ZERO"}, {"ACCEL_ZERO_STAGE", "2"}}},
-  };
+      {"ddp", {}}, {"zero1", zero_env(1)}, {"zero2", zero_env(2)}};
   const std::string marker = "ok two backwards per step equal plain LibTorch";
   const auto expect_ok = [&](const launch::GroupResult& result, int world) {
     INFO(describe(result));

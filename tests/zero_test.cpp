@@ -263,10 +263,7 @@ TEST_CASE(
   if (skip_unless(communicator_available("gloo"), "gloo communicator not built")) return;
   using Env = std::vector<std::pair<std::string, std::string>>;
   const std::vector<std::pair<std::string, Env>> strategies = {
-      {"ddp", {}},
-      {"zero1", {{"ACCEL_DISTRIBUTED_TYPE", "ZERO"}, {"ACCEL_ZERO_STAGE", "1"}}},
-      {"zero2", {{"ACCEL_DISTRIBUTED_TYPE", "ZERO"}, {"ACCEL_ZERO_STAGE", "2"}}},
-  };
+      {"ddp", {}}, {"zero1", zero_env(1)}, {"zero2", zero_env(2)}};
   for (const auto& [name, env] : strategies)
     for (int world : {1, 2}) {
       CAPTURE(name);

@@ -45,4 +45,9 @@ std::string describe(const launch::GroupResult& result);
 
 std::string bin_path(const std::string& program);
 
+// The environment that makes a worker's Accelerator run ZeRO at `stage` (1 or 2).
+inline std::vector<std::pair<std::string, std::string>> zero_env(int stage) {
+  return {{"ACCEL_DISTRIBUTED_TYPE", "ZERO"}, {"ACCEL_ZERO_STAGE", std::to_string(stage)}};
+}
+
 }  // namespace accel::test
