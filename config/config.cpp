@@ -234,7 +234,6 @@ std::vector<KeySpec> make_schema() {
        .kind = K::choice,
        .field = &Config::compute_environment,
        .choices = {"LOCAL_MACHINE"},
-       .default_text = "LOCAL_MACHINE",
        .help = "where the processes run: this machine's own (Accelerate's SageMaker is not "
                "supported)",
        .question = "In which compute environment are you running?",
@@ -243,7 +242,7 @@ std::vector<KeySpec> make_schema() {
        .kind = K::choice,
        .field = &Config::distributed_type,
        .choices = names_of(kDistributedTypes),
-       .default_text = "MULTI_GPU with 2+ GPUs, NO with one, MULTI_CPU without",
+       .default_rule = "MULTI_GPU with 2+ GPUs, NO with one, MULTI_CPU without",
        .help = "NO: one process; DATA_PARALLEL: one process, a model replica per GPU (or per CPU "
                "thread: data_parallel_replicas); MULTI_CPU / MULTI_GPU: one process per core "
                "group / GPU (DDP); ZERO: sharded optimizer state (DEEPSPEED is read as ZERO)",
@@ -262,7 +261,7 @@ std::vector<KeySpec> make_schema() {
        .min_value = 1,
        .max_value = 1 << 20,
        .range_text = "a process count (1 or more)",
-       .default_text = "1 per GPU, or 1 per CPU core without GPUs; 1 for NO and DATA_PARALLEL",
+       .default_rule = "1 per GPU, or 1 per CPU core without GPUs; 1 for NO and DATA_PARALLEL",
        .help = "processes over all machines; each machine runs num_processes / num_machines",
        .flag_value = "N",
        .question =
@@ -272,10 +271,10 @@ std::vector<KeySpec> make_schema() {
       {.name = "num_machines",
        .kind = K::integer,
        .field = &Config::num_machines,
+       .aliases = {"nnodes"},
        .min_value = 1,
        .max_value = 1 << 16,
        .range_text = "a machine count (1 or more)",
-       .default_text = "1",
        .help = "machines taking part; each runs `accel launch` with its own machine_rank",
        .flag_value = "M",
        .question =
@@ -285,10 +284,10 @@ std::vector<KeySpec> make_schema() {
       {.name = "machine_rank",
        .kind = K::integer,
        .field = &Config::machine_rank,
+       .aliases = {"node_rank"},
        .min_value = 0,
        .max_value = (1 << 16) - 1,
        .range_text = "a machine rank (0 or more)",
-       .default_text = "0",
        .help = "this machine's rank, 0 .. num_machines-1; machine 0 hosts the rendezvous store",
        .flag_value = "K",
        .question = "What is the rank of this machine (0 .. {last_machine})?",
@@ -297,17 +296,17 @@ std::vector<KeySpec> make_schema() {
       {.name = "main_process_ip",
        .kind = K::text,
        .field = &Config::main_process_ip,
-       .default_text = "127.0.0.1",
+       .aliases = {"master_addr"},
        .help = "address of machine 0, where the rendezvous store listens",
        .flag_value = "IP",
        .question = "What is the IP address of the machine that will host the main process?"},
       {.name = "main_process_port",
        .kind = K::integer,
        .field = &Config::main_process_port,
+       .aliases = {"master_port"},
        .min_value = 0,
        .max_value = 65535,
        .range_text = "a TCP port (0-65535)",
-       .default_text = "29500",
        .help = "port of the rendezvous store on machine 0; 0 picks a free one (single machine "
                "only)",
        .flag_value = "P",
@@ -317,7 +316,7 @@ std::vector<KeySpec> make_schema() {
       {.name = "use_cpu",
        .kind = K::boolean,
        .field = &Config::use_cpu,
-       .default_text = "true when no GPU is found",
+       .default_rule = "true when no GPU is found",
        .help = "run on CPU even if GPUs exist (decides the device for NO and ZERO)",
        .question = "Do you want to run your training on CPU only (even if a GPU is available)?",
        .options = {{"false", "no", 0}, {"true", "yes", 1}},
@@ -326,7 +325,6 @@ std::vector<KeySpec> make_schema() {
       {.name = "gpu_ids",
        .kind = K::text,
        .field = &Config::gpu_ids,
-       .default_text = "all",
        .help = "GPUs this machine uses: all, or ids like 0,1 (becomes CUDA_VISIBLE_DEVICES)",
        .flag_value = "all|0,1,...",
        .question = "What GPU(s) (by id) should be used for training on this machine as a "
@@ -337,7 +335,6 @@ std::vector<KeySpec> make_schema() {
        .kind = K::choice,
        .field = &Config::mixed_precision,
        .choices = names_of(kMixedPrecisions),
-       .default_text = "no",
        .help = "compute in fp16 or bf16 with fp32 master weights",
        .question = "Do you wish to use mixed precision?",
        .options = {{"no", "no", 0}, {"fp16", "fp16", 1}, {"bf16", "bf16", 2}}},
@@ -347,7 +344,7 @@ std::vector<KeySpec> make_schema() {
        .min_value = kMinZeroStage,
        .max_value = kMaxZeroStage,
        .range_text = "a ZeRO stage (" + stages + ")",
-       .default_text = "2 with ZERO",
+       .default_rule = "2 with ZERO",
        .help = "ZERO only: 1 shards optimizer state, 2 also gradients",
        .question = "What should be your ZeRO optimization stage?",
        // The menu keeps the stages the range allows (wizard.cpp); a stage added to the range
@@ -362,7 +359,6 @@ std::vector<KeySpec> make_schema() {
        .kind = K::choice,
        .field = &Config::offload_optimizer_device,
        .choices = {"none", "cpu"},
-       .default_text = "none",
        .help = "ZERO only: keep optimizer state in host memory",
        .question = "Where to offload optimizer states?",
        .options = {{"none", "none", 0}, {"cpu", "cpu", 1}},
@@ -372,8 +368,8 @@ std::vector<KeySpec> make_schema() {
       {.name = "cpu_communicator",
        .kind = K::choice,
        .field = &Config::cpu_communicator,
+       .aliases = {"comm_backend"},
        .choices = {"auto", "gloo", "mpi", "shm", "hierarchical"},
-       .default_text = "auto",
        .help = "communicator for CPU processes: auto (shared memory when every process is on "
                "one machine, else shared memory inside machines and gloo between them), gloo "
                "(TCP), mpi (under mpirun), shm or hierarchical (forced)",
@@ -387,7 +383,7 @@ std::vector<KeySpec> make_schema() {
        .min_value = 0,
        .max_value = 1 << 16,
        .range_text = "a replica count (0 = one per CPU core, or more)",
-       .default_text = "0 (one per CPU core)",
+       .default_rule = "0: one per CPU core",
        .help = "DATA_PARALLEL on the CPU only: model replicas, each on its own thread, in the "
                "one process",
        .flag_value = "N",
@@ -402,7 +398,6 @@ std::vector<KeySpec> make_schema() {
        .min_value = 1,
        .max_value = 1 << 20,
        .range_text = "a step count (1 or more)",
-       .default_text = "1",
        .help = "micro-batches per optimizer step; gradients are synchronised on the last one",
        .flag_value = "N",
        .question = "How many gradient accumulation steps?"},
@@ -501,6 +496,10 @@ const KeySpec* find_key(std::string_view name) {
   for (const auto& spec : schema())
     if (spec.name == name) return &spec;
   return nullptr;
+}
+
+std::string default_text(const KeySpec& spec) {
+  return spec.default_rule.empty() ? get_value(Config{}, spec.name) : spec.default_rule;
 }
 
 std::string env_var_for(std::string_view key) { return "ACCEL_" + upper(key); }

@@ -112,11 +112,14 @@ struct KeySpec {
   std::string name;  // YAML key: "num_processes"
   ValueKind kind;
   Field field;
+  std::vector<std::string> aliases;  // other flags for the key, torchrun's names ("nnodes")
   std::vector<std::string> choices;  // for choice: the canonical spellings (an enum's names)
   int min_value = 0;                 // for integer
   int max_value = 0;
   std::string range_text;    // "a TCP port (0-65535)": the end of "70000 is not ..."
-  std::string default_text;  // "29500", or how it is derived
+  // How the default is derived when it is not a fixed value ("true when no GPU is found");
+  // "" = the fixed value Config's member initializer gives. See default_text().
+  std::string default_rule;
   std::string help;
   std::string flag_value;  // what --KEY takes in `accel launch --help` ("N"); "" = derived
   // The wizard's question ("" = never asked); "{last_machine}" becomes num_machines - 1.
@@ -131,6 +134,8 @@ const std::vector<KeySpec>& schema();
 const KeySpec* find_key(std::string_view name);  // nullptr when unknown
 // What --KEY takes, for help texts: "no|fp16|bf16", "1|2" for a short range, else flag_value.
 std::string value_hint(std::string_view key);
+// The default as help texts show it: the rule, or Config{}'s value ("29500").
+std::string default_text(const KeySpec&);
 std::string env_var_for(std::string_view key);  // "ACCEL_NUM_PROCESSES"
 std::string flag_for(std::string_view key);     // "--num_processes"
 

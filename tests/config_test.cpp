@@ -2,6 +2,7 @@
 // file, the line and the key; Accelerate's own configs are accepted; precedence default <
 // file < environment < command line, with the source of every value; atomic saves.
 
+#include <cctype>
 #include <doctest/doctest.h>
 
 #include <stdlib.h>
@@ -658,6 +659,37 @@ TEST_CASE("accel config rejects unknown actions and arguments with exit 2") {
   out = run_accel({"config", "--help"});
   CHECK(out.exit_code == 0);
   CHECK(contains(out.output, "accel config validate"));
+}
+
+TEST_CASE("accel launch --help lists every config key as the schema declares it") {
+  TempDir dir;
+  CleanEnvironment clean(dir);
+  const auto out = run_accel({"launch", "--help"});
+  REQUIRE(out.exit_code == 0);
+  INFO(out.output);
+  std::string flat;  // the help with its line wrapping undone
+  for (const char c : out.output)
+    if (!std::isspace(static_cast<unsigned char>(c)) || (!flat.empty() && flat.back() != ' '))
+      flat += std::isspace(static_cast<unsigned char>(c)) ? ' ' : c;
+  for (const auto& spec : schema()) {
+    CAPTURE(spec.name);
+    CHECK(contains(flat, " --" + spec.name + (spec.kind == ValueKind::boolean ? "[=BOOL] " : " ")));
+    CHECK(contains(flat, "(default: " + default_text(spec)));
+    for (const auto& alias : spec.aliases) CHECK(contains(flat, "also --" + alias));
+  }
+  // An alias sets its key, checked by the same rules.
+  const auto bad = run_accel({"launch", "--nnodes", "0", "true"});
+  CHECK(bad.exit_code == 2);
+  CHECK(contains(bad.output, "key 'num_machines': 0 is not a machine count"));
+  // A fixed default is Config{}'s value, written once: the help follows the initializer.
+  CHECK(default_text(*find_key("main_process_port")) == "29500");
+  CHECK(contains(out.output, "(default: 29500; also --master_port)"));
+  std::size_t start = 0;
+  while (start < out.output.size()) {
+    const auto end = std::min(out.output.find('\n', start), out.output.size());
+    CHECK(end - start <= 100);
+    start = end + 1;
+  }
 }
 
 TEST_CASE("zero_stage has one limit everywhere: the schema's, in help, flags, environment, files") {

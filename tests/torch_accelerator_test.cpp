@@ -65,7 +65,30 @@ void expect_pass(const launch::GroupResult& result, bool equivalence = true) {
   CHECK(all.find("ok gather_for_metrics yields 103 samples, 103 distinct") != std::string::npos);
 }
 
+// The usage example at the top of torch_accelerator.hpp, as written there (CMake extracts it),
+// on the names it assumes: a model, its optimizer, images, labels and an epoch count.
+void run_usage_example(torch::nn::Sequential net, torch::optim::Optimizer& optimizer,
+                       torch::Tensor images, torch::Tensor labels, std::uint64_t epochs) {
+#include "torch_usage_example.inc"
+}
+
 }  // namespace
+
+TEST_CASE("the usage example in torch_accelerator.hpp trains as written") {
+  auto net = small_net();
+  net->push_back(torch::nn::LogSoftmax(1));
+  torch::optim::SGD optimizer(net->parameters(), 0.1);
+  torch::manual_seed(2);
+  const auto images = torch::randn({256, 6});
+  const auto labels = std::get<1>(images.narrow(1, 0, 3).max(1));  // learnable: argmax
+  auto loss_of = [&] { return torch::nll_loss(net->forward(images), labels).item<double>(); };
+  const double before = loss_of();
+  run_usage_example(net, optimizer, images, labels, 3);
+  const double after = loss_of();
+  CAPTURE(before);
+  CAPTURE(after);
+  CHECK(after < before);  // 12 SGD steps on a learnable target: the loss goes down
+}
 
 TEST_CASE("gradients live in the DDP buckets and accumulate in place") {
   TorchAccelerator acc(local_options(2));

@@ -28,29 +28,14 @@ WORLD_SIZE, LOCAL_WORLD_SIZE, NODE_RANK, MASTER_ADDR, MASTER_PORT and ACCEL_* se
 Settings: command line > environment (ACCEL_<KEY>) > config file > detected default.
 Options take `--flag VALUE` or `--flag=VALUE`; torchrun's dashed spellings work too.
 
-What to run (each is also a config key):
+What to run:
   --config_file FILE          the config `accel config` wrote (default: $ACCEL_CONFIG_FILE,
                               else ~/.config/accelerate-cpp/default_config.yaml if present)
-@num_processes|processes over all machines
   --nproc_per_node N          torchrun's way: num_processes = N x num_machines
-@num_machines|machines taking part (torchrun: --nnodes)
-@machine_rank|this machine, 0..M-1; machine 0 hosts the store (--node_rank)
-@main_process_ip|machine 0's address (--master_addr)
-@main_process_port|the store's port; 0 = a free one, single machine (--master_port)
-@mixed_precision|
-@zero_stage|with --use_zero
-@gpu_ids|becomes CUDA_VISIBLE_DEVICES
-  --gradient_accumulation_steps N, --offload_optimizer_device @@offload_optimizer_device, --use_cpu[=BOOL]
-Distributed type (or --distributed_type @@distributed_type):
-  --multi_gpu                 one process per GPU, NCCL
-  --multi_cpu                 one process per core group, Gloo (or MPI)
-  --cpu                       run on CPU even where GPUs exist (use_cpu)
-  --data_parallel             one process, a replica per GPU or CPU thread
-                              (--data_parallel_replicas N on the CPU; 0 = one per core)
-  --use_zero, --use_deepspeed ZeRO-sharded optimizer state
-@cpu_communicator|
-                            communicator for CPU processes (also --comm_backend)
-
+  --multi_gpu, --multi_cpu, --data_parallel, --use_zero (--use_deepspeed)
+                              shorthands for --distributed_type MULTI_GPU, MULTI_CPU, ...
+  --cpu                       shorthand for --use_cpu true
+@KEYS
 Supervision:
   --max_restarts N            restart every worker up to N times after a failure (0)
   --monitor_interval SECONDS  how often workers are checked (0.1; at least 0.01)
@@ -76,33 +61,56 @@ MPI:
   --mpirun_arg ARG            passed to mpirun as is (repeat for several)
 )";
 
-// The usage with each config key's values as the schema declares them (config.hpp): a line
-// "@KEY|TEXT" becomes "  --KEY VALUES   TEXT", and "@@KEY" inside a line becomes VALUES.
-std::string usage() {
-  constexpr std::size_t kTextColumn = 30;
+// Wraps `text` to lines of at most kWidth columns, every line after the first indented by
+// `indent` spaces.
+std::string wrapped(const std::string& text, std::size_t first_column, std::size_t indent) {
+  constexpr std::size_t kWidth = 100;
   std::string out;
-  std::string_view rest = kUsageTemplate;
-  while (!rest.empty()) {
-    const auto eol = rest.find('\n');
-    std::string line(rest.substr(0, eol));
-    rest.remove_prefix(eol == std::string_view::npos ? rest.size() : eol + 1);
-    if (line.starts_with("@") && !line.starts_with("@@")) {
-      const auto bar = line.find('|');
-      const std::string key = line.substr(1, bar - 1), text = line.substr(bar + 1);
-      line = "  --" + key + " " + config::value_hint(key);
-      if (!text.empty())
-        line += std::string(line.size() < kTextColumn ? kTextColumn - line.size() : 1, ' ') + text;
+  std::size_t column = first_column;
+  std::size_t at = 0;
+  while (at < text.size()) {
+    std::size_t end = text.find(' ', at);
+    if (end == std::string::npos) end = text.size();
+    const std::string word = text.substr(at, end - at);
+    if (column > first_column && column + 1 + word.size() > kWidth) {
+      out += "\n" + std::string(indent, ' ');
+      column = indent;
+    } else if (column > first_column || (column == first_column && !out.empty())) {
+      out += ' ';
+      ++column;
     }
-    for (std::size_t at; (at = line.find("@@")) != std::string::npos;) {
-      std::size_t end = at + 2;
-      while (end < line.size() &&
-             (std::isalnum(static_cast<unsigned char>(line[end])) || line[end] == '_'))
-        ++end;
-      line.replace(at, end - at, config::value_hint(line.substr(at + 2, end - at - 2)));
-    }
-    out += line + "\n";
+    out += word;
+    column += word.size();
+    at = end + 1;
   }
   return out;
+}
+
+// One entry per config key, derived from the schema (config.hpp): the flag and its values,
+// the help, the default, the torchrun alias and the environment variable.
+std::string key_lines() {
+  constexpr std::size_t kTextColumn = 30;
+  std::string out = "Config keys (each also ACCEL_<KEY> in the environment and a line in the file):\n";
+  for (const auto& spec : config::schema()) {
+    std::string line = "  " + config::flag_for(spec.name) + " " + config::value_hint(spec.name);
+    if (spec.kind == config::ValueKind::boolean) line = "  " + config::flag_for(spec.name) + "[=BOOL]";
+    std::string text = spec.help + " (default: " + config::default_text(spec);
+    for (const auto& alias : spec.aliases) text += "; also --" + alias;
+    text += ")";
+    if (line.size() + 2 > kTextColumn) {
+      out += line + "\n" + std::string(kTextColumn, ' ');
+    } else {
+      out += line + std::string(kTextColumn - line.size(), ' ');
+    }
+    out += wrapped(text, kTextColumn, kTextColumn) + "\n";
+  }
+  return out;
+}
+
+std::string usage() {
+  std::string out = kUsageTemplate;
+  const auto at = out.find("@KEYS\n");
+  return out.replace(at, 6, key_lines());
 }
 
 // Durations are at most 11 days (1e6 s): beyond, the milliseconds would overflow.
@@ -209,14 +217,9 @@ std::map<std::string, Flag> flag_table(launch::LaunchOptions& o) {
   t["use_zero"] = {false, set_fixed("distributed_type", "ZERO")};
   t["use_deepspeed"] = {false, set_fixed("distributed_type", "ZERO")};
   t["cpu"] = {false, set_fixed("use_cpu", "true")};
-  t["comm_backend"] = {true, set_key("cpu_communicator")};
-  // torchrun's names for the same settings.
-  t["nnodes"] = {true, set_key("num_machines")};
-  t["node_rank"] = {true, set_key("machine_rank")};
-  t["master_addr"] = {true, set_key("main_process_ip")};
-  t["master_port"] = {true, set_key("main_process_port")};
-  // Every config key, under its own name.
-  for (const auto& spec : config::schema())
+  // Every config key, under its own name and its aliases (torchrun's names).
+  for (const auto& spec : config::schema()) {
+    for (const auto& alias : spec.aliases) t[alias] = {true, set_key(spec.name)};
     if (!t.count(spec.name)) {
       if (spec.kind == config::ValueKind::boolean)
         t[spec.name] = {false, [&o, key = spec.name](auto&, auto& v) {
@@ -225,6 +228,7 @@ std::map<std::string, Flag> flag_table(launch::LaunchOptions& o) {
       else
         t[spec.name] = {true, set_key(spec.name)};
     }
+  }
   return t;
 }
 

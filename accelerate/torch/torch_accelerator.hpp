@@ -1,84 +1,38 @@
 #pragma once
-// The LibTorch adapter (target accel::torch): the Accelerator for LibTorch modules,
-// optimizers and tensors. A plain LibTorch loop changes in a handful of lines:
+// The LibTorch adapter (target accel::torch): the Accelerator for LibTorch modules, optimizers
+// and tensors. A plain loop changes in a handful of lines (the lines between the markers are
+// compiled and run as written by torch_accelerator_test):
 //
-//   accel::TorchAccelerator acc;                              // rank, world, comm from the
-//   launcher auto [model, opt] = acc.prepare(net, optimizer);          // was: net, optimizer auto
-//   loader = acc.prepare_data_loader(images, labels, {.batch_size = 64}); for (std::uint64_t epoch
-//   = 0; epoch < epochs; ++epoch) {
+// usage:
+//   accel::TorchAccelerator acc;  // rank, world and communicator from `accel launch`
+//   auto [model, opt] = acc.prepare(net, optimizer);  // was: net, optimizer
+//   auto loader = acc.prepare_data_loader(images, labels, {.batch_size = 64});
+//   for (std::uint64_t epoch = 0; epoch < epochs; ++epoch) {
 //     loader.set_epoch(epoch);
 //     for (const auto& batch : loader) {
 //       opt.zero_grad();
-//       auto guard = acc.autocast();                          // bf16 when mixed_precision=bf16
+//       auto guard = acc.autocast();  // bf16 when mixed_precision is bf16
 //       auto loss = torch::nll_loss(model(batch.data), batch.target);
-//       acc.backward(loss);                                   // was: loss.backward()
+//       acc.backward(loss);  // was: loss.backward()
 //       opt.step();
 //     }
 //   }
+// end of usage
 //
-// What prepare does (PyTorch's DistributedDataParallel with gradient_as_bucket_view=True):
-//  - every trainable parameter (requires_grad, all of the module's, whatever the optimizer's
-//    param groups) and every buffer is broadcast from rank 0;
-//  - each parameter's .grad() becomes a tensor aliasing its slot in a DDP bucket, so autograd
-//    accumulates straight into the buckets and nothing is copied;
-//  - a post hook on each parameter's AccumulateGrad node reports the gradient ready as soon
-//    as autograd has accumulated it, so buckets are all-reduced while backward still runs.
-// Buffers (BatchNorm running statistics) are re-broadcast from rank 0 at the start of each
-// backward(): the next forward on every rank starts from rank 0's buffers, as with DDP's
-// broadcast before forward, and after training all ranks hold the same buffers
-// (DdpOptions::broadcast_buffers = false switches it off).
-//
-// Under DATA_PARALLEL (one process, K replicas on threads; `model(x)` in the loop):
-//  - prepare clones the module K-1 times (module->clone(): the module must be Cloneable) and
-//    gives the replicas' parameters to the DataParallel strategy, which holds every replica's
-//    gradients (replica 0's .grad() aliases its storage, as under DDP);
-//  - model(x) copies replica 0's buffers and train/eval flags to the others, splits every
-//    tensor argument along dim 0, runs replica k's forward on worker thread k (intra-op
-//    threads: cores / K each) and returns the concatenated outputs. Each output is detached
-//    into a leaf, so the loss and its backward up to the outputs run cheaply on the caller's
-//    thread, and backward() then runs every replica's own graph backward on its worker;
-//  - the replicas' gradients are summed into replica 0 at the accumulation boundary, the
-//    optimizer steps replica 0 and the strategy copies its parameters to the others;
-//  - random ops (dropout) in the replicas draw from LibTorch's one CPU generator from
-//    several threads at once: which replica draws which numbers is not deterministic.
-//
-// Checkpoints: save_state / load_state (accelerator.hpp) carry, besides the Accelerator's
-// counters and the loop's position, what Accelerate's save_state carries:
-//   state.model             the prepared model's parameters and buffers as a LibTorch archive
-//                           (a plain LibTorch program loads it: torch::load(net,
-//                           "DIR/state.model"))
-//   state.optimizer         the prepared optimizer's param groups with their options
-//                           (learning rates ...), a LibTorch archive (rank 0's)
-//   optimizer[.rankR]       its per-parameter state (SGD momentum buffers, Adam/AdamW moments
-//                           and step count) in flat coordinates, one blob under DDP, each
-//                           rank's slices under ZeRO (accelerate/torch/torch_optimizer_state.hpp),
-//                           so a checkpoint saved by ZeRO at 4 processes resumes under ZeRO at 2,
-//                           DDP, or one process, and DDP's under ZeRO; another optimizer
-//                           (RMSprop, Adagrad, LBFGS, one's own) or double parameters keep the
-//                           whole LibTorch archive in state.optimizer instead, under ZeRO each
-//                           rank's own (state.optimizer.rankR), which resumes with the same
-//                           number of processes only
-//   state.scheduler         the prepared LR scheduler's step count
-//   state.torch_rng.rankR   each rank's LibTorch generator (and state.torch_cuda_rng.rankR on
-//                           a GPU), reseeded when loading at another number of processes
-// Nothing needs registering by hand; more state of the loop's own goes in via register_state.
-//
-// Under ZeRO (distributed_type ZERO, zero_stage 1 or 2; the loop does not change):
-//  - the model's parameters become views into the strategy's flat parameter buffers (one per
-//    param group and dtype), so the all-gather after each step writes them in place;
-//  - the user's optimizer keeps its type, param groups and hyperparameters (LR schedulers keep
-//    working), but each group's params are replaced by this rank's flat slice tensors (one
-//    per group and dtype) whose .grad() is the reduced gradient slice: the optimizer state
-//    it creates exists for the slice only;
-//  - stage 1: .grad() of each parameter is a view of its slot in the flat gradient buffer;
-//    stage 2: autograd allocates gradients as usual, and each is released (reset) once its
-//    bucket has taken it at the accumulation boundary;
-//  - AcceleratedOptimizer::step() steps the slices, then all-gathers the parameters.
-//
-// The accelerator owns the gradient (and, under ZeRO, parameter) storage: when it is
-// destroyed, the prepared parameters' gradients and values are replaced by plain copies, so
-// the model stays usable. Under ZeRO the optimizer's groups keep this rank's slices (copied
-// too): build a new optimizer to go on training the model without the accelerator.
+// Contract of prepare (the strategy decides the storage through backend.hpp's contract):
+//  - every trainable parameter and buffer is broadcast from rank 0; buffers again at each
+//    backward() (DdpOptions::broadcast_buffers);
+//  - DDP: each .grad() aliases its slot in a bucket (DDP's gradient_as_bucket_view) and a hook
+//    on its AccumulateGrad node reports it ready, so buckets all-reduce during backward;
+//  - ZeRO: parameters become views into the flat buffers; the optimizer keeps its type and
+//    options but steps this rank's slices (stage 1: .grad() in the flat buffer; stage 2:
+//    gradients lent and released at the boundary); step() all-gathers the parameters;
+//  - DATA_PARALLEL: replicas made and driven by TorchReplicas (torch_replicas.hpp);
+//  - checkpoints: save_state / load_state carry model, optimizer, scheduler and RNG state as
+//    torch_state.hpp and torch_optimizer_state.hpp describe, resharding to any world size
+//    (each rank's generator reseeded when the number of processes changed).
+// The accelerator owns that storage: destroyed, it leaves the model plain copies (usable),
+// and under ZeRO the optimizer this rank's slices (build a new one to go on training).
 
 #include <concepts>
 #include <cstddef>
