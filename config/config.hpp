@@ -116,7 +116,7 @@ struct KeySpec {
   std::vector<std::string> choices;  // for choice: the canonical spellings (an enum's names)
   int min_value = 0;                 // for integer
   int max_value = 0;
-  std::string range_text;    // "a TCP port (0-65535)": the end of "70000 is not ..."
+  std::string range_text;  // "a TCP port (0-65535)": the end of "70000 is not ..."
   // How the default is derived when it is not a fixed value ("true when no GPU is found");
   // "" = the fixed value Config's member initializer gives. See default_text().
   std::string default_rule;

@@ -2,8 +2,8 @@
 // file, the line and the key; Accelerate's own configs are accepted; precedence default <
 // file < environment < command line, with the source of every value; atomic saves.
 
-#include <cctype>
 #include <doctest/doctest.h>
+#include <cctype>
 
 #include <stdlib.h>
 #include <unistd.h>

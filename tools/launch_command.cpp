@@ -90,10 +90,12 @@ std::string wrapped(const std::string& text, std::size_t first_column, std::size
 // the help, the default, the torchrun alias and the environment variable.
 std::string key_lines() {
   constexpr std::size_t kTextColumn = 30;
-  std::string out = "Config keys (each also ACCEL_<KEY> in the environment and a line in the file):\n";
+  std::string out =
+      "Config keys (each also ACCEL_<KEY> in the environment and a line in the file):\n";
   for (const auto& spec : config::schema()) {
     std::string line = "  " + config::flag_for(spec.name) + " " + config::value_hint(spec.name);
-    if (spec.kind == config::ValueKind::boolean) line = "  " + config::flag_for(spec.name) + "[=BOOL]";
+    if (spec.kind == config::ValueKind::boolean)
+      line = "  " + config::flag_for(spec.name) + "[=BOOL]";
     std::string text = spec.help + " (default: " + config::default_text(spec);
     for (const auto& alias : spec.aliases) text += "; also --" + alias;
     text += ")";
