@@ -3,6 +3,7 @@
 // free: parameters and gradients are typed buffer views. The LibTorch adapter
 // (accelerate/torch/) builds on it; a hand-written loop uses it directly (the raw API):
 //
+// A sketch (examples/raw_mlp/ is a whole program):
 //   accel::Accelerator acc;                                // process state, config, comm
 //   accel::AdamW optimizer({.lr = 1e-3});                  // built in: backends/optim/
 //   acc.prepare(model, params_of, optimizer);              // strategy chosen by the config

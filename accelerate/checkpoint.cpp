@@ -343,15 +343,13 @@ int first_failed_rank(Communicator& comm, bool ok) {
   return v < comm.world_size() ? int(v) : -1;
 }
 
-void save_checkpoint(Communicator& comm, const std::string& dir_name,
-                     const CheckpointContents& contents) {
-  const fs::path dir = normalized(dir_name);
-  const int rank = comm.rank(), world = comm.world_size();
+namespace {
 
-  // Step 1: rank 0 prepares DIR.tmp-<id> and tells everyone the id (and whether it worked).
+// Step 1: rank 0 prepares DIR.tmp-<id> and tells everyone the id (and whether it worked).
+fs::path agree_on_tmp_dir(Communicator& comm, const fs::path& dir) {
   std::string error;
   std::int64_t prepared[2] = {0, 0};  // worked, id
-  if (rank == 0) {
+  if (comm.rank() == 0) {
     const std::uint64_t id = fresh_id_value();
     try {
       prepare_tmp_dir(dir, sibling(dir, kTmpMarker, id_text(id)));
@@ -363,33 +361,40 @@ void save_checkpoint(Communicator& comm, const std::string& dir_name,
   }
   broadcast_values(comm, buffer_of(std::span<std::int64_t>(prepared)), 0);
   if (!prepared[0]) {
-    if (rank == 0) throw CheckpointError(error);
+    if (comm.rank() == 0) throw CheckpointError(error);
     throw CheckpointError(dir.string() +
                           ": rank 0 could not prepare the checkpoint (see its error)");
   }
-  const fs::path tmp = sibling(dir, kTmpMarker, id_text(std::uint64_t(prepared[1])));
+  return sibling(dir, kTmpMarker, id_text(std::uint64_t(prepared[1])));
+}
 
-  // Step 2: every rank's blobs.
+// Step 2: every rank's blobs; a failure on any rank fails the save on all.
+void write_all_blobs(Communicator& comm, const fs::path& dir, const fs::path& tmp,
+                     const CheckpointContents& contents) {
+  std::string error;
   try {
-    write_rank_blobs(tmp, rank, contents);
+    write_rank_blobs(tmp, comm.rank(), contents);
   } catch (const std::exception& e) {
     error = e.what();
   }
   const int failed = first_failed_rank(comm, error.empty());
-  if (failed >= 0) {
-    if (rank == 0) remove_quietly(tmp);
-    if (!error.empty()) throw CheckpointError(error);
-    throw CheckpointError(dir.string() + ": rank " + std::to_string(failed) +
-                          " could not write its part of the checkpoint (see its error)");
-  }
+  if (failed < 0) return;
+  if (comm.rank() == 0) remove_quietly(tmp);
+  if (!error.empty()) throw CheckpointError(error);
+  throw CheckpointError(dir.string() + ": rank " + std::to_string(failed) +
+                        " could not write its part of the checkpoint (see its error)");
+}
 
-  // Step 3: rank 0 writes MANIFEST and swaps the directories; step 4: everyone hears how it went.
+// Step 3: rank 0 writes MANIFEST and swaps the directories; step 4: everyone hears how it went.
+void finish_on_rank0(Communicator& comm, const fs::path& dir, const fs::path& tmp,
+                     const CheckpointContents& contents) {
+  std::string error;
   std::int64_t ok = 1;
-  if (rank == 0) {
+  if (comm.rank() == 0) {
     bool installed = false;
     try {
       at_stage("blobs_written");
-      const Manifest manifest = merge_indexes(tmp, contents, world);
+      const Manifest manifest = merge_indexes(tmp, contents, comm.world_size());
       write_file_synced(tmp / kManifestName, format_manifest(manifest));
       sync_dir(tmp);
       at_stage("manifest_written");
@@ -402,11 +407,20 @@ void save_checkpoint(Communicator& comm, const std::string& dir_name,
     }
   }
   broadcast_values(comm, buffer_of(std::span(&ok, 1)), 0);
-  if (!ok) {
-    if (rank == 0) throw CheckpointError(error);
-    throw CheckpointError(dir.string() +
-                          ": rank 0 could not complete the checkpoint (see its error)");
-  }
+  if (ok) return;
+  if (comm.rank() == 0) throw CheckpointError(error);
+  throw CheckpointError(dir.string() +
+                        ": rank 0 could not complete the checkpoint (see its error)");
+}
+
+}  // namespace
+
+void save_checkpoint(Communicator& comm, const std::string& dir_name,
+                     const CheckpointContents& contents) {
+  const fs::path dir = normalized(dir_name);
+  const fs::path tmp = agree_on_tmp_dir(comm, dir);
+  write_all_blobs(comm, dir, tmp, contents);
+  finish_on_rank0(comm, dir, tmp, contents);
 }
 
 std::string resolve_checkpoint_dir(const std::string& dir_name) {

@@ -1,40 +1,22 @@
 #pragma once
-// DataParallel (torch.nn.DataParallel's scheme, in one process): K replicas of the model, the
-// batch split along dimension 0, each replica's forward and backward on its own worker thread,
-// then the replicas' gradients summed into replica 0, the optimizer stepping replica 0, and
-// replica 0's parameters copied to the others. The world is one process (the local
-// communicator). Replicas are CPU threads, or GPUs (DataParallelOptions::cuda_devices): then
-// worker k runs with replica k's device current, and the reduction and copies are queued on
-// replica 0's device without host waits:
-//  - replica 0 computes on the communicator's compute stream (Accelerator::set_cuda_stream),
-//    replica k > 0 on its device's legacy default stream; stream_wait orders them (events);
-//  - a gradient of a replica on another device is copied to replica 0's device first
-//    (cudaMemcpyAsync between devices: a peer copy where the GPUs allow it, else through the
-//    host), into staging buffers allocated once; replicas sharing replica 0's device are read
-//    in place;
-//  - the weighted sum is elementwise.hpp's weighted_sum (a kernel on replica 0's stream), and
-//    parameters and buffers go back with copies on replica 0's stream, which each replica's
-//    stream then waits for.
-//
-// Replica 0 is the model the loop prepared (its ParamRefs as given to the Accelerator);
-// replicas 1..K-1 are copies the front end made (DataParallelOptions::replica_params, same
-// parameters in the same order, same dtypes and counts). Gradients:
-//  - each replica's backward adds into its own gradient buffers; grad_ready does nothing (the
-//    reduction waits for every replica anyway, so there is nothing to overlap);
-//  - sync_gradients() at an accumulation boundary: replica 0's gradient becomes
-//    sum_k weight_k x gradient_k (set_weights; 1 by default), over element ranges in
-//    parallel on the workers, and the other replicas' gradients are zeroed. Between
-//    boundaries (set_sync_enabled(false)) every replica accumulates its own, so the sum at the
-//    boundary covers the whole accumulation window. A second backward before the optimizer
-//    step (a GAN's discriminator: real, then fake batch) adds to replica 0's synchronised
-//    gradient, which counts once: set_weights first divides it by the new weight of
-//    replica 0, which the next reduction multiplies back;
-//  - a ParamRef given without gradient storage (backend.hpp's contract: slots) gets storage
-//    allocated here (grad_slot(replica, i)), which the LibTorch adapter makes the tensors'
-//    .grad().
-// Parameters: after_optimizer_step() and reload_parameters() copy replica 0's values to the
-// others. Buffers (BatchNorm statistics): sync_buffers() copies replica 0's to the others; the
-// front end calls it before each parallel forward, so buffers follow replica 0.
+// DataParallel (torch.nn.DataParallel, in one process with the local communicator): K replicas
+// of the model, the batch split along dim 0, each replica's forward and backward on its own
+// worker thread; at the boundary the gradients are summed into replica 0, the optimizer steps
+// replica 0 and its parameters are copied to the others.
+//  - replica 0 is the prepared model; replicas 1..K-1 are the front end's copies
+//    (DataParallelOptions::replica_params: same parameters, order, dtypes and counts);
+//  - sync_gradients(): replica 0's gradient becomes sum_k weight_k x gradient_k (set_weights,
+//    default 1) over element ranges in parallel; the others are zeroed. Between boundaries each
+//    replica accumulates its own. A second backward before the step adds to replica 0's
+//    synchronised gradient, which set_weights first divides by replica 0's new weight;
+//  - a ParamRef without gradient storage gets it here (grad_slot(replica, i));
+//  - after_optimizer_step() / reload_parameters() copy replica 0's parameters, sync_buffers()
+//    its buffers, to the others.
+// GPU replicas (DataParallelOptions::cuda_devices): worker k runs with its device current;
+// replica 0 computes on the communicator's compute stream, the others on their default
+// streams, ordered by events; other devices' gradients are copied into staging buffers
+// allocated once, summed by elementwise.hpp's weighted_sum, and copies back are queued on
+// replica 0's stream, with no host waits.
 
 #include <cstddef>
 #include <functional>

@@ -1,47 +1,23 @@
 #pragma once
 // ZeRO (DeepSpeed's Zero Redundancy Optimizer), stages 1 and 2: every rank keeps the full
-// parameters, but the optimizer updates only this rank's slice of each flat (param group,
-// dtype) buffer (flat_layout.hpp), so optimizer state exists for that slice only.
-//
-//   stage 1: the strategy keeps full flat gradient buffers (a front end may make them the
-//            gradient storage: grad_slot, backend.hpp's "slots"); in the micro-batch that ends an
-//            accumulation (sync enabled) they are reduce-scattered (average) in buckets as backward
-//            produces them, each rank's part landing in its own gradient slice (not in place: the
-//            flat buffers keep what the loop accumulated, so a later backward adds to it).
-//   stage 2: the strategy keeps only the owned gradient slices and two bucket buffers (one
-//            filling while the other is in flight): each bucket's gradients are copied in,
-//            reduce-scattered during backward, this rank's part copied to its slice; gradients
-//            asked of the strategy are lent (backend.hpp's "lent") and released once copied
-//            (LibTorch frees them).
-//
-// Several backwards before one optimizer step (a GAN's discriminator: real, then fake batch)
-// sum their gradients, as autograd does: gradients the loop keeps (stage 1's flat buffers, a
-// raw loop's own) hold everything since its zero_grad and each sync replaces the slice with
-// their average; released ones (stage 2, lent) hold only what came since, so
-// after the first sync of a step each sync adds its average into the slice.
-//
-// Gradient accumulation: between boundaries nothing is communicated in either stage and the
-// gradients accumulate where the loop keeps them (PyTorch's no_sync). DeepSpeed's stage 2
-// instead reduces every micro-batch and sums the averages into the slice, which moves K times
-// the bytes and rounds differently from DDP; here each rank's slice holds exactly the average
-// of every rank's accumulated gradient, as DDP computes it, and a step moves DDP's bytes.
-//
-// The reduce-scatter is a true one with per-rank parts (a bucket's overlap with each rank's
-// slice; Communicator::reduce_scatter with counts), launched strictly in bucket order so every
-// rank issues the same collective sequence. After the optimizer updated segments() (the
-// owned slices), after_optimizer_step() all-gathers each flat parameter buffer and copies the
-// values into the parameters (no copy for parameters that live in the flat buffer:
-// use_param_slots()). Bytes moved per step: reduce-scatter + all-gather = one all-reduce.
-//
-// Devices: the flat buffers and staging buckets live where the communicator works (host, or
-// CUDA memory under NCCL), as DDP's buckets; copies and waits are ordered on the compute
-// stream, so the host does not wait for the GPU per bucket.
-// Optimizer offload (offload_optimizer = cpu, DeepSpeed's offload_optimizer device cpu): with
-// parameters on a GPU, pinned host copies of this rank's parameter and gradient slices are what
-// segments() hand the optimizer, so a CPU optimizer steps there and its state lives in host
-// memory. sync_gradients() copies the reduced gradient slices to the host and waits for them
-// (the host reads them next); after_optimizer_step() copies the updated slices back before the
-// all-gather. With CPU parameters it changes nothing (rank 0 notes so at prepare()).
+// parameters; the optimizer updates only this rank's slice of each flat (param group, dtype)
+// buffer (flat_layout.hpp), so optimizer state exists for that slice only.
+//  - stage 1: full flat gradient buffers (backend.hpp's "slots"); at the boundary they are
+//    reduce-scattered (average) in buckets during backward into this rank's gradient slice,
+//    out of place, so a later backward still adds to what the loop accumulated;
+//  - stage 2: only the owned slices and two staging buckets; gradients are lent (backend.hpp's
+//    "lent") and released once their bucket copied them in.
+//  - between boundaries nothing moves (no_sync); the slice gets exactly DDP's average of the
+//    accumulated gradients (DeepSpeed's stage 2 reduces every micro-batch: K times the bytes);
+//  - several backwards per step sum as autograd does: kept gradients re-average into the
+//    slice at each sync, released ones add each sync's average after the first;
+//  - reduce-scatters carry per-rank parts (Communicator::reduce_scatter with counts), strictly
+//    in bucket order; after_optimizer_step() all-gathers each flat parameter buffer (no copy
+//    for parameters living in it: use_param_slots()). Per step: the bytes of one all-reduce.
+// Devices: buffers live where the communicator works; copies and waits are ordered on the
+// compute stream. offload_optimizer = cpu with GPU parameters: segments() are pinned host
+// copies of the slices (the optimizer and its state on the host); with CPU parameters it
+// changes nothing (rank 0 notes so at prepare()).
 
 #include <array>
 #include <cstddef>
