@@ -262,6 +262,57 @@ TEST_CASE("bf16 autocast on the CPU") {
   CHECK((torch::matmul(a, b).scalar_type() == torch::kFloat));
 }
 
+TEST_CASE("under bf16 the prepared model's call autocasts by itself and returns fp32") {
+  const auto x = torch::randn({5, 6});
+  auto net = small_net();
+  const auto fp32 = net->forward(x);
+  at::Tensor bf16_by_hand;
+  {
+    AutocastGuard guard(true, c10::DeviceType::CPU, at::kBFloat16);
+    bf16_by_hand = net->forward(x).to(torch::kFloat);
+  }
+  TorchAccelerator acc(local_options(1, "bf16"));
+  torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1));
+  auto [model, opt] = acc.prepare(net, sgd);
+  const auto out = model(x);  // no guard in the loop
+  CHECK((out.scalar_type() == torch::kFloat));
+  CHECK(torch::equal(out, bf16_by_hand));
+  CHECK_FALSE(torch::equal(out, fp32));  // bf16 really ran
+  CHECK((torch::matmul(x, x.t()).scalar_type() == torch::kFloat));  // only inside the call
+  TorchAccelerator fp32_acc(local_options(1, "no"));
+  auto net2 = small_net();
+  torch::optim::SGD sgd2(net2->parameters(), torch::optim::SGDOptions(0.1));
+  auto [model2, opt2] = fp32_acc.prepare(net2, sgd2);
+  CHECK(torch::equal(model2(x), fp32));
+}
+
+TEST_CASE("under ZeRO-1 LibTorch's clip_grad_norm_ after the sync is refused, naming the fix") {
+  auto run = [](const char* distributed_type, bool libtorch_clip) {
+    AcceleratorOptions options = local_options();
+    options.distributed_type = distributed_type;
+    if (distributed_type == std::string("ZERO")) options.zero_stage = 1;
+    TorchAccelerator acc(options);
+    auto net = small_net();
+    torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1));
+    auto [model, opt] = acc.prepare(net, sgd);
+    opt.zero_grad();
+    acc.backward(model(torch::randn({4, 6})).sum());
+    if (libtorch_clip)
+      torch::nn::utils::clip_grad_norm_(net->parameters(), 1e-3);
+    else
+      acc.clip_grad_norm(1e-3);
+    opt.step();
+  };
+  try {
+    run("ZERO", true);
+    FAIL("a change the ZeRO step would not see was accepted");
+  } catch (const InvalidArgument& e) {
+    CHECK(std::string(e.what()).find("acc.clip_grad_norm(max_norm)") != std::string::npos);
+  }
+  CHECK_NOTHROW(run("ZERO", false));
+  CHECK_NOTHROW(run("MULTI_CPU", true));  // DDP: .grad() holds the reduced gradient
+}
+
 TEST_CASE("fp16 on the CPU is refused with a reason") {
   try {
     TorchAccelerator acc(local_options(1, "fp16"));

@@ -98,6 +98,7 @@ class TorchAccelerator::GradReadyHook final : public torch::autograd::FunctionPo
 void AcceleratedOptimizer::step() {
   step_was_skipped_ = !accelerator_.sync_gradients_happened();
   if (step_was_skipped_) return;
+  accelerator_.check_gradients_unchanged_since_sync();
   optimizer_.step();
   accelerator_.strategy().after_optimizer_step();  // ZeRO: all-gather the parameters
 }
@@ -447,9 +448,33 @@ bool TorchAccelerator::backward(const torch::Tensor& loss) {
   }
   if (dp != nullptr) replicas_->backward(*dp);
   synced_ = sync_gradients();
+  probe_at_sync_ = synced_ && !slice_tensors_.empty() ? gradient_probe() : at::Tensor();
   free_released_grads();
   accumulating_ = !synced_ && !optimizer_step_was_skipped();
   return synced_;
+}
+
+at::Tensor TorchAccelerator::gradient_probe() const {
+  // The first few elements of every gradient: clipping or scaling changes every non-zero one.
+  constexpr std::int64_t kProbed = 4;
+  std::vector<at::Tensor> heads;
+  for (const at::Tensor& view : grad_views_)
+    if (view.defined() && view.numel() > 0)
+      heads.push_back(view.reshape(-1).narrow(0, 0, std::min(kProbed, view.numel())).to(at::kDouble));
+  return heads.empty() ? at::Tensor() : at::cat(heads).cpu();
+}
+
+void TorchAccelerator::check_gradients_unchanged_since_sync() const {
+  // ZeRO-1: the parameters' .grad() are this rank's local gradients (what it accumulated);
+  // the optimizer steps the reduced slices, so changing .grad() after the sync (LibTorch's
+  // clip_grad_norm_, a manual scaling) would silently not reach the step.
+  if (!probe_at_sync_.defined() || at::equal(probe_at_sync_, gradient_probe())) return;
+  throw InvalidArgument(
+      "optimizer step: the prepared parameters' gradients were changed after backward() "
+      "synchronised them (torch::nn::utils::clip_grad_norm_, or an in-place change of "
+      ".grad()). Under ZeRO the optimizer steps this rank's reduced gradient slices, which such a "
+      "change does not reach: clip with acc.clip_grad_norm(max_norm), which is correct under "
+      "every strategy");
 }
 
 TorchAccelerator::DataLoader TorchAccelerator::prepare_data_loader(torch::Tensor data,

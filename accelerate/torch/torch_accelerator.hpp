@@ -11,8 +11,7 @@
 //     loader.set_epoch(epoch);
 //     for (const auto& batch : loader) {
 //       opt.zero_grad();
-//       auto guard = acc.autocast();  // bf16 when mixed_precision is bf16
-//       auto loss = torch::nll_loss(model(batch.data), batch.target);
+//       auto loss = torch::nll_loss(model(batch.data), batch.target);  // bf16: autocast
 //       acc.backward(loss);  // was: loss.backward()
 //       opt.step();
 //     }
@@ -39,6 +38,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -170,7 +170,13 @@ class TorchAccelerator : public Accelerator {
   // Broadcasts the module's buffers from rank 0 (backward() does it; also for eval loops).
   void sync_buffers();
   // Global L2 norm clipping over the prepared parameters' gradients (returns the norm before
-  // clipping, the same on every rank); call it after a backward() that synchronised.
+  // clipping, the same on every rank); call it after a backward() that synchronised. It is the
+  // one correct call under every strategy: LibTorch's torch::nn::utils::clip_grad_norm_ sees
+  // only this rank's local gradients under ZeRO (the optimizer steps the reduced slices), so
+  // under ZeRO-1 the step refuses gradients changed after the sync, and under ZeRO-2 (whose
+  // gradients are released at the sync) clip_grad_norm_ finds none and clips nothing.
+  // (A local clip_grad_norm_ that did not clip is not detected, though the global norm may
+  // have needed it: use this call.)
   using Accelerator::clip_grad_norm;
 
   // ---- data
@@ -236,6 +242,12 @@ class TorchAccelerator : public Accelerator {
   // Points parameter i's .grad() at its bucket slot, keeping the values it had.
   void adopt_bucket_view(std::size_t i);
   void zero_gradients();
+  // ZeRO-1: a few elements of every gradient view at the last sync, so the step can refuse
+  // gradients changed after it (check_gradients_unchanged_since_sync). A change that left the
+  // probed elements as they were (clip_grad_norm_ that found nothing to clip) goes unseen.
+  at::Tensor gradient_probe() const;
+  void check_gradients_unchanged_since_sync() const;
+  at::Tensor probe_at_sync_;
 
   std::vector<torch::Tensor> param_tensors_;
   std::vector<torch::Tensor> grad_views_;  // param_tensors_[i]'s bucket slot (empty: ZeRO-2)
@@ -256,10 +268,25 @@ class TorchAccelerator : public Accelerator {
   std::unique_ptr<TorchReplicas> replicas_;
 };
 
+namespace detail {
+// Accelerate's convert_outputs_to_fp32: a forward under autocast hands the loop fp32 outputs,
+// so the loss and everything after it run as in the fp32 loop.
+template <typename Out>
+Out outputs_to_fp32(Out out) {
+  if constexpr (std::is_same_v<std::remove_cvref_t<Out>, at::Tensor>)
+    if (out.defined() && (out.scalar_type() == at::kBFloat16 || out.scalar_type() == at::kHalf))
+      return out.to(at::kFloat);
+  return out;
+}
+}  // namespace detail
+
 template <typename Model>
 template <typename... Args>
 auto PreparedModel<Model>::operator()(Args&&... args) const {
   using Out = decltype((*model_).forward(std::forward<Args>(args)...));
+  // mixed_precision bf16/fp16: the forward runs under autocast by itself, as Accelerate
+  // wraps the prepared model's forward (autocast is per thread: each replica sets its own).
+  const AutocastGuard autocast = accelerator_->autocast();
   if constexpr (std::is_same_v<std::remove_cvref_t<Out>, at::Tensor>) {
     if (accelerator_->replicates_forward()) {
       const std::int64_t rows = detail::first_rows(args...);
@@ -271,14 +298,18 @@ auto PreparedModel<Model>::operator()(Args&&... args) const {
                       "same size in dim 0 (" +
                           std::to_string(rows) + " rows)");
       return accelerator_->replica_forward(rows, [&](int k, Shard chunk) -> at::Tensor {
+        const AutocastGuard replica_autocast = accelerator_->autocast();
         Impl* replica = k == 0 ? &*model_ : dynamic_cast<Impl*>(&accelerator_->replica_module(k));
         ACCEL_CHECK_ARG(replica != nullptr, "DataParallel: replica " + std::to_string(k) +
                                                 " is not of the model's type");
-        return replica->forward(detail::chunk_of(args, chunk)...);
+        return detail::outputs_to_fp32(replica->forward(detail::chunk_of(args, chunk)...));
       });
     }
   }
-  return (*model_).forward(std::forward<Args>(args)...);
+  if constexpr (std::is_void_v<Out>)
+    (*model_).forward(std::forward<Args>(args)...);
+  else
+    return detail::outputs_to_fp32<Out>((*model_).forward(std::forward<Args>(args)...));
 }
 
 }  // namespace accel
