@@ -277,7 +277,7 @@ TEST_CASE("under bf16 the prepared model's call autocasts by itself and returns 
   const auto out = model(x);  // no guard in the loop
   CHECK((out.scalar_type() == torch::kFloat));
   CHECK(torch::equal(out, bf16_by_hand));
-  CHECK_FALSE(torch::equal(out, fp32));  // bf16 really ran
+  CHECK_FALSE(torch::equal(out, fp32));                             // bf16 really ran
   CHECK((torch::matmul(x, x.t()).scalar_type() == torch::kFloat));  // only inside the call
   TorchAccelerator fp32_acc(local_options(1, "no"));
   auto net2 = small_net();
@@ -311,6 +311,115 @@ TEST_CASE("under ZeRO-1 LibTorch's clip_grad_norm_ after the sync is refused, na
   }
   CHECK_NOTHROW(run("ZERO", false));
   CHECK_NOTHROW(run("MULTI_CPU", true));  // DDP: .grad() holds the reduced gradient
+}
+
+// A loop written against LibTorch's own types: the optimizer as a torch::optim::Optimizer&.
+void plain_typed_step(torch::optim::Optimizer& optimizer, TorchAccelerator& acc,
+                      const at::Tensor& loss) {
+  optimizer.zero_grad();  // LibTorch's own, not virtual
+  acc.backward(loss);
+  optimizer.step();
+}
+
+TEST_CASE("the prepared optimizer is a torch::optim::Optimizer: step, zero_grad, StepLR") {
+  // Accumulation 2 through Optimizer& equals the same loop through the AcceleratedOptimizer,
+  // bit for bit, under DDP, ZeRO-1 and ZeRO-2 (world 1): zero_grad through the base class
+  // keeps the accumulated gradient, step steps only at the boundary.
+  for (int stage : {0, 1, 2}) {
+    CAPTURE(stage);
+    auto train = [stage](bool through_base) {
+      AcceleratorOptions options = local_options(2);
+      if (stage > 0) {
+        options.distributed_type = "ZERO";
+        options.zero_stage = stage;
+      }
+      TorchAccelerator acc(options);
+      auto net = small_net();
+      torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+      auto [model, opt] = acc.prepare(net, sgd);
+      torch::optim::StepLR schedule(opt, /*step_size=*/2, /*gamma=*/0.5);  // on the wrapper
+      torch::manual_seed(3);
+      for (int i = 0; i < 8; ++i) {
+        const auto loss = model(torch::randn({4, 6})).pow(2).mean();
+        if (through_base) {
+          plain_typed_step(opt, acc, loss);
+        } else {
+          opt.zero_grad();
+          acc.backward(loss);
+          opt.step();
+        }
+        if (!opt.step_was_skipped()) schedule.step();
+      }
+      // The wrapper's groups hold the model's parameters; the lr reached the user's object.
+      CHECK(opt.param_groups()[0].params()[0].data_ptr() == net->parameters()[0].data_ptr());
+      CHECK(opt.param_groups()[0].params()[0].sizes() == net->parameters()[0].sizes());
+      // 4 optimizer steps: LibTorch's StepLR halves at its 2nd and 4th step() (count 2 only)
+      CHECK(opt.param_groups()[0].options().get_lr() == doctest::Approx(0.1 * 0.5));
+      CHECK(sgd.param_groups()[0].options().get_lr() == opt.param_groups()[0].options().get_lr());
+      std::vector<at::Tensor> out;
+      for (const auto& p : net->parameters()) out.push_back(p.detach().clone());
+      return out;
+    };
+    const auto direct = train(false), through_base = train(true);
+    // The plain LibTorch loop: the loss over 2 micro-batches summed by hand, StepLR on the SGD.
+    auto net = small_net();
+    torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+    torch::optim::StepLR schedule(sgd, 2, 0.5);
+    torch::manual_seed(3);
+    for (int i = 0; i < 8; ++i) {
+      if (i % 2 == 0) sgd.zero_grad();
+      (net->forward(torch::randn({4, 6})).pow(2).mean() * 0.5f).backward();
+      if (i % 2 == 1) {
+        sgd.step();
+        schedule.step();
+      }
+    }
+    for (std::size_t i = 0; i < direct.size(); ++i) {
+      CHECK(torch::equal(direct[i], through_base[i]));
+      CHECK(torch::equal(direct[i], net->parameters()[i].detach()));
+    }
+  }
+}
+
+TEST_CASE("torch::save(optimizer) writes what plain LibTorch loads; refused under ZeRO") {
+  TempDir dir;
+  for (int stage : {0, 1}) {
+    CAPTURE(stage);
+    AcceleratorOptions options = local_options();
+    if (stage > 0) {
+      options.distributed_type = "ZERO";
+      options.zero_stage = stage;
+    }
+    TorchAccelerator acc(options);
+    auto net = small_net();
+    torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+    auto [model, opt] = acc.prepare(net, sgd);
+    opt.zero_grad();
+    acc.backward(model(torch::randn({4, 6})).sum());
+    opt.step();
+    const std::string path = dir.file("opt_" + std::to_string(stage) + ".pt");
+    if (stage > 0) {
+      try {
+        torch::save(opt, path);
+        FAIL("a ZeRO optimizer was saved as a LibTorch archive");
+      } catch (const InvalidArgument& e) {
+        CHECK(std::string(e.what()).find("save_state") != std::string::npos);
+        CHECK(std::string(e.what()).find("merge-weights") != std::string::npos);
+      }
+      continue;
+    }
+    torch::save(opt, path);
+    auto plain_net = small_net();
+    torch::optim::SGD plain(plain_net->parameters(), torch::optim::SGDOptions(0.5));
+    torch::load(plain, path);
+    const auto& state = plain.state();
+    REQUIRE(state.size() == net->parameters().size());
+    const auto& buffer =
+        static_cast<torch::optim::SGDParamState&>(
+            *state.at(c10::guts::to_string(plain_net->parameters()[0].unsafeGetTensorImpl())))
+            .momentum_buffer();
+    CHECK(torch::equal(buffer, net->parameters()[0].grad()));  // one step: buffer = gradient
+  }
 }
 
 TEST_CASE("fp16 on the CPU is refused with a reason") {

@@ -63,13 +63,24 @@ namespace accel {
 class TorchAccelerator;
 class TorchReplicas;
 
-// The user's optimizer, stepped only where gradients are synchronised.
-class AcceleratedOptimizer {
+// The user's optimizer, stepped only where gradients are synchronised. It is a
+// torch::optim::Optimizer itself, so it goes wherever one is expected (a train(...,
+// torch::optim::Optimizer&) function, StepLR(optimizer, ...), torch::save(optimizer)):
+//  - param_groups() hold the model's parameters (aliases sharing their storage) with the
+//    user's options; a learning rate changed there or in the user's own object reaches the
+//    other at the next step;
+//  - step() is virtual: it steps only at a sync (ZeRO: this rank's slices, then all-gathers);
+//  - zero_grad() through a plain Optimizer& is LibTorch's (not virtual), and still right:
+//    between accumulation boundaries the aliases carry no gradient, so it zeroes nothing;
+//  - torch::save(optimizer) writes the user's optimizer (a plain LibTorch one loads it) under
+//    DDP; under ZeRO, where a rank holds only slices, it is refused naming save_state and
+//    `accel merge-weights`. state() is empty here: optimizer().state() is the user's.
+class AcceleratedOptimizer : public torch::optim::Optimizer {
  public:
   // A real optimizer step only when the last backward() ended at an accumulation boundary
-  // (its gradients are synchronised); between boundaries a no-op. Under ZeRO it steps this
-  // rank's slices and then all-gathers the parameters.
-  void step();
+  // (its gradients are synchronised); between boundaries a no-op. A closure is called first
+  // and its loss returned, as LibTorch's optimizers do.
+  at::Tensor step(LossClosure closure = nullptr) override;
   // Zeroes the gradients in place (they live in the DDP buckets, so they are never freed).
   // While gradients are accumulating (the last backward() did not end in a sync) it does
   // nothing, so it may be called before the forward or after step() alike.
@@ -77,17 +88,28 @@ class AcceleratedOptimizer {
   // Accelerate's optimizer.step_was_skipped: whether the last step() did not step. Use it to
   // step an LR scheduler only when the optimizer stepped.
   bool step_was_skipped() const { return step_was_skipped_; }
-  // The user's object: LR schedulers built on it, param groups, state, options keep working.
+  // The user's object (under ZeRO its groups hold this rank's slices).
   torch::optim::Optimizer& optimizer() { return optimizer_; }
   const torch::optim::Optimizer& optimizer() const { return optimizer_; }
+  void save(torch::serialize::OutputArchive& archive) const override;
+  void load(torch::serialize::InputArchive& archive) override;
 
  private:
   friend class TorchAccelerator;
-  AcceleratedOptimizer(TorchAccelerator& accelerator, torch::optim::Optimizer& optimizer)
-      : accelerator_(accelerator), optimizer_(optimizer) {}
+  // `groups`: the user's param groups' parameters as the model holds them (before ZeRO put
+  // slices in their place).
+  AcceleratedOptimizer(TorchAccelerator& accelerator, torch::optim::Optimizer& optimizer,
+                       const std::vector<std::vector<at::Tensor>>& groups);
+  // The learning rates, both ways: whichever side changed since the last step wins.
+  void sync_learning_rates();
+  // After each backward: the aliases show the parameters' gradients at a boundary, none while
+  // accumulating (so LibTorch's zero_grad through an Optimizer& keeps the accumulation).
+  void show_gradients(bool at_boundary);
 
   TorchAccelerator& accelerator_;
   torch::optim::Optimizer& optimizer_;
+  std::vector<std::pair<at::Tensor, at::Tensor>> aliases_;  // (in param_groups(), parameter)
+  std::vector<double> synced_lr_;
   bool step_was_skipped_ = false;
 };
 
