@@ -422,6 +422,131 @@ TEST_CASE("torch::save(optimizer) writes what plain LibTorch loads; refused unde
   }
 }
 
+// A model as a plain object of the loop's own (no holder, no shared_ptr).
+struct PlainNet : torch::nn::Module {
+  PlainNet() {
+    torch::manual_seed(1);
+    fc1 = register_module("fc1", torch::nn::Linear(6, 8));
+    fc2 = register_module("fc2", torch::nn::Linear(8, 3));
+  }
+  at::Tensor forward(const at::Tensor& x) { return fc2(torch::relu(fc1(x))); }
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
+};
+
+// A TorchScript model built in C++ (as torch::jit::load would give one): a frozen projection
+// (requires_grad false) and a trained one.
+torch::jit::Module script_model() {
+  torch::manual_seed(4);
+  torch::jit::Module m("Scripted");
+  m.register_parameter("frozen", torch::randn({6, 5}), /*is_buffer=*/false);
+  m.register_parameter("head", torch::randn({5, 3}) * 0.1, false);
+  m.register_buffer("shift", torch::full({3}, 0.25));
+  m.attr("frozen").toTensor().requires_grad_(false);
+  m.attr("head").toTensor().requires_grad_(true);
+  m.define(R"(
+    def forward(self, x):
+        return torch.matmul(torch.tanh(torch.matmul(x, self.frozen)), self.head) + self.shift
+  )");
+  return m;
+}
+
+template <typename Forward>
+std::vector<at::Tensor> train_plain(std::vector<at::Tensor> params, Forward forward) {
+  torch::optim::SGD sgd(params, torch::optim::SGDOptions(0.1));
+  torch::manual_seed(5);
+  for (int i = 0; i < 6; ++i) {
+    sgd.zero_grad();
+    forward(torch::randn({4, 6})).pow(2).mean().backward();
+    sgd.step();
+  }
+  std::vector<at::Tensor> out;
+  for (const auto& p : params) out.push_back(p.detach().clone());
+  return out;
+}
+
+TEST_CASE("prepare takes a plain module object and a TorchScript module; world 1 equals plain") {
+  {
+    PlainNet plain_net;
+    const auto plain =
+        train_plain(plain_net.parameters(), [&](auto x) { return plain_net.forward(x); });
+    TorchAccelerator acc(local_options());
+    PlainNet net;
+    torch::optim::SGD sgd(net.parameters(), torch::optim::SGDOptions(0.1));
+    auto [model, opt] = acc.prepare(net, sgd);  // the object itself, not copied
+    CHECK(TorchAccelerator::unwrap_model(model).get() == &net);
+    torch::manual_seed(5);
+    for (int i = 0; i < 6; ++i) {
+      opt.zero_grad();
+      acc.backward(model(torch::randn({4, 6})).pow(2).mean());
+      opt.step();
+    }
+    for (std::size_t i = 0; i < plain.size(); ++i)
+      CHECK(torch::equal(plain[i], net.parameters()[i].detach()));
+    const auto state = acc.get_state_dict(model);
+    REQUIRE(state.size() == 4);
+    CHECK(state[0].first == "fc1.weight");
+    CHECK(torch::equal(state[0].second, net.fc1->weight.detach()));
+  }
+  {
+    auto plain_module = script_model();
+    const auto plain = train_plain({plain_module.attr("head").toTensor()},
+                                   [&](auto x) { return plain_module.forward({x}).toTensor(); });
+    TempDir dir;
+    TorchAccelerator acc(local_options());
+    auto module = script_model();
+    const at::Tensor frozen_before = module.attr("frozen").toTensor().clone();
+    torch::optim::SGD sgd({module.attr("head").toTensor()}, torch::optim::SGDOptions(0.1));
+    auto [model, opt] = acc.prepare(module, sgd);
+    CHECK(acc.prepared_parameters().size() == 1);  // the frozen part is not trained
+    torch::manual_seed(5);
+    for (int i = 0; i < 6; ++i) {
+      opt.zero_grad();
+      acc.backward(model.forward({torch::randn({4, 6})}).toTensor().pow(2).mean());
+      opt.step();
+    }
+    CHECK(torch::equal(plain[0], module.attr("head").toTensor().detach()));
+    CHECK(torch::equal(frozen_before, module.attr("frozen").toTensor()));
+    // A checkpoint of the TorchScript model resumes its values.
+    acc.save_state(dir.file("ck"));
+    const at::Tensor head = module.attr("head").toTensor().detach().clone();
+    {
+      torch::NoGradGuard no_grad;
+      module.attr("head").toTensor().zero_();
+      module.attr("shift").toTensor().zero_();
+    }
+    acc.load_state(dir.file("ck"));
+    CHECK(torch::equal(head, module.attr("head").toTensor().detach()));
+    CHECK(torch::equal(torch::full({3}, 0.25), module.attr("shift").toTensor()));
+  }
+}
+
+TEST_CASE("under bf16 the prepared TorchScript module's forward autocasts, returning fp32") {
+  auto module = script_model();
+  const auto x = torch::randn({4, 6});
+  const auto fp32 = module.forward({x}).toTensor();
+  TorchAccelerator acc(local_options(1, "bf16"));
+  torch::optim::SGD sgd({module.attr("head").toTensor()}, torch::optim::SGDOptions(0.1));
+  auto [model, opt] = acc.prepare(module, sgd);
+  const auto out = model.forward({x}).toTensor();
+  CHECK((out.scalar_type() == torch::kFloat));
+  CHECK_FALSE(torch::equal(out, fp32));
+  CHECK(torch::allclose(out, fp32, 0.05, 0.05));  // bf16 keeps 8 bits: about 2 digits
+}
+
+TEST_CASE("acc.save writes on the main process, whole, and plain LibTorch loads it") {
+  TempDir dir;
+  TorchAccelerator acc(local_options());
+  auto net = small_net();
+  const std::string path = dir.file("net.pt");
+  acc.save(net, path);
+  auto other =
+      torch::nn::Sequential(torch::nn::Linear(6, 8), torch::nn::ReLU(), torch::nn::Linear(8, 3));
+  torch::load(other, path);
+  CHECK(torch::equal(other->parameters()[0], net->parameters()[0]));
+  for (const auto& entry : std::filesystem::directory_iterator(dir.path))
+    CHECK(entry.path().filename().string() == "net.pt");  // no temporary left beside it
+}
+
 TEST_CASE("fp16 on the CPU is refused with a reason") {
   try {
     TorchAccelerator acc(local_options(1, "fp16"));

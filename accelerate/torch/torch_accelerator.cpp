@@ -26,6 +26,7 @@
 #include "accelerate/torch/torch_state.hpp"
 #include "backends/optim/host_collectives.hpp"
 #include "config/config.hpp"
+#include "config/config_file.hpp"
 #include "core/error.hpp"
 
 namespace accel {
@@ -237,9 +238,22 @@ torch::Device TorchAccelerator::device_for_tensors() const {
 // replicas, the strategy, the gradients' storage and hooks, ZeRO's slices, the checkpoints.
 AcceleratedOptimizer& TorchAccelerator::prepare_module(torch::nn::Module& module,
                                                        torch::optim::Optimizer& optimizer) {
+  return prepare_tensors(module_tensors(module), optimizer);
+}
+
+AcceleratedOptimizer& TorchAccelerator::prepare_script(const torch::jit::Module& module,
+                                                       torch::optim::Optimizer& optimizer) {
+  ACCEL_CHECK_ARG(data_parallel_replicas() == 1,
+                  "prepare: DATA_PARALLEL replicates a torch::nn::Module (module->clone()); a "
+                  "TorchScript module cannot be cloned into replicas: use MULTI_CPU or ZERO");
+  return prepare_tensors(module_tensors(module), optimizer);
+}
+
+AcceleratedOptimizer& TorchAccelerator::prepare_tensors(const ModuleTensors& model,
+                                                        torch::optim::Optimizer& optimizer) {
   ACCEL_CHECK_ARG(!optimizer_, "prepare: a model was already prepared (one per accelerator)");
-  std::vector<ParamRef> refs = collect_parameters(module, optimizer);
-  std::vector<Buffer> buffers = collect_buffers(module);
+  std::vector<ParamRef> refs = collect_parameters(model, optimizer);
+  std::vector<Buffer> buffers = collect_buffers(model);
   // On a GPU the loop computes on LibTorch's current stream of the parameters' device: the
   // communicator orders its collectives and the strategies their copies against it. Debian's
   // LibTorch is CPU-only, so this is compiled only against a CUDA-enabled one; without it the
@@ -249,8 +263,9 @@ AcceleratedOptimizer& TorchAccelerator::prepare_module(torch::nn::Module& module
     set_cuda_stream(c10::cuda::getCurrentCUDAStream(param_tensors_[0].device().index()).stream());
 #endif
   // DATA_PARALLEL's copies (none for one replica)
-  replicas_ = std::make_unique<TorchReplicas>(module, refs.size(),
-                                              strategy_options_to_prepare().data_parallel);
+  if (model.module != nullptr)
+    replicas_ = std::make_unique<TorchReplicas>(*model.module, refs.size(),
+                                                strategy_options_to_prepare().data_parallel);
   agree_at_prepare(optimizer_agreement(optimizer));
   const std::size_t ungrouped = optimizer.param_groups().size();
   std::vector<std::string> names;
@@ -270,11 +285,11 @@ AcceleratedOptimizer& TorchAccelerator::prepare_module(torch::nn::Module& module
   if (sharded) shard_optimizer(optimizer);
   if (strategy().replicas() != nullptr) replicas_->attach(strategy());
   optimizer_.reset(new AcceleratedOptimizer(*this, optimizer, groups));
-  register_checkpoint_states(module, optimizer, flat_state, sharded);
+  register_checkpoint_states(model, optimizer, flat_state, sharded);
   return *optimizer_;
 }
 
-std::vector<ParamRef> TorchAccelerator::collect_parameters(torch::nn::Module& module,
+std::vector<ParamRef> TorchAccelerator::collect_parameters(const ModuleTensors& model,
                                                            torch::optim::Optimizer& optimizer) {
   // ZeRO lays out one flat buffer per optimizer param group (and dtype).
   std::unordered_map<const void*, std::size_t> group_of;
@@ -283,7 +298,7 @@ std::vector<ParamRef> TorchAccelerator::collect_parameters(torch::nn::Module& mo
       group_of.emplace(p.unsafeGetTensorImpl(), g);
   std::vector<ParamRef> refs;
   std::unordered_set<const void*> seen;
-  for (auto& [name, p] : trainable_parameters(module)) {
+  for (const auto& [name, p] : model.trainable) {
     seen.insert(p.unsafeGetTensorImpl());
     const Buffer data = tensor_buffer(p, "parameter '" + name + "'");
     const auto group = group_of.find(p.unsafeGetTensorImpl());
@@ -305,12 +320,11 @@ std::vector<ParamRef> TorchAccelerator::collect_parameters(torch::nn::Module& mo
   return refs;
 }
 
-std::vector<Buffer> TorchAccelerator::collect_buffers(torch::nn::Module& module) {
+std::vector<Buffer> TorchAccelerator::collect_buffers(const ModuleTensors& model) {
   std::vector<Buffer> buffers;
-  for (const auto& item : module.named_buffers(/*recurse=*/true)) {
-    if (!item.value().defined()) continue;
-    buffers.push_back(tensor_buffer(item.value(), "buffer '" + item.key() + "'"));
-    buffer_tensors_.push_back(item.value());
+  for (const auto& [name, tensor] : model.buffers) {
+    buffers.push_back(tensor_buffer(tensor, "buffer '" + name + "'"));
+    buffer_tensors_.push_back(tensor);
     buffer_data_.push_back(buffers.back().data);
   }
   return buffers;
@@ -340,15 +354,13 @@ void TorchAccelerator::hook_gradients() {
   }
 }
 
-void TorchAccelerator::register_checkpoint_states(torch::nn::Module& module,
+void TorchAccelerator::register_checkpoint_states(const ModuleTensors& model,
                                                   torch::optim::Optimizer& optimizer,
                                                   bool flat_state, bool sharded) {
   // Checkpoints hold the model as a LibTorch archive (loadable without accelerate-cpp)
   // instead of the Accelerator's raw parameter blob.
   set_checkpoint_parameters(false);
-  register_state(
-      "model", [&module] { return torch_state::save_module(module); },
-      [&module](const std::string& bytes) { torch_state::load_module(module, bytes); });
+  register_state("model", model.save, model.load);
   if (!flat_state) {
     // The whole LibTorch archive; under ZeRO each rank's own (its slices), so such a
     // checkpoint resumes with the same number of processes only.
@@ -550,6 +562,20 @@ void TorchAccelerator::check_gradients_unchanged_since_sync() const {
       ".grad()). Under ZeRO the optimizer steps this rank's reduced gradient slices, which such a "
       "change does not reach: clip with acc.clip_grad_norm(max_norm), which is correct under "
       "every strategy");
+}
+
+void TorchAccelerator::write_file_atomically(const std::string& path, const std::string& bytes) {
+  config::write_file_atomically(path, bytes);
+}
+
+std::vector<std::pair<std::string, at::Tensor>> TorchAccelerator::state_dict_of(
+    const torch::nn::Module& module) {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (const auto& item : module.named_parameters(/*recurse=*/true))
+    out.emplace_back(item.key(), item.value().detach().clone());
+  for (const auto& item : module.named_buffers(/*recurse=*/true))
+    out.emplace_back(item.key(), item.value().detach().clone());
+  return out;
 }
 
 TorchAccelerator::DataLoader TorchAccelerator::prepare_data_loader(torch::Tensor data,

@@ -39,6 +39,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <sstream>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -48,11 +49,14 @@
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 #include <torch/optim/schedulers/lr_scheduler.h>
+#include <torch/serialize.h>
 
 #include "accelerate/accelerator.hpp"
 #include "accelerate/torch/autocast.hpp"
 #include "accelerate/torch/data_loader.hpp"
+#include "accelerate/torch/module_tensors.hpp"
 #include "accelerate/torch/prepared_model.hpp"
+#include "accelerate/torch/prepared_script.hpp"
 
 namespace torch::autograd {
 struct Node;
@@ -153,16 +157,56 @@ class TorchAccelerator : public Accelerator {
   // ---- model and optimizer
   // Returns the same model (its parameters now synchronised and hooked), wrapped so that
   // calling it, model(x), is the forward the strategy may fan out (prepared_model.hpp), and the
-  // wrapped optimizer. One model per accelerator.
+  // wrapped optimizer. One model per accelerator. The model may be a std::shared_ptr<M> or a
+  // ModuleHolder (TORCH_MODULE types, torch::nn::Sequential) ...
   template <TorchModel Model>
   std::pair<PreparedModel<Model>, AcceleratedOptimizer&> prepare(
       Model model, torch::optim::Optimizer& optimizer) {
     AcceleratedOptimizer& wrapped = prepare_module(*model, optimizer);
     return {PreparedModel<Model>(std::move(model), *this), wrapped};
   }
+  // ... a module object of the loop's own (`Net net;`: not copied, it must outlive its use)
+  template <typename M>
+  requires std::derived_from<M, torch::nn::Module>
+      std::pair<PreparedModel<std::shared_ptr<M>>, AcceleratedOptimizer&> prepare(
+          M& module, torch::optim::Optimizer& optimizer) {
+    return prepare(std::shared_ptr<M>(&module, [](M*) {}), optimizer);  // not owned
+  }
+  // ... or a TorchScript module (torch::jit::load), frozen parts allowed (prepared_script.hpp).
+  std::pair<PreparedScriptModule, AcceleratedOptimizer&> prepare(
+      torch::jit::Module module, torch::optim::Optimizer& optimizer) {
+    AcceleratedOptimizer& wrapped = prepare_script(module, optimizer);
+    return {PreparedScriptModule(std::move(module), *this), wrapped};
+  }
   AcceleratedOptimizer& prepare_module(torch::nn::Module& module,
                                        torch::optim::Optimizer& optimizer);
-  // After prepare: the scheduler built on the prepared optimizer (its optimizer()), wrapped,
+  AcceleratedOptimizer& prepare_script(const torch::jit::Module& module,
+                                       torch::optim::Optimizer& optimizer);
+  // Accelerate's unwrap_model: the user's model behind what prepare returned.
+  template <typename Model>
+  static Model& unwrap_model(const PreparedModel<Model>& model) {
+    return model.get();
+  }
+  static torch::jit::Module& unwrap_model(const PreparedScriptModule& model) { return model.get(); }
+  // Accelerate's save: torch::save(value, path) on the main process only (written aside and
+  // renamed, so `path` is never half-written), then every rank waits for it.
+  template <typename Value>
+  void save(const Value& value, const std::string& path) {
+    if (is_main_process()) {
+      std::ostringstream bytes;
+      torch::save(value, bytes);
+      write_file_atomically(path, bytes.str());
+    }
+    wait_for_everyone();
+  }
+  // Accelerate's get_state_dict: the model's full parameters and buffers by name, copied
+  // (under ZeRO stages 1-2 every rank holds the full parameters).
+  template <typename Model>
+  std::vector<std::pair<std::string, at::Tensor>> get_state_dict(
+      const PreparedModel<Model>& model) {
+    return state_dict_of(*model.get());
+  }
+  // After prepare: the scheduler built on the prepared optimizer (or the user's own), wrapped,
   // and registered for checkpoints. One scheduler per accelerator.
   AcceleratedScheduler& prepare_scheduler(torch::optim::LRScheduler& scheduler);
   // The trainable parameters in the order the strategy knows them (module order).
@@ -242,6 +286,10 @@ class TorchAccelerator : public Accelerator {
  private:
   friend class AcceleratedOptimizer;
   class GradReadyHook;
+  // config::write_file_atomically: a temporary beside `path`, synced, renamed into place.
+  static void write_file_atomically(const std::string& path, const std::string& bytes);
+  static std::vector<std::pair<std::string, at::Tensor>> state_dict_of(
+      const torch::nn::Module& module);
   // Autograd accumulated parameter i's gradient: make sure it is (still) the bucket slot,
   // then report it ready.
   void on_grad_accumulated(std::size_t i);
@@ -249,11 +297,13 @@ class TorchAccelerator : public Accelerator {
   // filled), the buffers (buffer_tensors_); after prepare_parameters each parameter's .grad()
   // at its storage and its ready hook; then the model and optimizer states for checkpoints
   // (flat_state: the optimizer's per-parameter state in flat coordinates).
-  std::vector<ParamRef> collect_parameters(torch::nn::Module& module,
+  AcceleratedOptimizer& prepare_tensors(const ModuleTensors& model,
+                                        torch::optim::Optimizer& optimizer);
+  std::vector<ParamRef> collect_parameters(const ModuleTensors& model,
                                            torch::optim::Optimizer& optimizer);
-  std::vector<Buffer> collect_buffers(torch::nn::Module& module);
+  std::vector<Buffer> collect_buffers(const ModuleTensors& model);
   void hook_gradients();
-  void register_checkpoint_states(torch::nn::Module& module, torch::optim::Optimizer& optimizer,
+  void register_checkpoint_states(const ModuleTensors& model, torch::optim::Optimizer& optimizer,
                                   bool flat_state, bool sharded);
   // Under ZeRO: parameters into the flat buffers, the optimizer onto the slices.
   void shard_optimizer(torch::optim::Optimizer& optimizer);
