@@ -19,8 +19,9 @@
 // the loop passes shards itself and is kept; any other sampler is refused there.
 //
 // Epochs count themselves (each finished pass starts the next epoch's shuffle); set_epoch(e)
-// picks one (and reaches a kept DistributedSampler's set_epoch). Before each batch is yielded
-// the accelerator hears begin_batch(index, size()), as with the tensor loader (data_loader.hpp).
+// picks one (and reaches a kept DistributedSampler's set_epoch; the loop's own RandomSampler
+// at world 1 draws from LibTorch's generator, as in the plain loop). Before each batch is
+// yielded the accelerator hears begin_batch(index, size()), as with the tensor loader.
 
 #include <concepts>
 #include <cstddef>
