@@ -340,7 +340,8 @@ ShardedSampler Accelerator::make_sampler(std::size_t size, SamplerOptions option
                      {"the sampler's batch_size", std::to_string(options.batch_size)},
                      {"the sampler's seed", std::to_string(options.seed)},
                      {"the sampler's shuffle", options.shuffle ? "true" : "false"},
-                     {"the sampler's drop_last", options.drop_last ? "true" : "false"}},
+                     {"the sampler's drop_last", options.drop_last ? "true" : "false"},
+                     {"the sampler's even_batches", options.even_batches ? "true" : "false"}},
                     "make_sampler: ranks differ");
   return ShardedSampler(size, num_processes(), process_index(), options);
 }

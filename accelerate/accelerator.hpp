@@ -222,8 +222,8 @@ class Accelerator {
 
   // ---- data
   // This rank's share of a dataset of `size` samples (see ShardedSampler). Every rank calls
-  // it: the dataset size, batch size, seed, shuffle and drop_last must agree across ranks
-  // (else every rank throws RankMismatchError naming a rank and the value).
+  // it: the dataset size, batch size, seed, shuffle, drop_last and even_batches must agree
+  // across ranks (else every rank throws RankMismatchError naming a rank and the value).
   ShardedSampler make_sampler(std::size_t size, SamplerOptions options = {});
 
   // ---- collectives on the loop's own values (blocking)

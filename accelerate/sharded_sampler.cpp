@@ -1,5 +1,6 @@
 #include "accelerate/sharded_sampler.hpp"
 
+#include <algorithm>
 #include <numeric>
 #include <random>
 
@@ -29,12 +30,22 @@ std::vector<std::size_t> ShardedSampler::permutation() const {
   return p;
 }
 
+std::size_t ShardedSampler::tail_samples() const {
+  if (options_.drop_last || options_.even_batches) return 0;
+  const std::size_t b = options_.batch_size, global = b * std::size_t(world_size_);
+  const std::size_t rest = dataset_size_ % global, before = std::size_t(rank_) * b;
+  return rest > before ? std::min(b, rest - before) : 0;
+}
+
 std::size_t ShardedSampler::num_batches() const {
   const std::size_t global = options_.batch_size * std::size_t(world_size_);
-  return options_.drop_last ? dataset_size_ / global : (dataset_size_ + global - 1) / global;
+  if (options_.drop_last || !options_.even_batches)
+    return dataset_size_ / global + (tail_samples() > 0 ? 1 : 0);
+  return (dataset_size_ + global - 1) / global;
 }
 
 std::size_t ShardedSampler::padding() const {
+  if (!options_.even_batches) return 0;
   const std::size_t total = num_batches() * options_.batch_size * std::size_t(world_size_);
   return total > dataset_size_ ? total - dataset_size_ : 0;
 }
@@ -42,11 +53,14 @@ std::size_t ShardedSampler::padding() const {
 std::vector<std::size_t> ShardedSampler::indices() const {
   const std::vector<std::size_t> p = permutation();
   const std::size_t b = options_.batch_size, global = b * std::size_t(world_size_);
+  const std::size_t full = dataset_size_ / global, batches = num_batches();
   std::vector<std::size_t> out;
-  out.reserve(num_batches() * b);
-  for (std::size_t g = 0; g < num_batches(); ++g)
-    for (std::size_t k = 0; k < b; ++k)
+  out.reserve(batches * b);
+  for (std::size_t g = 0; g < batches; ++g) {
+    const std::size_t count = g == full && !options_.even_batches ? tail_samples() : b;
+    for (std::size_t k = 0; k < count; ++k)
       out.push_back(p[(g * global + std::size_t(rank_) * b + k) % p.size()]);  // wrap to pad
+  }
   return out;
 }
 

@@ -8,10 +8,14 @@
 // r * batch_size. So N ranks together see exactly the global batches one process with
 // batch_size * world would see, which is what makes DDP equal to single-process training.
 //
-// The tail: with drop_last the incomplete last global batch is dropped; otherwise it is
-// filled by wrapping around to the start of the permutation, so every rank gets the same
-// number of batches (no rank waits in a collective for a batch another rank lacks).
-// padding() says how many samples were repeats, so gather_for_metrics can drop them.
+// The tail: with drop_last the incomplete last global batch is dropped; otherwise, with
+// even_batches (Accelerate's default), it is filled by wrapping around to the start of the
+// permutation, so every rank gets the same number of batches (no rank waits in a collective
+// for a batch another rank lacks), and padding() says how many samples were repeats, so
+// gather_for_metrics can drop them. Without even_batches nothing repeats: rank r gets its part
+// of the last global batch as it falls (a shorter batch, or none), so ranks may differ by one
+// batch, which suits evaluation; a training step on the extra batch would wait for the ranks
+// that have none until the collective's timeout.
 
 #include <cstddef>
 #include <cstdint>
@@ -24,6 +28,7 @@ struct SamplerOptions {
   bool shuffle = true;
   std::uint64_t seed = 0;
   bool drop_last = false;
+  bool even_batches = true;  // false: no padding, ranks may get one batch fewer (see above)
 };
 
 class ShardedSampler {
@@ -36,7 +41,7 @@ class ShardedSampler {
 
   // This rank's sample indices for the epoch, batch after batch.
   std::vector<std::size_t> indices() const;
-  // Batches per rank in the epoch: the same on every rank.
+  // This rank's batches in the epoch: the same on every rank unless even_batches is false.
   std::size_t num_batches() const;
   // Samples of the whole epoch (all ranks) that repeat earlier ones to fill the last batch.
   std::size_t padding() const;
@@ -45,6 +50,9 @@ class ShardedSampler {
 
  private:
   std::vector<std::size_t> permutation() const;
+  // Without even_batches: how many of the incomplete last global batch's samples are this
+  // rank's (0 when there is none, or with drop_last).
+  std::size_t tail_samples() const;
 
   std::size_t dataset_size_;
   int world_size_;

@@ -80,3 +80,30 @@ TEST_CASE("drop_last drops the incomplete global batch; shuffling follows the ep
   CHECK(ordered.indices() == std::vector<std::size_t>{0, 1, 2, 3, 4, 0});
   CHECK_THROWS_AS(ShardedSampler(5, 2, 2), InvalidArgument);
 }
+
+TEST_CASE("without even_batches nothing repeats: the last global batch falls as it falls") {
+  // 31 samples, 3 ranks of batch 4: two full global batches of 12, then 7 left: rank 0 gets
+  // 4, rank 1 gets 3, rank 2 none.
+  const std::size_t n = 31;
+  std::vector<std::size_t> all;
+  const std::vector<std::size_t> batches = {3, 3, 2}, samples = {12, 11, 8};
+  for (int r = 0; r < 3; ++r) {
+    CAPTURE(r);
+    ShardedSampler s(n, 3, r, {.batch_size = 4, .seed = 3, .even_batches = false});
+    CHECK(s.num_batches() == batches[std::size_t(r)]);
+    CHECK(s.padding() == 0);
+    const auto mine = s.indices();
+    CHECK(mine.size() == samples[std::size_t(r)]);
+    all.insert(all.end(), mine.begin(), mine.end());
+  }
+  std::sort(all.begin(), all.end());
+  CHECK(std::adjacent_find(all.begin(), all.end()) == all.end());  // each sample once
+  CHECK(all.size() == n);
+  // drop_last still drops the incomplete global batch on every rank.
+  ShardedSampler dropped(n, 3, 0, {.batch_size = 4, .drop_last = true, .even_batches = false});
+  CHECK(dropped.num_batches() == 2);
+  // With even_batches (the default) every rank has 3 batches, 5 samples of padding in all.
+  ShardedSampler even(n, 3, 2, {.batch_size = 4});
+  CHECK(even.num_batches() == 3);
+  CHECK(even.padding() == 5);
+}

@@ -1,5 +1,7 @@
 #include "accelerate/torch/data_loader.hpp"
 
+#include <algorithm>
+
 #include <ATen/Functions.h>
 
 #include "accelerate/accelerator.hpp"
@@ -54,8 +56,10 @@ void TorchDataLoader::Iterator::load() {
   // micro-batch ends in a sync before backward's hooks fire.
   loader_->accelerator_->begin_batch(position_, loader_->size());
   const std::size_t b = loader_->sampler_.options().batch_size;
+  // The last batch is shorter without even_batches.
+  const std::size_t last = std::min((position_ + 1) * b, indices_.size());
   std::vector<std::int64_t> rows(indices_.begin() + std::ptrdiff_t(position_ * b),
-                                 indices_.begin() + std::ptrdiff_t((position_ + 1) * b));
+                                 indices_.begin() + std::ptrdiff_t(last));
   const at::Tensor index = at::tensor(rows, at::kLong);
   batch_.data =
       loader_->data_.index_select(0, index.to(loader_->data_.device())).to(loader_->device_);

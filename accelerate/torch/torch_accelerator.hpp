@@ -54,6 +54,7 @@
 #include "accelerate/accelerator.hpp"
 #include "accelerate/torch/autocast.hpp"
 #include "accelerate/torch/data_loader.hpp"
+#include "accelerate/torch/dataset_loader.hpp"
 #include "accelerate/torch/module_tensors.hpp"
 #include "accelerate/torch/prepared_model.hpp"
 #include "accelerate/torch/prepared_script.hpp"
@@ -248,6 +249,35 @@ class TorchAccelerator : public Accelerator {
   // ---- data
   DataLoader prepare_data_loader(torch::Tensor data, torch::Tensor targets,
                                  SamplerOptions options = {});
+  // Any torch::data dataset, as torch::data::make_data_loader takes it (the Sampler type
+  // defaulting to RandomSampler, "shuffle"): each rank gets its share (dataset_loader.hpp).
+  template <typename Sampler = torch::data::samplers::RandomSampler, TorchDataset Dataset>
+  DatasetLoader<Dataset> prepare_data_loader(Dataset dataset,
+                                             torch::data::DataLoaderOptions options = {},
+                                             DataLoaderConfiguration config = {}) {
+    const c10::optional<std::size_t> size = dataset.size();
+    ACCEL_CHECK_ARG(size.has_value(),
+                    "prepare_data_loader: the dataset has no size() to "
+                    "construct the Sampler from");
+    return make_dataset_loader(*this, std::move(dataset), Sampler(*size), std::move(options),
+                               config);
+  }
+  // With the loop's sampler object (a DistributedRandomSampler it built is kept).
+  template <TorchDataset Dataset, std::derived_from<torch::data::samplers::Sampler<>> Sampler>
+  DatasetLoader<Dataset> prepare_data_loader(Dataset dataset, Sampler sampler,
+                                             torch::data::DataLoaderOptions options = {},
+                                             DataLoaderConfiguration config = {}) {
+    return make_dataset_loader(*this, std::move(dataset), std::move(sampler), std::move(options),
+                               config);
+  }
+  // This rank's contiguous part of dim 0 (Accelerate's split_between_processes; uneven splits
+  // differ by one row). A token stream for a language model's BPTT windows: cut it to what
+  // the global batch uses, then batchify this rank's part as before, so every rank steps the
+  // same windows and global column j is rank j / batch's column j % batch:
+  //   tokens = tokens.narrow(0, 0, tokens.size(0) / (batch * world) * (batch * world));
+  //   auto train = batchify(acc.split_between_processes(tokens), batch);  // was: tokens
+  using Accelerator::split_between_processes;
+  torch::Tensor split_between_processes(const torch::Tensor& t) const;
 
   // ---- collectives on tensors (blocking; every rank calls them with equal shapes)
   using Accelerator::broadcast;
@@ -261,6 +291,8 @@ class TorchAccelerator : public Accelerator {
   // padding at the epoch's last batch: an evaluation epoch yields exactly the dataset's size.
   torch::Tensor gather_for_metrics(const torch::Tensor& t, const DataLoader& loader,
                                    std::size_t batch_index);
+  // The same for the batch a Dataset loader yielded last (its position is the loader's).
+  torch::Tensor gather_for_metrics(const torch::Tensor& t, const DatasetLoaderBase& loader);
   // A reduced copy (sum, avg, min, max over ranks).
   torch::Tensor reduce(const torch::Tensor& t, ReduceOp op);
   // In place, from `root` (t must be contiguous).
