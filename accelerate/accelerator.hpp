@@ -251,19 +251,19 @@ class Accelerator {
   std::pair<std::size_t, std::size_t> split_between_processes(std::size_t n) const;
 
   // ---- control flow across ranks (Accelerate's names)
-  // Logging on the main process only, so a loop needs no is_main_process() guard. Two forms
-  // (accelerate/print.hpp has the rule between them):
-  //   acc.print("step %d loss %.4f\n", step, loss);  // printf: a format and what it reads
-  //   acc.print("step ", step, " loss ", loss);      // each with <<, then a newline
-  // The streaming form ends the line as Python's print does, unless the text already ends
-  // with one. Debian 12's GCC 12 has no <format>: there is no std::format form.
-  // Training metrics: a loss is this rank's; reduce it on every rank (a collective), then
-  // print the result (main process only):
-  //   double loss_value = loss;                       // raw loop: this rank's mean loss
-  //   acc.reduce(buffer_of(std::span(&loss_value, 1)), ReduceOp::avg);
-  //   acc.print("step ", acc.step(), " loss ", loss_value);
-  // (TorchAccelerator: acc.print("loss ", acc.reduce(loss.detach(),
-  // ReduceOp::avg).item<double>()).)
+  // Logging on the main process only, so a loop needs no is_main_process() guard:
+  //   acc.print("step %d loss %.4f\n", step, loss);  // printf, when the format's conversions
+  //                                                  // read exactly the arguments
+  //   acc.print("step ", step, " loss ", loss);      // else each with <<, then a newline
+  // (accelerate/print.hpp has the rule). The streaming form ends the line as Python's print
+  // does, unless the text already ends with one. GCC 12 (Debian 12) has no <format>, so there
+  // is no std::format form.
+  // Training metrics are per rank: reduce on every rank (a collective, so never inside
+  // on_main_process), then print once:
+  //   float mean = loss;                                          // this rank's mean loss
+  //   acc.reduce(buffer_of(std::span(&mean, 1)), ReduceOp::avg);  // every rank
+  //   acc.print("step ", acc.step(), " loss ", mean);             // the main process writes
+  // TorchAccelerator: acc.print("loss ", acc.reduce(loss.detach(), ReduceOp::avg).item<float>());
   template <typename First, typename... Rest>
   void print(const First& first, const Rest&... rest) const {
     if (is_main_process()) print_detail::print_to(stdout, first, rest...);
@@ -284,9 +284,10 @@ class Accelerator {
   // same call when any rank set the trigger since, and then clears it:
   //   if (should_stop(loss)) acc.set_trigger();
   //   if (acc.check_trigger()) break;
-  // A rank that breaks alone leaves the others in their next collective: they fail after the
-  // timeout (AcceleratorOptions::timeout, ACCEL_COMM_TIMEOUT) naming the rank not heard from,
-  // and `accel launch` stops the job.
+  // A rank that breaks alone leaves the others in their next collective, which fails: after
+  // the timeout (AcceleratorOptions::timeout, ACCEL_COMM_TIMEOUT) naming the rank not heard
+  // from, or at once when it exited (shm names it; gloo sees a closed socket); `accel launch`
+  // then stops every rank.
   void set_trigger() { trigger_ = true; }
   bool check_trigger();
 

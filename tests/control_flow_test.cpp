@@ -220,7 +220,8 @@ TEST_CASE("print and on_(local_)main_process over 4 ranks on 2 machines") {
         "ends its own line\n"
         "on_main_process ran on rank 0\n"
         "on_local_main_process ran on rank 0\n"
-        "mean loss 2.5\n");  // (1 + 2 + 3 + 4) / 4: reduced on every rank, printed on one
+        "mean loss 2.5\n"  // (1 + 2 + 3 + 4) / 4: reduced on every rank, printed on one
+        "mean loss tensor 2.5\n");
   CHECK(r.workers[1].output.empty());
   CHECK(r.workers[2].output == "on_local_main_process ran on rank 2\n");
   CHECK(r.workers[3].output.empty());

@@ -104,7 +104,7 @@ int early_stop(int argc, char** argv) {
 }
 
 int print_check() {
-  Accelerator acc;
+  TorchAccelerator acc;
   const int rank = acc.process_index();
   acc.print("printf form: step %d loss %.3f\n", 3, 0.25);
   acc.print("streaming form: loss ", 0.25, " at step ", 3);
@@ -114,10 +114,13 @@ int print_check() {
   acc.on_local_main_process(
       [&] { std::printf("on_local_main_process ran on rank %d\n", acc.process_index()); });
   std::fflush(stdout);
-  // Training metrics: every rank's mean loss reduced (all ranks), printed once (main only).
+  // Training metrics (accelerator.hpp's recipe): each rank's mean loss reduced on every rank,
+  // printed once; as a raw value and as a LibTorch loss tensor.
   double loss = 1.0 + rank;
   acc.reduce(buffer_of(std::span(&loss, 1)), ReduceOp::avg);
   acc.print("mean loss ", loss);
+  const torch::Tensor loss_tensor = torch::tensor(1.0 + rank, torch::kDouble);
+  acc.print("mean loss tensor ", acc.reduce(loss_tensor.detach(), ReduceOp::avg).item<double>());
   return 0;
 }
 
