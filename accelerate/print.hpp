@@ -1,12 +1,14 @@
 #pragma once
 // Accelerator::print's two forms, framework-free (accelerator.hpp has the contract):
-//  - printf: print("step %d loss %.4f\n", step, loss), when the first argument is a format
-//    whose conversions match the other arguments one for one, as printf reads them;
-//  - streaming: print("loss ", loss, " at ", step) writes each argument with operator<<
-//    and ends the line (Python's print), unless the text already ends with one.
-// Debian 12's GCC 12 has no <format>, so a std::format form is not offered.
-// The printf form is chosen only when printf would read exactly those arguments (the check
-// below), so a streamed "100% of " never reaches printf as a format.
+//  - printf: print("step %d loss %.4f\n", step, loss), when the first argument is a C string
+//    with a '%' whose conversions read the other arguments exactly, one each of the type
+//    printf reads (%d an int, %ld a long, %zu a size_t, %f a double, %s a C string; no %n);
+//  - streaming: anything else, print("loss ", loss, " at ", step): each argument written with
+//    operator<<, then a newline (Python's print) unless the text already ends with one.
+// The check keeps printf from reading an argument that is not there or not of its type (no
+// undefined behaviour); a streamed text whose '%' happens to read its arguments exactly
+// ("50% done at ", step: "% d") is printf's, as in C. Debian 12's GCC 12 has no <format>, so
+// a std::format form is not offered.
 
 #include <cstddef>
 #include <cstdio>
