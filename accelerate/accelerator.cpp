@@ -388,12 +388,22 @@ std::pair<std::size_t, std::size_t> Accelerator::split_between_processes(std::si
   return {s.offset, s.offset + s.count};
 }
 
-void Accelerator::set_seed(std::uint64_t seed) {
+void Accelerator::set_seed(std::uint64_t seed, bool device_specific) {
   // Rank 0's seed is everyone's: a seed drawn from a clock on each rank would diverge.
   std::uint64_t value = seed;
   broadcast(Buffer{&value, 1, DType::i64, DeviceKind::cpu});
   seed_ = value;
   rng_ = rank_rng(seed_, process_index());
+  seed_generators(device_specific ? seed_ + std::uint64_t(process_index()) : seed_);
+}
+
+bool Accelerator::check_trigger() {
+  // max over ranks: 1 as soon as any rank set it, the same answer everywhere.
+  std::int64_t flag = trigger_ ? 1 : 0;
+  all_reduce_values(comm(), buffer_of(std::span(&flag, 1)), ReduceOp::max);
+  if (flag == 0) return false;
+  trigger_ = false;
+  return true;
 }
 
 void Accelerator::set_epoch(std::uint64_t epoch) {

@@ -40,10 +40,12 @@
 #include <random>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "accelerate/checkpoint.hpp"
 #include "accelerate/loss_scaler.hpp"
+#include "accelerate/print.hpp"
 #include "accelerate/process_env.hpp"
 #include "accelerate/rank_agreement.hpp"
 #include "accelerate/replicas.hpp"
@@ -243,21 +245,60 @@ class Accelerator {
   // Pads `local` with `pad` up to the longest length on any rank (so gather can follow).
   std::vector<float> pad_across_processes(std::vector<float> local, float pad = 0.0f);
   void wait_for_everyone();
-  // printf on the main process only.
-  template <typename... Args>
-  void print(const char* format, Args... args) const {
-    if (!is_main_process()) return;
-    std::printf(format, args...);
-    std::fflush(stdout);
-  }
   // Runs fn on the main process first, then on the others (e.g. a download or a cache).
   void main_process_first(const std::function<void()>& fn);
   // The contiguous part [begin, end) of [0, n) this rank takes (uneven splits allowed).
   std::pair<std::size_t, std::size_t> split_between_processes(std::size_t n) const;
 
+  // ---- control flow across ranks (Accelerate's names)
+  // Logging on the main process only, so a loop needs no is_main_process() guard:
+  //   acc.print("step %d loss %.4f\n", step, loss);  // printf, when the format's conversions
+  //                                                  // read exactly the arguments
+  //   acc.print("step ", step, " loss ", loss);      // else each with <<, then a newline
+  // (accelerate/print.hpp has the rule). The streaming form ends the line as Python's print
+  // does, unless the text already ends with one. GCC 12 (Debian 12) has no <format>, so there
+  // is no std::format form.
+  // Training metrics are per rank: reduce on every rank (a collective, so never inside
+  // on_main_process), then print once:
+  //   float mean = loss;                                          // this rank's mean loss
+  //   acc.reduce(buffer_of(std::span(&mean, 1)), ReduceOp::avg);  // every rank
+  //   acc.print("step ", acc.step(), " loss ", mean);             // the main process writes
+  // TorchAccelerator: acc.print("loss ", acc.reduce(loss.detach(), ReduceOp::avg).item<float>());
+  template <typename First, typename... Rest>
+  void print(const First& first, const Rest&... rest) const {
+    if (is_main_process()) print_detail::print_to(stdout, first, rest...);
+  }
+  // Runs fn only on the main process / on each machine's local main process (Accelerate's
+  // decorators of the same names); not a collective: the other ranks go on at once.
+  template <std::invocable F>
+  void on_main_process(F&& fn) const {
+    if (is_main_process()) std::forward<F>(fn)();
+  }
+  template <std::invocable F>
+  void on_local_main_process(F&& fn) const {
+    if (is_local_main_process()) std::forward<F>(fn)();
+  }
+  // Early stopping on a condition only some ranks see (their own loss, a NaN in their shard):
+  // the rank that sees it calls set_trigger(); every rank calls check_trigger() at the same
+  // point of the loop, a collective (one all-reduce) that returns true on every rank at the
+  // same call when any rank set the trigger since, and then clears it:
+  //   if (should_stop(loss)) acc.set_trigger();
+  //   if (acc.check_trigger()) break;
+  // A rank that breaks alone leaves the others in their next collective, which fails: after
+  // the timeout (AcceleratorOptions::timeout, ACCEL_COMM_TIMEOUT) naming the rank not heard
+  // from, or at once when it exited (shm names it; gloo sees a closed socket); `accel launch`
+  // then stops every rank.
+  void set_trigger() { trigger_ = true; }
+  bool check_trigger();
+
   // ---- randomness: the same seed on every rank (and recorded in checkpoints)
-  // Also reseeds rng() from (seed, rank).
-  void set_seed(std::uint64_t seed);
+  // Accelerate's set_seed: seeds every generator the process uses, rng() from (seed, rank)
+  // and the front end's (TorchAccelerator: LibTorch's CPU generator, and its CUDA ones when
+  // this rank computes on a GPU, as torch::manual_seed(seed) would). A collective: rank 0's
+  // seed is every rank's, so a seed drawn from a clock still agrees. device_specific: the
+  // front end's generators get seed + process_index() (different draws per rank); seed(),
+  // the sampler's and checkpoints' seed, stays the shared one. rng() is per rank either way.
+  void set_seed(std::uint64_t seed, bool device_specific = false);
   std::uint64_t seed() const { return seed_; }
   // The loop's own random engine (dropout masks, augmentation): a different stream per rank,
   // seeded by set_seed, saved per rank in checkpoints, so a resumed run draws what the
@@ -317,6 +358,9 @@ class Accelerator {
   // gradients live elsewhere (a GPU) overrides them.
   virtual bool unscale_gradients(double scale);
   virtual void discard_gradients();
+  // set_seed's part for the front end's own generators; `seed` is this rank's (seed +
+  // process_index() when device_specific). The raw API has none.
+  virtual void seed_generators(std::uint64_t /*seed*/) {}
   // For a front end (the LibTorch adapter) to set what only it knows (the replicas it made)
   // before prepare_parameters.
   StrategyOptions& strategy_options_to_prepare() { return strategy_options_; }
@@ -359,6 +403,7 @@ class Accelerator {
   std::uint64_t optimizer_steps_ = 0;          // boundaries reached
   std::uint64_t seed_ = 0;
   std::mt19937_64 rng_;
+  bool trigger_ = false;  // set_trigger() since the last check_trigger() that returned true
 
   // The loop's position: epoch_ and the batches of it done; begin_batch's batch in flight.
   std::uint64_t epoch_ = 0;

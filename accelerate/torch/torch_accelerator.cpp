@@ -15,6 +15,7 @@
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
+#include <torch/utils.h>
 
 #if ACCEL_TORCH_WITH_CUDA  // a CUDA-enabled LibTorch (accelerate/torch/CMakeLists.txt)
 #include <c10/cuda/CUDAStream.h>
@@ -226,6 +227,15 @@ TorchAccelerator::~TorchAccelerator() {
       slice.mutable_grad() = grad;
     }
   }
+}
+
+void TorchAccelerator::seed_generators(std::uint64_t seed) {
+  // torch::manual_seed asks CUDA for its device count: a CUDA runtime call that a CPU run of a
+  // CUDA-enabled LibTorch must not make (cpu_only_test's tripwire), and nothing to seed there.
+  if (device() == DeviceKind::cuda)
+    torch::manual_seed(seed);
+  else
+    torch_state::reseed_rng(torch::Device(torch::kCPU), seed);
 }
 
 torch::Device TorchAccelerator::device_for_tensors() const {

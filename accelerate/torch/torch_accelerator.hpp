@@ -309,6 +309,9 @@ class TorchAccelerator : public Accelerator {
   // fp16 loss scaling with tensor operations (the gradients may live on a GPU).
   bool unscale_gradients(double scale) override;
   void discard_gradients() override;
+  // set_seed's LibTorch part: torch::manual_seed(seed) on a GPU rank; on a CPU rank only the
+  // CPU generator (all torch::manual_seed seeds there, without its CUDA device query).
+  void seed_generators(std::uint64_t seed) override;
   // What the optimizer steps on: the full gradients (DDP), this rank's slices (ZeRO).
   std::vector<at::Tensor> optimizer_gradients() const;
   // The tensors the optimizer holds for strategy().segments(), in order (its state's keys):

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 
 #include "config/config.hpp"
@@ -19,7 +20,8 @@ launch::GroupResult run_ranks(int world, const std::string& program,
   // The store lives here, on a free port, as the launcher would host it.
   TcpStoreServer server("127.0.0.1", 0, options.store_token);
   launch::JobLayout layout;
-  layout.world_size = layout.local_world_size = world;
+  layout.world_size = world;
+  layout.local_world_size = world / std::max(options.nodes, 1);
   layout.master_addr = "127.0.0.1";
   layout.master_port = server.port();
   layout.store_token = options.store_token;
@@ -30,8 +32,9 @@ launch::GroupResult run_ranks(int world, const std::string& program,
     spec.argv.insert(spec.argv.end(), args.begin(), args.end());
     spec.label = "rank " + std::to_string(r);
     // Exactly what `accel launch` gives its workers, with the store hosted here.
+    layout.node_rank = r / layout.local_world_size;
     spec.env = launch::job_env(layout);
-    const auto ranks = launch::rank_env(layout, r);
+    const auto ranks = launch::rank_env(layout, r % layout.local_world_size);
     spec.env.insert(spec.env.end(), ranks.begin(), ranks.end());
     spec.env.emplace_back("OMP_NUM_THREADS", "1");
     spec.env.insert(spec.env.end(), options.env.begin(), options.env.end());

@@ -16,6 +16,9 @@ struct RanksOptions {
   std::chrono::milliseconds timeout{120000};             // the whole job
   std::string store_token;                               // ACCEL_STORE_TOKEN, when set
   bool stop_on_failure = true;  // false: every rank runs to its end (to see what each says)
+  // The ranks as this many machines of world / nodes ranks each (LOCAL_RANK, NODE_RANK and
+  // LOCAL_WORLD_SIZE as each machine's launcher sets them), all on this host.
+  int nodes = 1;
 };
 
 // `program` is a file name in build/bin; args follow it.
