@@ -15,6 +15,11 @@ namespace {
 
 namespace records = process_group_records;
 
+// Process groups alive in this process that talk to other processes. A second one would
+// rendezvous again on the same store and port as the first (a rank-0 server already bound,
+// keys of the first group read as the second's): refused at once instead.
+std::atomic<int> live_groups{0};
+
 constexpr Milliseconds kExitHandshakeTimeout = std::chrono::seconds(10);
 
 // Records that this rank joins `group` with `backend`; throws ConfigError when an earlier rank
@@ -60,13 +65,15 @@ Milliseconds resolve_timeout(const ProcessGroupOptions& options) {
 }
 
 ProcessGroup::ProcessGroup(ProcessEnv env, std::unique_ptr<TcpStoreServer> server, StorePtr store,
-                           CommunicatorPtr comm)
+                           CommunicatorPtr comm, bool counted)
     : env_(std::move(env)),
       server_(std::move(server)),
       store_(std::move(store)),
-      comm_(std::move(comm)) {}
+      comm_(std::move(comm)),
+      counted_(counted) {}
 
 ProcessGroup::~ProcessGroup() {
+  if (counted_) --live_groups;
   comm_.reset();
   if (!store_) return;
   try {
@@ -85,6 +92,15 @@ std::unique_ptr<ProcessGroup> init_process_group(const ProcessGroupOptions& opti
   ProcessEnv env = read_process_env();
   const std::string backend = resolve_backend(options, env);
   const Milliseconds timeout = resolve_timeout(options);
+  const bool counted = backend != "local";
+  if (counted && live_groups.load() > 0)
+    throw InvalidArgument(
+        "rank " + std::to_string(env.rank) +
+        ": a second Accelerator (or process group) in this "
+        "process while the first is alive: it would rendezvous again on the same store (" +
+        env.master_addr + ":" + std::to_string(env.master_port) + ", backend " + backend +
+        "). Create one Accelerator per process and prepare every model through it; several "
+        "prepared models per accelerator are not supported yet");
 
   std::unique_ptr<TcpStoreServer> server;
   StorePtr store;
@@ -118,8 +134,9 @@ std::unique_ptr<ProcessGroup> init_process_group(const ProcessGroupOptions& opti
   const bool loopback = env.master_addr == "localhost" || env.master_addr.starts_with("127.");
   comm_options.hostname = env_string("ACCEL_GLOO_HOSTNAME", loopback ? "127.0.0.1" : "");
   CommunicatorPtr comm = create_communicator(backend, comm_options);
+  if (counted) ++live_groups;
   return std::make_unique<ProcessGroup>(std::move(env), std::move(server), std::move(store),
-                                        std::move(comm));
+                                        std::move(comm), counted);
 }
 
 }  // namespace accel

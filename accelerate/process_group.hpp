@@ -27,8 +27,10 @@ struct ProcessGroupOptions {
 
 class ProcessGroup {
  public:
+  // `counted`: one of this process's groups that talk to other processes (at most one lives
+  // at a time; init_process_group refuses a second).
   ProcessGroup(ProcessEnv env, std::unique_ptr<TcpStoreServer> server, StorePtr store,
-               CommunicatorPtr comm);
+               CommunicatorPtr comm, bool counted = false);
   // Waits (briefly, bounded) for every rank to finish with the store before rank 0 stops
   // hosting it, so late readers are not cut off.
   ~ProcessGroup();
@@ -44,6 +46,7 @@ class ProcessGroup {
   std::unique_ptr<TcpStoreServer> server_;
   StorePtr store_;
   CommunicatorPtr comm_;
+  bool counted_ = false;
 };
 
 std::unique_ptr<ProcessGroup> init_process_group(const ProcessGroupOptions& options = {});

@@ -34,6 +34,17 @@
 
 namespace accel {
 
+// What grad_ready says when a parameter is reported twice before the sync, with the usual
+// cause and its fix (the strategies' one message).
+inline std::string ready_twice_problem(const std::string& strategy, const std::string& param) {
+  return strategy + ": the gradient of '" + param +
+         "' was reported ready twice before the gradients were synchronised: a backward ran "
+         "through the prepared model without the accelerator (loss.backward() called directly, "
+         "e.g. a second model's loss flowing through this one), and then another. Call "
+         "acc.backward(loss) for every backward through a prepared model (raw API: report each "
+         "gradient once per micro-batch, then sync_gradients())";
+}
+
 // Which strategy make_strategy builds (the config's distributed_type picks it).
 enum class StrategyKind {
   ddp,           // also the world of one and every other multi-process type

@@ -226,3 +226,19 @@ TEST_CASE("print and on_(local_)main_process over 4 ranks on 2 machines") {
   CHECK(r.workers[2].output == "on_local_main_process ran on rank 2\n");
   CHECK(r.workers[3].output.empty());
 }
+
+TEST_CASE("a second accelerator in one process is refused at construction, naming the fix") {
+  for (const char* backend : {"gloo", "shm"}) {
+    CAPTURE(backend);
+    RanksOptions options;
+    options.env = {{"ACCEL_COMM_BACKEND", backend}};
+    const auto r = run_ranks(2, "control_flow_worker", {"second_accelerator"}, options);
+    INFO(describe(r));
+    REQUIRE(r.exit_code() == 0);
+    for (const auto& w : r.workers) {
+      CHECK(w.output.find("refused: rank ") != std::string::npos);
+      CHECK(w.output.find("one Accelerator per process") != std::string::npos);
+      CHECK(w.output.find("ok the first accelerator still works") != std::string::npos);
+    }
+  }
+}

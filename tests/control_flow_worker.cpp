@@ -124,6 +124,22 @@ int print_check() {
   return 0;
 }
 
+// A second accelerator while the first lives: refused at its construction, naming the fix, and
+// the first keeps working.
+int second_accelerator() {
+  accel::TorchAccelerator first;
+  try {
+    accel::TorchAccelerator second;
+    std::printf("FAIL: a second accelerator was made\n");
+    return 1;
+  } catch (const accel::InvalidArgument& e) {
+    std::printf("refused: %s\n", e.what());
+  }
+  first.wait_for_everyone();
+  std::printf("ok the first accelerator still works\n");
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -133,6 +149,7 @@ int main(int argc, char** argv) {
     if (mode == "seed" && argc > 2) return seed_check(argc, argv);
     if (mode == "early_stop") return early_stop(argc, argv);
     if (mode == "print") return print_check();
+    if (mode == "second_accelerator") return second_accelerator();
     std::fprintf(stderr, "usage: control_flow_worker seed SEED ... | early_stop ... | print\n");
     return 2;
   } catch (const std::exception& e) {

@@ -533,6 +533,57 @@ TEST_CASE("under bf16 the prepared TorchScript module's forward autocasts, retur
   CHECK(torch::allclose(out, fp32, 0.05, 0.05));  // bf16 keeps 8 bits: about 2 digits
 }
 
+TEST_CASE("register_for_checkpointing: a model and an optimizer not prepared resume too") {
+  TempDir dir;
+  TorchAccelerator acc(local_options());
+  auto net = small_net();
+  torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1));
+  auto [model, opt] = acc.prepare(net, sgd);
+  torch::manual_seed(9);
+  auto other = torch::nn::Sequential(torch::nn::Linear(3, 2));  // a GAN's second model, say
+  torch::optim::Adam adam(other->parameters(), torch::optim::AdamOptions(0.01));
+  acc.register_for_checkpointing(other);
+  acc.register_for_checkpointing(adam);
+  adam.zero_grad();
+  other->forward(torch::randn({2, 3})).sum().backward();
+  adam.step();
+  const auto weight = other->parameters()[0].detach().clone();
+  acc.save_state(dir.file("ck"));
+  {
+    torch::NoGradGuard no_grad;
+    other->parameters()[0].zero_();
+  }
+  acc.load_state(dir.file("ck"));
+  CHECK(torch::equal(weight, other->parameters()[0].detach()));
+  CHECK(adam.state().size() == 2);  // Adam's moments came back
+  CHECK(std::filesystem::exists(dir.file("ck/state.custom_checkpoint_0")));
+}
+
+TEST_CASE("a backward outside the accelerator, then acc.backward: the error names cause and fix") {
+  for (int stage : {0, 1}) {
+    CAPTURE(stage);
+    AcceleratorOptions options = local_options();
+    if (stage > 0) {
+      options.distributed_type = "ZERO";
+      options.zero_stage = stage;
+    }
+    TorchAccelerator acc(options);
+    auto net = small_net();
+    torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1));
+    auto [model, opt] = acc.prepare(net, sgd);
+    model(torch::randn({2, 6})).sum().backward();  // as the plain loop did
+    std::string what;
+    try {
+      acc.backward(model(torch::randn({2, 6})).sum());
+    } catch (const std::exception& e) {
+      what = e.what();
+    }
+    CHECK(what.find("reported ready twice") != std::string::npos);
+    CHECK(what.find("loss.backward() called directly") != std::string::npos);
+    CHECK(what.find("acc.backward(loss)") != std::string::npos);
+  }
+}
+
 TEST_CASE("acc.save writes on the main process, whole, and plain LibTorch loads it") {
   TempDir dir;
   TorchAccelerator acc(local_options());

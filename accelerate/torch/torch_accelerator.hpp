@@ -200,6 +200,24 @@ class TorchAccelerator : public Accelerator {
     }
     wait_for_everyone();
   }
+  // Accelerate's register_for_checkpointing: something else save_state / load_state carry
+  // (a model or optimizer not prepared, a tensor): anything torch::save / torch::load take,
+  // saved from rank 0 as "state.custom_checkpoint_<i>" in registration order. Register in the same
+  // order on every rank; `object` must outlive the accelerator's use of it.
+  template <typename Object>
+  void register_for_checkpointing(Object& object) {
+    register_state(
+        "custom_checkpoint_" + std::to_string(custom_checkpoints_++),
+        [&object] {
+          std::ostringstream bytes;
+          torch::save(object, bytes);
+          return bytes.str();
+        },
+        [&object](const std::string& bytes) {
+          std::istringstream in(bytes);
+          torch::load(object, in);
+        });
+  }
   // Accelerate's get_state_dict: the model's full parameters and buffers by name, copied
   // (under ZeRO stages 1-2 every rank holds the full parameters).
   template <typename Model>
@@ -373,6 +391,7 @@ class TorchAccelerator : public Accelerator {
 
   // DataParallel: the module's replicas (torch_replicas.hpp), made at prepare.
   std::unique_ptr<TorchReplicas> replicas_;
+  int custom_checkpoints_ = 0;  // register_for_checkpointing's count
 };
 
 namespace detail {

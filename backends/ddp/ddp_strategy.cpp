@@ -112,9 +112,7 @@ void DdpStrategy::grad_ready(std::size_t index) {
   ACCEL_CHECK_ARG(index < params_.size(), "DDP: no parameter " + std::to_string(index));
   copy_into_bucket(index);
   std::lock_guard lock(mutex_);
-  if (ready_[index])
-    throw InvalidArgument("DDP: the gradient of '" + params_[index].name +
-                          "' was reported ready twice in one iteration");
+  if (ready_[index]) throw InvalidArgument(ready_twice_problem("DDP", params_[index].name));
   ready_[index] = true;
   --buckets_[bucket_of_[index]]->pending;
   launch_ready_buckets();

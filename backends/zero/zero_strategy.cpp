@@ -196,9 +196,7 @@ void ZeroStrategy::grad_ready(std::size_t index) {
   if (!sync_enabled_) return;
   ACCEL_CHECK_ARG(index < params_.size(), "ZeRO: no parameter " + std::to_string(index));
   std::lock_guard lock(mutex_);
-  if (ready_[index])
-    throw InvalidArgument("ZeRO: the gradient of '" + params_[index].name +
-                          "' was reported ready twice in one iteration");
+  if (ready_[index]) throw InvalidArgument(ready_twice_problem("ZeRO", params_[index].name));
   ready_[index] = true;
   for (std::size_t b : buckets_of_[index]) --buckets_[b].pending;
   launch_ready_buckets();
