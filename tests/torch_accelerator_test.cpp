@@ -43,6 +43,16 @@ AcceleratorOptions local_options(int accumulation = 1, const char* mixed_precisi
   return options;
 }
 
+// The world of one under DDP (stage 0) or ZeRO stage 1 or 2.
+AcceleratorOptions stage_options(int stage, int accumulation = 1) {
+  AcceleratorOptions options = local_options(accumulation);
+  if (stage > 0) {
+    options.distributed_type = "ZERO";
+    options.zero_stage = stage;
+  }
+  return options;
+}
+
 torch::nn::Sequential small_net() {
   torch::manual_seed(1);
   return torch::nn::Sequential(torch::nn::Linear(6, 8), torch::nn::ReLU(), torch::nn::Linear(8, 3));
@@ -287,11 +297,8 @@ TEST_CASE("under bf16 the prepared model's call autocasts by itself and returns 
 }
 
 TEST_CASE("under ZeRO-1 LibTorch's clip_grad_norm_ after the sync is refused, naming the fix") {
-  auto run = [](const char* distributed_type, bool libtorch_clip) {
-    AcceleratorOptions options = local_options();
-    options.distributed_type = distributed_type;
-    if (distributed_type == std::string("ZERO")) options.zero_stage = 1;
-    TorchAccelerator acc(options);
+  auto run = [](int stage, bool libtorch_clip) {
+    TorchAccelerator acc(stage_options(stage));
     auto net = small_net();
     torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1));
     auto [model, opt] = acc.prepare(net, sgd);
@@ -304,13 +311,13 @@ TEST_CASE("under ZeRO-1 LibTorch's clip_grad_norm_ after the sync is refused, na
     opt.step();
   };
   try {
-    run("ZERO", true);
+    run(1, true);
     FAIL("a change the ZeRO step would not see was accepted");
   } catch (const InvalidArgument& e) {
     CHECK(std::string(e.what()).find("acc.clip_grad_norm(max_norm)") != std::string::npos);
   }
-  CHECK_NOTHROW(run("ZERO", false));
-  CHECK_NOTHROW(run("MULTI_CPU", true));  // DDP: .grad() holds the reduced gradient
+  CHECK_NOTHROW(run(1, false));
+  CHECK_NOTHROW(run(0, true));  // DDP: .grad() holds the reduced gradient
 }
 
 // A loop written against LibTorch's own types: the optimizer as a torch::optim::Optimizer&.
@@ -328,12 +335,7 @@ TEST_CASE("the prepared optimizer is a torch::optim::Optimizer: step, zero_grad,
   for (int stage : {0, 1, 2}) {
     CAPTURE(stage);
     auto train = [stage](bool through_base) {
-      AcceleratorOptions options = local_options(2);
-      if (stage > 0) {
-        options.distributed_type = "ZERO";
-        options.zero_stage = stage;
-      }
-      TorchAccelerator acc(options);
+      TorchAccelerator acc(stage_options(stage, 2));
       auto net = small_net();
       torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
       auto [model, opt] = acc.prepare(net, sgd);
@@ -385,12 +387,7 @@ TEST_CASE("torch::save(optimizer) writes what plain LibTorch loads; refused unde
   TempDir dir;
   for (int stage : {0, 1}) {
     CAPTURE(stage);
-    AcceleratorOptions options = local_options();
-    if (stage > 0) {
-      options.distributed_type = "ZERO";
-      options.zero_stage = stage;
-    }
-    TorchAccelerator acc(options);
+    TorchAccelerator acc(stage_options(stage));
     auto net = small_net();
     torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
     auto [model, opt] = acc.prepare(net, sgd);
@@ -562,12 +559,7 @@ TEST_CASE("register_for_checkpointing: a model and an optimizer not prepared res
 TEST_CASE("a backward outside the accelerator, then acc.backward: the error names cause and fix") {
   for (int stage : {0, 1}) {
     CAPTURE(stage);
-    AcceleratorOptions options = local_options();
-    if (stage > 0) {
-      options.distributed_type = "ZERO";
-      options.zero_stage = stage;
-    }
-    TorchAccelerator acc(options);
+    TorchAccelerator acc(stage_options(stage));
     auto net = small_net();
     torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1));
     auto [model, opt] = acc.prepare(net, sgd);

@@ -32,20 +32,6 @@ AcceleratorOptions local_options(int accumulation = 1) {
   return options;
 }
 
-torch::nn::Sequential mlp() {
-  torch::manual_seed(1);
-  torch::nn::Sequential net(torch::nn::Flatten(), torch::nn::Linear(kDiskFeatures, 32),
-                            torch::nn::ReLU(), torch::nn::Linear(32, kDiskClasses));
-  net->to(torch::kDouble);
-  return net;
-}
-
-torch::Tensor flat(torch::nn::Module& m) {
-  std::vector<torch::Tensor> parts;
-  for (const auto& p : m.parameters()) parts.push_back(p.detach().flatten());
-  return torch::cat(parts);
-}
-
 // What a loop saw and where it ended.
 struct Trace {
   std::vector<torch::Tensor> data, target;
@@ -71,7 +57,7 @@ constexpr int kEpochs = 2;
 // The plain LibTorch loop.
 template <typename Sampler, typename Dataset>
 Trace train_plain(Dataset dataset, torch::data::DataLoaderOptions options) {
-  auto net = mlp();
+  auto net = disk_mlp();
   torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
   torch::manual_seed(5);
   auto loader = torch::data::make_data_loader<Sampler>(std::move(dataset), options);
@@ -84,7 +70,7 @@ Trace train_plain(Dataset dataset, torch::data::DataLoaderOptions options) {
       loss.backward();
       sgd.step();
     }
-  trace.parameters = flat(*net);
+  trace.parameters = flat_parameters(*net);
   return trace;
 }
 
@@ -92,7 +78,7 @@ Trace train_plain(Dataset dataset, torch::data::DataLoaderOptions options) {
 template <typename Sampler, typename Dataset>
 Trace train_accelerated(Dataset dataset, torch::data::DataLoaderOptions options) {
   TorchAccelerator acc(local_options());
-  auto net = mlp();
+  auto net = disk_mlp();
   torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
   auto [model, opt] = acc.prepare(net, sgd);
   torch::manual_seed(5);
@@ -107,7 +93,7 @@ Trace train_accelerated(Dataset dataset, torch::data::DataLoaderOptions options)
       opt.step();
     }
   CHECK(loader->size() == 7);  // 50 samples in batches of 8: the last one 2, not padded
-  trace.parameters = flat(*net);
+  trace.parameters = flat_parameters(*net);
   return trace;
 }
 

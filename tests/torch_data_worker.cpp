@@ -41,20 +41,6 @@ void report(bool ok, const std::string& what) {
   failures += !ok;
 }
 
-torch::nn::Sequential mlp() {
-  torch::manual_seed(1);
-  torch::nn::Sequential net(torch::nn::Flatten(), torch::nn::Linear(kDiskFeatures, 32),
-                            torch::nn::ReLU(), torch::nn::Linear(32, kDiskClasses));
-  net->to(torch::kDouble);
-  return net;
-}
-
-torch::Tensor flat(torch::nn::Module& m) {
-  std::vector<torch::Tensor> parts;
-  for (const auto& p : m.parameters()) parts.push_back(p.detach().flatten());
-  return torch::cat(parts);
-}
-
 // The samples a padded epoch reads: sample i % n at position i (Accelerate's wrap-around).
 class Wrapped : public torch::data::datasets::Dataset<Wrapped> {
  public:
@@ -115,7 +101,7 @@ int main() {
     };
 
     // ---- training against one plain process
-    auto net = mlp(), reference = mlp();
+    auto net = disk_mlp(), reference = disk_mlp();
     torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
     torch::optim::SGD ref_sgd(reference->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
     auto [model, opt] = acc.prepare(net, sgd);
@@ -141,7 +127,8 @@ int main() {
     // roundings of the 1 / rows scale; its terms (normalised randn inputs below 5,
     // activations below 25, softmax errors at most 2, weights below 1) sum well under 100.
     const auto compare = [&](const char* what) {
-      const double diff = (flat(*net) - flat(*reference)).abs().max().item<double>();
+      const double diff =
+          (flat_parameters(*net) - flat_parameters(*reference)).abs().max().item<double>();
       const double limit = reordering_bound({.lr = 0.1,
                                              .momentum = 0.9,
                                              .steps = steps,

@@ -87,4 +87,20 @@ auto jittered(D dataset) {
       .map(torch::data::transforms::Stack<>());
 }
 
+// The model both sides of the disk-dataset tests train (double, seeded), and its parameters
+// flattened for comparison.
+inline torch::nn::Sequential disk_mlp() {
+  torch::manual_seed(1);
+  torch::nn::Sequential net(torch::nn::Flatten(), torch::nn::Linear(kDiskFeatures, 32),
+                            torch::nn::ReLU(), torch::nn::Linear(32, kDiskClasses));
+  net->to(torch::kDouble);
+  return net;
+}
+
+inline torch::Tensor flat_parameters(torch::nn::Module& m) {
+  std::vector<torch::Tensor> parts;
+  for (const auto& p : m.parameters()) parts.push_back(p.detach().flatten());
+  return torch::cat(parts);
+}
+
 }  // namespace accel::test
