@@ -37,8 +37,7 @@ int main(int argc, char** argv) {
   use_omp_num_threads();
   try {
     accel::TorchAccelerator acc;
-    acc.set_seed(flags.seed);
-    torch::manual_seed(acc.seed());  // the same on every rank: dropout, and rank 0's init
+    acc.set_seed(flags.seed);  // LibTorch's generators too, the same on every rank: dropout
     const Split train = load_split(flags.data_dir, "train", flags.train_samples);
     const Split test = load_split(flags.data_dir, "t10k", flags.test_samples);
     acc.print(
