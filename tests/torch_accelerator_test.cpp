@@ -576,6 +576,26 @@ TEST_CASE("a backward outside the accelerator, then acc.backward: the error name
   }
 }
 
+TEST_CASE("a step after loss.backward() called directly is refused, not silently skipped") {
+  for (int stage : {0, 2}) {
+    CAPTURE(stage);
+    TorchAccelerator acc(stage_options(stage));
+    auto net = small_net();
+    torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1));
+    auto [model, opt] = acc.prepare(net, sgd);
+    opt.zero_grad();
+    model(torch::randn({2, 6})).sum().backward();  // as the plain loop did
+    std::string what;
+    try {
+      opt.step();
+    } catch (const InvalidArgument& e) {
+      what = e.what();
+    }
+    CHECK(what.find("loss.backward() called directly") != std::string::npos);
+    CHECK(what.find("acc.backward(loss)") != std::string::npos);
+  }
+}
+
 TEST_CASE("acc.save writes on the main process, whole, and plain LibTorch loads it") {
   TempDir dir;
   TorchAccelerator acc(local_options());

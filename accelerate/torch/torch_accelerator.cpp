@@ -1,6 +1,7 @@
 #include "accelerate/torch/torch_accelerator.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <unordered_map>
 #include <unordered_set>
@@ -95,6 +96,20 @@ class TorchAccelerator::GradReadyHook final : public torch::autograd::FunctionPo
   std::size_t index_;
 };
 
+namespace {
+// True while it lives: the gradient hooks tell acc.backward's backward from a direct one.
+class ScopedFlag {
+ public:
+  explicit ScopedFlag(std::atomic<bool>& flag) : flag_(flag) { flag_ = true; }
+  ~ScopedFlag() { flag_ = false; }
+  ScopedFlag(const ScopedFlag&) = delete;
+  ScopedFlag& operator=(const ScopedFlag&) = delete;
+
+ private:
+  std::atomic<bool>& flag_;
+};
+}  // namespace
+
 // ---- AcceleratedOptimizer
 
 namespace {
@@ -130,6 +145,7 @@ at::Tensor AcceleratedOptimizer::step(LossClosure closure) {
   at::Tensor loss;
   if (closure) loss = closure();
   step_was_skipped_ = !accelerator_.sync_gradients_happened();
+  accelerator_.check_backward_went_through_accelerator();
   if (step_was_skipped_) return loss;
   accelerator_.check_gradients_unchanged_since_sync();
   sync_learning_rates();
@@ -501,9 +517,18 @@ void TorchAccelerator::adopt_bucket_view(std::size_t i) {
 void TorchAccelerator::on_grad_accumulated(std::size_t i) {
   // Autograd adds into an existing gradient in place; it only replaces the tensor under
   // create_graph or when the user reset the gradient. Then the new values move into the slot.
+  if (!in_backward_) backward_outside_ = true;  // loss.backward() called directly
   adopt_bucket_view(i);
   grad_ready(i);
   free_released_grads();  // lent: what the strategy has copied into its buckets
+}
+
+void TorchAccelerator::check_backward_went_through_accelerator() const {
+  if (!backward_outside_) return;
+  throw InvalidArgument(
+      "optimizer step: a backward ran through the prepared model without the accelerator "
+      "(loss.backward() called directly), so its gradients were never synchronised and this "
+      "step would silently do nothing. Call acc.backward(loss) instead of loss.backward()");
 }
 
 void TorchAccelerator::zero_gradients() {
@@ -534,6 +559,7 @@ bool TorchAccelerator::backward(const torch::Tensor& loss) {
   ReplicaSet* dp = strategy().replicas();
   if (dp != nullptr) replicas_->begin_backward(*dp);
   {
+    const ScopedFlag in_backward(in_backward_);
     NoCpuAutocast no_autocast;
     const float scale = loss_scale();
     if (scale == 1.0f)
@@ -541,7 +567,10 @@ bool TorchAccelerator::backward(const torch::Tensor& loss) {
     else
       (loss * scale).backward();
   }
-  if (dp != nullptr) replicas_->backward(*dp);
+  if (dp != nullptr) {
+    const ScopedFlag in_backward(in_backward_);
+    replicas_->backward(*dp);
+  }
   synced_ = sync_gradients();
   probe_at_sync_ = synced_ && !slice_tensors_.empty() ? gradient_probe() : at::Tensor();
   free_released_grads();

@@ -33,6 +33,7 @@
 // The accelerator owns that storage: destroyed, it leaves the model plain copies (usable),
 // and under ZeRO the optimizer this rank's slices (build a new one to go on training).
 
+#include <atomic>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
@@ -372,6 +373,11 @@ class TorchAccelerator : public Accelerator {
   // probed elements as they were (clip_grad_norm_ that found nothing to clip) goes unseen.
   at::Tensor gradient_probe() const;
   void check_gradients_unchanged_since_sync() const;
+  // A gradient hook fired outside acc.backward (loss.backward() called directly): the step
+  // refuses instead of silently not stepping.
+  void check_backward_went_through_accelerator() const;
+  std::atomic<bool> in_backward_{false};
+  std::atomic<bool> backward_outside_{false};
   at::Tensor probe_at_sync_;
 
   std::vector<torch::Tensor> param_tensors_;
