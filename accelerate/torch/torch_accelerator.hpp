@@ -39,7 +39,6 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <optional>
 #include <sstream>
 #include <type_traits>
 #include <utility>

@@ -13,6 +13,8 @@
 //    chunk_rows, each replica's output becomes a leaf of the caller's graph;
 //  - backward: after the caller's backward reached those leaves, each replica's graph runs
 //    backward from its leaf's gradient on its worker.
+// Random ops (dropout) in the replicas draw from LibTorch's one CPU generator from several
+// threads at once: which replica draws which numbers is not deterministic.
 // The TorchAccelerator holds one TorchReplicas and delegates.
 
 #include <cstddef>
