@@ -162,6 +162,13 @@ void check_bf16(const Shape& shape) {
   CHECK(last < first);
 }
 
+// The three checks every program without a special case gets.
+void check_program(const Shape& shape) {
+  check_changed_lines(shape);
+  check_equivalence(shape);
+  check_bf16(shape);
+}
+
 bool gloo_missing() {
   return skip_unless(communicator_available("gloo"), "gloo communicator not built");
 }
@@ -230,9 +237,7 @@ TEST_CASE("LSTM language model: BPTT windows of a token stream, clipping, StepLR
                       return reordering_bound(
                           {.lr = 1, .steps = kSteps, .longest_sum = n, .magnitude = magnitude});
                     }};
-  check_changed_lines(shape);
-  check_equivalence(shape);
-  check_bf16(shape);
+  check_program(shape);
 }
 
 TEST_CASE("transfer learning: a frozen TorchScript backbone and a trained nn head (Adam)") {
@@ -246,9 +251,7 @@ TEST_CASE("transfer learning: a frozen TorchScript backbone and a trained nn hea
                                                     .longest_sum = longest_sum(1, 17, world),
                                                     .magnitude = 2});
                     }};
-  check_changed_lines(shape);
-  check_equivalence(shape);
-  check_bf16(shape);
+  check_program(shape);
 }
 
 TEST_CASE("a plain module object trained through train(..., torch::optim::Optimizer&)") {
@@ -263,9 +266,7 @@ TEST_CASE("a plain module object trained through train(..., torch::optim::Optimi
                                                .longest_sum = longest_sum(1, 33, world),
                                                .magnitude = 100});
                     }};
-  check_changed_lines(shape);
-  check_equivalence(shape);
-  check_bf16(shape);
+  check_program(shape);
 }
 
 TEST_CASE("early stopping on each process's own loss: set_trigger / check_trigger") {
