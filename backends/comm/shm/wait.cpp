@@ -73,12 +73,16 @@ void wait_until(Header& header, const std::function<bool()>& ready, Clock::time_
     const auto now = Clock::now();
     if (now >= deadline) {
       header.sleepers.fetch_sub(1);
+      if (ready()) return;  // completed after the look above
       throw TimeoutError("shm: " + what());
     }
     if (now >= next_check) {
       const std::string dead = dead_peer();
       if (!dead.empty()) {
         header.sleepers.fetch_sub(1);
+        // A peer may complete the operation and exit between the look above and this check
+        // (the last barrier before exit): what it finished counts.
+        if (ready()) return;
         throw CommError("shm: " + dead + " while this rank waited: " + what());
       }
       next_check = now + policy.check_interval;
