@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "accelerate/prepared_parameters.hpp"
 #include "accelerate/process_group.hpp"
 #include "backends/comm/local_communicator.hpp"
 #include "backends/optim/clip.hpp"
@@ -154,6 +155,10 @@ std::vector<AgreedValue> optimizer_agreement(const Optimizer& optimizer) {
 
 }  // namespace
 
+std::string prepared_name(const std::string& base, std::size_t model) {
+  return model == 0 ? base : base + "_" + std::to_string(model);
+}
+
 Accelerator::Accelerator(AcceleratorOptions options) : options_(std::move(options)) {
   const config::ResolvedConfig settings = resolve_settings(options_);
   accumulation_steps_ = settings.config.gradient_accumulation_steps;
@@ -201,8 +206,15 @@ Communicator& Accelerator::comm() { return group_->comm(); }
 
 void Accelerator::set_cuda_stream(DeviceStream stream) { comm().set_compute_stream(stream); }
 
-void Accelerator::prepare_parameters(std::vector<ParamRef> params, std::vector<Buffer> buffers) {
-  ACCEL_CHECK_ARG(!strategy_, "prepare_parameters: parameters were already prepared");
+void Accelerator::check_can_prepare_another() const {
+  ACCEL_CHECK_ARG(models_.empty() || strategy_options_.kind != StrategyKind::data_parallel,
+                  "prepare: DATA_PARALLEL replicates one model per accelerator, and one is "
+                  "prepared already; for several models (a GAN) use MULTI_CPU or ZERO");
+}
+
+std::size_t Accelerator::prepare_parameters(std::vector<ParamRef> params,
+                                            std::vector<Buffer> buffers) {
+  check_can_prepare_another();
   ACCEL_CHECK_ARG(int(strategy_options_.data_parallel.replica_params.size()) + 1 ==
                       strategy_options_.data_parallel.replicas,
                   "prepare: DATA_PARALLEL with " +
@@ -210,47 +222,81 @@ void Accelerator::prepare_parameters(std::vector<ParamRef> params, std::vector<B
                       " replicas needs copies of the model: prepare(model, params_of, optimizer) "
                       "(raw API) or the LibTorch adapter's prepare(model, optimizer), not "
                       "prepare(params, ...)");
+  const std::size_t index = models_.size();
   // Before any collective shaped by these values (a rank that differs would pair a broadcast
   // of other sizes): every rank learns the verdict.
   std::vector<AgreedValue> agree =
       prepare_agreement(strategy_options_, accumulation_steps_, mixed_precision_, params, buffers);
   agree.insert(agree.end(), prepare_agreement_.begin(), prepare_agreement_.end());
+  prepare_agreement_.clear();
+  if (index > 0)
+    for (AgreedValue& v : agree) v.what = prepared_name("model", index) + ": " + v.what;
   check_ranks_agree(comm(), agree, "prepare: ranks differ");
-  params_ = params;  // views, kept for save_state / load_state
-  buffers_ = buffers;
+  auto model = std::make_unique<PreparedParameters>();
+  model->index = index;
+  model->params = params;  // views, kept for save_state / load_state
+  model->buffers = buffers;
   // The world of one works where the parameters are (replica 0's GPU under DataParallel).
   if (auto* local = dynamic_cast<LocalCommunicator*>(&comm());
       local != nullptr && !params.empty() && params[0].data.device == DeviceKind::cuda)
     local->use_cuda_device(replica_cuda_device(0) >= 0 ? replica_cuda_device(0)
                                                        : current_cuda_device());
-  strategy_ = make_strategy(comm(), std::move(params), std::move(buffers), strategy_options_);
-  strategy_->prepare();
-  strategy_->set_sync_enabled(is_accumulation_boundary());
+  model->strategy = make_strategy(comm(), std::move(params), std::move(buffers), strategy_options_);
+  model->strategy->prepare();
+  model->strategy->set_sync_enabled(in_batch_again_ ? batch_boundary_ : is_accumulation_boundary());
+  models_.push_back(std::move(model));
+  return index;
 }
 
-void Accelerator::prepare(std::vector<ParamRef> params, Optimizer& optimizer,
-                          std::vector<Buffer> buffers) {
+std::size_t Accelerator::prepare(std::vector<ParamRef> params, Optimizer& optimizer,
+                                 std::vector<Buffer> buffers) {
   for (const ParamRef& p : params)
     ACCEL_CHECK_ARG(p.group < optimizer.num_groups(),
                     "prepare: parameter '" + p.name + "' is in param group " +
                         std::to_string(p.group) + ", the " + std::string(optimizer.name()) +
                         " optimizer has " + std::to_string(optimizer.num_groups()));
   agree_at_prepare(optimizer_agreement(optimizer));
-  prepare_parameters(std::move(params), std::move(buffers));
-  optimizer_ = &optimizer;
+  const std::size_t index = prepare_parameters(std::move(params), std::move(buffers));
+  models_[index]->optimizer = &optimizer;
   // save_state / load_state keep its state (optimizer_state.hpp)
   register_optimizer_state(
-      [&optimizer] { return optimizer.save_state(); },
+      index, [&optimizer] { return optimizer.save_state(); },
       [&optimizer](const std::string& bytes, const std::string&) -> std::function<void()> {
         return [&optimizer, bytes] { optimizer.load_state(bytes); };  // sizes: resharded to fit
       });
+  return index;
+}
+
+void Accelerator::keep_replicas(std::size_t model, std::unique_ptr<ReplicatedModel> replicas) {
+  models_.at(model)->replicas = std::move(replicas);
+}
+
+ReplicatedModel* Accelerator::replicas_of(std::size_t model) const {
+  return model < models_.size() ? models_[model]->replicas.get() : nullptr;
+}
+
+std::size_t Accelerator::model_index_of(const void* model) const {
+  for (const auto& m : models_)
+    if (m->replicas != nullptr && m->replicas->model() == model) return m->index;
+  ACCEL_CHECK_ARG(models_.size() <= 1,
+                  "forward_backward: with several prepared models the model must be one given "
+                  "to prepare(model, params_of, optimizer)");
+  return 0;
 }
 
 void Accelerator::optimizer_step() {
-  ACCEL_CHECK_ARG(optimizer_ != nullptr,
+  ACCEL_CHECK_ARG(!models_.empty(),
                   "optimizer_step: no optimizer prepared (prepare(params, optimizer))");
-  Strategy& s = strategy();
-  optimizer_->step(s.segments(), compute_context(comm()));  // kernels on the compute stream
+  for (std::size_t m = 0; m < models_.size(); ++m)
+    if (models_[m]->optimizer != nullptr) optimizer_step(m);
+}
+
+void Accelerator::optimizer_step(std::size_t model) {
+  Strategy& s = strategy(model);
+  Optimizer* optimizer = models_[model]->optimizer;
+  ACCEL_CHECK_ARG(optimizer != nullptr, "optimizer_step: " + prepared_name("model", model) +
+                                            " has no optimizer (prepare(params, optimizer))");
+  optimizer->step(s.segments(), compute_context(comm()));  // kernels on the compute stream
   s.after_optimizer_step();
 }
 
@@ -258,9 +304,11 @@ int Accelerator::data_parallel_replicas() const {
   return strategy_options_.data_parallel.replicas;  // 1 unless DATA_PARALLEL set it
 }
 
-Strategy& Accelerator::strategy() {
-  ACCEL_CHECK_ARG(strategy_ != nullptr, "no parameters prepared yet (prepare_parameters)");
-  return *strategy_;
+Strategy& Accelerator::strategy(std::size_t model) {
+  ACCEL_CHECK_ARG(!models_.empty(), "no parameters prepared yet (prepare_parameters)");
+  ACCEL_CHECK_ARG(model < models_.size(), "no model " + std::to_string(model) + " prepared (" +
+                                              std::to_string(models_.size()) + " are)");
+  return *models_[model]->strategy;
 }
 
 bool Accelerator::is_accumulation_boundary() const {
@@ -270,65 +318,98 @@ bool Accelerator::is_accumulation_boundary() const {
 void Accelerator::begin_batch(std::size_t batch_index, std::size_t num_batches) {
   last_batch_ = batch_index + 1 >= num_batches;
   batch_in_flight_ = {batch_index, num_batches};
-  if (strategy_) strategy_->set_sync_enabled(is_accumulation_boundary());
+  in_batch_again_ = false;
+  batch_boundary_ = is_accumulation_boundary();
+  for (auto& m : models_) m->strategy->set_sync_enabled(batch_boundary_);
 }
 
-void Accelerator::grad_ready(std::size_t index) { strategy().grad_ready(index); }
+void Accelerator::grad_ready(std::size_t model, std::size_t index) {
+  strategy(model).grad_ready(index);
+  models_[model]->reported = true;
+}
 
 float Accelerator::loss_scale() const {
   const double scale = scaler_ ? scaler_->scale() : 1.0;
   return float(scale / double(accumulation_steps_));
 }
 
+std::vector<std::size_t> Accelerator::models_to_sync() const {
+  std::vector<std::size_t> out;
+  for (const auto& m : models_)
+    if (m->reported) out.push_back(m->index);
+  if (out.empty())
+    for (const auto& m : models_) out.push_back(m->index);
+  return out;
+}
+
 bool Accelerator::sync_gradients() {
-  Strategy& s = strategy();
-  const bool boundary = is_accumulation_boundary();
+  ACCEL_CHECK_ARG(!models_.empty(), "sync_gradients: no parameters prepared yet");
+  // A further backward of begin_batch's batch (a GAN's second loss) belongs to the same
+  // micro-batch: it syncs as the first did and advances nothing.
+  const bool again = in_batch_again_;
+  const bool boundary = again ? batch_boundary_ : is_accumulation_boundary();
   step_skipped_ = false;
+  const std::vector<std::size_t> models = models_to_sync();
   // Every micro-batch: the strategies do nothing while sync is off.
-  s.sync_gradients();
-  if (boundary) {
-    if (scaler_) {
-      const double scale = scaler_->scale();  // the one this step's losses were scaled by
-      step_skipped_ = !scaler_->update(comm(), unscale_gradients(scale));
-      if (step_skipped_) discard_gradients();
-    }
-    if (!step_skipped_) ++optimizer_steps_;
-    micro_since_sync_ = 0;
-  } else {
-    ++micro_since_sync_;
+  for (std::size_t m : models) {
+    models_[m]->strategy->sync_gradients();
+    models_[m]->reported = false;
   }
-  last_batch_ = false;
-  s.set_sync_enabled(is_accumulation_boundary());  // for the next micro-batch's hooks
+  if (boundary && scaler_) {
+    const double scale = scaler_->scale();  // the one this step's losses were scaled by
+    step_skipped_ = !scaler_->update(comm(), unscale_gradients(scale, models));
+    if (step_skipped_) discard_gradients(models);
+  }
+  if (!again) {
+    if (boundary && !step_skipped_) ++optimizer_steps_;
+    micro_since_sync_ = boundary ? 0 : micro_since_sync_ + 1;
+    last_batch_ = false;
+  }
   if (batch_in_flight_) {  // this batch is done: a checkpoint now resumes at the next one
     const auto [index, count] = *batch_in_flight_;
     batch_in_flight_.reset();
+    in_batch_again_ = true;
     next_batch_ = index + 1;
     if (next_batch_ >= count) {
       ++epoch_;
       next_batch_ = 0;
     }
   }
+  // For the next micro-batch's hooks: the same batch's next backward syncs alike.
+  const bool next = in_batch_again_ ? batch_boundary_ : is_accumulation_boundary();
+  for (auto& m : models_) m->strategy->set_sync_enabled(next);
   return boundary && !step_skipped_;
 }
 
-bool Accelerator::unscale_gradients(double scale) {
+bool Accelerator::unscale_gradients(double scale, const std::vector<std::size_t>& models) {
   // What the optimizer reads: every full gradient under DDP, this rank's slices under ZeRO
   // (each rank checks its own; the scaler agrees across ranks).
   std::vector<Buffer> grads;
-  for (const ParamSegment& seg : strategy().segments()) grads.push_back(seg.grad);
+  for (std::size_t m : models)
+    for (const ParamSegment& seg : strategy(m).segments()) grads.push_back(seg.grad);
   // CPU loops or CUDA kernels (on the compute stream), per buffer
   return accel::unscale_gradients(grads, scale, compute_context(comm()));
 }
 
-void Accelerator::discard_gradients() {
+void Accelerator::discard_gradients(const std::vector<std::size_t>& models) {
   // The synchronised gradients and the loop's own buffers (where ZeRO's differ from them).
   const DeviceContext ctx = compute_context(comm());
-  for (const ParamSegment& seg : strategy().segments()) fill_zero(seg.grad, ctx);
-  for (const ParamRef& p : strategy().params()) fill_zero(p.grad, ctx);
+  for (std::size_t m : models) {
+    for (const ParamSegment& seg : strategy(m).segments()) fill_zero(seg.grad, ctx);
+    for (const ParamRef& p : strategy(m).params()) fill_zero(p.grad, ctx);
+  }
 }
 
 double Accelerator::clip_grad_norm(double max_norm) {
-  return accel::clip_grad_norm(strategy(), comm(), max_norm);
+  ACCEL_CHECK_ARG(models_.size() <= 1,
+                  "clip_grad_norm(max_norm): " + std::to_string(models_.size()) +
+                      " models are prepared; name the one to clip: clip_grad_norm(model, "
+                      "max_norm)");
+  return clip_grad_norm(0, max_norm);
+}
+
+double Accelerator::clip_grad_norm(std::size_t model, double max_norm) {
+  return accel::clip_grad_norm(strategy(model), comm(), max_norm);
 }
 
 ShardedSampler Accelerator::make_sampler(std::size_t size, SamplerOptions options) {

@@ -64,13 +64,22 @@ enum class MixedPrecision;  // config/config.hpp
 namespace accel {
 
 class ProcessGroup;
-struct FullParameters;  // accelerate/parameter_layout.hpp
+struct FullParameters;      // accelerate/parameter_layout.hpp
+struct PreparedParameters;  // accelerate/prepared_parameters.hpp: one prepared model
+
+// A checkpoint name of the model prepared `model`-th (0-based), as Accelerate numbers its
+// files: the first keeps `base` ("model"), the next ones get "_1", "_2" ("model_1").
+std::string prepared_name(const std::string& base, std::size_t model);
 
 // Whose copy of a registered state a checkpoint keeps.
 enum class StateScope {
   shared,    // equal on every rank (DDP's optimizer state): rank 0 saves it, every rank loads it
   per_rank,  // differs per rank (a shard, a per-rank RNG): each rank saves and loads its own
 };
+
+// A front end's optimizer state loader (Accelerator::register_optimizer_state).
+using OptimizerStateLoader =
+    std::function<std::function<void()>(const std::string& bytes, const std::string& where)>;
 
 struct AcceleratorOptions {
   std::optional<std::string> communicator;  // "auto", "gloo", "mpi", "nccl", "shm", "local", ...
@@ -126,17 +135,23 @@ class Accelerator {
   // First every rank checks that all ranks have the same strategy, accumulation, mixed
   // precision, parameters (count, names, dtypes, shapes, groups), buffers and optimizer
   // options; if not, every rank throws RankMismatchError naming a rank and the value.
-  void prepare_parameters(std::vector<ParamRef> params, std::vector<Buffer> buffers = {});
+  // Several models (a GAN's generator and discriminator): each call prepares one more, with a
+  // strategy (buckets, shards) of its own, and returns its index (0, 1, ...), the `model`
+  // argument of the calls below; the calls without it mean model 0. DATA_PARALLEL takes one.
+  std::size_t prepare_parameters(std::vector<ParamRef> params, std::vector<Buffer> buffers = {});
   // prepare_parameters plus a built-in optimizer (accel::Sgd, accel::AdamW; ParamRef::group
   // picks its param group): optimizer_step() then steps it on what this rank updates, and its
   // state is saved in checkpoints ("optimizer": one blob under DDP, each rank's slices under
   // ZeRO) and loads under another world size or strategy (accelerate/optimizer_state.hpp).
-  void prepare(std::vector<ParamRef> params, Optimizer& optimizer,
-               std::vector<Buffer> buffers = {});
+  std::size_t prepare(std::vector<ParamRef> params, Optimizer& optimizer,
+                      std::vector<Buffer> buffers = {});
   // At an accumulation boundary (sync_gradients() returned true), after any clipping: steps
-  // the prepared optimizer, then lets the strategy finish the step (ZeRO: all-gather).
+  // every prepared optimizer (or the one of `model`), then lets its strategy finish the step
+  // (ZeRO: all-gather).
   void optimizer_step();
-  Strategy& strategy();
+  void optimizer_step(std::size_t model);
+  Strategy& strategy(std::size_t model = 0);
+  std::size_t num_models() const { return models_.size(); }
   // What the config chose: StrategyKind ddp, zero (with the ZeRO stage) or data_parallel
   // (with the replica count).
   const StrategyOptions& strategy_options() const { return strategy_options_; }
@@ -147,13 +162,15 @@ class Accelerator {
   class GradReady {
    public:
     void operator()(std::size_t index) const {
-      if (accelerator_ != nullptr) accelerator_->grad_ready(index);
+      if (accelerator_ != nullptr) accelerator_->grad_ready(model_, index);
     }
 
    private:
     friend class Accelerator;
-    explicit GradReady(Accelerator* accelerator) : accelerator_(accelerator) {}
+    GradReady(Accelerator* accelerator, std::size_t model)
+        : accelerator_(accelerator), model_(model) {}
     Accelerator* accelerator_;
+    std::size_t model_;
   };
   // prepare(params_of(model), optimizer), and under DATA_PARALLEL also K-1 copies of the model
   // (copy-constructed now, kept in a ModelReplicas: accelerate/replicas.hpp) whose parameters
@@ -164,11 +181,14 @@ class Accelerator {
   // every copy.
   template <typename Model, typename ParamsOf>
   requires std::copy_constructible<Model> &&
-      std::is_invocable_r_v<std::vector<ParamRef>, ParamsOf&, Model&> void
-      prepare(Model& model, ParamsOf params_of, Optimizer& optimizer) {
-    replicas_ =
+      std::is_invocable_r_v<std::vector<ParamRef>, ParamsOf&, Model&>
+          std::size_t prepare(Model& model, ParamsOf params_of, Optimizer& optimizer) {
+    check_can_prepare_another();  // before copying the model
+    auto replicas =
         std::make_unique<ModelReplicas<Model>>(model, params_of, strategy_options_.data_parallel);
-    prepare(params_of(model), optimizer);
+    const std::size_t index = prepare(params_of(model), optimizer);
+    keep_replicas(index, std::move(replicas));
+    return index;
   }
   // One micro-batch's forward and backward over `rows` rows, through
   //   fn(Model& replica, size_t first_row, size_t row_count, GradReady ready) -> float
@@ -180,15 +200,18 @@ class Accelerator {
   // worker thread k (with replica k's GPU current), and the reduction weights replica k's
   // gradient by its share of the rows, so sync_gradients() leaves the gradient of the whole
   // batch's mean loss. Returns the mean loss over all rows.
+  // With several models, `model` must be one given to prepare(model, params_of, optimizer).
   template <typename Model, typename Fn>
   float forward_backward(Model& model, std::size_t rows, Fn&& fn) {
-    ReplicaSet* dp = strategy().replicas();
-    if (dp == nullptr) return float(fn(model, std::size_t{0}, rows, GradReady(this)));
-    ACCEL_CHECK_ARG(replicas_ != nullptr && static_cast<const void*>(&model) == replicas_->model(),
+    const std::size_t index = model_index_of(&model);
+    ReplicaSet* dp = strategy(index).replicas();
+    if (dp == nullptr) return float(fn(model, std::size_t{0}, rows, GradReady(this, index)));
+    ReplicatedModel* replicas = replicas_of(index);
+    ACCEL_CHECK_ARG(replicas != nullptr && static_cast<const void*>(&model) == replicas->model(),
                     "forward_backward: under DATA_PARALLEL the model must be the one given to "
                     "prepare(model, params_of, optimizer)");
-    return static_cast<ModelReplicas<Model>&>(*replicas_)
-        .forward_backward(*dp, rows, fn, GradReady(nullptr));
+    return static_cast<ModelReplicas<Model>&>(*replicas).forward_backward(
+        *dp, rows, fn, GradReady(nullptr, index));
   }
   // The replica count under DATA_PARALLEL (data_parallel_replicas, 0 resolved to the cores);
   // 1 otherwise.
@@ -203,23 +226,35 @@ class Accelerator {
   // always ends in a sync, and accumulation counts restart with the next epoch (Accelerate's
   // sync_with_dataloader). Without it, a sync happens every gradient_accumulation_steps.
   void begin_batch(std::size_t batch_index, std::size_t num_batches);
-  // From the backward pass: parameter `index`'s gradient is final for this micro-batch.
-  void grad_ready(std::size_t index);
+  // From the backward pass: parameter `index`'s gradient (of model 0, or of `model`) is final
+  // for this micro-batch.
+  void grad_ready(std::size_t index) { grad_ready(0, index); }
+  void grad_ready(std::size_t model, std::size_t index);
   // After each micro-batch's backward. Returns true at an accumulation boundary, once the
   // gradients are synchronised: the optimizer steps then. Between boundaries gradients only
   // accumulate locally (no communication) and it returns false. Under mixed_precision fp16
   // the gradients are also unscaled at the boundary; when any rank's overflowed, the step is
   // skipped on every rank: the gradients are zeroed, the scale backs off, it returns false and
   // optimizer_step_was_skipped() is true.
+  // Several models: the ones this backward reached (any grad_ready since the last sync) are
+  // synchronised, as PyTorch's DDP reduces a module whose backward ran (every model when none
+  // reported); the others keep their gradients and do not communicate. A backward through
+  // two models (a generator's loss through the discriminator) syncs both. Ranks must reach
+  // the same models (the same graph): a model only some ranks reached fails the collective
+  // after the timeout, naming the ranks not heard from.
+  // Several backwards of one batch (begin_batch, as the data loaders call it): the batch is
+  // one micro-batch; every backward of it syncs or accumulates alike.
   bool sync_gradients();
   bool optimizer_step_was_skipped() const { return step_skipped_; }
   // The fp16 loss scaler (null unless mixed_precision is fp16).
   const DynamicLossScaler* loss_scaler() const { return scaler_.get(); }
   // Accelerate's accelerator.sync_gradients: will the current micro-batch end in a sync?
   bool is_accumulation_boundary() const;
-  // Clips every gradient so their global L2 norm is at most max_norm; returns the norm
-  // before clipping (the same on every rank).
+  // Clips every gradient of the model (the one prepared, or `model` when there are several)
+  // so their global L2 norm is at most max_norm; returns the norm before clipping (the same
+  // on every rank).
   double clip_grad_norm(double max_norm);
+  double clip_grad_norm(std::size_t model, double max_norm);
   std::uint64_t step() const { return optimizer_steps_; }  // optimizer steps taken (not skipped)
 
   // ---- data
@@ -331,9 +366,10 @@ class Accelerator {
                     std::function<void(const std::string&)> load,
                     std::function<void(std::uint64_t)> reseed);
   // Every rank calls it, after an optimizer step (between accumulation steps the partly
-  // accumulated gradients would be lost, so that throws). Saves the prepared parameters and
-  // buffers (rank 0's copy: DDP replicas are equal), the step, epoch and batch position,
-  // the seed, each rank's rng() and every registered state.
+  // accumulated gradients would be lost, so that throws). Saves every prepared model's
+  // parameters and buffers (rank 0's copy: DDP replicas are equal) and optimizer state (model
+  // k > 0 under prepared_name: "parameters_1", "optimizer_1"), the step, epoch and batch
+  // position, the seed, each rank's rng() and every registered state.
   void save_state(const std::string& dir);
   // Every rank calls it, after set_seed and prepare_parameters. Reads and verifies the whole
   // checkpoint on every rank before changing anything; throws CheckpointError (naming the
@@ -352,12 +388,12 @@ class Accelerator {
   void set_checkpoint_parameters(bool on) { checkpoint_parameters_ = on; }
 
  protected:
-  // fp16 loss scaling: divides the synchronised gradients by `scale` in place and says whether
-  // they were all finite; discard_gradients() zeroes them after an overflow. These work on the
-  // CPU gradient buffers the optimizer reads (the strategy's segments); a front end whose
-  // gradients live elsewhere (a GPU) overrides them.
-  virtual bool unscale_gradients(double scale);
-  virtual void discard_gradients();
+  // fp16 loss scaling: divides the synchronised gradients of `models` by `scale` in place and
+  // says whether they were all finite; discard_gradients() zeroes them after an overflow.
+  // These work on the CPU gradient buffers the optimizer reads (the strategy's segments); a
+  // front end whose gradients live elsewhere (a GPU) overrides them.
+  virtual bool unscale_gradients(double scale, const std::vector<std::size_t>& models);
+  virtual void discard_gradients(const std::vector<std::size_t>& models);
   // set_seed's part for the front end's own generators; `seed` is this rank's (seed +
   // process_index() when device_specific). The raw API has none.
   virtual void seed_generators(std::uint64_t /*seed*/) {}
@@ -371,9 +407,11 @@ class Accelerator {
   // format for this rank's segments, resharded from whatever saved it, while load_state still
   // checks (throw from it, naming `where`, the checkpoint), and returns what applies it,
   // called after the registered states are loaded.
-  using OptimizerStateLoader =
-      std::function<std::function<void()>(const std::string& bytes, const std::string& where)>;
-  void register_optimizer_state(std::function<std::string()> save, OptimizerStateLoader load);
+  // One per prepared model: `model`'s optimizer ("optimizer", "optimizer_1", ...).
+  void register_optimizer_state(std::size_t model, std::function<std::string()> save,
+                                OptimizerStateLoader load);
+  // Throws when no other model may be prepared (DATA_PARALLEL replicates one).
+  void check_can_prepare_another() const;
   // For a front end with an optimizer of its own: values the next prepare_parameters checks
   // across ranks besides its own (the param groups' options).
   void agree_at_prepare(std::vector<AgreedValue> values) { prepare_agreement_ = std::move(values); }
@@ -383,16 +421,9 @@ class Accelerator {
   AcceleratorOptions options_;
   std::unique_ptr<ProcessGroup> group_;
   StrategyOptions strategy_options_;
-  std::unique_ptr<Strategy> strategy_;
-  Optimizer* optimizer_ = nullptr;  // prepare()'s built-in optimizer
-  // Its state (or a front end's optimizer's, register_optimizer_state) for checkpoints.
-  std::function<std::string()> save_optimizer_;
-  OptimizerStateLoader load_optimizer_;
+  // The prepared models in preparation order: each one's strategy, parameters, optimizer.
+  std::vector<std::unique_ptr<PreparedParameters>> models_;
   std::vector<AgreedValue> prepare_agreement_;  // the optimizer's, for prepare_parameters
-  std::vector<ParamRef> params_;                // as prepared, for checkpoints
-  std::vector<Buffer> buffers_;
-  // DataParallel under the raw API: prepare(model, ...)'s model and its copies.
-  std::unique_ptr<ReplicatedModel> replicas_;
   int accumulation_steps_ = 1;
   bool uses_gpu_ = false;                      // the config's choice (use_cpu false, or MULTI_GPU)
   config::MixedPrecision mixed_precision_{};   // MixedPrecision::no
@@ -401,6 +432,8 @@ class Accelerator {
   bool step_skipped_ = false;                  // the last boundary's gradients overflowed
   bool last_batch_ = false;                    // the current batch ends an epoch
   std::uint64_t optimizer_steps_ = 0;          // boundaries reached
+  bool batch_boundary_ = false;  // begin_batch's batch ends in a sync (every backward of it)
+  bool in_batch_again_ = false;  // that batch synced once: a further backward is part of it
   std::uint64_t seed_ = 0;
   std::mt19937_64 rng_;
   bool trigger_ = false;  // set_trigger() since the last check_trigger() that returned true
@@ -426,7 +459,14 @@ class Accelerator {
   // load them; copy the checked parameter bytes into the prepared parameters and buffers.
   void check_registered_states(const LoadedCheckpoint& ck) const;
   void load_registered_states(const LoadedCheckpoint& ck);
-  void copy_parameters_in(const FullParameters& values);
+  void copy_parameters_in(const PreparedParameters& model, const FullParameters& values);
+  // The raw API's models: which one `model` (an object given to prepare) is; its copies.
+  std::size_t model_index_of(const void* model) const;
+  ReplicatedModel* replicas_of(std::size_t model) const;
+  void keep_replicas(std::size_t model, std::unique_ptr<ReplicatedModel> replicas);
+  // The models sync_gradients synchronises now: those a gradient was reported for since the
+  // last sync, or every one when none was.
+  std::vector<std::size_t> models_to_sync() const;
 };
 
 }  // namespace accel

@@ -9,10 +9,13 @@
 // shared state, "state.NAME.rankR" per per-rank one; "rng.rankR", each rank's rng() in the
 // standard library's text form (register_rng's generators are per-rank states that a
 // checkpoint of another world size reseeds instead of failing). Step, epoch, batch position
-// and seed are MANIFEST fields.
+// and seed are MANIFEST fields. Model k > 0 of several has the same blobs under
+// prepared_name ("parameters_1", "parameters_1.rankR", "parameters_1.layout", "optimizer_1"),
+// its layout naming the blobs as model 0's does.
 
 #include <algorithm>
 #include <cstring>
+#include <deque>
 #include <random>
 #include <set>
 #include <sstream>
@@ -22,6 +25,7 @@
 #include "accelerate/checkpoint.hpp"
 #include "accelerate/optimizer_state.hpp"
 #include "accelerate/parameter_layout.hpp"
+#include "accelerate/prepared_parameters.hpp"
 #include "core/device_memory.hpp"
 #include "core/error.hpp"
 
@@ -35,6 +39,14 @@ constexpr const char* kRng = "rng";
 constexpr const char* kOptimizer = "optimizer";
 
 std::string state_blob(const std::string& name) { return "state." + name; }
+
+// Where model `model`'s blob `name` ("parameters", "parameters.rank1", "parameters.layout" as
+// its layout names them; "optimizer") is stored: model 0's as named, "parameters_1..." else.
+std::string model_blob(const std::string& name, std::size_t model) {
+  for (const std::string base : {kParameters, kOptimizer})
+    if (name.rfind(base, 0) == 0) return prepared_name(base, model) + name.substr(base.size());
+  return name;
+}
 
 std::span<const char> bytes_of(const Buffer& b) {
   return {static_cast<const char*>(b.data), b.bytes()};
@@ -101,21 +113,23 @@ std::uint64_t fresh_seed(std::uint64_t seed, int rank, std::uint64_t step,
 // Every prepared parameter's and buffer's saved bytes, checked against the prepared layout.
 // Whatever strategy and world size saved them: this rank's own blobs are loaded, the other
 // ranks' slices are read here (stages 1 and 2 keep every parameter on every rank).
-FullParameters read_parameters(const LoadedCheckpoint& ck, const std::vector<ParamRef>& params,
-                               const std::vector<Buffer>& buffers, int rank) {
-  const ParameterLayout layout = parse_layout(ck.shared_blob(kLayout), ck.dir + "/" + kLayout);
-  const std::string difference = layout_difference(layout, params, buffers);
+FullParameters read_parameters(const LoadedCheckpoint& ck, const PreparedParameters& model,
+                               int rank) {
+  const std::string layout_blob = model_blob(kLayout, model.index);
+  const ParameterLayout layout =
+      parse_layout(ck.shared_blob(layout_blob), ck.dir + "/" + layout_blob);
+  const std::string difference = layout_difference(layout, model.params, model.buffers);
   if (!difference.empty())
-    fail(ck, "the parameters differ from the checkpoint's (" + std::string(kLayout) +
-                 "): " + difference);
+    fail(ck, "the parameters differ from the checkpoint's (" + layout_blob + "): " + difference);
+  const std::string whole = model_blob(kParameters, model.index);
   return reassemble_parameters(
       layout,
       [&](const std::string& blob) {
-        if (blob == kParameters) return ck.shared_blob(kParameters);
+        if (blob == kParameters) return ck.shared_blob(whole);
         const std::string own = std::string(kParameters) + ".rank" + std::to_string(rank);
-        if (ck.per_rank_loaded && blob == own && ck.per_rank.count(kParameters))
-          return ck.per_rank.at(kParameters);
-        return read_blob(ck, blob);
+        if (ck.per_rank_loaded && blob == own && ck.per_rank.count(whole))
+          return ck.per_rank.at(whole);
+        return read_blob(ck, model_blob(blob, model.index));
       },
       ck.dir);
 }
@@ -123,18 +137,19 @@ FullParameters read_parameters(const LoadedCheckpoint& ck, const std::vector<Par
 // The optimizer state in Optimizer::save_state's format for this rank's segments `mine`. DDP
 // saved one blob; ZeRO one per rank. Another strategy or world size rebuilds this rank's
 // segments from all of them.
-std::string read_optimizer_state(const LoadedCheckpoint& ck,
+std::string read_optimizer_state(const LoadedCheckpoint& ck, const std::string& name,
                                  const std::vector<ParamSegment>& mine) {
-  const auto own = ck.per_rank.find(kOptimizer);
-  const bool any = std::any_of(ck.blobs.begin(), ck.blobs.end(), [](const BlobEntry& b) {
-    return b.name == kOptimizer || b.name.rfind(std::string(kOptimizer) + ".rank", 0) == 0;
+  const auto own = ck.per_rank.find(name);
+  const bool any = std::any_of(ck.blobs.begin(), ck.blobs.end(), [&](const BlobEntry& b) {
+    return b.name == name || b.name.rfind(name + ".rank", 0) == 0;
   });
   if (!any)
-    fail(ck, "has no optimizer state ('" + std::string(kOptimizer) + "' or '" + kOptimizer +
-                 ".rankR') for the prepared optimizer: saved without one, or (a LibTorch "
-                 "checkpoint) by a version that kept it only in state.optimizer[.rankR]");
-  if (ck.shared.count(kOptimizer)) {
-    const std::string& blob = ck.shared_blob(kOptimizer);
+    fail(ck, "has no optimizer state ('" + name + "' or '" + name +
+                 ".rankR') for the prepared optimizer: saved without one (or with fewer "
+                 "models), or (a LibTorch checkpoint) by a version that kept it only in "
+                 "state.optimizer[.rankR]");
+  if (ck.shared.count(name)) {
+    const std::string& blob = ck.shared_blob(name);
     return same_segments(blob, mine) ? optimizer_bytes(blob, ck.dir)
                                      : reshard_optimizer_state({blob}, mine, ck.dir);
   }
@@ -144,9 +159,9 @@ std::string read_optimizer_state(const LoadedCheckpoint& ck,
   const int world = int(ck.meta.world_size);
   for (int r = 0; r < world; ++r) {
     LoadedCheckpoint other = read_checkpoint(ck.dir, r, world);
-    const auto it = other.per_rank.find(kOptimizer);
+    const auto it = other.per_rank.find(name);
     if (it == other.per_rank.end())
-      fail(ck, "no optimizer state (" + std::string(kOptimizer) + ".rank" + std::to_string(r) +
+      fail(ck, "no optimizer state (" + name + ".rank" + std::to_string(r) +
                    ") for the prepared optimizer");
     blobs.push_back(std::move(it->second));
   }
@@ -180,14 +195,17 @@ void Accelerator::register_state(std::string name, std::function<std::string()> 
   states_.push_back({std::move(name), std::move(save), std::move(load), scope, {}});
 }
 
-void Accelerator::register_optimizer_state(std::function<std::string()> save,
+void Accelerator::register_optimizer_state(std::size_t model, std::function<std::string()> save,
                                            OptimizerStateLoader load) {
   ACCEL_CHECK_ARG(save && load, "register_optimizer_state: save and load must be set");
-  ACCEL_CHECK_ARG(!save_optimizer_,
-                  "register_optimizer_state: an optimizer's state is already "
-                  "registered (one optimizer per accelerator)");
-  save_optimizer_ = std::move(save);
-  load_optimizer_ = std::move(load);
+  ACCEL_CHECK_ARG(model < models_.size(),
+                  "register_optimizer_state: no model " + std::to_string(model) + " prepared");
+  PreparedParameters& m = *models_[model];
+  ACCEL_CHECK_ARG(!m.save_optimizer, "register_optimizer_state: " + prepared_name("model", model) +
+                                         "'s optimizer state is already registered (one "
+                                         "optimizer per model)");
+  m.save_optimizer = std::move(save);
+  m.load_optimizer = std::move(load);
 }
 
 void Accelerator::register_rng(std::string name, std::function<std::string()> save,
@@ -210,30 +228,33 @@ void Accelerator::save_state(const std::string& dir) {
   contents.meta.seed = seed_;
 
   // Strings the blob views point into; a deque would do too, but the count is known.
-  std::vector<std::string> owned;
-  owned.reserve(states_.size() + 3);
-  HostParameters staged;  // the parameters' values in host memory, which the blobs point into
-  if (checkpoint_parameters_ && strategy_) {
+  // Strings and host copies the blob views point into (a deque keeps them in place).
+  std::deque<std::string> owned;
+  std::deque<HostParameters> staged;  // the parameters' values in host memory
+  for (const auto& model : models_) {
+    if (!checkpoint_parameters_) break;
+    Strategy& strategy = *model->strategy;
     // ZeRO: each rank writes its slice of the flat buffers (stages 1 and 2 replicate the
     // parameters, but a rank's slice is what it updated and what stage 3 will hold alone).
-    const bool sharded = strategy_->gradients_sharded();
+    const bool sharded = strategy.gradients_sharded();
     // GPU parameters are copied to host memory first (CPU ones are written from where they are).
-    staged = host_parameters(params_, buffers_, compute_context(comm()),
-                             "save_state: rank " + std::to_string(process_index()) +
-                                 " copying the parameters from the GPU");
+    const HostParameters& host =
+        staged.emplace_back(host_parameters(model->params, model->buffers, compute_context(comm()),
+                                            "save_state: rank " + std::to_string(process_index()) +
+                                                " copying the parameters from the GPU"));
     const ParameterLayout layout = describe_parameters(
-        staged.params, staged.buffers, std::string(strategy_->name()), num_processes(), sharded);
+        host.params, host.buffers, std::string(strategy.name()), num_processes(), sharded);
     if (is_main_process()) {
-      contents.shared.push_back(
-          {kParameters, blob_pieces(layout, kParameters, staged.params, staged.buffers)});
+      contents.shared.push_back({model_blob(kParameters, model->index),
+                                 blob_pieces(layout, kParameters, host.params, host.buffers)});
       owned.push_back(format_layout(layout));
-      contents.shared.push_back({kLayout, {bytes_of(owned.back())}});
+      contents.shared.push_back({model_blob(kLayout, model->index), {bytes_of(owned.back())}});
     }
     if (sharded)
       contents.per_rank.push_back(
-          {kParameters,
+          {model_blob(kParameters, model->index),
            blob_pieces(layout, std::string(kParameters) + ".rank" + std::to_string(process_index()),
-                       staged.params, staged.buffers)});
+                       host.params, host.buffers)});
   }
   for (const RegisteredState& s : states_) {
     const bool mine = s.scope == StateScope::per_rank;
@@ -242,13 +263,13 @@ void Accelerator::save_state(const std::string& dir) {
     (mine ? contents.per_rank : contents.shared)
         .push_back({state_blob(s.name), {bytes_of(owned.back())}});
   }
-  if (save_optimizer_ && strategy_) {
-    const bool sharded = strategy_->gradients_sharded();
-    if (sharded || is_main_process()) {
-      owned.push_back(pack_optimizer_state(save_optimizer_(), strategy_->segments()));
-      (sharded ? contents.per_rank : contents.shared)
-          .push_back({kOptimizer, {bytes_of(owned.back())}});
-    }
+  for (const auto& model : models_) {
+    if (!model->save_optimizer) continue;
+    const bool sharded = model->strategy->gradients_sharded();
+    if (!sharded && !is_main_process()) continue;
+    owned.push_back(pack_optimizer_state(model->save_optimizer(), model->strategy->segments()));
+    (sharded ? contents.per_rank : contents.shared)
+        .push_back({model_blob(kOptimizer, model->index), {bytes_of(owned.back())}});
   }
   std::ostringstream rng_text;
   rng_text << rng_;
@@ -266,16 +287,19 @@ void Accelerator::load_state(const std::string& dir) {
   // Everything checked (and parsed) before anything is applied; the ranks agree on it.
   std::string error;
   std::mt19937_64 restored_rng;
-  std::function<void()> apply_optimizer_state;
-  FullParameters values;  // every parameter's and buffer's saved bytes
+  std::vector<std::function<void()>> apply_optimizer_states;
+  std::vector<FullParameters> values;  // every model's parameters' and buffers' saved bytes
   try {
-    if (checkpoint_parameters_ && strategy_)
-      values = read_parameters(ck, params_, buffers_, process_index());
-    else if (checkpoint_parameters_ && ck.shared.count(kParameters))
+    for (const auto& model : models_) {
+      if (checkpoint_parameters_) values.push_back(read_parameters(ck, *model, process_index()));
+      if (model->load_optimizer)
+        apply_optimizer_states.push_back(
+            model->load_optimizer(read_optimizer_state(ck, model_blob(kOptimizer, model->index),
+                                                       model->strategy->segments()),
+                                  ck.dir));
+    }
+    if (checkpoint_parameters_ && models_.empty() && ck.shared.count(kParameters))
       fail(ck, "has parameters but none were prepared: call prepare_parameters before load_state");
-    if (load_optimizer_ && strategy_)
-      apply_optimizer_state =
-          load_optimizer_(read_optimizer_state(ck, strategy_->segments()), ck.dir);
     check_registered_states(ck);
     if (!same_world && meta.batch != 0)
       fail(ck, "saved mid-epoch (epoch " + std::to_string(meta.epoch) + ", batch " +
@@ -297,25 +321,30 @@ void Accelerator::load_state(const std::string& dir) {
 
   // Apply: registered states first (user code that may throw), then what cannot fail.
   load_registered_states(ck);
-  if (checkpoint_parameters_ && strategy_) copy_parameters_in(values);  // sizes checked above
+  for (std::size_t m = 0; m < values.size(); ++m)
+    copy_parameters_in(*models_[m], values[m]);  // sizes checked above
   // Parameters changed from outside (the blob above, or a front end's registered model
   // state): ZeRO's flat copy follows.
-  if (strategy_) strategy_->reload_parameters();
-  if (apply_optimizer_state) apply_optimizer_state();
+  for (const auto& model : models_) model->strategy->reload_parameters();
+  for (const auto& apply : apply_optimizer_states) apply();
   optimizer_steps_ = meta.step;
   micro_since_sync_ = 0;
   last_batch_ = false;
   batch_in_flight_.reset();
+  in_batch_again_ = false;
   epoch_ = resume_epoch_ = meta.epoch;
   next_batch_ = resume_batch_ = meta.batch;
   seed_ = meta.seed;
   rng_ = restored_rng;
-  if (strategy_) strategy_->set_sync_enabled(is_accumulation_boundary());
+  for (const auto& model : models_) model->strategy->set_sync_enabled(is_accumulation_boundary());
 }
 
 void Accelerator::check_registered_states(const LoadedCheckpoint& ck) const {
   const bool same_world = ck.per_rank_loaded;
-  std::set<std::string> known = {kParameters, kLayout, kOptimizer};
+  std::set<std::string> known;
+  for (std::size_t m = 0; m < std::max<std::size_t>(models_.size(), 1); ++m)
+    for (const std::string name : {kParameters, kLayout, kOptimizer})
+      known.insert(model_blob(name, m));
   for (const RegisteredState& s : states_) {
     known.insert(state_blob(s.name));
     if (s.scope == StateScope::shared) {
@@ -344,17 +373,18 @@ void Accelerator::load_registered_states(const LoadedCheckpoint& ck) {
   }
 }
 
-void Accelerator::copy_parameters_in(const FullParameters& values) {
+void Accelerator::copy_parameters_in(const PreparedParameters& model,
+                                     const FullParameters& values) {
   // Into CPU or GPU memory; GPU copies are queued on the compute stream (from pageable
   // memory CUDA stages them before returning), ahead of the strategy's reload.
   const DeviceStream stream = comm().compute_stream();
   auto host = [](const std::string& bytes, const Buffer& like) {
     return Buffer{const_cast<char*>(bytes.data()), like.count, like.dtype, DeviceKind::cpu};
   };
-  for (std::size_t i = 0; i < params_.size(); ++i)
-    copy_buffer(params_[i].data, host(values.params[i], params_[i].data), stream);
-  for (std::size_t i = 0; i < buffers_.size(); ++i)
-    copy_buffer(buffers_[i], host(values.buffers[i], buffers_[i]), stream);
+  for (std::size_t i = 0; i < model.params.size(); ++i)
+    copy_buffer(model.params[i].data, host(values.params[i], model.params[i].data), stream);
+  for (std::size_t i = 0; i < model.buffers.size(); ++i)
+    copy_buffer(model.buffers[i], host(values.buffers[i], model.buffers[i]), stream);
 }
 
 }  // namespace accel

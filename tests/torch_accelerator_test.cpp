@@ -633,12 +633,12 @@ TEST_CASE("the adapter unscales the bucket gradients and finds an overflow") {
   auto [model, opt] = acc.prepare(net, sgd);
   const auto& params = acc.prepared_parameters();
   for (const auto& p : params) p.grad().fill_(8.0);
-  CHECK(acc.unscale_gradients(4.0));
+  CHECK(acc.unscale_gradients(4.0, {0}));
   for (const auto& p : params) CHECK(torch::all(p.grad() == 2.0).item<bool>());
   params[1].grad()[0] = std::numeric_limits<float>::infinity();
-  CHECK_FALSE(acc.unscale_gradients(4.0));
+  CHECK_FALSE(acc.unscale_gradients(4.0, {0}));
   CHECK(torch::all(params[0].grad() == 2.0).item<bool>());  // nothing divided after an overflow
-  acc.discard_gradients();
+  acc.discard_gradients({0});
   for (const auto& p : params) CHECK(torch::all(p.grad() == 0.0).item<bool>());
 }
 

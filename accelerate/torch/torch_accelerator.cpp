@@ -22,6 +22,7 @@
 #include <c10/cuda/CUDAStream.h>
 #endif
 
+#include "accelerate/torch/prepared_tensors.hpp"
 #include "accelerate/torch/tensor_buffer.hpp"
 #include "accelerate/torch/torch_optimizer_state.hpp"
 #include "accelerate/torch/torch_replicas.hpp"
@@ -40,61 +41,7 @@ at::Tensor communicable(const at::Tensor& t) {
   return to_dtype(c.scalar_type()) ? c : c.to(at::kInt);
 }
 
-// A param group's hyperparameters by name, for the check that every rank has the same: all of
-// them for the optimizers whose options the checkpoints know, the learning rate for others.
-std::vector<std::pair<std::string, double>> group_options(const torch::optim::OptimizerOptions& o) {
-  using namespace torch::optim;
-  if (const auto* sgd = dynamic_cast<const SGDOptions*>(&o))
-    return {{"lr", sgd->lr()},
-            {"momentum", sgd->momentum()},
-            {"dampening", sgd->dampening()},
-            {"weight_decay", sgd->weight_decay()},
-            {"nesterov", sgd->nesterov() ? 1.0 : 0.0}};
-  const auto adam_like = [](const auto& a) -> std::vector<std::pair<std::string, double>> {
-    return {
-        {"lr", a.lr()},   {"beta1", std::get<0>(a.betas())},  {"beta2", std::get<1>(a.betas())},
-        {"eps", a.eps()}, {"weight_decay", a.weight_decay()}, {"amsgrad", a.amsgrad() ? 1.0 : 0.0}};
-  };
-  if (const auto* adam = dynamic_cast<const AdamOptions*>(&o)) return adam_like(*adam);
-  if (const auto* adamw = dynamic_cast<const AdamWOptions*>(&o)) return adam_like(*adamw);
-  try {
-    return {{"lr", o.get_lr()}};
-  } catch (const std::exception&) {  // an OptimizerOptions of one's own without get_lr
-    return {};
-  }
-}
-
-std::vector<AgreedValue> optimizer_agreement(const torch::optim::Optimizer& optimizer) {
-  const auto& groups = optimizer.param_groups();
-  std::vector<AgreedValue> v = {{"optimizer param groups", std::to_string(groups.size())}};
-  for (std::size_t g = 0; g < groups.size(); ++g) {
-    const std::string group = "param group " + std::to_string(g);
-    v.push_back({group + " parameters", std::to_string(groups[g].params().size())});
-    if (groups[g].has_options())
-      for (const auto& [key, value] : group_options(groups[g].options()))
-        v.push_back({group + " " + key, exact_text(value)});
-  }
-  return v;
-}
-
 }  // namespace
-
-// Runs after AccumulateGrad has added a micro-batch's gradient into param.grad() (PyTorch's
-// DDP reducer hooks the same node): the earliest moment the gradient is final.
-class TorchAccelerator::GradReadyHook final : public torch::autograd::FunctionPostHook {
- public:
-  GradReadyHook(TorchAccelerator& accelerator, std::size_t index)
-      : accelerator_(accelerator), index_(index) {}
-  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
-                                            const torch::autograd::variable_list&) override {
-    accelerator_.on_grad_accumulated(index_);
-    return outputs;
-  }
-
- private:
-  TorchAccelerator& accelerator_;
-  std::size_t index_;
-};
 
 namespace {
 // True while it lives: the gradient hooks tell acc.backward's backward from a direct one.
@@ -109,98 +56,6 @@ class ScopedFlag {
   std::atomic<bool>& flag_;
 };
 }  // namespace
-
-// ---- AcceleratedOptimizer
-
-namespace {
-// The user's groups over aliases of the model's parameters (same storage, own TensorImpl, so
-// their .grad() is ours to show or hide), with the user's options.
-std::vector<torch::optim::OptimizerParamGroup> alias_groups(
-    const torch::optim::Optimizer& optimizer, const std::vector<std::vector<at::Tensor>>& groups) {
-  std::vector<torch::optim::OptimizerParamGroup> out;
-  for (std::size_t g = 0; g < groups.size(); ++g) {
-    std::vector<at::Tensor> params;
-    for (const at::Tensor& p : groups[g])
-      params.push_back(p.detach().requires_grad_(p.requires_grad()));
-    out.emplace_back(std::move(params), optimizer.param_groups()[g].options().clone());
-  }
-  return out;
-}
-}  // namespace
-
-AcceleratedOptimizer::AcceleratedOptimizer(TorchAccelerator& accelerator,
-                                           torch::optim::Optimizer& optimizer,
-                                           const std::vector<std::vector<at::Tensor>>& groups)
-    : torch::optim::Optimizer(alias_groups(optimizer, groups), optimizer.defaults().clone()),
-      accelerator_(accelerator),
-      optimizer_(optimizer) {
-  for (std::size_t g = 0; g < groups.size(); ++g)
-    for (std::size_t k = 0; k < groups[g].size(); ++k)
-      aliases_.emplace_back(param_groups()[g].params()[k], groups[g][k]);
-  for (const auto& group : param_groups()) synced_lr_.push_back(group.options().get_lr());
-  show_gradients(true);
-}
-
-at::Tensor AcceleratedOptimizer::step(LossClosure closure) {
-  at::Tensor loss;
-  if (closure) loss = closure();
-  step_was_skipped_ = !accelerator_.sync_gradients_happened();
-  accelerator_.check_backward_went_through_accelerator();
-  if (step_was_skipped_) return loss;
-  accelerator_.check_gradients_unchanged_since_sync();
-  sync_learning_rates();
-  optimizer_.step();
-  accelerator_.strategy().after_optimizer_step();  // ZeRO: all-gather the parameters
-  return loss;
-}
-
-void AcceleratedOptimizer::zero_grad() {
-  if (!accelerator_.accumulating()) accelerator_.zero_gradients();
-}
-
-void AcceleratedOptimizer::sync_learning_rates() {
-  auto& inner = optimizer_.param_groups();
-  for (std::size_t g = 0; g < synced_lr_.size() && g < inner.size(); ++g) {
-    auto& ours = param_groups()[g].options();
-    auto& theirs = inner[g].options();
-    if (ours.get_lr() != synced_lr_[g])
-      theirs.set_lr(ours.get_lr());
-    else if (theirs.get_lr() != synced_lr_[g])
-      ours.set_lr(theirs.get_lr());
-    synced_lr_[g] = ours.get_lr();
-  }
-}
-
-void AcceleratedOptimizer::show_gradients(bool at_boundary) {
-  for (auto& [alias, param] : aliases_)
-    alias.mutable_grad() = at_boundary ? param.grad() : at::Tensor();
-}
-
-void AcceleratedOptimizer::save(torch::serialize::OutputArchive& archive) const {
-  if (accelerator_.sharded_optimizer_ != nullptr)
-    throw InvalidArgument(
-        "torch::save(optimizer) under ZeRO: each rank's optimizer holds only its slices, which "
-        "plain LibTorch cannot load. Save with acc.save_state(dir) (it resumes at any number of "
-        "processes), and get plain weights with `accel merge-weights`");
-  const_cast<AcceleratedOptimizer*>(this)->sync_learning_rates();
-  optimizer_.save(archive);
-}
-
-void AcceleratedOptimizer::load(torch::serialize::InputArchive& archive) {
-  ACCEL_CHECK_ARG(accelerator_.sharded_optimizer_ == nullptr,
-                  "torch::load(optimizer) under ZeRO: load with acc.load_state(dir)");
-  optimizer_.load(archive);
-  for (std::size_t g = 0; g < synced_lr_.size(); ++g) {
-    synced_lr_[g] = optimizer_.param_groups()[g].options().get_lr();
-    param_groups()[g].options().set_lr(synced_lr_[g]);
-  }
-}
-
-// ---- AcceleratedScheduler
-
-void AcceleratedScheduler::step() {
-  if (!optimizer_.step_was_skipped()) scheduler_.step();
-}
 
 // ---- TorchAccelerator
 
@@ -222,22 +77,24 @@ TorchAccelerator::TorchAccelerator(AcceleratorOptions options) : Accelerator(std
 
 TorchAccelerator::~TorchAccelerator() {
   // The hooks point at this object and the gradients into its buckets: detach both so the
-  // model outlives the accelerator safely.
-  for (std::size_t i = 0; i < accumulators_.size(); ++i)
-    accumulators_[i]->del_post_hook(hook_keys_[i]);
-  for (std::size_t i = 0; i < grad_views_.size(); ++i) {
-    at::Tensor& grad = param_tensors_[i].mutable_grad();
-    if (grad.defined() && grad_views_[i].defined() && grad.data_ptr() == grad_views_[i].data_ptr())
-      grad = grad.clone();
-  }
-  if (sharded_optimizer_) {
+  // models outlive the accelerator safely.
+  for (const auto& model : prepared_) {
+    for (std::size_t i = 0; i < model->accumulators.size(); ++i)
+      model->accumulators[i]->del_post_hook(model->hook_keys[i]);
+    for (std::size_t i = 0; i < model->grad_views.size(); ++i) {
+      at::Tensor& grad = model->params[i].mutable_grad();
+      const at::Tensor& view = model->grad_views[i];
+      if (grad.defined() && view.defined() && grad.data_ptr() == view.data_ptr())
+        grad = grad.clone();
+    }
+    if (!model->sharded_optimizer) continue;
     // The parameters' values and the optimizer's slices live in the strategy's buffers: give
     // each tensor (the same TensorImpl the model and the optimizer hold) its own copy. The
     // optimizer itself may already be gone (declared after the accelerator), so it is not
     // touched: its groups keep the (now self-owned) slices.
     torch::NoGradGuard no_grad;
-    for (at::Tensor& p : param_tensors_) p.set_data(p.detach().clone());
-    for (at::Tensor& slice : slice_tensors_) {
+    for (at::Tensor& p : model->params) p.set_data(p.detach().clone());
+    for (at::Tensor& slice : model->slices) {
       at::Tensor grad = slice.grad().defined() ? slice.grad().clone() : at::Tensor();
       slice.set_data(slice.detach().clone());
       slice.mutable_grad() = grad;
@@ -260,160 +117,6 @@ torch::Device TorchAccelerator::device_for_tensors() const {
   return torch::Device(torch::kCPU);
 }
 
-// The steps are prepare_module's helpers below; in order: what the strategy gets, the
-// replicas, the strategy, the gradients' storage and hooks, ZeRO's slices, the checkpoints.
-AcceleratedOptimizer& TorchAccelerator::prepare_module(torch::nn::Module& module,
-                                                       torch::optim::Optimizer& optimizer) {
-  return prepare_tensors(module_tensors(module), optimizer);
-}
-
-AcceleratedOptimizer& TorchAccelerator::prepare_script(const torch::jit::Module& module,
-                                                       torch::optim::Optimizer& optimizer) {
-  ACCEL_CHECK_ARG(data_parallel_replicas() == 1,
-                  "prepare: DATA_PARALLEL replicates a torch::nn::Module (module->clone()); a "
-                  "TorchScript module cannot be cloned into replicas: use MULTI_CPU or ZERO");
-  return prepare_tensors(module_tensors(module), optimizer);
-}
-
-AcceleratedOptimizer& TorchAccelerator::prepare_tensors(const ModuleTensors& model,
-                                                        torch::optim::Optimizer& optimizer) {
-  ACCEL_CHECK_ARG(!optimizer_, "prepare: a model was already prepared (one per accelerator)");
-  std::vector<ParamRef> refs = collect_parameters(model, optimizer);
-  std::vector<Buffer> buffers = collect_buffers(model);
-  // On a GPU the loop computes on LibTorch's current stream of the parameters' device: the
-  // communicator orders its collectives and the strategies their copies against it. Debian's
-  // LibTorch is CPU-only, so this is compiled only against a CUDA-enabled one; without it the
-  // compute stream stays the legacy default stream, which is LibTorch's default stream too.
-#if ACCEL_TORCH_WITH_CUDA
-  if (!param_tensors_.empty() && param_tensors_[0].is_cuda())
-    set_cuda_stream(c10::cuda::getCurrentCUDAStream(param_tensors_[0].device().index()).stream());
-#endif
-  // DATA_PARALLEL's copies (none for one replica)
-  if (model.module != nullptr)
-    replicas_ = std::make_unique<TorchReplicas>(*model.module, refs.size(),
-                                                strategy_options_to_prepare().data_parallel);
-  agree_at_prepare(optimizer_agreement(optimizer));
-  const std::size_t ungrouped = optimizer.param_groups().size();
-  std::vector<std::string> names;
-  for (const ParamRef& r : refs) names.push_back(r.group == ungrouped ? r.name : std::string());
-  prepare_parameters(std::move(refs), std::move(buffers));  // broadcasts from rank 0
-  const bool sharded = strategy().gradients_sharded();
-  for (const std::string& name : names)
-    ACCEL_CHECK_ARG(!sharded || name.empty(),
-                    "prepare: parameter '" + name +
-                        "' is in no param group of the optimizer; under ZeRO the optimizer "
-                        "owns every trainable parameter's slice");
-  hook_gradients();
-  // Asked while the param groups still hold the parameters themselves.
-  const bool flat_state = torch_optimizer_state::unsupported_reason(optimizer).empty();
-  std::vector<std::vector<at::Tensor>> groups;  // as the model holds them, before ZeRO's slices
-  for (const auto& group : optimizer.param_groups()) groups.push_back(group.params());
-  if (sharded) shard_optimizer(optimizer);
-  if (strategy().replicas() != nullptr) replicas_->attach(strategy());
-  optimizer_.reset(new AcceleratedOptimizer(*this, optimizer, groups));
-  register_checkpoint_states(model, optimizer, flat_state, sharded);
-  return *optimizer_;
-}
-
-std::vector<ParamRef> TorchAccelerator::collect_parameters(const ModuleTensors& model,
-                                                           torch::optim::Optimizer& optimizer) {
-  // ZeRO lays out one flat buffer per optimizer param group (and dtype).
-  std::unordered_map<const void*, std::size_t> group_of;
-  for (std::size_t g = 0; g < optimizer.param_groups().size(); ++g)
-    for (const at::Tensor& p : optimizer.param_groups()[g].params())
-      group_of.emplace(p.unsafeGetTensorImpl(), g);
-  std::vector<ParamRef> refs;
-  std::unordered_set<const void*> seen;
-  for (const auto& [name, p] : model.trainable) {
-    seen.insert(p.unsafeGetTensorImpl());
-    const Buffer data = tensor_buffer(p, "parameter '" + name + "'");
-    const auto group = group_of.find(p.unsafeGetTensorImpl());
-    // Gradients asked of the strategy (backend.hpp's contract): its slots (DDP, ZeRO-1,
-    // DataParallel), or autograd's own, lent to it (ZeRO-2).
-    // The param group is ZeRO's flat buffer and, under every strategy, the coordinates the
-    // optimizer state is saved in; a parameter the optimizer does not hold (DDP only) gets a
-    // group of its own, which has no state.
-    refs.push_back({name, data, gradient_wanted(data),
-                    group != group_of.end() ? group->second : optimizer.param_groups().size(),
-                    p.sizes().vec()});
-    param_tensors_.push_back(p);
-  }
-  for (const auto& group : optimizer.param_groups())
-    for (const at::Tensor& p : group.params())
-      ACCEL_CHECK_ARG(seen.count(p.unsafeGetTensorImpl()),
-                      "prepare: the optimizer holds a parameter that is not a trainable "
-                      "parameter of the model, so its gradient would never be synchronised");
-  return refs;
-}
-
-std::vector<Buffer> TorchAccelerator::collect_buffers(const ModuleTensors& model) {
-  std::vector<Buffer> buffers;
-  for (const auto& [name, tensor] : model.buffers) {
-    buffers.push_back(tensor_buffer(tensor, "buffer '" + name + "'"));
-    buffer_tensors_.push_back(tensor);
-    buffer_data_.push_back(buffers.back().data);
-  }
-  return buffers;
-}
-
-void TorchAccelerator::hook_gradients() {
-  const bool has_slots = strategy().gradient_storage() == GradientStorage::slots;
-  for (std::size_t i = 0; i < param_tensors_.size(); ++i) {
-    if (has_slots) {
-      const Buffer slot = strategy().grad_slot(0, i);
-      grad_views_.push_back(at::from_blob(slot.data, param_tensors_[i].sizes(),
-                                          at::TensorOptions()
-                                              .dtype(param_tensors_[i].scalar_type())
-                                              .device(param_tensors_[i].device())));
-      adopt_bucket_view(i);
-    } else {
-      grad_views_.emplace_back();  // lent (ZeRO-2): autograd's gradient, freed once released
-      param_tensors_[i].mutable_grad() = at::Tensor();
-    }
-    // The parameter holds its AccumulateGrad node only weakly: without our reference a new
-    // node (without the hook) would be made for the next graph.
-    std::shared_ptr<torch::autograd::Node> node =
-        torch::autograd::impl::grad_accumulator(param_tensors_[i]);
-    ACCEL_CHECK_ARG(node != nullptr, "prepare: parameter without a gradient accumulator");
-    hook_keys_.push_back(node->add_post_hook(std::make_unique<GradReadyHook>(*this, i)));
-    accumulators_.push_back(std::move(node));
-  }
-}
-
-void TorchAccelerator::register_checkpoint_states(const ModuleTensors& model,
-                                                  torch::optim::Optimizer& optimizer,
-                                                  bool flat_state, bool sharded) {
-  // Checkpoints hold the model as a LibTorch archive (loadable without accelerate-cpp)
-  // instead of the Accelerator's raw parameter blob.
-  set_checkpoint_parameters(false);
-  register_state("model", model.save, model.load);
-  if (!flat_state) {
-    // The whole LibTorch archive; under ZeRO each rank's own (its slices), so such a
-    // checkpoint resumes with the same number of processes only.
-    register_state(
-        "optimizer", [&optimizer] { return torch_state::save_optimizer(optimizer); },
-        [&optimizer](const std::string& bytes) { torch_state::load_optimizer(optimizer, bytes); },
-        sharded ? StateScope::per_rank : StateScope::shared);
-    return;
-  }
-  // The param groups' options (learning rates ...) from rank 0 as a LibTorch archive; the
-  // per-parameter state in flat coordinates, as the built-in optimizers' ("optimizer" under
-  // DDP, "optimizer.rankR" under ZeRO), so any strategy and number of processes resumes.
-  register_state(
-      "optimizer", [&optimizer] { return torch_state::save_optimizer_options(optimizer); },
-      [&optimizer](const std::string& bytes) {
-        torch_state::load_optimizer_options(optimizer, bytes);
-      });
-  register_optimizer_state(
-      [this, &optimizer] {
-        return torch_optimizer_state::save(optimizer, strategy().segments(), optimizer_tensors());
-      },
-      [this, &optimizer](const std::string& bytes, const std::string& where) {
-        return torch_optimizer_state::load(optimizer, strategy().segments(), optimizer_tensors(),
-                                           bytes, where);
-      });
-}
-
 bool TorchAccelerator::replicates_forward() const {
   return replicas_ != nullptr && (replicas_->has_copies() || replicas_->attached());
 }
@@ -431,79 +134,53 @@ at::Tensor TorchAccelerator::replica_forward(std::int64_t rows,
   return replicas_->forward(*dp, rows, forward);
 }
 
-std::vector<at::Tensor> TorchAccelerator::optimizer_tensors() {
-  if (sharded_optimizer_) return slice_tensors_;  // ZeRO: one slice per segment, in order
-  // DDP: the segments are the parameters (by group); the optimizer holds those of its groups.
-  const std::size_t groups = optimizer_->optimizer().param_groups().size();
-  std::unordered_map<const void*, const at::Tensor*> by_data;
-  for (const at::Tensor& p : param_tensors_) by_data.emplace(p.data_ptr(), &p);
-  std::vector<at::Tensor> out;
-  for (const ParamSegment& s : strategy().segments()) {
-    const auto it = by_data.find(s.values.data);
-    out.push_back(s.group < groups && it != by_data.end() ? *it->second : at::Tensor());
-  }
-  return out;
-}
-
 AcceleratedScheduler& TorchAccelerator::prepare_scheduler(torch::optim::LRScheduler& scheduler) {
-  ACCEL_CHECK_ARG(optimizer_ != nullptr,
-                  "prepare_scheduler: prepare the model and optimizer first");
-  ACCEL_CHECK_ARG(!scheduler_, "prepare_scheduler: a scheduler was already prepared");
-  scheduler_.reset(new AcceleratedScheduler(*optimizer_, scheduler));
+  ACCEL_CHECK_ARG(!prepared_.empty(), "prepare_scheduler: prepare the model and optimizer first");
+  ACCEL_CHECK_ARG(prepared_.size() == 1,
+                  "prepare_scheduler: " + std::to_string(prepared_.size()) +
+                      " optimizers are prepared; name the one this scheduler schedules: "
+                      "prepare_scheduler(scheduler, optimizer)");
+  return prepare_scheduler(scheduler, *prepared_[0]->optimizer);
+}
+
+AcceleratedScheduler& TorchAccelerator::prepare_scheduler(torch::optim::LRScheduler& scheduler,
+                                                          AcceleratedOptimizer& optimizer) {
+  for (const auto& s : schedulers_)
+    ACCEL_CHECK_ARG(&s->scheduler() != &scheduler,
+                    "prepare_scheduler: this scheduler was already prepared");
+  const std::string name = prepared_name("scheduler", schedulers_.size());
+  schedulers_.emplace_back(new AcceleratedScheduler(optimizer, scheduler));
   register_state(
-      "scheduler", [&scheduler] { return torch_state::save_scheduler(scheduler); },
+      name, [&scheduler] { return torch_state::save_scheduler(scheduler); },
       [&scheduler](const std::string& bytes) { torch_state::load_scheduler(scheduler, bytes); });
-  return *scheduler_;
+  return *schedulers_.back();
 }
 
-void TorchAccelerator::shard_optimizer(torch::optim::Optimizer& optimizer) {
-  Strategy& z = strategy();
-  torch::NoGradGuard no_grad;
-  // The parameters become views of the flat buffers (which hold their values since prepare),
-  // so the all-gather after each step updates the model in place.
-  if (z.has_param_slots()) {
-    for (std::size_t i = 0; i < param_tensors_.size(); ++i) {
-      const Buffer view = z.param_slot(i);
-      param_tensors_[i].set_data(
-          at::from_blob(view.data, param_tensors_[i].sizes(), param_tensors_[i].options()));
-    }
-    z.use_param_slots();
-  }
-  sharded_optimizer_ = &optimizer;
-  auto& groups = optimizer.param_groups();
-  for (auto& group : groups) group.params().clear();
-  // One tensor per flat buffer: this rank's slice, its .grad() the reduced gradient slice,
-  // with the options of a parameter of its group and dtype.
-  for (const ParamSegment& segment : z.segments()) {
-    const auto options = segment_options(segment);
-    const auto n = std::int64_t(segment.values.count);
-    at::Tensor slice = at::from_blob(segment.values.data, {n}, options);
-    slice.mutable_grad() = at::from_blob(segment.grad.data, {n}, options);
-    groups[segment.group].params().push_back(slice);
-    slice_tensors_.push_back(slice);
-  }
+const std::vector<torch::Tensor>& TorchAccelerator::prepared_parameters(std::size_t model) const {
+  ACCEL_CHECK_ARG(model < prepared_.size(), "prepared_parameters: no model " +
+                                                std::to_string(model) + " prepared (" +
+                                                std::to_string(prepared_.size()) + " are)");
+  return prepared_[model]->params;
 }
 
-at::TensorOptions TorchAccelerator::segment_options(const ParamSegment& segment) {
-  const std::vector<ParamRef>& refs = strategy().params();
-  for (std::size_t i = 0; i < refs.size(); ++i)
-    if (refs[i].group == segment.group && refs[i].data.dtype == segment.values.dtype)
-      return param_tensors_[i].options();
-  throw InvalidArgument("prepare: no parameter of param group " + std::to_string(segment.group) +
-                        " for the strategy's segment");
+std::size_t TorchAccelerator::index_of_module(const torch::nn::Module& module) const {
+  for (const auto& model : prepared_)
+    if (model->module == &module) return model->index;
+  throw InvalidArgument("this model was not prepared by this accelerator (acc.prepare)");
 }
 
-void TorchAccelerator::free_released_grads() {
-  for (std::size_t i : strategy().take_released()) param_tensors_[i].mutable_grad() = at::Tensor();
+void TorchAccelerator::free_released_grads(PreparedTensors& model) {
+  for (std::size_t i : strategy(model.index).take_released())
+    model.params[i].mutable_grad() = at::Tensor();
 }
 
-void TorchAccelerator::adopt_bucket_view(std::size_t i) {
-  at::Tensor& grad = param_tensors_[i].mutable_grad();
-  const at::Tensor& view = grad_views_[i];
+void TorchAccelerator::adopt_bucket_view(PreparedTensors& model, std::size_t i) {
+  at::Tensor& grad = model.params[i].mutable_grad();
+  const at::Tensor& view = model.grad_views[i];
   if (!view.defined()) {  // lent (ZeRO-2): the strategy reads autograd's gradient where it is
     if (grad.defined())
-      strategy().lend_grad(i,
-                           tensor_buffer(grad, "the gradient of parameter " + std::to_string(i)));
+      strategy(model.index)
+          .lend_grad(i, tensor_buffer(grad, "the gradient of parameter " + std::to_string(i)));
     return;
   }
   if (grad.defined() && grad.data_ptr() == view.data_ptr()) return;
@@ -514,13 +191,13 @@ void TorchAccelerator::adopt_bucket_view(std::size_t i) {
   grad = view;
 }
 
-void TorchAccelerator::on_grad_accumulated(std::size_t i) {
+void TorchAccelerator::on_grad_accumulated(PreparedTensors& model, std::size_t i) {
   // Autograd adds into an existing gradient in place; it only replaces the tensor under
   // create_graph or when the user reset the gradient. Then the new values move into the slot.
   if (!in_backward_) backward_outside_ = true;  // loss.backward() called directly
-  adopt_bucket_view(i);
-  grad_ready(i);
-  free_released_grads();  // lent: what the strategy has copied into its buckets
+  adopt_bucket_view(model, i);
+  grad_ready(model.index, i);
+  free_released_grads(model);  // lent: what the strategy has copied into its buckets
 }
 
 void TorchAccelerator::check_backward_went_through_accelerator() const {
@@ -531,32 +208,36 @@ void TorchAccelerator::check_backward_went_through_accelerator() const {
       "step would silently do nothing. Call acc.backward(loss) instead of loss.backward()");
 }
 
-void TorchAccelerator::zero_gradients() {
-  for (std::size_t i = 0; i < param_tensors_.size(); ++i) {
-    if (!grad_views_[i].defined()) {  // lent (ZeRO-2): gradients are freed, as set_to_none
-      param_tensors_[i].mutable_grad() = at::Tensor();
+void TorchAccelerator::zero_gradients(PreparedTensors& model) {
+  for (std::size_t i = 0; i < model.params.size(); ++i) {
+    const at::Tensor& view = model.grad_views[i];
+    at::Tensor& grad = model.params[i].mutable_grad();
+    if (!view.defined()) {  // lent (ZeRO-2): gradients are freed, as set_to_none
+      grad = at::Tensor();
       continue;
     }
-    at::Tensor& grad = param_tensors_[i].mutable_grad();
-    if (!grad.defined() || grad.data_ptr() != grad_views_[i].data_ptr()) grad = grad_views_[i];
-    grad_views_[i].zero_();
+    if (!grad.defined() || grad.data_ptr() != view.data_ptr()) grad = view;
+    view.zero_();
   }
-  if (strategy().gradient_storage() == GradientStorage::lent) strategy().withdraw_grads();
-  if (replicas_ != nullptr) replicas_->zero_grads();  // DataParallel's replicas
+  Strategy& strategy = this->strategy(model.index);
+  if (strategy.gradient_storage() == GradientStorage::lent) strategy.withdraw_grads();
+  if (replicas_ != nullptr && model.index == 0) replicas_->zero_grads();  // DataParallel's
 }
 
 void TorchAccelerator::sync_buffers() {
-  if (buffer_tensors_.empty()) return;
-  for (std::size_t i = 0; i < buffer_tensors_.size(); ++i)
-    ACCEL_CHECK_ARG(buffer_tensors_[i].data_ptr() == buffer_data_[i],
-                    "a module buffer was replaced after prepare; update buffers in place");
-  strategy().sync_buffers();
+  for (const auto& model : prepared_) {
+    if (model->buffers.empty()) continue;
+    for (std::size_t i = 0; i < model->buffers.size(); ++i)
+      ACCEL_CHECK_ARG(model->buffers[i].data_ptr() == model->buffer_data[i],
+                      "a module buffer was replaced after prepare; update buffers in place");
+    strategy(model->index).sync_buffers();
+  }
 }
 
 bool TorchAccelerator::backward(const torch::Tensor& loss) {
-  ACCEL_CHECK_ARG(optimizer_ != nullptr, "backward: prepare the model first");
+  ACCEL_CHECK_ARG(!prepared_.empty(), "backward: prepare the model first");
   sync_buffers();
-  ReplicaSet* dp = strategy().replicas();
+  ReplicaSet* dp = strategy(0).replicas();  // DATA_PARALLEL: its one model
   if (dp != nullptr) replicas_->begin_backward(*dp);
   {
     const ScopedFlag in_backward(in_backward_);
@@ -572,29 +253,33 @@ bool TorchAccelerator::backward(const torch::Tensor& loss) {
     replicas_->backward(*dp);
   }
   synced_ = sync_gradients();
-  probe_at_sync_ = synced_ && !slice_tensors_.empty() ? gradient_probe() : at::Tensor();
-  free_released_grads();
   accumulating_ = !synced_ && !optimizer_step_was_skipped();
-  optimizer_->show_gradients(!accumulating_);
+  for (const auto& model : prepared_) {
+    model->probe_at_sync =
+        synced_ && !model->slices.empty() ? gradient_probe(*model) : at::Tensor();
+    free_released_grads(*model);
+    model->optimizer->show_gradients(!accumulating_);
+  }
   return synced_;
 }
 
-at::Tensor TorchAccelerator::gradient_probe() const {
+at::Tensor TorchAccelerator::gradient_probe(const PreparedTensors& model) {
   // The first few elements of every gradient: clipping or scaling changes every non-zero one.
   constexpr std::int64_t kProbed = 4;
   std::vector<at::Tensor> heads;
-  for (const at::Tensor& view : grad_views_)
+  for (const at::Tensor& view : model.grad_views)
     if (view.defined() && view.numel() > 0)
       heads.push_back(
           view.reshape(-1).narrow(0, 0, std::min(kProbed, view.numel())).to(at::kDouble));
   return heads.empty() ? at::Tensor() : at::cat(heads).cpu();
 }
 
-void TorchAccelerator::check_gradients_unchanged_since_sync() const {
+void TorchAccelerator::check_gradients_unchanged_since_sync(const PreparedTensors& model) const {
   // ZeRO-1: the parameters' .grad() are this rank's local gradients (what it accumulated);
   // the optimizer steps the reduced slices, so changing .grad() after the sync (LibTorch's
   // clip_grad_norm_, a manual scaling) would silently not reach the step.
-  if (!probe_at_sync_.defined() || at::equal(probe_at_sync_, gradient_probe())) return;
+  if (!model.probe_at_sync.defined() || at::equal(model.probe_at_sync, gradient_probe(model)))
+    return;
   throw InvalidArgument(
       "optimizer step: the prepared parameters' gradients were changed after backward() "
       "synchronised them (torch::nn::utils::clip_grad_norm_, or an in-place change of "
@@ -678,16 +363,18 @@ AutocastGuard TorchAccelerator::autocast() const {
                        precision() == config::MixedPrecision::fp16 ? at::kHalf : at::kBFloat16);
 }
 
-std::vector<at::Tensor> TorchAccelerator::optimizer_gradients() const {
-  if (slice_tensors_.empty()) return grad_views_;  // DDP: the full gradients
-  std::vector<at::Tensor> out;                     // ZeRO: this rank's reduced slices
-  for (const at::Tensor& slice : slice_tensors_) out.push_back(slice.grad());
+std::vector<at::Tensor> TorchAccelerator::optimizer_gradients(const PreparedTensors& model) const {
+  if (model.slices.empty()) return model.grad_views;  // DDP: the full gradients
+  std::vector<at::Tensor> out;                        // ZeRO: this rank's reduced slices
+  for (const at::Tensor& slice : model.slices) out.push_back(slice.grad());
   return out;
 }
 
-bool TorchAccelerator::unscale_gradients(double scale) {
+bool TorchAccelerator::unscale_gradients(double scale, const std::vector<std::size_t>& models) {
   torch::NoGradGuard no_grad;
-  const std::vector<at::Tensor> grads = optimizer_gradients();
+  std::vector<at::Tensor> grads;
+  for (std::size_t m : models)
+    for (const at::Tensor& g : optimizer_gradients(*prepared_[m])) grads.push_back(g);
   // One flag for all gradients, read once: on a GPU each read is a synchronisation.
   at::Tensor finite = at::ones(
       {}, grads.empty() ? at::TensorOptions(at::kBool) : grads[0].options().dtype(at::kBool));
@@ -697,11 +384,13 @@ bool TorchAccelerator::unscale_gradients(double scale) {
   return true;
 }
 
-void TorchAccelerator::discard_gradients() {
+void TorchAccelerator::discard_gradients(const std::vector<std::size_t>& models) {
   torch::NoGradGuard no_grad;
-  for (const at::Tensor& g : optimizer_gradients()) g.zero_();
-  for (const at::Tensor& g : grad_views_)  // ZeRO-1's full slots (ZeRO-2 released its own)
-    if (g.defined()) g.zero_();
+  for (std::size_t m : models) {
+    for (const at::Tensor& g : optimizer_gradients(*prepared_[m])) g.zero_();
+    for (const at::Tensor& g : prepared_[m]->grad_views)  // ZeRO-1's full slots
+      if (g.defined()) g.zero_();
+  }
 }
 
 }  // namespace accel

@@ -52,6 +52,7 @@
 #include <torch/serialize.h>
 
 #include "accelerate/accelerator.hpp"
+#include "accelerate/torch/accelerated_optimizer.hpp"
 #include "accelerate/torch/autocast.hpp"
 #include "accelerate/torch/data_loader.hpp"
 #include "accelerate/torch/dataset_loader.hpp"
@@ -65,75 +66,8 @@ struct Node;
 
 namespace accel {
 
-class TorchAccelerator;
 class TorchReplicas;
-
-// The user's optimizer, stepped only where gradients are synchronised. It is a
-// torch::optim::Optimizer itself, so it goes wherever one is expected (a train(...,
-// torch::optim::Optimizer&) function, StepLR(optimizer, ...), torch::save(optimizer)):
-//  - param_groups() hold the model's parameters (aliases sharing their storage) with the
-//    user's options; a learning rate changed there or in the user's own object reaches the
-//    other at the next step;
-//  - step() is virtual: it steps only at a sync (ZeRO: this rank's slices, then all-gathers);
-//  - zero_grad() through a plain Optimizer& is LibTorch's (not virtual), and still right:
-//    between accumulation boundaries the aliases carry no gradient, so it zeroes nothing;
-//  - torch::save(optimizer) writes the user's optimizer (a plain LibTorch one loads it) under
-//    DDP; under ZeRO, where a rank holds only slices, it is refused naming save_state and
-//    `accel merge-weights`. state() is empty here: optimizer().state() is the user's.
-class AcceleratedOptimizer : public torch::optim::Optimizer {
- public:
-  // A real optimizer step only when the last backward() ended at an accumulation boundary
-  // (its gradients are synchronised); between boundaries a no-op. A closure is called first
-  // and its loss returned, as LibTorch's optimizers do.
-  at::Tensor step(LossClosure closure = nullptr) override;
-  // Zeroes the gradients in place (they live in the DDP buckets, so they are never freed).
-  // While gradients are accumulating (the last backward() did not end in a sync) it does
-  // nothing, so it may be called before the forward or after step() alike.
-  void zero_grad();
-  // Accelerate's optimizer.step_was_skipped: whether the last step() did not step. Use it to
-  // step an LR scheduler only when the optimizer stepped.
-  bool step_was_skipped() const { return step_was_skipped_; }
-  // The user's object (under ZeRO its groups hold this rank's slices).
-  torch::optim::Optimizer& optimizer() { return optimizer_; }
-  const torch::optim::Optimizer& optimizer() const { return optimizer_; }
-  void save(torch::serialize::OutputArchive& archive) const override;
-  void load(torch::serialize::InputArchive& archive) override;
-
- private:
-  friend class TorchAccelerator;
-  // `groups`: the user's param groups' parameters as the model holds them (before ZeRO put
-  // slices in their place).
-  AcceleratedOptimizer(TorchAccelerator& accelerator, torch::optim::Optimizer& optimizer,
-                       const std::vector<std::vector<at::Tensor>>& groups);
-  // The learning rates, both ways: whichever side changed since the last step wins.
-  void sync_learning_rates();
-  // After each backward: the aliases show the parameters' gradients at a boundary, none while
-  // accumulating (so LibTorch's zero_grad through an Optimizer& keeps the accumulation).
-  void show_gradients(bool at_boundary);
-
-  TorchAccelerator& accelerator_;
-  torch::optim::Optimizer& optimizer_;
-  std::vector<std::pair<at::Tensor, at::Tensor>> aliases_;  // (in param_groups(), parameter)
-  std::vector<double> synced_lr_;
-  bool step_was_skipped_ = false;
-};
-
-// The user's LR scheduler, stepped only when the optimizer stepped (Accelerate's
-// AcceleratedScheduler): call step() after every optimizer step() as in a plain loop, and
-// under gradient accumulation the schedule still counts optimizer steps.
-class AcceleratedScheduler {
- public:
-  void step();
-  torch::optim::LRScheduler& scheduler() { return scheduler_; }
-
- private:
-  friend class TorchAccelerator;
-  AcceleratedScheduler(AcceleratedOptimizer& optimizer, torch::optim::LRScheduler& scheduler)
-      : optimizer_(optimizer), scheduler_(scheduler) {}
-
-  AcceleratedOptimizer& optimizer_;
-  torch::optim::LRScheduler& scheduler_;
-};
+struct PreparedTensors;  // prepared_tensors.hpp: one prepared model's tensors
 
 // shared_ptr<SomeModule> or a torch::nn::ModuleHolder (torch::nn::Sequential, TORCH_MODULE types).
 template <typename Model>
@@ -155,11 +89,15 @@ class TorchAccelerator : public Accelerator {
   // Where tensors of this rank live: the CPU, or cuda:LOCAL_RANK under a CUDA communicator.
   torch::Device device_for_tensors() const;
 
-  // ---- model and optimizer
+  // ---- models and optimizers
   // Returns the same model (its parameters now synchronised and hooked), wrapped so that
   // calling it, model(x), is the forward the strategy may fan out (prepared_model.hpp), and the
-  // wrapped optimizer. One model per accelerator. The model may be a std::shared_ptr<M> or a
-  // ModuleHolder (TORCH_MODULE types, torch::nn::Sequential) ...
+  // wrapped optimizer. Any number of models, one call each (a GAN: prepare(G, opt_g), then
+  // prepare(D, opt_d)): each has a strategy of its own (its buckets or shards), its optimizer
+  // steps only at a sync, and a backward through several (G's loss through D) syncs each one
+  // it reached (Accelerator::sync_gradients). Checkpoints carry them all, model k > 0 as
+  // "model_k", "optimizer_k". DATA_PARALLEL takes one model. The model may be a
+  // std::shared_ptr<M> or a ModuleHolder (TORCH_MODULE types, torch::nn::Sequential) ...
   template <TorchModel Model>
   std::pair<PreparedModel<Model>, AcceleratedOptimizer&> prepare(
       Model model, torch::optim::Optimizer& optimizer) {
@@ -226,10 +164,14 @@ class TorchAccelerator : public Accelerator {
     return state_dict_of(*model.get());
   }
   // After prepare: the scheduler built on the prepared optimizer (or the user's own), wrapped,
-  // and registered for checkpoints. One scheduler per accelerator.
+  // and registered for checkpoints ("scheduler", then "scheduler_1" ...). With several
+  // optimizers, name the one it schedules (its step is skipped when that one's was).
   AcceleratedScheduler& prepare_scheduler(torch::optim::LRScheduler& scheduler);
-  // The trainable parameters in the order the strategy knows them (module order).
-  const std::vector<torch::Tensor>& prepared_parameters() const { return param_tensors_; }
+  AcceleratedScheduler& prepare_scheduler(torch::optim::LRScheduler& scheduler,
+                                          AcceleratedOptimizer& optimizer);
+  // The trainable parameters of model 0 (or of the model-th prepared) in the order the
+  // strategy knows them (module order).
+  const std::vector<torch::Tensor>& prepared_parameters(std::size_t model = 0) const;
 
   // ---- DataParallel (see the top of this file)
   // Whether a prepared model's call runs on replicas (DATA_PARALLEL).
@@ -261,8 +203,13 @@ class TorchAccelerator : public Accelerator {
   // under ZeRO-1 the step refuses gradients changed after the sync, and under ZeRO-2 (whose
   // gradients are released at the sync) clip_grad_norm_ finds none and clips nothing.
   // (A local clip_grad_norm_ that did not clip is not detected, though the global norm may
-  // have needed it: use this call.)
+  // have needed it: use this call.) With several models, name the one to clip:
+  // acc.clip_grad_norm(model, max_norm) with what prepare returned.
   using Accelerator::clip_grad_norm;
+  template <typename Model>
+  double clip_grad_norm(const PreparedModel<Model>& model, double max_norm) {
+    return clip_grad_norm(index_of_module(*model.get()), max_norm);
+  }
 
   // ---- data
   DataLoader prepare_data_loader(torch::Tensor data, torch::Tensor targets,
@@ -325,16 +272,17 @@ class TorchAccelerator : public Accelerator {
 
  protected:
   // fp16 loss scaling with tensor operations (the gradients may live on a GPU).
-  bool unscale_gradients(double scale) override;
-  void discard_gradients() override;
+  bool unscale_gradients(double scale, const std::vector<std::size_t>& models) override;
+  void discard_gradients(const std::vector<std::size_t>& models) override;
   // set_seed's LibTorch part: torch::manual_seed(seed) on a GPU rank; on a CPU rank only the
   // CPU generator (all torch::manual_seed seeds there, without its CUDA device query).
   void seed_generators(std::uint64_t seed) override;
-  // What the optimizer steps on: the full gradients (DDP), this rank's slices (ZeRO).
-  std::vector<at::Tensor> optimizer_gradients() const;
+  // What the optimizer of `model` steps on: the full gradients (DDP), this rank's slices
+  // (ZeRO).
+  std::vector<at::Tensor> optimizer_gradients(const PreparedTensors& model) const;
   // The tensors the optimizer holds for strategy().segments(), in order (its state's keys):
   // this rank's slices (ZeRO), the parameters (DDP; undefined for one in no param group).
-  std::vector<at::Tensor> optimizer_tensors();
+  std::vector<at::Tensor> optimizer_tensors(PreparedTensors& model);
 
  private:
   friend class AcceleratedOptimizer;
@@ -343,54 +291,47 @@ class TorchAccelerator : public Accelerator {
   static void write_file_atomically(const std::string& path, const std::string& bytes);
   static std::vector<std::pair<std::string, at::Tensor>> state_dict_of(
       const torch::nn::Module& module);
-  // Autograd accumulated parameter i's gradient: make sure it is (still) the bucket slot,
-  // then report it ready.
-  void on_grad_accumulated(std::size_t i);
-  // prepare_module's steps: the trainable parameters as the strategy gets them (param_tensors_
-  // filled), the buffers (buffer_tensors_); after prepare_parameters each parameter's .grad()
-  // at its storage and its ready hook; then the model and optimizer states for checkpoints
-  // (flat_state: the optimizer's per-parameter state in flat coordinates).
-  AcceleratedOptimizer& prepare_tensors(const ModuleTensors& model,
+  // The prepared model whose root module is `module` (clip_grad_norm(model, ...)).
+  std::size_t index_of_module(const torch::nn::Module& module) const;
+  // Autograd accumulated parameter i's gradient of `model`: make sure it is (still) the bucket
+  // slot, then report it ready.
+  void on_grad_accumulated(PreparedTensors& model, std::size_t i);
+  // prepare_tensors' steps: the trainable parameters as the strategy gets them (model.params
+  // filled), the buffers; after prepare_parameters each parameter's .grad() at its storage and
+  // its ready hook; then the model and optimizer states for checkpoints (flat_state: the
+  // optimizer's per-parameter state in flat coordinates).
+  AcceleratedOptimizer& prepare_tensors(const ModuleTensors& tensors,
                                         torch::optim::Optimizer& optimizer);
-  std::vector<ParamRef> collect_parameters(const ModuleTensors& model,
+  std::vector<ParamRef> collect_parameters(PreparedTensors& model, const ModuleTensors& tensors,
                                            torch::optim::Optimizer& optimizer);
-  std::vector<Buffer> collect_buffers(const ModuleTensors& model);
-  void hook_gradients();
-  void register_checkpoint_states(const ModuleTensors& model, torch::optim::Optimizer& optimizer,
-                                  bool flat_state, bool sharded);
+  std::vector<Buffer> collect_buffers(PreparedTensors& model, const ModuleTensors& tensors);
+  void hook_gradients(PreparedTensors& model);
+  void register_checkpoint_states(PreparedTensors& model, const ModuleTensors& tensors,
+                                  torch::optim::Optimizer& optimizer, bool flat_state,
+                                  bool sharded);
   // Under ZeRO: parameters into the flat buffers, the optimizer onto the slices.
-  void shard_optimizer(torch::optim::Optimizer& optimizer);
+  void shard_optimizer(PreparedTensors& model, torch::optim::Optimizer& optimizer);
   // The options of a slice tensor for `segment` (its group's parameters' dtype and device).
-  at::TensorOptions segment_options(const ParamSegment& segment);
+  at::TensorOptions segment_options(const PreparedTensors& model, const ParamSegment& segment);
   // Lent gradients (ZeRO-2): frees those the strategy released (backend.hpp's contract).
-  void free_released_grads();
+  void free_released_grads(PreparedTensors& model);
   // Points parameter i's .grad() at its bucket slot, keeping the values it had.
-  void adopt_bucket_view(std::size_t i);
-  void zero_gradients();
+  void adopt_bucket_view(PreparedTensors& model, std::size_t i);
+  void zero_gradients(PreparedTensors& model);
   // ZeRO-1: a few elements of every gradient view at the last sync, so the step can refuse
   // gradients changed after it (check_gradients_unchanged_since_sync). A change that left the
   // probed elements as they were (clip_grad_norm_ that found nothing to clip) goes unseen.
-  at::Tensor gradient_probe() const;
-  void check_gradients_unchanged_since_sync() const;
+  static at::Tensor gradient_probe(const PreparedTensors& model);
+  void check_gradients_unchanged_since_sync(const PreparedTensors& model) const;
   // A gradient hook fired outside acc.backward (loss.backward() called directly): the step
   // refuses instead of silently not stepping.
   void check_backward_went_through_accelerator() const;
   std::atomic<bool> in_backward_{false};
   std::atomic<bool> backward_outside_{false};
-  at::Tensor probe_at_sync_;
 
-  std::vector<torch::Tensor> param_tensors_;
-  std::vector<torch::Tensor> grad_views_;  // param_tensors_[i]'s bucket slot (empty: ZeRO-2)
-  // ZeRO: the optimizer whose groups hold this rank's slices, and the slices.
-  torch::optim::Optimizer* sharded_optimizer_ = nullptr;
-  std::vector<torch::Tensor> slice_tensors_;
-  std::vector<torch::Tensor> buffer_tensors_;
-  std::vector<void*> buffer_data_;  // to detect buffers replaced after prepare
-  std::vector<std::shared_ptr<torch::autograd::Node>>
-      accumulators_;  // kept alive: hooks live on them
-  std::vector<std::uintptr_t> hook_keys_;
-  std::unique_ptr<AcceleratedOptimizer> optimizer_;
-  std::unique_ptr<AcceleratedScheduler> scheduler_;
+  // The prepared models, in preparation order (the Accelerator's model indices).
+  std::vector<std::unique_ptr<PreparedTensors>> prepared_;
+  std::vector<std::unique_ptr<AcceleratedScheduler>> schedulers_;
   bool synced_ = false;
   bool accumulating_ = false;
 

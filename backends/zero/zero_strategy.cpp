@@ -130,6 +130,9 @@ void ZeroStrategy::withdraw_grads() {
   if (!lent_) return;
   for (ParamRef& p : params_) p.grad = gradient_wanted(p.data);  // none: zeros
   released_.clear();
+  // Every gradient is zero now: the next sync's reductions replace what the slices hold (a
+  // GAN's discriminator, synced again by the generator's backward after its own step).
+  first_sync_of_step_ = true;
 }
 
 void ZeroStrategy::use_param_slots() {

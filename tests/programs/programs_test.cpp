@@ -13,6 +13,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <functional>
 #include <numeric>
@@ -267,6 +268,42 @@ TEST_CASE("a plain module object trained through train(..., torch::optim::Optimi
                                                .magnitude = 100});
                     }};
   check_program(shape);
+}
+
+TEST_CASE("a GAN: two models, two Adams, the generator's loss through the discriminator") {
+  if (gloo_missing()) return;
+  // 14 lines: each model and optimizer is the user's object renamed, then prepared (C++ cannot
+  // rebind a name as Python's `G, opt = accelerator.prepare(G, opt)` does): 3 lines per model;
+  // the noise is the global batch's, drawn alike on every process, and this process's share
+  // (one statement, two lines).
+  const Shape shape{"gan", 14, {}, [](int world) {
+                      // Adam lr 0.01, betas (0.5, 0.999) for both models (fp64). The longest
+                      // sum: the discriminator's gradient, two backwards (real, fake) of the
+                      // global batch's rows, each averaged over `world` partials (forward inner
+                      // products of 16 + 1 terms). Terms: logit errors below 1 times leaky-ReLU
+                      // features of randn inputs below 6 through 10 weights below 0.6: below 40
+                      // per backward. The generator's output gradient: errors below 1 through
+                      // 16 discriminator paths (weights below 0.6): below 6; times ReLU features
+                      // (4 randn inputs below 6, weights below 0.8: below 20) for fc2, or
+                      // through 10 fc2 weights below 0.5 times noise below 6 for fc1: below
+                      // 180. S below 200 either way.
+                      return adam_reordering_bound({.lr = 0.01,
+                                                    .beta1 = 0.5,
+                                                    .steps = kSteps,
+                                                    .longest_sum = longest_sum(2, 17, 2 * world),
+                                                    .magnitude = 200});
+                    }};
+  check_changed_lines(shape);
+  check_equivalence(shape);
+  // A GAN's losses need not fall; under bf16 the numbers differ from fp32 and stay finite.
+  const auto args = std::vector<std::string>{"--dtype", "float",
+                                             "--steps", std::to_string(kSteps),
+                                             "--batch", std::to_string(kGlobalBatch)};
+  const Run fp32 = run("program_gan_plain", 1, args);
+  const Run bf16 = run("program_gan", 1, args, {{"ACCEL_MIXED_PRECISION", "bf16"}});
+  CHECK(bf16.parameters != fp32.parameters);
+  REQUIRE(bf16.losses.size() == std::size_t(kSteps));
+  for (double loss : bf16.losses) CHECK(std::isfinite(loss));
 }
 
 TEST_CASE("early stopping on each process's own loss: set_trigger / check_trigger") {
