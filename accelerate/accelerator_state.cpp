@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cstring>
 #include <deque>
+#include <optional>
 #include <random>
 #include <set>
 #include <sstream>
@@ -104,6 +105,18 @@ std::uint64_t fresh_seed(std::uint64_t seed, int rank, std::uint64_t step,
   std::uint32_t out[2];
   seq.generate(out, out + 2);
   return std::uint64_t(out[0]) | std::uint64_t(out[1]) << 32;
+}
+
+// K for a blob of model K > 0 ("parameters_K", "parameters_K.layout", "optimizer_K").
+std::optional<std::size_t> model_of_blob(const std::string& name) {
+  for (const std::string base : {kParameters, kOptimizer}) {
+    if (name.rfind(base + "_", 0) != 0) continue;
+    const std::string rest = name.substr(base.size() + 1);
+    const std::size_t digits = rest.find_first_not_of("0123456789");
+    if (digits == 0) continue;
+    return std::stoul(rest.substr(0, digits));
+  }
+  return std::nullopt;
 }
 
 [[noreturn]] void fail(const LoadedCheckpoint& ck, const std::string& what) {
@@ -357,9 +370,14 @@ void Accelerator::check_registered_states(const LoadedCheckpoint& ck) const {
       fail(ck, "no per-rank state '" + s.name + "' for rank " + std::to_string(process_index()));
     }
   }
-  for (const auto& [name, bytes] : ck.shared)
-    if (!known.count(name))
-      fail(ck, "has '" + name + "', which nothing registered (register_state before load_state)");
+  for (const auto& [name, bytes] : ck.shared) {
+    if (known.count(name)) continue;
+    if (const auto model = model_of_blob(name))
+      fail(ck, "has '" + name + "', model " + std::to_string(*model) +
+                   "'s, but this job prepared " + std::to_string(models_.size()) +
+                   " model(s): prepare every model the checkpoint holds before load_state");
+    fail(ck, "has '" + name + "', which nothing registered (register_state before load_state)");
+  }
 }
 
 void Accelerator::load_registered_states(const LoadedCheckpoint& ck) {

@@ -320,6 +320,140 @@ TEST_CASE("under ZeRO-1 LibTorch's clip_grad_norm_ after the sync is refused, na
   CHECK_NOTHROW(run(0, true));  // DDP: .grad() holds the reduced gradient
 }
 
+namespace {
+// A small GAN's parameters after `steps` steps in DCGAN's order (D: real, then detached fake,
+// step; G: its loss through D, step), each model with Adam and a StepLR, under `options`; the
+// state saved after step `save_at` into `save_dir`, or loaded from `load_dir` first.
+struct GanRun {
+  int epochs = 2;  // of 3 batches
+  int save_after_epoch = -1;
+  std::string save_dir, load_dir;
+};
+std::vector<at::Tensor> train_gan(const AcceleratorOptions& options, const GanRun& run) {
+  TorchAccelerator acc(options);
+  torch::manual_seed(0);
+  const auto real = torch::randn({24, 4}) + 1.0;
+  torch::manual_seed(run.load_dir.empty() ? 3 : 4);  // a resumed run starts elsewhere
+  auto g_net =
+      torch::nn::Sequential(torch::nn::Linear(2, 6), torch::nn::Tanh(), torch::nn::Linear(6, 4));
+  auto d_net =
+      torch::nn::Sequential(torch::nn::Linear(4, 5), torch::nn::Tanh(), torch::nn::Linear(5, 1));
+  torch::optim::Adam g_adam(g_net->parameters(), torch::optim::AdamOptions(0.02));
+  torch::optim::Adam d_adam(d_net->parameters(), torch::optim::AdamOptions(0.01));
+  auto [g, g_opt] = acc.prepare(g_net, g_adam);
+  auto [d, d_opt] = acc.prepare(d_net, d_adam);
+  torch::optim::StepLR g_lr(g_opt, 2, 0.5), d_lr(d_opt, 3, 0.5);
+  auto& g_sched = acc.prepare_scheduler(g_lr, g_opt);
+  auto& d_sched = acc.prepare_scheduler(d_lr, d_opt);
+  auto loader =
+      acc.prepare_data_loader(real, torch::ones({24, 1}), {.batch_size = 8, .shuffle = false});
+  if (!run.load_dir.empty()) acc.load_state(run.load_dir);
+  for (int epoch = int(acc.resume_epoch()); epoch < run.epochs; ++epoch) {
+    loader.set_epoch(std::uint64_t(epoch));
+    for (const auto& batch : loader) {
+      torch::manual_seed(100 + 3 * epoch + int(batch.index));  // this step's noise
+      const auto noise = torch::randn({8, 2});
+      const auto zeros = torch::zeros({8, 1});
+      d_opt.zero_grad();
+      acc.backward(torch::binary_cross_entropy_with_logits(d(batch.data), batch.target));
+      const auto fake = g(noise);
+      acc.backward(torch::binary_cross_entropy_with_logits(d(fake.detach()), zeros));
+      d_opt.step();
+      d_sched.step();
+      g_opt.zero_grad();
+      acc.backward(torch::binary_cross_entropy_with_logits(d(fake), batch.target));
+      g_opt.step();
+      g_sched.step();
+    }
+    if (epoch + 1 == run.save_after_epoch) {
+      acc.save_state(run.save_dir);
+      break;
+    }
+  }
+  // One per batch, though 3 backwards each: a batch is one micro-batch (begin_batch).
+  CHECK(acc.step() ==
+        std::uint64_t(3 * (run.save_after_epoch > 0 ? run.save_after_epoch : run.epochs)));
+  std::vector<at::Tensor> out;
+  for (const auto& p : g_net->parameters()) out.push_back(p.detach().clone());
+  for (const auto& p : d_net->parameters()) out.push_back(p.detach().clone());
+  out.push_back(torch::tensor(
+      {g_opt.param_groups()[0].options().get_lr(), d_opt.param_groups()[0].options().get_lr()}));
+  return out;
+}
+}  // namespace
+
+TEST_CASE("two models, two Adams, two StepLRs: a checkpoint carries them all; resume is bitwise") {
+  for (int stage : {0, 1, 2}) {
+    CAPTURE(stage);
+    TempDir dir;
+    const auto straight = train_gan(stage_options(stage), {});
+    train_gan(stage_options(stage), {.save_after_epoch = 1, .save_dir = dir.file("ck")});
+    for (const char* blob : {"state.model", "state.model_1", "state.optimizer", "state.optimizer_1",
+                             "state.scheduler", "state.scheduler_1"})
+      CHECK_MESSAGE(std::filesystem::exists(dir.file(std::string("ck/") + blob)), blob);
+    // Adam's moments in flat coordinates, one blob per model (per rank under ZeRO).
+    const std::string flat = stage == 0 ? "ck/optimizer_1" : "ck/optimizer_1.rank0";
+    CHECK(std::filesystem::exists(dir.file(flat)));
+    const auto resumed = train_gan(stage_options(stage), {.load_dir = dir.file("ck")});
+    REQUIRE(resumed.size() == straight.size());
+    for (std::size_t i = 0; i < straight.size(); ++i)
+      CHECK_MESSAGE(torch::equal(resumed[i], straight[i]),
+                    "tensor " << i << " " << (resumed[i] - straight[i]).abs().max().item<double>());
+  }
+}
+
+TEST_CASE("several models: what applies to one is asked for by name, or refused with the fix") {
+  TorchAccelerator acc(local_options());
+  auto a = small_net();
+  auto b = torch::nn::Sequential(torch::nn::Linear(3, 2));
+  torch::optim::SGD sgd_a(a->parameters(), torch::optim::SGDOptions(0.1));
+  torch::optim::SGD sgd_b(b->parameters(), torch::optim::SGDOptions(0.1));
+  auto [model_a, opt_a] = acc.prepare(a, sgd_a);
+  // The same optimizer twice, or a parameter of a model prepared before (tied weights).
+  CHECK_THROWS_WITH_AS(acc.prepare(b, sgd_a), doctest::Contains("already prepared with model"),
+                       InvalidArgument);
+  // a's last Linear inside another model
+  auto shares = torch::nn::Sequential(
+      torch::nn::Linear(std::dynamic_pointer_cast<torch::nn::LinearImpl>(a->ptr(2))));
+  torch::optim::SGD sgd_s(shares->parameters(), torch::optim::SGDOptions(0.1));
+  CHECK_THROWS_WITH_AS(acc.prepare(shares, sgd_s),
+                       doctest::Contains("belongs to a model prepared before"), InvalidArgument);
+  auto [model_b, opt_b] = acc.prepare(b, sgd_b);
+  CHECK(acc.num_models() == 2);
+  CHECK(acc.prepared_parameters(1).size() == 2);
+  opt_a.zero_grad();
+  opt_b.zero_grad();
+  acc.backward(model_b(model_a(torch::randn({4, 6}))).sum());  // through both
+  CHECK_THROWS_WITH_AS(acc.clip_grad_norm(1.0),
+                       doctest::Contains("clip_grad_norm(model, max_norm)"), InvalidArgument);
+  const double norm_b = acc.clip_grad_norm(model_b, 1e9);
+  const double norm_a = acc.clip_grad_norm(model_a, 1e9);
+  double expect_a = 0;
+  for (const auto& p : a->parameters()) expect_a += p.grad().pow(2).sum().item<double>();
+  CHECK(norm_a == doctest::Approx(std::sqrt(expect_a)).epsilon(1e-6));
+  CHECK(norm_b > 0);
+  torch::optim::StepLR lr(opt_b, 1, 0.5);
+  CHECK_THROWS_WITH_AS(acc.prepare_scheduler(lr),
+                       doctest::Contains("prepare_scheduler(scheduler, optimizer)"),
+                       InvalidArgument);
+  CHECK_NOTHROW(acc.prepare_scheduler(lr, opt_b));
+}
+
+TEST_CASE("DATA_PARALLEL takes one model; a second is refused naming what to use") {
+  AcceleratorOptions options = local_options();
+  options.distributed_type = "DATA_PARALLEL";
+  options.data_parallel_replicas = 2;
+  TorchAccelerator acc(options);
+  auto a = small_net();
+  auto b = torch::nn::Sequential(torch::nn::Linear(3, 2));
+  torch::optim::SGD sgd_a(a->parameters(), torch::optim::SGDOptions(0.1));
+  torch::optim::SGD sgd_b(b->parameters(), torch::optim::SGDOptions(0.1));
+  acc.prepare(a, sgd_a);
+  CHECK_THROWS_WITH_AS(acc.prepare(b, sgd_b),
+                       doctest::Contains("DATA_PARALLEL replicates one model per accelerator"),
+                       InvalidArgument);
+}
+
 // A loop written against LibTorch's own types: the optimizer as a torch::optim::Optimizer&.
 void plain_typed_step(torch::optim::Optimizer& optimizer, TorchAccelerator& acc,
                       const at::Tensor& loss) {

@@ -87,6 +87,10 @@ void AcceleratedOptimizer::load(torch::serialize::InputArchive& archive) {
   ACCEL_CHECK_ARG(accelerator_.prepared_[model_]->sharded_optimizer == nullptr,
                   "torch::load(optimizer) under ZeRO: load with acc.load_state(dir)");
   optimizer_.load(archive);
+  adopt_learning_rates();
+}
+
+void AcceleratedOptimizer::adopt_learning_rates() {
   for (std::size_t g = 0; g < synced_lr_.size(); ++g) {
     synced_lr_[g] = optimizer_.param_groups()[g].options().get_lr();
     param_groups()[g].options().set_lr(synced_lr_[g]);

@@ -55,6 +55,8 @@ class AcceleratedOptimizer : public torch::optim::Optimizer {
                        const std::vector<std::vector<at::Tensor>>& groups);
   // The learning rates, both ways: whichever side changed since the last step wins.
   void sync_learning_rates();
+  // After the user's optimizer was loaded (torch::load, load_state): its rates are both sides'.
+  void adopt_learning_rates();
   // After each backward: the aliases show the parameters' gradients at a boundary, none while
   // accumulating (so LibTorch's zero_grad through an Optimizer& keeps the accumulation).
   void show_gradients(bool at_boundary);

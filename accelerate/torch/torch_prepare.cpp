@@ -237,21 +237,35 @@ void TorchAccelerator::register_checkpoint_states(PreparedTensors& model,
   if (!flat_state) {
     // The whole LibTorch archive; under ZeRO each rank's own (its slices), so such a
     // checkpoint resumes with the same number of processes only.
+    PreparedTensors* m = &model;
     register_state(
-        optimizer_name, [&optimizer] { return torch_state::save_optimizer(optimizer); },
-        [&optimizer](const std::string& bytes) { torch_state::load_optimizer(optimizer, bytes); },
+        optimizer_name,
+        [m, &optimizer] {
+          m->optimizer->sync_learning_rates();
+          return torch_state::save_optimizer(optimizer);
+        },
+        [m, &optimizer](const std::string& bytes) {
+          torch_state::load_optimizer(optimizer, bytes);
+          m->optimizer->adopt_learning_rates();
+        },
         sharded ? StateScope::per_rank : StateScope::shared);
     return;
   }
   // The param groups' options (learning rates ...) from rank 0 as a LibTorch archive; the
   // per-parameter state in flat coordinates, as the built-in optimizers' ("optimizer" under
-  // DDP, "optimizer.rankR" under ZeRO), so any strategy and number of processes resumes.
-  register_state(
-      optimizer_name, [&optimizer] { return torch_state::save_optimizer_options(optimizer); },
-      [&optimizer](const std::string& bytes) {
-        torch_state::load_optimizer_options(optimizer, bytes);
-      });
+  // DDP, "optimizer.rankR" under ZeRO), so any strategy and number of processes resumes. The
+  // rates are the prepared optimizer's (a scheduler may have changed them since its step).
   PreparedTensors* m = &model;
+  register_state(
+      optimizer_name,
+      [m, &optimizer] {
+        m->optimizer->sync_learning_rates();
+        return torch_state::save_optimizer_options(optimizer);
+      },
+      [m, &optimizer](const std::string& bytes) {
+        torch_state::load_optimizer_options(optimizer, bytes);
+        m->optimizer->adopt_learning_rates();
+      });
   register_optimizer_state(
       model.index,
       [this, m, &optimizer] {
