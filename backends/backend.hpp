@@ -40,9 +40,10 @@ inline std::string ready_twice_problem(const std::string& strategy, const std::s
   return strategy + ": the gradient of '" + param +
          "' was reported ready twice before the gradients were synchronised: a backward ran "
          "through the prepared model without the accelerator (loss.backward() called directly, "
-         "e.g. a second model's loss flowing through this one), and then another. Call "
-         "acc.backward(loss) for every backward through a prepared model (raw API: report each "
-         "gradient once per micro-batch, then sync_gradients())";
+         "e.g. for the loss of another model that flows through this one), and then another. "
+         "Call acc.backward(loss) for every backward through a prepared model, and prepare every "
+         "model whose loss needs one (raw API: report each gradient once per micro-batch, then "
+         "sync_gradients())";
 }
 
 // Which strategy make_strategy builds (the config's distributed_type picks it).
