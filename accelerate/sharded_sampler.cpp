@@ -30,8 +30,13 @@ std::vector<std::size_t> ShardedSampler::permutation() const {
   return p;
 }
 
+bool ShardedSampler::pads() const {
+  // One process pads nothing, as Accelerate: its last batch is short, as in the plain loop.
+  return options_.even_batches && world_size_ > 1;
+}
+
 std::size_t ShardedSampler::tail_samples() const {
-  if (options_.drop_last || options_.even_batches) return 0;
+  if (options_.drop_last || pads()) return 0;
   const std::size_t b = options_.batch_size, global = b * std::size_t(world_size_);
   const std::size_t rest = dataset_size_ % global, before = std::size_t(rank_) * b;
   return rest > before ? std::min(b, rest - before) : 0;
@@ -39,13 +44,13 @@ std::size_t ShardedSampler::tail_samples() const {
 
 std::size_t ShardedSampler::num_batches() const {
   const std::size_t global = options_.batch_size * std::size_t(world_size_);
-  if (options_.drop_last || !options_.even_batches)
+  if (options_.drop_last || !pads())
     return dataset_size_ / global + (tail_samples() > 0 ? 1 : 0);
   return (dataset_size_ + global - 1) / global;
 }
 
 std::size_t ShardedSampler::padding() const {
-  if (!options_.even_batches) return 0;
+  if (!pads()) return 0;
   const std::size_t total = num_batches() * options_.batch_size * std::size_t(world_size_);
   return total > dataset_size_ ? total - dataset_size_ : 0;
 }
@@ -57,7 +62,7 @@ std::vector<std::size_t> ShardedSampler::indices() const {
   std::vector<std::size_t> out;
   out.reserve(batches * b);
   for (std::size_t g = 0; g < batches; ++g) {
-    const std::size_t count = g == full && !options_.even_batches ? tail_samples() : b;
+    const std::size_t count = g == full && !pads() ? tail_samples() : b;
     for (std::size_t k = 0; k < count; ++k)
       out.push_back(p[(g * global + std::size_t(rank_) * b + k) % p.size()]);  // wrap to pad
   }

@@ -15,7 +15,8 @@
 // gather_for_metrics can drop them. Without even_batches nothing repeats: rank r gets its part
 // of the last global batch as it falls (a shorter batch, or none), so ranks may differ by one
 // batch, which suits evaluation; a training step on the extra batch would wait for the ranks
-// that have none until the collective's timeout.
+// that have none until the collective's timeout. One process never pads (as Accelerate): its
+// last batch is short, as in the plain loop.
 
 #include <cstddef>
 #include <cstdint>
@@ -53,6 +54,8 @@ class ShardedSampler {
   // Without even_batches: how many of the incomplete last global batch's samples are this
   // rank's (0 when there is none, or with drop_last).
   std::size_t tail_samples() const;
+  // Whether the last global batch is filled by wrapping: even_batches, with several ranks.
+  bool pads() const;
 
   std::size_t dataset_size_;
   int world_size_;
