@@ -44,9 +44,18 @@ std::size_t ShardedSampler::tail_samples() const {
 
 std::size_t ShardedSampler::num_batches() const {
   const std::size_t global = options_.batch_size * std::size_t(world_size_);
-  if (options_.drop_last || !pads())
-    return dataset_size_ / global + (tail_samples() > 0 ? 1 : 0);
+  if (options_.drop_last || !pads()) return dataset_size_ / global + (tail_samples() > 0 ? 1 : 0);
   return (dataset_size_ + global - 1) / global;
+}
+
+std::pair<std::size_t, std::size_t> ShardedSampler::batch_bounds(std::size_t b) const {
+  const std::size_t size = options_.batch_size, global = size * std::size_t(world_size_);
+  const std::size_t full = dataset_size_ / global, batches = num_batches();
+  // indices()' length: full batches, then this rank's part of an unpadded tail
+  const std::size_t total =
+      batches > full && !pads() ? full * size + tail_samples() : batches * size;
+  const std::size_t begin = std::min(b * size, total);
+  return {begin, std::min(begin + size, total)};
 }
 
 std::size_t ShardedSampler::padding() const {

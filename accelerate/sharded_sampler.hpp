@@ -20,6 +20,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 namespace accel {
@@ -44,6 +45,9 @@ class ShardedSampler {
   std::vector<std::size_t> indices() const;
   // This rank's batches in the epoch: the same on every rank unless even_batches is false.
   std::size_t num_batches() const;
+  // Where batch b lies in indices(): [begin, end), batch_size long but for a short last batch
+  // (one process, or without even_batches).
+  std::pair<std::size_t, std::size_t> batch_bounds(std::size_t b) const;
   // Samples of the whole epoch (all ranks) that repeat earlier ones to fill the last batch.
   std::size_t padding() const;
   std::size_t dataset_size() const { return dataset_size_; }

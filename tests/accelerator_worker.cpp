@@ -21,6 +21,7 @@
 #include "backends/optim/sgd.hpp"
 #include "examples/raw_mlp/mlp.hpp"
 #include "examples/raw_mlp/param_refs.hpp"
+#include "tests/support/global_batches.hpp"
 #include "tests/support/mlp_magnitude.hpp"
 #include "tests/support/tolerance.hpp"
 
@@ -106,26 +107,25 @@ int main(int argc, char** argv) {
 
     // Training: 2 epochs, 4 samples per rank per batch, shuffled per epoch.
     const std::size_t per_rank = 4;
-    ShardedSampler sampler = acc.make_sampler(kDatasetSize, {per_rank, true, 11, false});
-    ShardedSampler single(kDatasetSize, 1, 0, {per_rank * std::size_t(world), true, 11, false});
+    const SamplerOptions sampling{per_rank, true, 11, false};
+    ShardedSampler sampler = acc.make_sampler(kDatasetSize, sampling);
     double norm_diff = 0;
     test::GradientMagnitude measured;
     std::vector<double> step_magnitudes;
     for (std::uint64_t epoch = 0; epoch < 2; ++epoch) {
       sampler.set_epoch(epoch);
-      single.set_epoch(epoch);
-      const auto mine = sampler.indices(), all = single.indices();
+      const auto mine = sampler.indices();
+      const auto all = test::global_batches(kDatasetSize, world, sampling, epoch);
       for (std::size_t b = 0; b < sampler.num_batches(); ++b) {
-        const auto first = mine.begin() + std::ptrdiff_t(b * per_rank);
-        const Dataset batch = select(data, {first, first + std::ptrdiff_t(per_rank)});
+        const auto [begin, end] = sampler.batch_bounds(b);  // one process: a short last batch
+        const Dataset batch = select(
+            data, {mine.begin() + std::ptrdiff_t(begin), mine.begin() + std::ptrdiff_t(end)});
         acc.begin_batch(b, sampler.num_batches());
         model.forward_backward(batch.x, batch.labels, acc.loss_scale(), [&](std::size_t l) {
           acc.grad_ready(2 * l);
           acc.grad_ready(2 * l + 1);
         });
-        const auto gfirst = all.begin() + std::ptrdiff_t(b * per_rank * std::size_t(world));
-        const Dataset global =
-            select(data, {gfirst, gfirst + std::ptrdiff_t(per_rank * std::size_t(world))});
+        const Dataset global = select(data, all[b]);
         test::add_magnitudes(step_magnitudes,
                              test::gradient_magnitudes(reference, global.x, global.labels,
                                                        1.0f / float(accumulation)));
@@ -196,8 +196,9 @@ int main(int argc, char** argv) {
     const auto eval_idx = eval.indices();
     std::vector<std::int64_t> seen;
     for (std::size_t b = 0; b < eval.num_batches(); ++b) {
-      std::vector<std::int64_t> local(eval_idx.begin() + std::ptrdiff_t(b * 5),
-                                      eval_idx.begin() + std::ptrdiff_t((b + 1) * 5));
+      const auto [begin, end] = eval.batch_bounds(b);
+      std::vector<std::int64_t> local(eval_idx.begin() + std::ptrdiff_t(begin),
+                                      eval_idx.begin() + std::ptrdiff_t(end));
       const auto g = acc.gather_for_metrics(local, eval, b);
       seen.insert(seen.end(), g.begin(), g.end());
     }

@@ -141,8 +141,9 @@ int main(int argc, char** argv) {
       for (std::size_t b = acc.batch_in_epoch(); b < sampler.num_batches(); ++b) {
         x.clear();
         labels.clear();
-        for (std::size_t k = 0; k < kPerRank; ++k) {
-          const std::size_t i = idx[b * kPerRank + k];
+        const auto [begin, end] = sampler.batch_bounds(b);  // one process: a short last batch
+        for (std::size_t k = begin; k < end; ++k) {
+          const std::size_t i = idx[k];
           for (int f = 0; f < kSizes.front(); ++f)
             x.push_back(data.x[i * std::size_t(kSizes.front()) + std::size_t(f)] +
                         noise(acc.rng()));

@@ -174,7 +174,7 @@ TEST_CASE("the model outlives the accelerator") {
   CHECK_FALSE(torch::equal(grad, net->parameters()[0].grad()));
 }
 
-TEST_CASE("the data loader shards, pads and tells the accelerator where it is") {
+TEST_CASE("the data loader of one process pads nothing and tells the accelerator where it is") {
   TorchAccelerator acc(local_options(4));
   auto net = small_net();
   torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1));
@@ -185,7 +185,7 @@ TEST_CASE("the data loader shards, pads and tells the accelerator where it is") 
   std::vector<std::size_t> synced_at;
   std::vector<torch::Tensor> ids;
   for (const auto& batch : loader) {
-    CHECK(batch.data.size(0) == 4);
+    CHECK(batch.data.size(0) == (batch.index < 2 ? 4 : 2));  // short, as in the plain loop
     acc.backward(model->forward(batch.data).sum());
     if (acc.sync_gradients_happened()) synced_at.push_back(batch.index);
     ids.push_back(acc.gather_for_metrics(batch.target, loader, batch.index));
@@ -193,7 +193,7 @@ TEST_CASE("the data loader shards, pads and tells the accelerator where it is") 
   // Accumulation 4 but 3 batches: the epoch's last batch forces the sync.
   CHECK(synced_at == std::vector<std::size_t>{2});
   const auto all = torch::cat(ids);
-  CHECK(torch::equal(all, torch::arange(10)));  // the 2 padded samples dropped
+  CHECK(torch::equal(all, torch::arange(10)));
 
   loader.skip_first_batches(2);
   std::size_t count = 0;

@@ -29,6 +29,7 @@
 #include "accelerate/torch/torch_accelerator.hpp"
 #include "backends/ddp/ddp_strategy.hpp"
 #include "backends/zero/zero_strategy.hpp"
+#include "tests/support/global_batches.hpp"
 #include "tests/support/tolerance.hpp"
 
 using namespace accel;
@@ -206,14 +207,13 @@ int main(int argc, char** argv) {
     const torch::Tensor y = torch::randint(10, {n}, torch::kLong);
     auto loader = acc.prepare_data_loader(
         x, y, {std::size_t(odd("batch_size") ? 2 : per_rank), true, 11, false});
-    ShardedSampler single(std::size_t(n), 1, 0, {std::size_t(global), true, 11, false});
+    const SamplerOptions sampling{std::size_t(per_rank), true, 11, false};
 
     double norm_diff = 0;
     std::size_t steps = 0, boundary_errors = 0;
     for (std::uint64_t epoch = 0; epoch < 2; ++epoch) {
       loader.set_epoch(epoch);
-      single.set_epoch(epoch);
-      const auto all = single.indices();
+      const auto all = test::global_batches(std::size_t(n), world, sampling, epoch);
       for (const auto& batch : loader) {
         const std::size_t b = batch.index;
         const bool boundary = (b + 1) % K == 0 || b + 1 == loader.size();
@@ -221,8 +221,7 @@ int main(int argc, char** argv) {
         // The reference: one process on the whole global batch. With BatchNorm it runs each
         // rank's part separately (DDP normalises with each rank's own batch statistics) and
         // keeps the running statistics rank 0's part produced (those DDP broadcasts).
-        std::vector<std::int64_t> rows(all.begin() + std::ptrdiff_t(b) * global,
-                                       all.begin() + std::ptrdiff_t(b + 1) * global);
+        const std::vector<std::int64_t> rows(all[b].begin(), all[b].end());
         const auto idx = torch::tensor(rows, torch::kLong);
         const auto gx = x.index_select(0, idx), gy = y.index_select(0, idx);
         torch::Tensor ref_loss;
@@ -231,9 +230,10 @@ int main(int argc, char** argv) {
           ref_loss = loss_of(reference, gx, gy);
         } else {
           ref_loss = torch::zeros({});
+          const std::int64_t part = gx.size(0) / world;  // equal: padded at N > 1
           for (std::int64_t r = 0; r < world; ++r) {
-            ref_loss = ref_loss + loss_of(reference, gx.narrow(0, r * per_rank, per_rank),
-                                          gy.narrow(0, r * per_rank, per_rank));
+            ref_loss = ref_loss + loss_of(reference, gx.narrow(0, r * part, part),
+                                          gy.narrow(0, r * part, part));
             if (r == 0)
               for (const auto& buf : reference.module().buffers()) saved.push_back(buf.clone());
           }

@@ -76,10 +76,12 @@ double test_accuracy(accel::Accelerator& acc, Model& model, const FloatImages& t
   std::vector<int> labels;
   std::size_t correct = 0, seen = 0;
   for (std::size_t b = 0; b < sampler.num_batches(); ++b) {
-    take_batch(test, idx, b * batch, batch, x, labels);
-    const std::vector<int> predicted = model.predict(x, int(batch));
-    std::vector<std::int64_t> hit(batch);
-    for (std::size_t k = 0; k < batch; ++k) hit[k] = predicted[k] == labels[k];
+    const auto [begin, end] = sampler.batch_bounds(b);  // one process: a short last batch
+    const std::size_t n = end - begin;
+    take_batch(test, idx, begin, n, x, labels);
+    const std::vector<int> predicted = model.predict(x, int(n));
+    std::vector<std::int64_t> hit(n);
+    for (std::size_t k = 0; k < n; ++k) hit[k] = predicted[k] == labels[k];
     const auto all = acc.gather_for_metrics(hit, sampler, b);
     for (std::int64_t h : all) correct += std::size_t(h);
     seen += all.size();

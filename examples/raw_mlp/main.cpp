@@ -138,7 +138,8 @@ int main(int argc, char** argv) {
       double loss_sum = 0;
       std::size_t loss_count = 0;
       for (std::size_t b = acc.batch_in_epoch(); b < batches; ++b) {  // mid-epoch after a resume
-        take_batch(train, idx, b * flags.batch_size, flags.batch_size, x, labels);
+        const auto [begin, end] = sampler.batch_bounds(b);  // one process: a short last batch
+        take_batch(train, idx, begin, end - begin, x, labels);
         acc.begin_batch(b, batches);
         // The batch's rows on `model`, or split between DataParallel's replicas.
         loss_sum += examples::forward_backward_rows(acc, model, x, labels, train.features);
