@@ -1,5 +1,6 @@
 #include "accelerate/accelerator.hpp"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
@@ -243,8 +244,8 @@ std::size_t Accelerator::prepare_parameters(std::vector<ParamRef> params,
                                                        : current_cuda_device());
   model->strategy = make_strategy(comm(), std::move(params), std::move(buffers), strategy_options_);
   model->strategy->prepare();
-  model->strategy->set_sync_enabled(in_batch_again_ ? batch_boundary_ : is_accumulation_boundary());
   models_.push_back(std::move(model));
+  apply_sync_state();
   return index;
 }
 
@@ -320,8 +321,34 @@ void Accelerator::begin_batch(std::size_t batch_index, std::size_t num_batches) 
   batch_in_flight_ = {batch_index, num_batches};
   in_batch_again_ = false;
   batch_boundary_ = is_accumulation_boundary();
-  for (auto& m : models_) m->strategy->set_sync_enabled(batch_boundary_);
+  apply_sync_state();
 }
+
+bool Accelerator::next_micro_batch_syncs() const {
+  return in_batch_again_ ? batch_boundary_ : is_accumulation_boundary();
+}
+
+void Accelerator::apply_sync_state() {
+  const bool sync = next_micro_batch_syncs();
+  for (auto& m : models_) m->strategy->set_sync_enabled(sync && !m->no_sync);
+}
+
+Accelerator::NoSync::NoSync(Accelerator& accelerator, std::size_t model)
+    : accelerator_(accelerator), model_(model) {
+  accelerator_.strategy(model_);  // throws naming a model that is not there
+  PreparedParameters& m = *accelerator_.models_[model_];
+  ACCEL_CHECK_ARG(!m.no_sync,
+                  "no_sync: " + prepared_name("model", model_) + " is under no_sync already");
+  m.no_sync = true;
+  accelerator_.apply_sync_state();
+}
+
+Accelerator::NoSync::~NoSync() {
+  accelerator_.models_[model_]->no_sync = false;
+  accelerator_.apply_sync_state();
+}
+
+Accelerator::NoSync Accelerator::no_sync(std::size_t model) { return NoSync(*this, model); }
 
 void Accelerator::grad_ready(std::size_t model, std::size_t index) {
   strategy(model).grad_ready(index);
@@ -336,9 +363,12 @@ float Accelerator::loss_scale() const {
 std::vector<std::size_t> Accelerator::models_to_sync() const {
   std::vector<std::size_t> out;
   for (const auto& m : models_)
-    if (m->reported) out.push_back(m->index);
-  if (out.empty())
-    for (const auto& m : models_) out.push_back(m->index);
+    if (m->reported && !m->no_sync) out.push_back(m->index);
+  const bool any_reported =
+      std::any_of(models_.begin(), models_.end(), [](const auto& m) { return m->reported; });
+  if (!any_reported)
+    for (const auto& m : models_)
+      if (!m->no_sync) out.push_back(m->index);
   return out;
 }
 
@@ -351,10 +381,8 @@ bool Accelerator::sync_gradients() {
   step_skipped_ = false;
   const std::vector<std::size_t> models = models_to_sync();
   // Every micro-batch: the strategies do nothing while sync is off.
-  for (std::size_t m : models) {
-    models_[m]->strategy->sync_gradients();
-    models_[m]->reported = false;
-  }
+  for (std::size_t m : models) models_[m]->strategy->sync_gradients();
+  for (auto& m : models_) m->reported = false;
   if (boundary && scaler_) {
     const double scale = scaler_->scale();  // the one this step's losses were scaled by
     step_skipped_ = !scaler_->update(comm(), unscale_gradients(scale, models));
@@ -375,9 +403,7 @@ bool Accelerator::sync_gradients() {
       next_batch_ = 0;
     }
   }
-  // For the next micro-batch's hooks: the same batch's next backward syncs alike.
-  const bool next = in_batch_again_ ? batch_boundary_ : is_accumulation_boundary();
-  for (auto& m : models_) m->strategy->set_sync_enabled(next);
+  apply_sync_state();  // for the next micro-batch's hooks (the same batch's syncs alike)
   return boundary && !step_skipped_;
 }
 

@@ -246,6 +246,24 @@ class Accelerator {
   // one micro-batch; every backward of it syncs or accumulates alike.
   bool sync_gradients();
   bool optimizer_step_was_skipped() const { return step_skipped_; }
+  // Accelerate's no_sync(model): while the returned guard lives, the backwards reaching `model`
+  // only accumulate its gradients locally (no communication, not unscaled); the first backward
+  // after it synchronises everything accumulated, as PyTorch DDP's no_sync. For a model a
+  // backward reaches without needing its gradients (a GAN's discriminator under the
+  // generator's loss: `auto local = acc.no_sync(discriminator);`).
+  class NoSync {
+   public:
+    ~NoSync();
+    NoSync(const NoSync&) = delete;
+    NoSync& operator=(const NoSync&) = delete;
+
+   private:
+    friend class Accelerator;
+    NoSync(Accelerator& accelerator, std::size_t model);
+    Accelerator& accelerator_;
+    std::size_t model_;
+  };
+  [[nodiscard]] NoSync no_sync(std::size_t model = 0);
   // The fp16 loss scaler (null unless mixed_precision is fp16).
   const DynamicLossScaler* loss_scaler() const { return scaler_.get(); }
   // Accelerate's accelerator.sync_gradients: will the current micro-batch end in a sync?
@@ -465,8 +483,12 @@ class Accelerator {
   ReplicatedModel* replicas_of(std::size_t model) const;
   void keep_replicas(std::size_t model, std::unique_ptr<ReplicatedModel> replicas);
   // The models sync_gradients synchronises now: those a gradient was reported for since the
-  // last sync, or every one when none was.
+  // last sync, or every one when none was; none under no_sync.
   std::vector<std::size_t> models_to_sync() const;
+  // Whether the next micro-batch ends in a sync; every model's strategy told so (but those
+  // under no_sync).
+  bool next_micro_batch_syncs() const;
+  void apply_sync_state();
 };
 
 }  // namespace accel

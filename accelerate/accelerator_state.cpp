@@ -349,7 +349,7 @@ void Accelerator::load_state(const std::string& dir) {
   next_batch_ = resume_batch_ = meta.batch;
   seed_ = meta.seed;
   rng_ = restored_rng;
-  for (const auto& model : models_) model->strategy->set_sync_enabled(is_accumulation_boundary());
+  apply_sync_state();
 }
 
 void Accelerator::check_registered_states(const LoadedCheckpoint& ck) const {

@@ -27,6 +27,7 @@ struct PreparedParameters {
   // DataParallel under the raw API: prepare(model, ...)'s model and its copies.
   std::unique_ptr<ReplicatedModel> replicas;
   bool reported = false;  // a gradient was reported ready since the last sync
+  bool no_sync = false;   // under Accelerator::no_sync: its gradients accumulate locally
 };
 
 }  // namespace accel

@@ -439,6 +439,73 @@ TEST_CASE("several models: what applies to one is asked for by name, or refused 
   CHECK_NOTHROW(acc.prepare_scheduler(lr, opt_b));
 }
 
+TEST_CASE("prepare(G, D, opt_d, opt_g) in one call pairs each optimizer with its model") {
+  TorchAccelerator acc(local_options());
+  auto g = small_net();
+  auto d = torch::nn::Sequential(torch::nn::Linear(3, 1));
+  torch::optim::Adam adam_g(g->parameters(), torch::optim::AdamOptions(0.01));
+  torch::optim::SGD sgd_d(d->parameters(), torch::optim::SGDOptions(0.1));
+  auto [generator, discriminator, opt_d, opt_g] = acc.prepare(g, d, sgd_d, adam_g);
+  CHECK(acc.num_models() == 2);
+  CHECK(&opt_g.optimizer() == &adam_g);  // given in another order than the models
+  CHECK(&opt_d.optimizer() == &sgd_d);
+  CHECK(acc.prepared_parameters(1)[0].unsafeGetTensorImpl() ==
+        d->parameters()[0].unsafeGetTensorImpl());  // models in the arguments' order
+  opt_d.zero_grad();
+  opt_g.zero_grad();
+  acc.backward(discriminator(generator(torch::randn({2, 6}))).sum());
+  const auto before = g->parameters()[0].detach().clone();
+  opt_g.step();
+  opt_d.step();
+  CHECK_FALSE(torch::equal(before, g->parameters()[0]));
+}
+
+TEST_CASE("prepare in one call refuses a model without its optimizer, naming it") {
+  TorchAccelerator acc(local_options());
+  auto g = small_net();
+  auto d = torch::nn::Sequential(torch::nn::Linear(3, 1));
+  auto e = torch::nn::Sequential(torch::nn::Linear(1, 1));
+  torch::optim::SGD sgd_g(g->parameters(), torch::optim::SGDOptions(0.1));
+  torch::optim::SGD sgd_e(e->parameters(), torch::optim::SGDOptions(0.1));
+  CHECK_THROWS_WITH_AS(acc.prepare(g, d, sgd_g, sgd_e),
+                       doctest::Contains("no optimizer given holds the parameters of a model"),
+                       InvalidArgument);
+  CHECK(acc.num_models() == 0);  // nothing prepared
+}
+
+TEST_CASE("no_sync(model): a backward only accumulates; the next one syncs all of it") {
+  for (int stage : {0, 2}) {
+    CAPTURE(stage);
+    TorchAccelerator acc(stage_options(stage));
+    auto net = small_net(), plain = small_net();  // the same initial weights
+    torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1));
+    torch::optim::SGD plain_sgd(plain->parameters(), torch::optim::SGDOptions(0.1));
+    auto [model, opt] = acc.prepare(net, sgd);
+    torch::manual_seed(5);
+    const auto x1 = torch::randn({4, 6}), x2 = torch::randn({4, 6});
+    opt.zero_grad();
+    {
+      auto local = acc.no_sync(model);
+      CHECK_THROWS_WITH_AS(acc.no_sync(model), doctest::Contains("under no_sync already"),
+                           InvalidArgument);
+      acc.backward(model(x1).sum());
+    }
+    // ZeRO-2 keeps a gradient until it is reduced into the shards: under no_sync it stays.
+    if (stage == 2)
+      for (const auto& p : net->parameters()) CHECK(p.grad().defined());
+    acc.backward(model(x2).sum());
+    if (stage == 2)
+      for (const auto& p : net->parameters()) CHECK_FALSE(p.grad().defined());
+    opt.step();
+    plain_sgd.zero_grad();
+    plain->forward(x1).sum().backward();
+    plain->forward(x2).sum().backward();
+    plain_sgd.step();
+    for (std::size_t i = 0; i < net->parameters().size(); ++i)
+      CHECK(torch::equal(net->parameters()[i], plain->parameters()[i]));
+  }
+}
+
 TEST_CASE("DATA_PARALLEL takes one model; a second is refused naming what to use") {
   AcceleratorOptions options = local_options();
   options.distributed_type = "DATA_PARALLEL";

@@ -40,6 +40,7 @@
 #include <functional>
 #include <memory>
 #include <sstream>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -117,6 +118,43 @@ class TorchAccelerator : public Accelerator {
     AcceleratedOptimizer& wrapped = prepare_script(module, optimizer);
     return {PreparedScriptModule(std::move(module), *this), wrapped};
   }
+  // ... or several models and their optimizers in one call, in any order (Accelerate's
+  // prepare(G, D, opt_g, opt_d)): each optimizer goes with the model holding its parameters,
+  // the models are prepared in the arguments' order, and the results come in that order:
+  //   auto [generator, discriminator, g_opt, d_opt] = acc.prepare(g_net, d_net, g_adam, d_adam);
+  template <typename... Args>
+  requires(sizeof...(Args) > 2) auto prepare(Args&... args) {
+    std::vector<torch::optim::Optimizer*> optimizers;
+    (
+        [&] {
+          if constexpr (std::derived_from<Args, torch::optim::Optimizer>)
+            optimizers.push_back(&args);
+        }(),
+        ...);
+    // Every model's optimizer found before anything is prepared.
+    std::vector<torch::optim::Optimizer*> chosen;
+    (
+        [&] {
+          if constexpr (!std::derived_from<Args, torch::optim::Optimizer>)
+            chosen.push_back(&optimizer_of(module_tensors_of(args), optimizers));
+        }(),
+        ...);
+    ACCEL_CHECK_ARG(chosen.size() == optimizers.size(),
+                    "prepare: " + std::to_string(optimizers.size()) + " optimizers for " +
+                        std::to_string(chosen.size()) +
+                        " models; each model needs the one optimizer that holds its parameters");
+    std::vector<std::pair<const torch::optim::Optimizer*, AcceleratedOptimizer*>> wrapped;
+    (
+        [&] {
+          if constexpr (!std::derived_from<Args, torch::optim::Optimizer>) {
+            torch::optim::Optimizer& optimizer = *chosen[wrapped.size()];
+            wrapped.emplace_back(&optimizer, &prepare_any(args, optimizer));
+          }
+        }(),
+        ...);
+    return std::tuple<decltype(prepared_result(args, wrapped))...>(
+        prepared_result(args, wrapped)...);
+  }
   AcceleratedOptimizer& prepare_module(torch::nn::Module& module,
                                        torch::optim::Optimizer& optimizer);
   AcceleratedOptimizer& prepare_script(const torch::jit::Module& module,
@@ -190,6 +228,15 @@ class TorchAccelerator : public Accelerator {
   // between accumulation steps, and for an fp16 step skipped after an overflow (its
   // gradients are then zeroed, and the optimizer step() does nothing).
   bool backward(const torch::Tensor& loss);
+  // Accelerate's no_sync(model) (Accelerator::no_sync): backwards reaching the model only
+  // accumulate its gradients while the guard lives, e.g. the discriminator under the
+  // generator's loss, whose gradients the loop zeroes before its own step anyway:
+  //   { auto local = acc.no_sync(discriminator); acc.backward(g_loss); }
+  using Accelerator::no_sync;
+  template <typename Model>
+  [[nodiscard]] NoSync no_sync(const PreparedModel<Model>& model) {
+    return no_sync(index_of_module(*model.get()));
+  }
   // Whether the last backward() ended at an accumulation boundary (gradients synchronised).
   bool sync_gradients_happened() const { return synced_; }
   // Whether gradients are accumulating: a backward() happened that did not end in a sync.
@@ -291,6 +338,49 @@ class TorchAccelerator : public Accelerator {
   static void write_file_atomically(const std::string& path, const std::string& bytes);
   static std::vector<std::pair<std::string, at::Tensor>> state_dict_of(
       const torch::nn::Module& module);
+  // The one-call prepare's steps, per argument: its parameters (for the optimizer that holds
+  // them), its preparation, and what it gives back.
+  template <typename Arg>
+  static std::vector<at::Tensor> module_tensors_of(Arg& arg) {
+    if constexpr (std::is_same_v<Arg, torch::jit::Module>) {
+      std::vector<at::Tensor> out;
+      for (const at::Tensor& p : arg.parameters()) out.push_back(p);
+      return out;
+    } else if constexpr (std::derived_from<Arg, torch::nn::Module>) {
+      return arg.parameters();
+    } else {
+      return (*arg).parameters();
+    }
+  }
+  // The optimizer among `optimizers` whose parameters are the model's.
+  static torch::optim::Optimizer& optimizer_of(
+      const std::vector<at::Tensor>& parameters,
+      const std::vector<torch::optim::Optimizer*>& optimizers);
+  template <typename Arg>
+  AcceleratedOptimizer& prepare_any(Arg& arg, torch::optim::Optimizer& optimizer) {
+    if constexpr (std::is_same_v<Arg, torch::jit::Module>)
+      return prepare_script(arg, optimizer);
+    else if constexpr (std::derived_from<Arg, torch::nn::Module>)
+      return prepare_module(arg, optimizer);
+    else
+      return prepare_module(*arg, optimizer);
+  }
+  template <typename Arg>
+  decltype(auto) prepared_result(
+      Arg& arg, const std::vector<std::pair<const torch::optim::Optimizer*, AcceleratedOptimizer*>>&
+                    wrapped) {
+    if constexpr (std::derived_from<Arg, torch::optim::Optimizer>) {
+      for (const auto& [optimizer, accelerated] : wrapped)
+        if (optimizer == &arg) return static_cast<AcceleratedOptimizer&>(*accelerated);
+      throw InvalidArgument("prepare: an optimizer holds the parameters of no model given");
+    } else if constexpr (std::is_same_v<Arg, torch::jit::Module>) {
+      return PreparedScriptModule(arg, *this);
+    } else if constexpr (std::derived_from<Arg, torch::nn::Module>) {
+      return PreparedModel<std::shared_ptr<Arg>>(std::shared_ptr<Arg>(&arg, [](Arg*) {}), *this);
+    } else {
+      return PreparedModel<Arg>(arg, *this);
+    }
+  }
   // The prepared model whose root module is `module` (clip_grad_norm(model, ...)).
   std::size_t index_of_module(const torch::nn::Module& module) const;
   // Autograd accumulated parameter i's gradient of `model`: make sure it is (still) the bucket

@@ -149,6 +149,26 @@ AcceleratedOptimizer& TorchAccelerator::prepare_tensors(const ModuleTensors& ten
   return *model.optimizer;
 }
 
+torch::optim::Optimizer& TorchAccelerator::optimizer_of(
+    const std::vector<at::Tensor>& parameters,
+    const std::vector<torch::optim::Optimizer*>& optimizers) {
+  std::unordered_set<const void*> mine;
+  for (const at::Tensor& p : parameters) mine.insert(p.unsafeGetTensorImpl());
+  torch::optim::Optimizer* found = nullptr;
+  for (torch::optim::Optimizer* optimizer : optimizers)
+    for (const auto& group : optimizer->param_groups())
+      for (const at::Tensor& p : group.params())
+        if (mine.count(p.unsafeGetTensorImpl())) {
+          ACCEL_CHECK_ARG(found == nullptr || found == optimizer,
+                          "prepare: two optimizers given hold parameters of one model");
+          found = optimizer;
+        }
+  ACCEL_CHECK_ARG(found != nullptr,
+                  "prepare: no optimizer given holds the parameters of a model given (each model "
+                  "needs its optimizer in the same call)");
+  return *found;
+}
+
 std::vector<ParamRef> TorchAccelerator::collect_parameters(PreparedTensors& model,
                                                            const ModuleTensors& tensors,
                                                            torch::optim::Optimizer& optimizer) {
