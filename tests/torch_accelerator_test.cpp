@@ -919,6 +919,9 @@ TEST_CASE(
       options.env = env;
       options.env.emplace_back("ACCEL_COMM_BACKEND", world == 1 ? "local" : "gloo");
       expect_ok(run_ranks(world, "torch_two_backward_worker", {}, options), world);
+      // The first backward under no_sync (local accumulation), the second syncing both.
+      if (world == 2)
+        expect_ok(run_ranks(world, "torch_two_backward_worker", {"--no_sync"}, options), world);
     }
   RanksOptions dp;
   dp.env = {{"ACCEL_DISTRIBUTED_TYPE", "DATA_PARALLEL"},
