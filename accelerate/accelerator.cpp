@@ -286,8 +286,9 @@ std::size_t Accelerator::model_index_of(const void* model) const {
 }
 
 void Accelerator::optimizer_step() {
-  ACCEL_CHECK_ARG(!models_.empty(),
-                  "optimizer_step: no optimizer prepared (prepare(params, optimizer))");
+  const bool any = std::any_of(models_.begin(), models_.end(),
+                               [](const auto& m) { return m->optimizer != nullptr; });
+  ACCEL_CHECK_ARG(any, "optimizer_step: no optimizer prepared (prepare(params, optimizer))");
   for (std::size_t m = 0; m < models_.size(); ++m)
     if (models_[m]->optimizer != nullptr) optimizer_step(m);
 }

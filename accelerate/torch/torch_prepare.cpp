@@ -252,40 +252,33 @@ void TorchAccelerator::register_checkpoint_states(PreparedTensors& model,
   // Checkpoints hold the model as a LibTorch archive (loadable without accelerate-cpp)
   // instead of the Accelerator's raw parameter blob: "model", "model_1" ...
   set_checkpoint_parameters(false);
-  const std::string optimizer_name = prepared_name("optimizer", model.index);
   register_state(prepared_name("model", model.index), tensors.save, tensors.load);
-  if (!flat_state) {
-    // The whole LibTorch archive; under ZeRO each rank's own (its slices), so such a
-    // checkpoint resumes with the same number of processes only.
-    PreparedTensors* m = &model;
-    register_state(
-        optimizer_name,
-        [m, &optimizer] {
-          m->optimizer->sync_learning_rates();
-          return torch_state::save_optimizer(optimizer);
-        },
-        [m, &optimizer](const std::string& bytes) {
-          torch_state::load_optimizer(optimizer, bytes);
-          m->optimizer->adopt_learning_rates();
-        },
-        sharded ? StateScope::per_rank : StateScope::shared);
-    return;
-  }
-  // The param groups' options (learning rates ...) from rank 0 as a LibTorch archive; the
+  // Without flat state: the whole LibTorch archive (under ZeRO each rank's own, its slices, so
+  // such a checkpoint resumes with the same number of processes only). With it: the param
+  // groups' options (learning rates ...) from rank 0 as a LibTorch archive, and below the
   // per-parameter state in flat coordinates, as the built-in optimizers' ("optimizer" under
-  // DDP, "optimizer.rankR" under ZeRO), so any strategy and number of processes resumes. The
-  // rates are the prepared optimizer's (a scheduler may have changed them since its step).
+  // DDP, "optimizer.rankR" under ZeRO), so any strategy and number of processes resumes.
+  // Either way the rates saved are the prepared optimizer's (a scheduler may have changed them
+  // since its last step), and a load gives them to it.
+  using Save = std::string (*)(torch::optim::Optimizer&);
+  using Load = void (*)(torch::optim::Optimizer&, const std::string&);
+  const Save save = flat_state
+                        ? Save(torch_state::save_optimizer_options)
+                        : [](torch::optim::Optimizer& o) { return torch_state::save_optimizer(o); };
+  const Load load = flat_state ? torch_state::load_optimizer_options : torch_state::load_optimizer;
   PreparedTensors* m = &model;
   register_state(
-      optimizer_name,
-      [m, &optimizer] {
+      prepared_name("optimizer", model.index),
+      [m, &optimizer, save] {
         m->optimizer->sync_learning_rates();
-        return torch_state::save_optimizer_options(optimizer);
+        return save(optimizer);
       },
-      [m, &optimizer](const std::string& bytes) {
-        torch_state::load_optimizer_options(optimizer, bytes);
+      [m, &optimizer, load](const std::string& bytes) {
+        load(optimizer, bytes);
         m->optimizer->adopt_learning_rates();
-      });
+      },
+      !flat_state && sharded ? StateScope::per_rank : StateScope::shared);
+  if (!flat_state) return;
   register_optimizer_state(
       model.index,
       [this, m, &optimizer] {
