@@ -11,11 +11,11 @@
 
 using namespace programs;
 
-constexpr std::int64_t kFeatures = 10, kNoise = 4;
+constexpr std::int64_t kFeatures = 10, kNz = 4;  // DCGAN's nz: the latent size
 
 struct GeneratorImpl : torch::nn::Module {
   GeneratorImpl()
-      : fc1(register_module("fc1", torch::nn::Linear(kNoise, 16))),
+      : fc1(register_module("fc1", torch::nn::Linear(kNz, 16))),
         fc2(register_module("fc2", torch::nn::Linear(16, kFeatures))) {}
   torch::Tensor forward(const torch::Tensor& z) { return fc2(torch::relu(fc1(z))); }
   torch::nn::Linear fc1, fc2;
@@ -41,13 +41,12 @@ int main(int argc, char** argv) {
   const Flags flags = parse_flags(argc, argv);
   accel::TorchAccelerator acc;
   torch::manual_seed(1);
-  Generator g_net;
-  Discriminator d_net;
+  Generator g;
+  Discriminator d;
   const auto adam = torch::optim::AdamOptions(0.01).betas({0.5, 0.999});
-  torch::optim::Adam g_adam(g_net->parameters(), adam);
-  torch::optim::Adam d_adam(d_net->parameters(), adam);
-  auto [generator, g_optimizer] = acc.prepare(g_net, g_adam);
-  auto [discriminator, d_optimizer] = acc.prepare(d_net, d_adam);
+  torch::optim::Adam g_adam(g->parameters(), adam);
+  torch::optim::Adam d_adam(d->parameters(), adam);
+  auto [generator, discriminator, g_optimizer, d_optimizer] = acc.prepare(g, d, g_adam, d_adam);
   auto loader = acc.prepare_data_loader<torch::data::samplers::SequentialSampler>(
       InMemory(teacher_samples(128, kFeatures)).map(torch::data::transforms::Stack<>()),
       torch::data::DataLoaderOptions(flags.batch));
@@ -57,8 +56,7 @@ int main(int argc, char** argv) {
       d_optimizer.zero_grad();
       auto d_real = bce(discriminator(batch.data), 1.0);
       acc.backward(d_real);
-      auto z =
-          acc.split_between_processes(torch::randn({flags.batch * acc.num_processes(), kNoise}));
+      auto z = acc.split_between_processes(torch::randn({flags.batch * acc.num_processes(), kNz}));
       auto fake = generator(z);
       auto d_fake = bce(discriminator(fake.detach()), 0.0);
       acc.backward(d_fake);

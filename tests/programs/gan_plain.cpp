@@ -10,11 +10,11 @@
 
 using namespace programs;
 
-constexpr std::int64_t kFeatures = 10, kNoise = 4;
+constexpr std::int64_t kFeatures = 10, kNz = 4;  // DCGAN's nz: the latent size
 
 struct GeneratorImpl : torch::nn::Module {
   GeneratorImpl()
-      : fc1(register_module("fc1", torch::nn::Linear(kNoise, 16))),
+      : fc1(register_module("fc1", torch::nn::Linear(kNz, 16))),
         fc2(register_module("fc2", torch::nn::Linear(16, kFeatures))) {}
   torch::Tensor forward(const torch::Tensor& z) { return fc2(torch::relu(fc1(z))); }
   torch::nn::Linear fc1, fc2;
@@ -53,7 +53,7 @@ int main(int argc, char** argv) {
       d_optimizer.zero_grad();
       auto d_real = bce(discriminator(batch.data), 1.0);
       d_real.backward();
-      auto z = torch::randn({flags.batch, kNoise});
+      auto z = torch::randn({flags.batch, kNz});
       auto fake = generator(z);
       auto d_fake = bce(discriminator(fake.detach()), 0.0);
       d_fake.backward();

@@ -272,11 +272,11 @@ TEST_CASE("a plain module object trained through train(..., torch::optim::Optimi
 
 TEST_CASE("a GAN: two models, two Adams, the generator's loss through the discriminator") {
   if (gloo_missing()) return;
-  // 14 lines: each model and optimizer is the user's object renamed, then prepared (C++ cannot
-  // rebind a name as Python's `G, opt = accelerator.prepare(G, opt)` does): 3 lines per model;
-  // the noise is the global batch's, drawn alike on every process, and this process's share
-  // (one statement, two lines).
-  const Shape shape{"gan", 14, {}, [](int world) {
+  // 12 lines: the models and optimizers are the user's objects renamed (4 lines), then prepared
+  // in one call (C++ cannot rebind a name as Python's `G, D, opt_g, opt_d =
+  // accelerator.prepare(G, D, opt_g, opt_d)` does); the noise is the global batch's, drawn
+  // alike on every process, and this process's share.
+  const Shape shape{"gan", 12, {}, [](int world) {
                       // Adam lr 0.01, betas (0.5, 0.999) for both models (fp64). The longest
                       // sum: the discriminator's gradient, two backwards (real, fake) of the
                       // global batch's rows, each averaged over `world` partials (forward inner
