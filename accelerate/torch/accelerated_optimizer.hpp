@@ -35,7 +35,10 @@ class AcceleratedOptimizer : public torch::optim::Optimizer {
   at::Tensor step(LossClosure closure = nullptr) override;
   // Zeroes the gradients in place (they live in the DDP buckets, so they are never freed).
   // While gradients are accumulating (the last backward() did not end in a sync) it does
-  // nothing, so it may be called before the forward or after step() alike.
+  // nothing, so it may be called before the forward or after step() alike. Under ZeRO-2 it is
+  // the one call that clears the gradients already reduced into this rank's shards: a
+  // module's zero_grad() finds them freed, so what a later backward synced into a model after
+  // its step (a GAN's generator loss through the discriminator) would reach its next step.
   void zero_grad();
   // Accelerate's optimizer.step_was_skipped: whether the last step() did not step. Use it to
   // step an LR scheduler only when the optimizer stepped.
