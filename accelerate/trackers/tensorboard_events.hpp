@@ -1,0 +1,67 @@
+#pragma once
+// TensorBoard's event files (what tf.summary writes and TensorBoard reads), written and read
+// without protobuf. A file is a sequence of TFRecord records:
+//   uint64 length (little-endian) | uint32 masked CRC-32C of those 8 bytes |
+//   length bytes: one serialized tensorflow.Event | uint32 masked CRC-32C of them
+// where masked(c) = ((c >> 15) | (c << 17)) + 0xa282ead8. The first Event holds file_version
+// "brain.Event:2"; each scalar is an Event {wall_time = 1 (double), step = 2 (int64),
+// summary = 5 { value = 1 { tag = 1 (string), simple_value = 2 (float) } } } (the field
+// numbers of tensorflow/core/util/event.proto and framework/summary.proto).
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace accel::tensorboard {
+
+// CRC-32C (Castagnoli, reflected polynomial 0x82F63B78): crc32c("123456789") = 0xE3069283.
+std::uint32_t crc32c(std::string_view bytes);
+std::uint32_t masked_crc32c(std::string_view bytes);
+
+// One record around `event` (a serialized Event), as the file holds it.
+std::string frame_record(std::string_view event);
+// The serialized Events this writer emits.
+std::string version_event(double wall_time);
+std::string scalar_event(double wall_time, std::int64_t step, std::string_view tag, float value);
+
+// Appends records to a new event file, each with one write() of the whole record: a writer
+// killed at any moment leaves a file readable up to its last complete record, and each
+// add_scalar is in the file (the kernel's page cache) when it returns.
+class EventFileWriter {
+ public:
+  // Creates `dir` (and its parents) and events.out.tfevents.<seconds>.<host>.<pid>.<n> in it
+  // (n counts this process's writers), then writes the version event. Throws Error naming the
+  // path when it cannot.
+  explicit EventFileWriter(const std::string& dir);
+  ~EventFileWriter();
+  EventFileWriter(const EventFileWriter&) = delete;
+  EventFileWriter& operator=(const EventFileWriter&) = delete;
+
+  void add_scalar(std::string_view tag, float value, std::int64_t step);
+  const std::string& path() const { return path_; }
+
+ private:
+  void write_record(std::string_view event);
+  int fd_ = -1;
+  std::string path_;
+};
+
+struct ScalarRecord {
+  double wall_time = 0;
+  std::int64_t step = 0;
+  std::string tag;
+  float value = 0;
+};
+
+struct EventFileContents {
+  std::string file_version;           // the first event's
+  std::vector<ScalarRecord> scalars;  // in file order
+  bool truncated_tail = false;        // the last record was incomplete (a writer killed)
+};
+
+// Every record's length and both CRCs checked: a damaged record is an Error naming the file
+// and its byte offset; an incomplete last record ends the read (truncated_tail).
+EventFileContents read_event_file(const std::string& path);
+
+}  // namespace accel::tensorboard
