@@ -32,6 +32,8 @@ packages=(
   iproute2 procps
   # format_test: the tree as Debian 12's clang-format (14) formats it
   clang-format
+  # tensorboard_events_test: Google's protobuf decodes the event files written
+  python3-protobuf
 )
 # Benchmark baselines only (about 20 packages, mostly Python); the Python is /usr/bin/python3.
 [[ $bench -eq 1 ]] && packages+=(python3-torch)

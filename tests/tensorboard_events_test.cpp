@@ -1,7 +1,8 @@
 // TensorBoard event files (accelerate/trackers/tensorboard_events.hpp): the CRC-32C check
 // value, one scalar Event's bytes derived by hand from the protobuf wire format, a file
 // written and read back with every CRC checked, a damaged byte named, and a writer killed
-// while writing leaving a file readable up to its last complete record.
+// while writing leaving a file readable up to its last complete record; Google's protobuf
+// decoding the same file, where Debian's python3-protobuf is installed.
 
 #include <doctest/doctest.h>
 #include <signal.h>
@@ -9,6 +10,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -17,6 +19,7 @@
 #include "accelerate/trackers/tensorboard_events.hpp"
 #include "core/error.hpp"
 #include "tests/support/files.hpp"
+#include "tests/support/skip.hpp"
 
 using namespace accel;
 using namespace accel::test;
@@ -94,6 +97,30 @@ TEST_CASE("an event file written is read back with every CRC checked; damage is 
   const std::string expected =
       path + " at byte " + std::to_string(first) + ": the event's CRC-32C does not match";
   CHECK_THROWS_WITH_AS(tb::read_event_file(path), doctest::Contains(expected.c_str()), Error);
+}
+
+TEST_CASE("Google's protobuf decodes the file as TensorBoard's Event messages") {
+  // tests/support/decode_tfevents.py builds Event, Summary and Summary.Value from descriptors
+  // with Debian's python3-protobuf (scripts/setup.sh installs it) and prints what it decodes.
+  const bool have = std::system("/usr/bin/python3 -c 'import google.protobuf' 2>/dev/null") == 0;
+  if (skip_unless(have, "/usr/bin/python3 with google.protobuf (python3-protobuf) not found"))
+    return;
+  TempDir dir("accel_tb_protobuf");
+  std::string path;
+  {
+    tb::EventFileWriter writer(dir.file("run"));
+    path = writer.path();
+    writer.add_scalar("loss", 0.5f, 0);
+    writer.add_scalar("train/accuracy", 0.75f, 300);
+  }
+  const std::string out = dir.file("decoded.txt");
+  const std::string command = std::string("/usr/bin/python3 ") + ACCEL_SOURCE_DIR +
+                              "/tests/support/decode_tfevents.py " + path + " > " + out;
+  REQUIRE(std::system(command.c_str()) == 0);
+  CHECK(read_file(out) ==
+        "file_version brain.Event:2\n"
+        "0 loss 0.5\n"
+        "300 train/accuracy 0.75\n");
 }
 
 TEST_CASE("a writer killed while writing leaves a file readable up to its last record") {
