@@ -94,11 +94,11 @@ class TorchAccelerator : public Accelerator {
   // Returns the same model (its parameters now synchronised and hooked), wrapped so that
   // calling it, model(x), is the forward the strategy may fan out (prepared_model.hpp), and the
   // wrapped optimizer. Any number of models, one call each (a GAN: prepare(G, opt_g), then
-  // prepare(D, opt_d)): each has a strategy of its own (its buckets or shards), its optimizer
-  // steps only at a sync, and a backward through several (G's loss through D) syncs each one
-  // it reached (Accelerator::sync_gradients). Checkpoints carry them all, model k > 0 as
-  // "model_k", "optimizer_k". DATA_PARALLEL takes one model. The model may be a
-  // std::shared_ptr<M> or a ModuleHolder (TORCH_MODULE types, torch::nn::Sequential) ...
+  // prepare(D, opt_d)) or all in one (below): each has a strategy of its own (its buckets or
+  // shards), its optimizer steps only at a sync, and a backward through several (G's loss
+  // through D) syncs each one it reached (Accelerator::sync_gradients). Checkpoints carry them
+  // all, model k > 0 as "model_k", "optimizer_k". DATA_PARALLEL takes one model. The model may
+  // be a std::shared_ptr<M> or a ModuleHolder (TORCH_MODULE types, torch::nn::Sequential) ...
   template <TorchModel Model>
   std::pair<PreparedModel<Model>, AcceleratedOptimizer&> prepare(
       Model model, torch::optim::Optimizer& optimizer) {
