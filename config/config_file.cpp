@@ -16,6 +16,7 @@
 #include "config/detect.hpp"
 #include "config/layers.hpp"
 #include "core/error.hpp"
+#include "core/file_io.hpp"
 
 namespace accel::config {
 namespace {
@@ -253,17 +254,6 @@ std::string yaml_text(const std::string& s) {
   std::string out = "'";
   for (char c : s) out += (c == '\'') ? std::string("''") : std::string(1, c);
   return out + "'";
-}
-
-void write_all(int fd, std::string_view data, const std::string& tmp) {
-  while (!data.empty()) {
-    const ssize_t n = ::write(fd, data.data(), data.size());
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      throw Error(tmp + ": cannot write: " + errno_text(errno));
-    }
-    data.remove_prefix(static_cast<std::size_t>(n));
-  }
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 #include <system_error>
 
 #include "core/error.hpp"
+#include "core/file_io.hpp"
 
 namespace accel::tensorboard {
 namespace {
@@ -206,7 +207,7 @@ EventFileWriter::EventFileWriter(const std::string& dir) {
             std::to_string(::getpid()) + "." + std::to_string(count++)))
               .string();
   fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_APPEND | O_CLOEXEC, 0644);
-  if (fd_ < 0) throw Error("TensorBoard: cannot create " + path_ + ": " + std::strerror(errno));
+  if (fd_ < 0) throw Error("TensorBoard: cannot create " + path_ + ": " + errno_text(errno));
   write_record(version_event(now));
 }
 
@@ -219,14 +220,7 @@ void EventFileWriter::add_scalar(std::string_view tag, float value, std::int64_t
 }
 
 void EventFileWriter::write_record(std::string_view event) {
-  const std::string record = frame_record(event);
-  std::size_t done = 0;
-  while (done < record.size()) {
-    const ssize_t n = ::write(fd_, record.data() + done, record.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) throw Error("TensorBoard: writing " + path_ + ": " + std::strerror(errno));
-    done += std::size_t(n);
-  }
+  write_all(fd_, frame_record(event), "TensorBoard: " + path_);
 }
 
 EventFileContents read_event_file(const std::string& path) {

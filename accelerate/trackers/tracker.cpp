@@ -7,12 +7,12 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <filesystem>
 #include <system_error>
 
 #include "accelerate/trackers/tensorboard_events.hpp"
 #include "core/error.hpp"
+#include "core/file_io.hpp"
 
 namespace accel {
 namespace {
@@ -22,7 +22,7 @@ class LineFile {
  public:
   explicit LineFile(std::string path) : path_(std::move(path)) {
     fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-    if (fd_ < 0) throw Error("tracker: cannot open " + path_ + ": " + std::strerror(errno));
+    if (fd_ < 0) throw Error("tracker: cannot open " + path_ + ": " + errno_text(errno));
   }
   ~LineFile() { ::close(fd_); }
   LineFile(const LineFile&) = delete;
@@ -32,15 +32,7 @@ class LineFile {
     const auto n = std::filesystem::file_size(path_, ec);
     return ec ? 0 : std::size_t(n);
   }
-  void append(const std::string& text) {
-    std::size_t done = 0;
-    while (done < text.size()) {
-      const ssize_t n = ::write(fd_, text.data() + done, text.size() - done);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) throw Error("tracker: writing " + path_ + ": " + std::strerror(errno));
-      done += std::size_t(n);
-    }
-  }
+  void append(const std::string& text) { write_all(fd_, text, "tracker: " + path_); }
 
  private:
   std::string path_;
