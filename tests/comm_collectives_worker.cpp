@@ -157,17 +157,30 @@ void check_reduce_scatter(Communicator& comm, DType dtype, ReduceOp op, std::siz
     expect_equal(what + " input", in.view, i, input_value(comm.rank(), i));
 }
 
-// Parts the caller chooses (ZeRO-2's buckets): rank r's part grows with r, rank 0's is often
-// empty. Out of place, and in place (the output is this rank's part of the input).
-void check_reduce_scatter_parts(Communicator& comm, DType dtype, ReduceOp op, std::size_t total,
-                                bool in_place) {
-  const auto world = std::size_t(comm.world_size()), rank = std::size_t(comm.rank());
-  std::vector<std::size_t> counts;
+// Parts the caller chooses (ZeRO's buckets and units): rank r's part grows with r, rank 0's is
+// often empty.
+std::vector<Shard> uneven_parts(std::size_t total, std::size_t world) {
   const auto boundary = [&](std::size_t r) {
     return total * (r * (r + 1) / 2) / (world * (world + 1) / 2);
   };
-  for (std::size_t r = 0; r < world; ++r) counts.push_back(boundary(r + 1) - boundary(r));
-  const Shard mine{boundary(rank), counts[rank]};
+  std::vector<Shard> parts;
+  for (std::size_t r = 0; r < world; ++r)
+    parts.push_back({boundary(r), boundary(r + 1) - boundary(r)});
+  return parts;
+}
+
+std::vector<std::size_t> counts_of(const std::vector<Shard>& parts) {
+  std::vector<std::size_t> counts;
+  for (const Shard& s : parts) counts.push_back(s.count);
+  return counts;
+}
+
+// Out of place, and in place (the output is this rank's part of the input).
+void check_reduce_scatter_parts(Communicator& comm, DType dtype, ReduceOp op, std::size_t total,
+                                bool in_place) {
+  const auto parts = uneven_parts(total, std::size_t(comm.world_size()));
+  const std::vector<std::size_t> counts = counts_of(parts);
+  const Shard mine = parts[std::size_t(comm.rank())];
   OwnedBuffer in(dtype, total), out(dtype, mine.count);
   for (std::size_t i = 0; i < total; ++i) set_value(in.view, i, input_value(comm.rank(), i));
   Staged staged_in(comm, in), staged_out(comm, out);
@@ -200,6 +213,34 @@ void check_all_gather_in_place(Communicator& comm, DType dtype, std::size_t tota
   const std::string what = label("all_gather", dtype, total, "in place");
   for (int r = 0; r < comm.world_size(); ++r) {
     const Shard s = shard_of(total, comm.world_size(), r);
+    for (std::size_t k = 0; k < s.count; ++k)
+      expect_equal(what, out.view, s.offset + k, input_value(r, s.offset + k));
+  }
+}
+
+// The same uneven parts gathered (ZeRO-3 gathers a unit so): out of place, and in place (the
+// input is this rank's part of the output).
+void check_all_gather_parts(Communicator& comm, DType dtype, std::size_t total, bool in_place) {
+  const auto parts = uneven_parts(total, std::size_t(comm.world_size()));
+  const Shard mine = parts[std::size_t(comm.rank())];
+  OwnedBuffer in(dtype, mine.count), out(dtype, total);
+  for (std::size_t k = 0; k < mine.count; ++k)
+    set_value(in.view, k, input_value(comm.rank(), mine.offset + k));
+  for (std::size_t j = 0; j < total; ++j)
+    set_value(out.view, j,
+              in_place && mine.offset <= j && j < mine.offset + mine.count
+                  ? input_value(comm.rank(), j)
+                  : -99);
+  Staged staged_in(comm, in), staged_out(comm, out);
+  staged_in.upload();
+  staged_out.upload();
+  const Buffer input =
+      in_place ? staged_out.view().slice(mine.offset, mine.count) : staged_in.view();
+  comm.all_gather(input, staged_out.view(), counts_of(parts))->wait();
+  staged_out.download();
+  const std::string what = label("all_gather with parts", dtype, total, in_place ? "in place" : "");
+  for (int r = 0; r < comm.world_size(); ++r) {
+    const Shard s = parts[std::size_t(r)];
     for (std::size_t k = 0; k < s.count; ++k)
       expect_equal(what, out.view, s.offset + k, input_value(r, s.offset + k));
   }
@@ -313,6 +354,7 @@ int main(int argc, char** argv) {
         for (bool in_place : {false, true}) {
           check_reduce_scatter_parts(comm, dtype, ReduceOp::sum, count, in_place);
           check_reduce_scatter_parts(comm, dtype, ReduceOp::avg, count, in_place);
+          check_all_gather_parts(comm, dtype, count, in_place);
         }
         check_all_gather_in_place(comm, dtype, count);
       }

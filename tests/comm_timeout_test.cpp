@@ -42,7 +42,7 @@ class PeerStopsAnswering final : public Communicator {
     throw TimeoutError("peer silent");
   }
   void run_broadcast(Buffer, int, Milliseconds) override {}
-  void run_all_gather(Buffer, Buffer, Milliseconds) override {}
+  void run_all_gather(Buffer, Buffer, const std::vector<Shard>&, Milliseconds) override {}
   void run_reduce_scatter(Buffer, Buffer, ReduceOp, const std::vector<Shard>&,
                           Milliseconds) override {}
   void run_send(Buffer, int, std::uint32_t, Milliseconds) override {}

@@ -70,7 +70,7 @@ class LaunchingCommunicator final : public Communicator {
     defer_completion(std::make_shared<FakeCompletion>(device_, number));
   }
   void run_broadcast(Buffer, int, Milliseconds) override {}
-  void run_all_gather(Buffer, Buffer, Milliseconds) override {}
+  void run_all_gather(Buffer, Buffer, const std::vector<Shard>&, Milliseconds) override {}
   void run_reduce_scatter(Buffer, Buffer, ReduceOp, const std::vector<Shard>&,
                           Milliseconds) override {}
   void run_barrier(Milliseconds) override {}

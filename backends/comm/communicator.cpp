@@ -271,19 +271,45 @@ WorkPtr Communicator::broadcast(Buffer data, int root) {
                  });
 }
 
+// Rank r's part from the caller's counts: contiguous, in rank order, covering `total`.
+std::vector<Shard> Communicator::parts_of(const char* op, const std::vector<std::size_t>& counts,
+                                          std::size_t total) const {
+  ACCEL_CHECK_ARG(counts.size() == std::size_t(world_size_),
+                  std::string(op) + ": " + std::to_string(counts.size()) + " part counts for " +
+                      std::to_string(world_size_) + " ranks");
+  std::vector<Shard> parts(counts.size());
+  std::size_t offset = 0;
+  for (std::size_t r = 0; r < counts.size(); ++r) {
+    parts[r] = {offset, counts[r]};
+    offset += counts[r];
+  }
+  ACCEL_CHECK_ARG(offset == total, std::string(op) + ": the parts hold " + std::to_string(offset) +
+                                       " elements, the buffer " + std::to_string(total));
+  return parts;
+}
+
 WorkPtr Communicator::all_gather(Buffer input, Buffer output) {
+  std::vector<std::size_t> counts;
+  for (int r = 0; r < world_size_; ++r)
+    counts.push_back(shard_of(output.count, world_size_, r).count);
+  return all_gather(input, output, std::move(counts));
+}
+
+WorkPtr Communicator::all_gather(Buffer input, Buffer output, std::vector<std::size_t> counts) {
   ACCEL_CHECK_ARG(input.dtype == output.dtype,
                   "all_gather: input is " + std::string(dtype_name(input.dtype)) +
                       " but output is " + std::string(dtype_name(output.dtype)));
-  const Shard mine = shard_of(output.count, world_size_, rank_);
+  std::vector<Shard> parts = parts_of("all_gather", counts, output.count);
+  const Shard mine = parts[std::size_t(rank_)];
   ACCEL_CHECK_ARG(input.count == mine.count, "all_gather: rank " + std::to_string(rank_) +
                                                  " must contribute " + std::to_string(mine.count) +
                                                  " of " + std::to_string(output.count) +
                                                  " elements, got " + std::to_string(input.count));
   count_bytes(output.bytes(), world_size_ - 1, world_size_);
-  return enqueue("all_gather(" + describe(output) + ")", output.bytes(), [=, this](Milliseconds t) {
-    if (output.count > 0) run_all_gather(input, output, t);
-  });
+  return enqueue("all_gather(" + describe(output) + ")", output.bytes(),
+                 [=, this, parts = std::move(parts)](Milliseconds t) {
+                   if (output.count > 0) run_all_gather(input, output, parts, t);
+                 });
 }
 
 WorkPtr Communicator::reduce_scatter(Buffer input, Buffer output, ReduceOp op) {
@@ -298,18 +324,7 @@ WorkPtr Communicator::reduce_scatter(Buffer input, Buffer output, ReduceOp op,
   ACCEL_CHECK_ARG(input.dtype == output.dtype,
                   "reduce_scatter: input is " + std::string(dtype_name(input.dtype)) +
                       " but output is " + std::string(dtype_name(output.dtype)));
-  ACCEL_CHECK_ARG(counts.size() == std::size_t(world_size_),
-                  "reduce_scatter: " + std::to_string(counts.size()) + " part counts for " +
-                      std::to_string(world_size_) + " ranks");
-  std::vector<Shard> parts(counts.size());
-  std::size_t offset = 0;
-  for (std::size_t r = 0; r < counts.size(); ++r) {
-    parts[r] = {offset, counts[r]};
-    offset += counts[r];
-  }
-  ACCEL_CHECK_ARG(offset == input.count, "reduce_scatter: the parts hold " +
-                                             std::to_string(offset) + " elements, the input " +
-                                             std::to_string(input.count));
+  std::vector<Shard> parts = parts_of("reduce_scatter", counts, input.count);
   const Shard mine = parts[std::size_t(rank_)];
   ACCEL_CHECK_ARG(output.count == mine.count,
                   "reduce_scatter: rank " + std::to_string(rank_) + " receives " +

@@ -21,6 +21,10 @@
 //   all_gather(input, output)      output holds all ranks' parts in rank order; this rank's
 //                                  part is shard_of(output.count, world, rank) and input has
 //                                  exactly that many elements (counts need not divide)
+//   all_gather(input, output, counts)
+//                                  the same with parts the caller chooses: rank r contributes
+//                                  counts[r] elements, in rank order (ZeRO-3: a unit's overlap
+//                                  with each rank's owned slice)
 //   reduce_scatter(input, output)  output gets this rank's part shard_of(input.count, ...)
 //                                  of the element-wise reduction of every rank's input
 //   reduce_scatter(input, output, op, counts)
@@ -106,6 +110,7 @@ class Communicator {
   WorkPtr all_reduce(Buffer data, ReduceOp op);
   WorkPtr broadcast(Buffer data, int root);
   WorkPtr all_gather(Buffer input, Buffer output);
+  WorkPtr all_gather(Buffer input, Buffer output, std::vector<std::size_t> counts);
   WorkPtr reduce_scatter(Buffer input, Buffer output, ReduceOp op);
   WorkPtr reduce_scatter(Buffer input, Buffer output, ReduceOp op, std::vector<std::size_t> counts);
   WorkPtr barrier();
@@ -129,7 +134,10 @@ class Communicator {
   // average reduces with wire_op(op) and calls finish_average().
   virtual void run_all_reduce(Buffer data, ReduceOp op, Milliseconds timeout) = 0;
   virtual void run_broadcast(Buffer data, int root, Milliseconds timeout) = 0;
-  virtual void run_all_gather(Buffer input, Buffer output, Milliseconds timeout) = 0;
+  // parts[r]: rank r's piece of output (contiguous, in rank order, covering all of it); the
+  // public call has checked that input holds parts[rank()].count elements.
+  virtual void run_all_gather(Buffer input, Buffer output, const std::vector<Shard>& parts,
+                              Milliseconds timeout) = 0;
   // parts[r]: rank r's piece of input (contiguous, in rank order, covering all of it); the
   // public call has checked that output holds parts[rank()].count elements.
   virtual void run_reduce_scatter(Buffer input, Buffer output, ReduceOp op,
@@ -180,6 +188,8 @@ class Communicator {
   WorkPtr enqueue(std::string what, std::size_t payload_bytes,
                   std::function<void(Milliseconds)> run);
   void count_bytes(std::size_t bytes, int numerator, int denominator);
+  std::vector<Shard> parts_of(const char* op, const std::vector<std::size_t>& counts,
+                              std::size_t total) const;
   void worker_loop();
   // Worker thread: finishes launched device operations that completed, failed or timed out,
   // in launch order; returns whether any did.

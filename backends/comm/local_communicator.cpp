@@ -31,7 +31,8 @@ void LocalCommunicator::run_broadcast(Buffer, int, Milliseconds) {}
 
 // The one contribution is the result: a copy (on the compute stream for GPU buffers; the
 // strategies' in-place calls pass the same pointer and copy nothing).
-void LocalCommunicator::run_all_gather(Buffer input, Buffer output, Milliseconds) {
+void LocalCommunicator::run_all_gather(Buffer input, Buffer output, const std::vector<Shard>&,
+                                       Milliseconds) {
   if (input.data == output.data) return;
   if (input.device == DeviceKind::cpu && output.device == DeviceKind::cpu)
     std::memmove(output.data, input.data, input.bytes());

@@ -158,9 +158,10 @@ void GlooCommunicator::run_broadcast(Buffer data, int root, Milliseconds timeout
   });
 }
 
-void GlooCommunicator::run_all_gather(Buffer input, Buffer output, Milliseconds timeout) {
+void GlooCommunicator::run_all_gather(Buffer input, Buffer output, const std::vector<Shard>& parts,
+                                      Milliseconds timeout) {
   std::vector<std::size_t> counts(world_size());
-  for (int r = 0; r < world_size(); ++r) counts[r] = shard_of(output.count, world_size(), r).count;
+  for (int r = 0; r < world_size(); ++r) counts[r] = parts[std::size_t(r)].count;
   with_element_type(output.dtype, [&](auto element) {
     using T = decltype(element);
     gloo::AllgathervOptions opts(context_);
@@ -169,7 +170,7 @@ void GlooCommunicator::run_all_gather(Buffer input, Buffer output, Milliseconds 
     // In place (input is this rank's part of the output, as ZeRO gathers its parameters):
     // Gloo memcpy's the input into the output, which must not overlap it, so it gets a copy.
     std::vector<T> copy;
-    const Shard mine = shard_of(output.count, world_size(), rank());
+    const Shard mine = parts[std::size_t(rank())];
     T* in = input.count ? static_cast<T*>(input.data) : &dummy;
     if (input.count && input.data == output.slice(mine.offset, mine.count).data) {
       copy.assign(in, in + input.count);

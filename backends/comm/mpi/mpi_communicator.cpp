@@ -510,9 +510,10 @@ void MpiCommunicator::run_broadcast(Buffer data, int root, Milliseconds timeout)
   pending.wait("MPI_Ibcast", timeout);
 }
 
-void MpiCommunicator::run_all_gather(Buffer input, Buffer output, Milliseconds timeout) {
+void MpiCommunicator::run_all_gather(Buffer input, Buffer output, const std::vector<Shard>& parts,
+                                     Milliseconds timeout) {
   const int world = world_size();
-  const Shard mine = shard_of(output.count, world, rank());
+  const Shard mine = parts[std::size_t(rank())];
   const Buffer own = output.slice(mine.offset, mine.count);
   const MPI_Datatype type = mpi_type(output.dtype);
   bool in_place = input.data == own.data || input.count == 0;
@@ -528,7 +529,7 @@ void MpiCommunicator::run_all_gather(Buffer input, Buffer output, Milliseconds t
     s.counts.resize(static_cast<std::size_t>(world));
     s.displs.resize(static_cast<std::size_t>(world));
     for (int r = 0; r < world; ++r) {
-      const Shard part = shard_of(output.count, world, r);
+      const Shard part = parts[std::size_t(r)];
       s.counts[r] = static_cast<int>(part.count);
       s.displs[r] = static_cast<int>(part.offset);
     }
@@ -542,7 +543,7 @@ void MpiCommunicator::run_all_gather(Buffer input, Buffer output, Milliseconds t
     if (!in_place) std::memcpy(own.data, input.data, input.bytes());
     MpiLock lock;
     for (int r = 0; r < world; ++r) {
-      const Shard part = shard_of(output.count, world, r);
+      const Shard part = parts[std::size_t(r)];
       if (part.count == 0) continue;
       for_each_chunk(part.count, [&](std::size_t offset, int n) {
         ACCEL_MPI_CHECK(MPI_Ibcast(output.slice(part.offset + offset, n).data, n, type, r,

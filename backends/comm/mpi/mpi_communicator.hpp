@@ -47,7 +47,8 @@ class MpiCommunicator final : public Communicator {
  protected:
   void run_all_reduce(Buffer data, ReduceOp op, Milliseconds timeout) override;
   void run_broadcast(Buffer data, int root, Milliseconds timeout) override;
-  void run_all_gather(Buffer input, Buffer output, Milliseconds timeout) override;
+  void run_all_gather(Buffer input, Buffer output, const std::vector<Shard>& parts,
+                      Milliseconds timeout) override;
   void run_reduce_scatter(Buffer input, Buffer output, ReduceOp op, const std::vector<Shard>& parts,
                           Milliseconds timeout) override;
   void run_barrier(Milliseconds timeout) override;

@@ -383,19 +383,22 @@ void NcclCommunicator::run_broadcast(Buffer data, int root, Milliseconds timeout
   });
 }
 
-void NcclCommunicator::run_all_gather(Buffer input, Buffer output, Milliseconds timeout) {
+void NcclCommunicator::run_all_gather(Buffer input, Buffer output, const std::vector<Shard>& parts,
+                                      Milliseconds timeout) {
   require_cuda(input, "all_gather");
   require_cuda(output, "all_gather");
   const int world = world_size();
   const int me = rank();
-  const Shard mine = shard_of(output.count, world, me);
+  const Shard mine = parts[std::size_t(me)];
   void* const own = output.slice(mine.offset, mine.count).data;
   ACCEL_CHECK_ARG(input.data == own || !overlaps(input, output),
                   "NcclCommunicator all_gather: the input overlaps the output other than as this "
                   "rank's own part of it");
   const ncclDataType_t type = nccl_type(output.dtype);
   State& s = *state_;
-  if (output.count % static_cast<std::size_t>(world) == 0) {
+  bool equal = true;
+  for (const Shard& s : parts) equal = equal && s.count == mine.count;
+  if (equal) {
     run("ncclAllGather", timeout, [&] {
       ACCEL_NCCL_CHECK_ASYNC(
           ncclAllGather(input.data, output.data, mine.count, type, s.comm, s.stream));
@@ -406,7 +409,7 @@ void NcclCommunicator::run_all_gather(Buffer input, Buffer output, Milliseconds 
   // group (NCCL then runs the broadcasts concurrently, as one operation).
   run("all_gather as grouped ncclBroadcast", timeout, [&] {
     for (int r = 0; r < world; ++r) {
-      const Shard part = shard_of(output.count, world, r);
+      const Shard part = parts[std::size_t(r)];
       if (part.count == 0) continue;
       void* const slot = output.slice(part.offset, part.count).data;
       // sendbuff is read on the root only.

@@ -89,10 +89,13 @@ void HierarchicalCommunicator::run_reduce_scatter(Buffer input, Buffer output, R
   if (op == ReduceOp::avg) finish_average(output);
 }
 
-void HierarchicalCommunicator::run_all_gather(Buffer input, Buffer output, Milliseconds timeout) {
+void HierarchicalCommunicator::run_all_gather(Buffer input, Buffer output,
+                                              const std::vector<Shard>& parts,
+                                              Milliseconds timeout) {
   const std::size_t esize = element_size(output.dtype);
-  const std::size_t part = shard_of(output.count, world_size(), 0).count;  // the largest
-  const std::size_t block = std::size_t(widest_host_) * part;              // one host's parts
+  std::size_t part = 0;  // the largest: every rank's part travels padded to it
+  for (const Shard& s : parts) part = std::max(part, s.count);
+  const std::size_t block = std::size_t(widest_host_) * part;  // one host's parts
   std::vector<char> blocks(std::size_t(hosts_) * block * esize), padded(part * esize);
   std::memcpy(padded.data(), input.data, input.bytes());
   const auto view = [&](char* p, std::size_t n) {
@@ -109,7 +112,7 @@ void HierarchicalCommunicator::run_all_gather(Buffer input, Buffer output, Milli
   }
   char* const out = static_cast<char*>(output.data);
   for (int r = 0; r < world_size(); ++r) {
-    const Shard s = shard_of(output.count, world_size(), r);
+    const Shard s = parts[std::size_t(r)];
     const std::size_t at = (std::size_t(host_of_[r]) * block + local_index_[r] * part) * esize;
     std::memcpy(out + s.offset * esize, blocks.data() + at, s.count * esize);
   }

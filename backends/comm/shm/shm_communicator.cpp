@@ -223,16 +223,18 @@ void ShmCommunicator::run_reduce_scatter(Buffer input, Buffer output, ReduceOp o
   }
 }
 
-void ShmCommunicator::run_all_gather(Buffer input, Buffer output, Milliseconds timeout) {
+void ShmCommunicator::run_all_gather(Buffer input, Buffer output, const std::vector<Shard>& parts,
+                                     Milliseconds timeout) {
   const int n = world_size(), r = rank();
   const std::size_t esize = element_size(output.dtype);
-  const Shard own = shard_of(output.count, n, r);
+  const Shard own = parts[std::size_t(r)];
   char* const out = static_cast<char*>(output.data);
   if (own.count) std::memmove(out + own.offset * esize, input.data, own.count * esize);
   if (n == 1) return;
   const auto deadline = begin(timeout);
   const std::size_t window = segment_->slot_bytes() / esize;
-  const std::size_t largest = shard_of(output.count, n, 0).count;
+  std::size_t largest = 0;
+  for (const Shard& s : parts) largest = std::max(largest, s.count);
   const char* const in = static_cast<const char*>(input.data);
   for (std::size_t lo = 0; lo < largest; lo += window) {
     if (lo < own.count)
@@ -240,7 +242,7 @@ void ShmCommunicator::run_all_gather(Buffer input, Buffer output, Milliseconds t
     barrier(deadline, "all_gather write");
     for (int j = 0; j < n; ++j) {
       if (j == r) continue;
-      const Shard s = shard_of(output.count, n, j);
+      const Shard s = parts[std::size_t(j)];
       if (lo >= s.count) continue;
       std::memcpy(out + (s.offset + lo) * esize, segment_->slot(j),
                   std::min(window, s.count - lo) * esize);
