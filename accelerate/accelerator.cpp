@@ -1,6 +1,7 @@
 #include "accelerate/accelerator.hpp"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
@@ -91,8 +92,10 @@ StrategyOptions strategy_options_for(const config::ResolvedConfig& settings,
   const config::Config& c = settings.config;
   if (c.distributed_type == config::DistributedType::ZERO) {
     out.kind = StrategyKind::zero;
-    out.zero.stage = c.zero_stage;  // the schema's range: 1-2
+    out.zero.stage = c.zero_stage;  // the schema's range: 1-3
     if (c.offload_optimizer_device == "cpu") out.zero.offload_optimizer = OffloadDevice::cpu;
+    out.zero.param_persistence_threshold = std::size_t(c.zero3_param_persistence_threshold);
+    out.zero.reshard_after_forward = c.reshard_after_forward;
   }
   if (c.distributed_type == config::DistributedType::DATA_PARALLEL) {
     out.kind = StrategyKind::data_parallel;
@@ -350,6 +353,27 @@ Accelerator::NoSync::~NoSync() {
 }
 
 Accelerator::NoSync Accelerator::no_sync(std::size_t model) { return NoSync(*this, model); }
+
+Accelerator::GatheredParameters::GatheredParameters(Strategy& strategy, std::size_t unit,
+                                                    UnitPass pass)
+    : strategy_(strategy), unit_(unit), pass_(pass) {
+  strategy_.gather_unit(unit_, pass_);
+}
+
+// Releasing what this guard gathered cannot fail (release_unit throws only for a unit that is
+// not gathered); a destructor must not throw.
+Accelerator::GatheredParameters::~GatheredParameters() {
+  try {
+    strategy_.release_unit(unit_, pass_);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+  }
+}
+
+Accelerator::GatheredParameters Accelerator::gather_parameters(std::size_t unit, UnitPass pass,
+                                                               std::size_t model) {
+  return GatheredParameters(strategy(model), unit, pass);
+}
 
 void Accelerator::grad_ready(std::size_t model, std::size_t index) {
   strategy(model).grad_ready(index);

@@ -264,6 +264,27 @@ class Accelerator {
     std::size_t model_;
   };
   [[nodiscard]] NoSync no_sync(std::size_t model = 0);
+  // DeepSpeed's GatheredParameters / an FSDP unit's scope: under ZeRO-3 (zero_stage 3) unit
+  // `unit`'s parameters (ParamRef::unit) are whole in their buffers while the returned guard
+  // lives, gathered for `pass`; a loop brackets each unit's forward and its backward with one
+  // (the next unit's gather is prefetched meanwhile). Under every other strategy the
+  // parameters are always whole and the guard does nothing, so the loop runs unchanged.
+  class GatheredParameters {
+   public:
+    ~GatheredParameters();
+    GatheredParameters(const GatheredParameters&) = delete;
+    GatheredParameters& operator=(const GatheredParameters&) = delete;
+
+   private:
+    friend class Accelerator;
+    GatheredParameters(Strategy& strategy, std::size_t unit, UnitPass pass);
+    Strategy& strategy_;
+    std::size_t unit_;
+    UnitPass pass_;
+  };
+  [[nodiscard]] GatheredParameters gather_parameters(std::size_t unit,
+                                                     UnitPass pass = UnitPass::forward,
+                                                     std::size_t model = 0);
   // The fp16 loss scaler (null unless mixed_precision is fp16).
   const DynamicLossScaler* loss_scaler() const { return scaler_.get(); }
   // Accelerate's accelerator.sync_gradients: will the current micro-batch end in a sync?

@@ -93,6 +93,32 @@ HostParameters host_parameters(const std::vector<ParamRef>& params,
   return out;
 }
 
+// ZeRO-3's blob of this rank's slices: the layout's slices of `blob` are flat F's owned slice
+// without its padding, which segment F holds (one per flat buffer, in the same order).
+std::vector<std::span<const char>> slice_pieces(const ParameterLayout& layout,
+                                                const std::string& blob,
+                                                const std::vector<ParamSegment>& segments,
+                                                HostParameters& host, const DeviceContext& ctx,
+                                                const std::string& who) {
+  std::vector<std::span<const char>> out;
+  bool waited = false;
+  for (const SavedSlice& s : layout.slices) {
+    if (s.blob != blob) continue;
+    ACCEL_CHECK_ARG(s.flat < segments.size() && s.count <= segments[s.flat].values.count,
+                    blob + ": the layout's slice of flat buffer " + std::to_string(s.flat) +
+                        " does not match this rank's segments");
+    const Buffer values = segments[s.flat].values.slice(0, s.count);
+    if (values.device == DeviceKind::cuda && !waited) {
+      synchronize_stream(ctx, who);
+      waited = true;
+    }
+    const Buffer on_host = host.on_host(values);
+    if (on_host.data != values.data) copy_buffer(on_host, values, ctx.stream);
+    out.push_back(bytes_of(on_host));
+  }
+  return out;
+}
+
 // A generator's seed for a rank that has no saved stream of its own (a checkpoint of another
 // world size): reproducible from the run's seed, the rank, the step and the generator's name.
 std::uint64_t fresh_seed(std::uint64_t seed, int rank, std::uint64_t step,
@@ -248,26 +274,32 @@ void Accelerator::save_state(const std::string& dir) {
     if (!checkpoint_parameters_) break;
     Strategy& strategy = *model->strategy;
     // ZeRO: each rank writes its slice of the flat buffers (stages 1 and 2 replicate the
-    // parameters, but a rank's slice is what it updated and what stage 3 will hold alone).
+    // parameters, but a rank's slice is what it updated and all that stage 3 holds).
     const bool sharded = strategy.gradients_sharded();
-    // GPU parameters are copied to host memory first (CPU ones are written from where they are).
-    const HostParameters& host =
-        staged.emplace_back(host_parameters(model->params, model->buffers, compute_context(comm()),
-                                            "save_state: rank " + std::to_string(process_index()) +
-                                                " copying the parameters from the GPU"));
+    const bool values_sharded = strategy.parameters_sharded();
+    // GPU values are copied to host memory first (CPU ones are written from where they are);
+    // under stage 3 the parameters' buffers are not current, its slices (segments) are.
+    const std::string who =
+        "save_state: rank " + std::to_string(process_index()) + " copying the parameters from the GPU";
+    HostParameters& host = staged.emplace_back(
+        host_parameters(values_sharded ? std::vector<ParamRef>{} : model->params, model->buffers,
+                        compute_context(comm()), who));
     const ParameterLayout layout = describe_parameters(
-        host.params, host.buffers, std::string(strategy.name()), num_processes(), sharded);
+        model->params, model->buffers, std::string(strategy.name()), num_processes(), sharded);
     if (is_main_process()) {
       contents.shared.push_back({model_blob(kParameters, model->index),
                                  blob_pieces(layout, kParameters, host.params, host.buffers)});
       owned.push_back(format_layout(layout));
       contents.shared.push_back({model_blob(kLayout, model->index), {bytes_of(owned.back())}});
     }
-    if (sharded)
-      contents.per_rank.push_back(
-          {model_blob(kParameters, model->index),
-           blob_pieces(layout, std::string(kParameters) + ".rank" + std::to_string(process_index()),
-                       host.params, host.buffers)});
+    const std::string own_blob = std::string(kParameters) + ".rank" + std::to_string(process_index());
+    if (values_sharded)
+      contents.per_rank.push_back({model_blob(kParameters, model->index),
+                                   slice_pieces(layout, own_blob, strategy.segments(), host,
+                                                compute_context(comm()), who)});
+    else if (sharded)
+      contents.per_rank.push_back({model_blob(kParameters, model->index),
+                                   blob_pieces(layout, own_blob, host.params, host.buffers)});
   }
   for (const RegisteredState& s : states_) {
     const bool mine = s.scope == StateScope::per_rank;

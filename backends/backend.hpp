@@ -20,6 +20,12 @@
 //             take_released() lists i and the framework frees it ("released"). A parameter
 //             with nothing lent counts as zero; withdraw_grads() says the framework freed
 //             every lent gradient (zero_grad's set_to_none).
+//
+// Parameter units (ZeRO-3, parameters_sharded()): each rank keeps only its slice of the
+// parameters; a unit's full values exist only between gather_unit(u, pass) and
+// release_unit(u, pass), which the framework calls around the unit's forward and again around
+// its backward (ParamRef::unit says which unit a parameter is in; the other strategies keep
+// every parameter whole and ignore both calls, so a loop written with them runs anywhere).
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -61,6 +67,9 @@ inline Buffer gradient_wanted(const Buffer& data) {
 // What a strategy gives for gradients asked of it (see the contract above).
 enum class GradientStorage { slots, lent };
 
+// Which pass a unit's parameters are gathered for (see the contract above).
+enum class UnitPass { forward, backward };
+
 // One trainable parameter: its values and its gradient (same dtype, count and device), and
 // the optimizer param group it belongs to (ZeRO lays out one flat buffer per group and dtype).
 struct ParamRef {
@@ -71,6 +80,9 @@ struct ParamRef {
   // The tensor's shape, recorded in checkpoints so `accel merge-weights` can rebuild it (the
   // LibTorch adapter fills it in). Empty means one dimension of data.count elements.
   std::vector<std::int64_t> shape;
+  // ZeRO-3's unit (see the contract above): the parameters of one unit are consecutive within
+  // each param group. All in unit 0: the model is one unit.
+  std::size_t unit = 0;
 };
 
 // A run of parameter values and their synchronised gradient that this rank's optimizer
@@ -98,12 +110,18 @@ struct DdpOptions {
 enum class OffloadDevice { none, cpu };
 
 struct ZeroOptions {
-  int stage = 2;  // 1 or 2
+  int stage = 2;  // 1, 2 or 3
   // cpu with parameters on a GPU: the optimizer steps pinned host copies of this rank's
   // slices (zero_strategy.hpp); with CPU parameters it changes nothing (a note says so).
   OffloadDevice offload_optimizer = OffloadDevice::none;
   std::size_t bucket_cap_bytes = 25u << 20;  // gradient reduce-scatter buckets
   bool broadcast_buffers = true;             // as DdpOptions::broadcast_buffers
+  // Stage 3: parameters with fewer elements stay gathered on every rank (DeepSpeed's
+  // stage3_param_persistence_threshold); a unit's others are gathered while it runs.
+  std::size_t param_persistence_threshold = 100000;
+  // Stage 3: free a unit's gathered parameters after its forward, gathering them again for
+  // its backward (FSDP's reshard_after_forward); false keeps them from forward to backward.
+  bool reshard_after_forward = true;
 };
 
 struct DataParallelOptions {
@@ -208,6 +226,16 @@ class Strategy {
   virtual void use_param_slots();
   // The replicas of the model in this process (DataParallel), or null.
   virtual ReplicaSet* replicas() { return nullptr; }
+
+  // ---- parameter units (see the contract at the top)
+  // Whether each rank keeps only its slice of the parameters (ZeRO-3): the ParamRefs' own
+  // buffers then hold a unit's values only while it is gathered, and checkpoints take the
+  // values from segments().
+  virtual bool parameters_sharded() const { return false; }
+  // Blocks until unit `unit`'s parameters are whole in their ParamRefs' buffers.
+  virtual void gather_unit(std::size_t /*unit*/, UnitPass /*pass*/) {}
+  // The pass of unit `unit` is over: its gathered parameters may be freed.
+  virtual void release_unit(std::size_t /*unit*/, UnitPass /*pass*/) {}
 
   // Gradient memory this strategy allocated, in bytes (DDP: its buckets; ZeRO-1: the flat
   // gradient buffers; ZeRO-2: the owned slices and two buckets).

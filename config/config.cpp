@@ -122,6 +122,7 @@ bool one_process(const Config& c) {
 }
 
 bool is_zero(const Config& c) { return c.distributed_type == DistributedType::ZERO; }
+bool is_zero3(const Config& c) { return is_zero(c) && c.zero_stage == 3; }
 bool is_data_parallel(const Config& c) {
   return c.distributed_type == DistributedType::DATA_PARALLEL;
 }
@@ -189,6 +190,16 @@ std::optional<std::string> check_zero_stage(const Config& c) {
   if (c.zero_stage != 0 && !is_zero(c))
     return "zero_stage " + std::to_string(c.zero_stage) + " needs distributed_type ZERO, not " +
            type_of(c);
+  return std::nullopt;
+}
+
+std::optional<std::string> check_zero3_option(const Config& c) {
+  const Config defaults;
+  if (is_zero3(c)) return std::nullopt;
+  if (c.zero3_param_persistence_threshold != defaults.zero3_param_persistence_threshold)
+    return "zero3_param_persistence_threshold needs zero_stage 3 (distributed_type ZERO)";
+  if (c.reshard_after_forward != defaults.reshard_after_forward)
+    return "reshard_after_forward needs zero_stage 3 (distributed_type ZERO)";
   return std::nullopt;
 }
 
@@ -345,7 +356,7 @@ std::vector<KeySpec> make_schema() {
        .max_value = kMaxZeroStage,
        .range_text = "a ZeRO stage (" + stages + ")",
        .default_rule = "2 with ZERO",
-       .help = "ZERO only: 1 shards optimizer state, 2 also gradients",
+       .help = "ZERO only: 1 shards optimizer state, 2 also gradients, 3 also parameters",
        .question = "What should be your ZeRO optimization stage?",
        // The menu keeps the stages the range allows (wizard.cpp); a stage added to the range
        // needs its line here.
@@ -365,6 +376,31 @@ std::vector<KeySpec> make_schema() {
        .applies = is_zero,
        .check = check_offload_optimizer_device,
        .related = {"distributed_type"}},
+      {.name = "zero3_param_persistence_threshold",
+       .kind = K::integer,
+       .field = &Config::zero3_param_persistence_threshold,
+       .aliases = {"stage3_param_persistence_threshold"},
+       .min_value = 0,
+       .max_value = 1 << 30,
+       .range_text = "an element count (0 or more)",
+       .help = "zero_stage 3 only: parameters with fewer elements stay gathered on every rank",
+       .flag_value = "N",
+       .question = "Below how many elements should a parameter stay gathered (not sharded)?",
+       .applies = is_zero3,
+       .check = check_zero3_option,
+       .related = {"zero_stage", "distributed_type"}},
+      {.name = "reshard_after_forward",
+       .kind = K::boolean,
+       .field = &Config::reshard_after_forward,
+       .aliases = {"fsdp_reshard_after_forward"},
+       .help = "zero_stage 3 only: free a unit's gathered parameters after its forward and "
+               "gather them again for its backward (false: keep them, less traffic, more memory)",
+       .question = "Should a unit's parameters be freed after its forward (gathered again for "
+                   "the backward)?",
+       .options = {{"true", "yes", 1}, {"false", "no", 0}},
+       .applies = is_zero3,
+       .check = check_zero3_option,
+       .related = {"zero_stage", "distributed_type"}},
       {.name = "cpu_communicator",
        .kind = K::choice,
        .field = &Config::cpu_communicator,

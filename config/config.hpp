@@ -45,6 +45,11 @@ struct Config {
   MixedPrecision mixed_precision = MixedPrecision::no;
   int zero_stage = 0;  // a stage (kMinZeroStage..kMaxZeroStage) with ZERO; 0 otherwise
   std::string offload_optimizer_device = "none";  // "none" or "cpu" (ZERO only)
+  // zero_stage 3: parameters under this many elements stay gathered (DeepSpeed's
+  // stage3_param_persistence_threshold), and whether a unit is freed after its forward
+  // (FSDP's reshard_after_forward).
+  int zero3_param_persistence_threshold = 100000;
+  bool reshard_after_forward = true;
   // "auto" (shm on one machine, hierarchical across machines), "gloo", "mpi", "shm" or
   // "hierarchical" for CPU work
   std::string cpu_communicator = "auto";
@@ -95,7 +100,7 @@ enum class ValueKind { text, integer, boolean, choice };
 // The ZeRO stages that exist (backends/zero/): the schema's range, and through it the
 // wizard's menu, `accel launch --help` and the error for any other stage.
 inline constexpr int kMinZeroStage = 1;
-inline constexpr int kMaxZeroStage = 2;
+inline constexpr int kMaxZeroStage = 3;
 
 // Where a key's value lives in Config.
 using Field = std::variant<std::string Config::*, int Config::*, bool Config::*,

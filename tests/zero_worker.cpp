@@ -1,13 +1,20 @@
 // One rank of the ZeRO checks (zero_test runs it over real processes). Two copies of the raw
 // MLP train side by side on this rank's slice of the same global batches, one under DDP, one
-// under ZeRO (stage 1 or 2), each with its own built-in optimizer, through the same calls the
+// under ZeRO (stage 1, 2 or 3), each with its own built-in optimizer, through the same calls the
 // Accelerator makes (grad_ready, sync_gradients every micro-batch, clip_grad_norm, step on
 // segments(), after_optimizer_step). Two param groups (weights, biases: interleaved in
 // parameter order, so the flat buffers are not parameter order) with different
 // hyperparameters, gradient accumulation, clipping; tiny buckets so a bucket straddles rank
 // slices; rank != 0 starts from other weights, so prepare()'s broadcast is checked too.
-//   zero_worker --stage 1|2 --optimizer sgd|adamw|adam [--backend B] [--steps N]
-//               [--accumulation K] [--clip X]
+//   zero_worker --stage 1|2|3 --optimizer sgd|adamw|adam [--backend B] [--steps N]
+//               [--accumulation K] [--clip X] [--persist N] [--keep_after_forward]
+// Stage 3: each layer is a unit, gathered around its forward and its backward (kept from one
+// to the other with --keep_after_forward); parameters under N elements stay gathered. After a
+// unit is released the worker overwrites its parameters' buffers with NaN, so a read outside
+// the scopes, or a forward that did not gather the updated values, shows in the result; the
+// bytes moved are checked against the formula (per micro-batch two all-gathers, or one, of the
+// gathered parameters; per step one reduce-scatter of all and an all-gather of the
+// persistent ones).
 // Prints "max |zero - ddp| = D" and the bytes each strategy moved; exits 0 when D is within
 // the limit (world 1: D == 0, bitwise; SGD: the first-order bound of
 // tests/support/tolerance.hpp for sums of the ranks' partials in another order; Adam and
@@ -18,8 +25,10 @@
 // optimizer-state bytes (unsharded / N within 1% plus padding), stage 2's gradient bytes
 // (at most full / N plus two buckets) and the bytes moved per step (DDP's within 1%).
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <cstring>
 #include <memory>
 #include <random>
@@ -31,6 +40,7 @@
 #include "backends/optim/host_collectives.hpp"
 #include "backends/optim/sgd.hpp"
 #include "backends/strategy_factory.hpp"
+#include "backends/zero/zero_strategy.hpp"
 #include "examples/raw_mlp/mlp.hpp"
 #include "examples/raw_mlp/param_refs.hpp"
 #include "tests/support/mlp_magnitude.hpp"
@@ -84,7 +94,62 @@ struct Flags {
   int stage = 2, steps = 50, accumulation = 4;
   double clip = 0.5;
   bool memory = false;
+  std::size_t persist = 0;         // stage 3: param_persistence_threshold
+  bool keep_after_forward = false;  // stage 3: reshard_after_forward false
 };
+
+ZeroOptions zero_options_of(const Flags& f) {
+  ZeroOptions z;
+  z.stage = f.stage;
+  z.param_persistence_threshold = f.persist;
+  z.reshard_after_forward = !f.keep_after_forward;
+  return z;
+}
+
+// Stage 3: a layer's parameters outside its scopes hold NaN (see the header).
+void poison(raw_mlp::Layer& layer, std::size_t persist) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  if (layer.weight.size() >= persist) std::fill(layer.weight.begin(), layer.weight.end(), nan);
+  if (layer.bias.size() >= persist) std::fill(layer.bias.begin(), layer.bias.end(), nan);
+}
+
+// Stage 3: the scopes of forward_backward, gathering and releasing each layer's unit.
+raw_mlp::LayerScopes unit_scopes(Strategy& s, raw_mlp::Mlp& model, const Flags& f) {
+  raw_mlp::LayerScopes scopes;
+  scopes.enter_forward = [&s](std::size_t l) { s.gather_unit(l, UnitPass::forward); };
+  scopes.leave_forward = [&s, &model, f](std::size_t l) {
+    s.release_unit(l, UnitPass::forward);
+    if (!f.keep_after_forward) poison(model.layers()[l], f.persist);
+  };
+  scopes.enter_backward = [&s](std::size_t l) { s.gather_unit(l, UnitPass::backward); };
+  scopes.leave_backward = [&s, &model, f](std::size_t l) {
+    s.release_unit(l, UnitPass::backward);
+    poison(model.layers()[l], f.persist);
+  };
+  return scopes;
+}
+
+// Stage 3: the model's current parameters, each unit gathered in turn.
+raw_mlp::Mlp gathered_copy(Strategy& s, raw_mlp::Mlp& model) {
+  for (std::size_t l = 0; l < model.layers().size(); ++l) {
+    s.gather_unit(l, UnitPass::forward);
+    s.release_unit(l, UnitPass::forward);  // the buffers keep what was gathered
+  }
+  return model;
+}
+
+// Stage 3's bus bytes for `steps` steps of `micro` micro-batches (see the header): as the
+// Communicator counts them, (n-1)/n of each all-gather's output and reduce-scatter's input.
+double zero3_bus_bytes(const Strategy& s, const Flags& f, int world, int steps, int micro) {
+  double gathered = 0, persistent = 0, all = 0;
+  for (const ParamRef& p : s.params()) {
+    const double bytes = 4.0 * double(p.data.count);
+    all += bytes;
+    (p.data.count < f.persist ? persistent : gathered) += bytes;
+  }
+  const double per_micro = (f.keep_after_forward ? 1.0 : 2.0) * gathered;
+  return double(world - 1) / world * (steps * (all + persistent) + micro * per_micro);
+}
 
 double max_diff(const raw_mlp::Mlp& a, const raw_mlp::Mlp& b) {
   double d = 0;
@@ -108,13 +173,18 @@ int parity(Communicator& comm, const Flags& f) {
   ddp_options.ddp.first_bucket_bytes = 512;
   ddp_options.ddp.bucket_cap_bytes = 2048;
   zero_options.kind = StrategyKind::zero;
-  zero_options.zero.stage = f.stage;
+  zero_options.zero = zero_options_of(f);
   zero_options.zero.bucket_cap_bytes = 1024;  // several buckets, some straddling two slices
   auto ddp = make_strategy(comm, raw_mlp::param_refs(ddp_model, "layers.", 1), {}, ddp_options);
   auto zero = make_strategy(comm, raw_mlp::param_refs(zero_model, "layers.", 1), {}, zero_options);
   ddp->prepare();
   zero->prepare();
   auto ddp_opt = make_optimizer(f.optimizer), zero_opt = make_optimizer(f.optimizer);
+  const bool stage3 = f.stage == 3;
+  const raw_mlp::LayerScopes scopes =
+      stage3 ? unit_scopes(*zero, zero_model, f) : raw_mlp::LayerScopes{};
+  if (stage3)
+    for (auto& layer : zero_model.layers()) poison(layer, f.persist);  // only gathers count
 
   std::uint64_t ddp_bytes = 0, zero_bytes = 0;
   double norm_diff = 0;
@@ -132,10 +202,13 @@ int parity(Communicator& comm, const Flags& f) {
         raw_mlp::Mlp& model = s == ddp.get() ? ddp_model : zero_model;
         const std::uint64_t before = comm.bus_bytes();
         s->set_sync_enabled(boundary);
-        model.forward_backward(b.x, b.labels, scale, [&](std::size_t l) {
-          s->grad_ready(2 * l);
-          s->grad_ready(2 * l + 1);
-        });
+        model.forward_backward(
+            b.x, b.labels, scale,
+            [&](std::size_t l) {
+              s->grad_ready(2 * l);
+              s->grad_ready(2 * l + 1);
+            },
+            s == zero.get() ? scopes : raw_mlp::LayerScopes{});
         s->sync_gradients();
         (s == ddp.get() ? ddp_bytes : zero_bytes) += comm.bus_bytes() - before;
       }
@@ -155,7 +228,7 @@ int parity(Communicator& comm, const Flags& f) {
     ddp_model.zero_grad();
     zero_model.zero_grad();
   }
-  const double diff = max_diff(ddp_model, zero_model);
+  const double diff = max_diff(ddp_model, stage3 ? gathered_copy(*zero, zero_model) : zero_model);
   const bool bitwise = world == 1;
   // The same local gradients, their world partials (per micro-batch under ZeRO-2) summed in
   // another order, the norms' sums of squares (double) in another order too.
@@ -190,18 +263,39 @@ int parity(Communicator& comm, const Flags& f) {
   const std::size_t slots = ddp_opt->state_bytes() / (4 * total);
   const bool state_ok = zero_opt->state_bytes() == slots * 4 * slice_elements &&
                         slice_elements * std::size_t(world) <= total + 2 * std::size_t(world);
-  const bool bytes_ok = within(double(ddp_bytes), double(zero_bytes), 0.01);
+  // Stages 1 and 2 move what DDP moves; stage 3 the formula (see the header).
+  const double expected_bytes =
+      stage3 ? zero3_bus_bytes(*zero, f, world, f.steps, micro) : double(ddp_bytes);
+  const bool bytes_ok = within(expected_bytes, double(zero_bytes), 0.01) ||
+                        (expected_bytes == 0 && zero_bytes == 0);
+  // Stage 3's prefetch after the first step (recorded, no prefetch): in each micro-batch every
+  // forward gather but the first, and every backward one but the first when
+  // reshard_after_forward (otherwise they stayed gathered); the next micro-batch's first
+  // gather is unit 0 again, still gathered when predicted, so not prefetched. Then the
+  // forward gathers of gathered_copy() but the first.
+  const auto layers = std::uint64_t(kSizes.size() - 1);
+  const std::uint64_t per_micro = (layers - 1) * (f.keep_after_forward ? 1 : 2);
+  const std::uint64_t expected_hits =
+      std::uint64_t(f.steps - 1) * std::uint64_t(f.accumulation) * per_micro + (layers - 1);
+  const std::uint64_t hits = stage3 ? static_cast<ZeroStrategy&>(*zero).prefetch_hits() : 0;
+  const bool prefetch_ok = !stage3 || hits == expected_hits;
+  if (stage3)
+    std::printf("rank %d: zero3 prefetch hits %llu (expected %llu)\n", rank,
+                static_cast<unsigned long long>(hits),
+                static_cast<unsigned long long>(expected_hits));
   std::printf(
       "rank %d of %d (%s): zero%d %s, %d steps, accumulation %d, clip %g: max |zero - ddp| = %.3g "
-      "(%s), clip norm diff %.3g; state bytes zero %zu ddp %zu; bus bytes zero %llu ddp %llu\n",
+      "(%s), clip norm diff %.3g; state bytes zero %zu ddp %zu; bus bytes zero %llu ddp %llu "
+      "expected %.0f\n",
       rank, world, std::string(comm.backend_name()).c_str(), f.stage, f.optimizer.c_str(), f.steps,
       f.accumulation, f.clip, diff, required, norm_diff, zero_opt->state_bytes(),
       ddp_opt->state_bytes(), static_cast<unsigned long long>(zero_bytes),
-      static_cast<unsigned long long>(ddp_bytes));
+      static_cast<unsigned long long>(ddp_bytes), expected_bytes);
   if (!exact) std::printf("FAIL parameters differ\n");
   if (!state_ok) std::printf("FAIL optimizer state is not this rank's slice's\n");
-  if (!bytes_ok) std::printf("FAIL bytes moved differ by more than 1%%\n");
-  return exact && state_ok && bytes_ok ? 0 : 1;
+  if (!bytes_ok) std::printf("FAIL bytes moved differ from the expected by more than 1%%\n");
+  if (!prefetch_ok) std::printf("FAIL prefetch hits differ from the expected\n");
+  return exact && state_ok && bytes_ok && prefetch_ok ? 0 : 1;
 }
 
 // About 11.5M parameters in two groups, sizes that do not divide by 2, 3 or 4.
@@ -220,12 +314,12 @@ int memory(Communicator& comm, const Flags& f) {
     const std::string name = "p" + std::to_string(i);
     ddp_params.push_back(
         {name, buffer_of(std::span(ddp_values[i])), buffer_of(std::span(ddp_grads[i])), i % 2});
-    zero_params.push_back(
-        {name, buffer_of(std::span(zero_values[i])), buffer_of(std::span(zero_grads[i])), i % 2});
+    zero_params.push_back({name, buffer_of(std::span(zero_values[i])),
+                           buffer_of(std::span(zero_grads[i])), i % 2, {}, i});  // unit i
   }
   StrategyOptions ddp_options, zero_options;
   zero_options.kind = StrategyKind::zero;
-  zero_options.zero.stage = f.stage;
+  zero_options.zero = zero_options_of(f);
   auto ddp = make_strategy(comm, ddp_params, {}, ddp_options);
   auto zero = make_strategy(comm, zero_params, {}, zero_options);
   ddp->prepare();
@@ -237,7 +331,17 @@ int memory(Communicator& comm, const Flags& f) {
     Optimizer& opt = s == 0 ? static_cast<Optimizer&>(ddp_opt) : zero_opt;
     const std::uint64_t before = comm.bus_bytes();
     st.set_sync_enabled(true);
-    for (std::size_t i = sizes.size(); i-- > 0;) st.grad_ready(i);
+    // Each parameter is a unit: gathered for its forward, then for its backward (stage 3; the
+    // others ignore units).
+    for (std::size_t i = 0; i < sizes.size(); ++i) {
+      st.gather_unit(i, UnitPass::forward);
+      st.release_unit(i, UnitPass::forward);
+    }
+    for (std::size_t i = sizes.size(); i-- > 0;) {
+      st.gather_unit(i, UnitPass::backward);
+      st.grad_ready(i);
+      st.release_unit(i, UnitPass::backward);
+    }
     st.sync_gradients();
     opt.step(st.segments());
     st.after_optimizer_step();
@@ -253,8 +357,32 @@ int memory(Communicator& comm, const Flags& f) {
   const double full_grad = 4.0 * double(total);
   const double bucket = double(ZeroOptions{}.bucket_cap_bytes);
   const double grad_bytes = double(zero->gradient_bytes());
-  const bool grad_ok = f.stage != 2 || grad_bytes <= full_grad / world + 2 * bucket + 64;
-  const bool bytes_ok = within(double(bytes[0]), double(bytes[1]), 0.01);
+  const bool grad_ok = f.stage == 1 || grad_bytes <= full_grad / world + 2 * bucket + 64;
+  // Stage 3: the parameters this rank keeps (its slices: / N plus padding), what is gathered at
+  // most (two units and the persistent ones) and the bytes moved (the formula, see the header).
+  const bool stage3 = f.stage == 3;
+  double kept_params = 0;
+  for (const ParamSegment& s : zero->segments()) kept_params += 4.0 * double(s.values.count);
+  const double gathered = double(static_cast<ZeroStrategy&>(*zero).gathered_parameter_bytes());
+  const double largest_unit = 4.0 * double(sizes[0]);
+  const double gathered_limit = f.keep_after_forward ? 4.0 * double(total) + 64 * sizes.size()
+                                                     : 2 * largest_unit + 64 + 4.0 * 7 + 64;
+  const bool params_ok = !stage3 || (std::abs(kept_params - 4.0 * double(total) / world) <=
+                                         0.01 * 4.0 * double(total) / world + 4.0 * 2 * world &&
+                                     gathered <= gathered_limit);
+  const double expected_bytes =
+      stage3 ? zero3_bus_bytes(*zero, f, world, 1, 1) : double(bytes[0]);
+  const bool bytes_ok = within(expected_bytes, double(bytes[1]), 0.01) ||
+                        (expected_bytes == 0 && bytes[1] == 0);
+  if (stage3)
+    std::printf(
+        "rank %d of %d (%s): zero3 parameters kept %.0f bytes (all / %d = %.0f), gathered storage "
+        "%.0f bytes (limit %.0f), bus bytes per step %llu = %.2f x the parameters' bytes "
+        "(expected %.0f)\n",
+        rank, world, std::string(comm.backend_name()).c_str(), kept_params, world,
+        4.0 * double(total) / world, gathered, gathered_limit,
+        static_cast<unsigned long long>(bytes[1]), double(bytes[1]) / (4.0 * double(total)),
+        expected_bytes);
   std::printf(
       "rank %d of %d (%s): zero%d memory, %zu parameters: optimizer state bytes %.0f per rank, "
       "unsharded %.0f (/%d = %.0f); gradient bytes %.0f (ddp %zu, full/N + 2 buckets = %.0f); "
@@ -265,8 +393,9 @@ int memory(Communicator& comm, const Flags& f) {
   std::printf("zero state bytes per rank: %.0f\n", per_rank);
   if (!state_ok) std::printf("FAIL optimizer state bytes are not unsharded / N\n");
   if (!grad_ok) std::printf("FAIL stage 2 gradient bytes above full / N + 2 buckets\n");
-  if (!bytes_ok) std::printf("FAIL bytes moved differ by more than 1%%\n");
-  return state_ok && grad_ok && bytes_ok ? 0 : 1;
+  if (!params_ok) std::printf("FAIL stage 3 parameter bytes above slices / gathered limit\n");
+  if (!bytes_ok) std::printf("FAIL bytes moved differ from the expected by more than 1%%\n");
+  return state_ok && grad_ok && params_ok && bytes_ok ? 0 : 1;
 }
 
 }  // namespace
@@ -277,8 +406,8 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
     const char* value = i + 1 < argc ? argv[i + 1] : "";
-    if (flag == "--memory") {
-      f.memory = true;
+    if (flag == "--memory" || flag == "--keep_after_forward") {
+      (flag == "--memory" ? f.memory : f.keep_after_forward) = true;
       continue;
     }
     ++i;
@@ -294,6 +423,8 @@ int main(int argc, char** argv) {
       f.accumulation = std::stoi(value);
     else if (flag == "--clip")
       f.clip = std::stod(value);
+    else if (flag == "--persist")
+      f.persist = std::stoul(value);
     else {
       std::fprintf(stderr, "zero_worker: unknown flag %s\n", flag.c_str());
       return 2;

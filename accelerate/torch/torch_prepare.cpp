@@ -222,6 +222,12 @@ std::vector<Buffer> TorchAccelerator::collect_buffers(PreparedTensors& model,
 
 void TorchAccelerator::hook_gradients(PreparedTensors& model) {
   Strategy& strategy = this->strategy(model.index);
+  // A LibTorch model has no forward hooks to gather its units from; until the prepared call
+  // does, refuse rather than train on parameters that are never gathered.
+  ACCEL_CHECK_ARG(!strategy.parameters_sharded(),
+                  "zero_stage 3 does not prepare LibTorch models yet (their parameters would "
+                  "never be gathered): use zero_stage 1 or 2; the raw API's gather_parameters "
+                  "runs stage 3");
   const bool has_slots = strategy.gradient_storage() == GradientStorage::slots;
   for (std::size_t i = 0; i < model.params.size(); ++i) {
     at::Tensor& param = model.params[i];

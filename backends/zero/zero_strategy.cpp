@@ -34,8 +34,8 @@ ZeroStrategy::ZeroStrategy(Communicator& comm, std::vector<ParamRef> params,
       release_in_(params_.size()),
       ready_(params_.size(), false) {
   ACCEL_CHECK_ARG(
-      options_.stage == 1 || options_.stage == 2,
-      "ZeRO stage " + std::to_string(options_.stage) + " is not available (stages 1 and 2 are)");
+      options_.stage >= 1 && options_.stage <= 3,
+      "ZeRO stage " + std::to_string(options_.stage) + " does not exist (stages 1, 2 and 3 do)");
   ACCEL_CHECK_ARG(options_.bucket_cap_bytes > 0, "ZeRO bucket size must be positive");
   check_replica_params("ZeRO", comm_, params_);
   // Offloading only means something when the parameters are on a GPU (see the header).
@@ -45,7 +45,8 @@ ZeroStrategy::ZeroStrategy(Communicator& comm, std::vector<ParamRef> params,
   const auto& groups = layout_.groups();
   for (std::size_t f = 0; f < groups.size(); ++f) {
     const Shard own = layout_.owned(f);
-    param_store_.emplace_back(groups[f].padded, groups[f].dtype, memory, device);
+    param_store_.emplace_back(options_.stage == 3 ? own.count : groups[f].padded, groups[f].dtype,
+                              memory, device);
     if (options_.stage == 1)
       flat_grads_.emplace_back(groups[f].padded, groups[f].dtype, memory, device);
     grad_slices_.emplace_back(own.count, groups[f].dtype, memory, device);
@@ -69,10 +70,10 @@ ZeroStrategy::ZeroStrategy(Communicator& comm, std::vector<ParamRef> params,
     }
     largest = std::max(largest, (r.end - r.begin) * element_size(groups[r.flat].dtype));
   }
-  if (options_.stage == 2)
+  if (options_.stage >= 2)
     for (auto& s : staging_) s = DeviceBuffer((largest + 7) / 8, DType::i64, memory, device);
-  // A gradient asked of the strategy: stage 1 gives its flat slot from the start; stage 2 has
-  // no slot, so it is lent (lend_grad), and until then there is none (zeros).
+  // A gradient asked of the strategy: stage 1 gives its flat slot from the start; stages 2 and
+  // 3 have no slot, so it is lent (lend_grad), and until then there is none (zeros).
   for (std::size_t i = 0; i < params_.size(); ++i)
     if (params_[i].grad.data == nullptr) {
       if (options_.stage == 1)
@@ -80,6 +81,30 @@ ZeroStrategy::ZeroStrategy(Communicator& comm, std::vector<ParamRef> params,
       else
         lent_ = true;
     }
+  if (options_.stage == 3)
+    gatherer_ = std::make_unique<UnitGatherer>(comm_, layout_, params_, param_store_, options_);
+}
+
+std::string_view ZeroStrategy::name() const {
+  static constexpr std::string_view kNames[] = {"zero1", "zero2", "zero3"};
+  return kNames[options_.stage - 1];
+}
+
+void ZeroStrategy::set_sync_enabled(bool enabled) {
+  sync_enabled_ = enabled;
+  if (gatherer_) gatherer_->set_step_ends(enabled);
+}
+
+void ZeroStrategy::gather_unit(std::size_t unit, UnitPass pass) {
+  if (gatherer_) gatherer_->gather(unit, pass);
+}
+
+void ZeroStrategy::release_unit(std::size_t unit, UnitPass pass) {
+  if (gatherer_) gatherer_->release(unit, pass);
+}
+
+std::size_t ZeroStrategy::gathered_parameter_bytes() const {
+  return gatherer_ ? gatherer_->gathered_bytes() : 0;
 }
 
 ZeroStrategy::~ZeroStrategy() {
@@ -92,10 +117,18 @@ ZeroStrategy::~ZeroStrategy() {
 
 Buffer ZeroStrategy::flat_params(std::size_t f) const { return param_store_[f].view(); }
 
+Buffer ZeroStrategy::owned_params(std::size_t f) const {
+  if (options_.stage == 3) return param_store_[f].view();
+  const Shard own = layout_.owned(f);
+  return flat_params(f).slice(own.offset, own.count);
+}
+
 Buffer ZeroStrategy::grad_slice(std::size_t f) const { return grad_slices_[f].view(); }
 
 Buffer ZeroStrategy::param_slot(std::size_t index) const {
   ACCEL_CHECK_ARG(index < params_.size(), "ZeRO: no parameter " + std::to_string(index));
+  ACCEL_CHECK_ARG(options_.stage != 3, "ZeRO-3 keeps no full copy of '" + params_[index].name +
+                                           "' (only this rank's slice)");
   return flat_params(layout_.flat_of(index))
       .slice(layout_.offset_of(index), params_[index].data.count);
 }
@@ -104,15 +137,16 @@ Buffer ZeroStrategy::grad_slot(int replica, std::size_t index) const {
   ACCEL_CHECK_ARG(
       replica == 0 && index < params_.size(),
       "ZeRO: no parameter " + std::to_string(index) + " in replica " + std::to_string(replica));
-  ACCEL_CHECK_ARG(options_.stage == 1, "ZeRO-2 keeps no full gradient of '" + params_[index].name +
-                                           "' (only this rank's slice)");
+  ACCEL_CHECK_ARG(options_.stage == 1, std::string(name()) + " keeps no full gradient of '" +
+                                           params_[index].name + "' (only this rank's slice)");
   return flat_grads_[layout_.flat_of(index)].view().slice(layout_.offset_of(index),
                                                           params_[index].data.count);
 }
 
 void ZeroStrategy::lend_grad(std::size_t index, Buffer grad) {
   ACCEL_CHECK_ARG(index < params_.size(), "ZeRO: no parameter " + std::to_string(index));
-  ACCEL_CHECK_ARG(lent_, "ZeRO: lend_grad needs stage 2 with gradients asked of the strategy");
+  ACCEL_CHECK_ARG(lent_,
+                  "ZeRO: lend_grad needs stage 2 or 3 with gradients asked of the strategy");
   ACCEL_CHECK_ARG(
       grad.dtype == params_[index].data.dtype && grad.count == params_[index].data.count,
       "ZeRO: the new gradient of '" + params_[index].name + "' has another shape or dtype");
@@ -142,14 +176,38 @@ void ZeroStrategy::use_param_slots() {
 
 void ZeroStrategy::reload_parameters() {
   const DeviceStream stream = comm_.compute_stream();
-  for (std::size_t i = 0; i < params_.size(); ++i)
-    copy_buffer(param_slot(i), params_[i].data, stream);
-  if (!offload_) return;
-  // The optimizer's copy of the owned slices (host memory) follows the parameters.
-  for (std::size_t f = 0; f < layout_.groups().size(); ++f) {
-    const Shard own = layout_.owned(f);
-    copy_buffer(host_params_[f].view(), flat_params(f).slice(own.offset, own.count), stream);
+  if (options_.stage == 3) {
+    copy_owned_parts_in();
+  } else {
+    for (std::size_t i = 0; i < params_.size(); ++i)
+      copy_buffer(param_slot(i), params_[i].data, stream);
   }
+  if (offload_) copy_owned_to_host();
+  if (gatherer_) {
+    gatherer_->invalidate();
+    gatherer_->refresh_persistent();
+  }
+}
+
+// Stage 3: the part of each parameter (whole in its buffer now) that this rank's slices hold.
+void ZeroStrategy::copy_owned_parts_in() {
+  const DeviceStream stream = comm_.compute_stream();
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    const std::size_t f = layout_.flat_of(i), offset = layout_.offset_of(i);
+    const Shard own = layout_.owned(f);
+    const std::size_t lo = std::max(offset, own.offset);
+    const std::size_t hi = std::min(offset + params_[i].data.count, own.offset + own.count);
+    if (lo >= hi) continue;
+    copy_buffer(param_store_[f].view().slice(lo - own.offset, hi - lo),
+                params_[i].data.slice(lo - offset, hi - lo), stream);
+  }
+}
+
+void ZeroStrategy::copy_owned_to_host() {
+  const DeviceStream stream = comm_.compute_stream();
+  // The optimizer's copy of the owned slices (host memory) follows the parameters.
+  for (std::size_t f = 0; f < layout_.groups().size(); ++f)
+    copy_buffer(host_params_[f].view(), owned_params(f), stream);
   synchronize_stream(stream, comm_.cuda_device(), comm_.timeout(),
                      "ZeRO offload: rank " + std::to_string(comm_.rank()) +
                          " copying its parameter slices to host memory");
@@ -177,8 +235,7 @@ std::vector<ParamSegment> ZeroStrategy::segments() const {
       out.push_back(
           {layout_.groups()[f].group, host_params_[f].view(), host_grads_[f].view(), own.offset});
     else
-      out.push_back({layout_.groups()[f].group, flat_params(f).slice(own.offset, own.count),
-                     grad_slice(f), own.offset});
+      out.push_back({layout_.groups()[f].group, owned_params(f), grad_slice(f), own.offset});
   }
   return out;
 }
@@ -336,6 +393,14 @@ void ZeroStrategy::sync_gradients() {
 void ZeroStrategy::after_optimizer_step() {
   first_sync_of_step_ = true;  // the next step's gradients start afresh in the slices
   const DeviceStream stream = comm_.compute_stream();
+  if (gatherer_) {  // stage 3: nothing gathered is current; the persistent ones follow
+    for (std::size_t f = 0; offload_ && f < layout_.groups().size(); ++f)
+      copy_buffer(owned_params(f), host_params_[f].view(), stream);
+    gatherer_->invalidate();
+    gatherer_->finish_recording();
+    gatherer_->refresh_persistent();
+    return;
+  }
   std::vector<WorkPtr> works;
   for (std::size_t f = 0; f < layout_.groups().size(); ++f) {
     const Buffer full = flat_params(f);

@@ -1,7 +1,7 @@
 #pragma once
-// ZeRO (DeepSpeed's Zero Redundancy Optimizer), stages 1 and 2: every rank keeps the full
-// parameters; the optimizer updates only this rank's slice of each flat (param group, dtype)
-// buffer (flat_layout.hpp), so optimizer state exists for that slice only.
+// ZeRO (DeepSpeed's Zero Redundancy Optimizer), stages 1, 2 and 3: the optimizer updates only
+// this rank's slice of each flat (param group, dtype) buffer (flat_layout.hpp), so optimizer
+// state exists for that slice only. Stages 1 and 2 keep the full parameters on every rank.
 //  - stage 1: full flat gradient buffers (backend.hpp's "slots"); at the boundary they are
 //    reduce-scattered (average) in buckets during backward into this rank's gradient slice,
 //    out of place, so a later backward still adds to what the loop accumulated;
@@ -11,6 +11,11 @@
 //    accumulated gradients (DeepSpeed's stage 2 reduces every micro-batch: K times the bytes);
 //  - several backwards per step sum as autograd does: kept gradients re-average into the
 //    slice at each sync, released ones add each sync's average after the first;
+//  - stage 3: gradients as stage 2, and the parameters sharded too: this rank keeps only its
+//    slices, a unit's values are gathered around its forward and its backward
+//    (unit_gatherer.hpp), and after the optimizer step only the persistent parameters are
+//    gathered. Per step: one reduce-scatter and two all-gathers of the parameters' bytes (one
+//    with reshard_after_forward false). The slices and their checkpoints are stage 2's.
 //  - reduce-scatters carry per-rank parts (Communicator::reduce_scatter with counts), strictly
 //    in bucket order; after_optimizer_step() all-gathers each flat parameter buffer (no copy
 //    for parameters living in it: use_param_slots()). Per step: the bytes of one all-reduce.
@@ -22,11 +27,13 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <vector>
 
 #include "backends/backend.hpp"
 #include "backends/zero/flat_layout.hpp"
+#include "backends/zero/unit_gatherer.hpp"
 #include "core/device_memory.hpp"
 
 namespace accel {
@@ -37,14 +44,14 @@ class ZeroStrategy final : public Strategy {
                ZeroOptions options = {});
   ~ZeroStrategy() override;
 
-  std::string_view name() const override { return options_.stage == 1 ? "zero1" : "zero2"; }
+  std::string_view name() const override;
   int stage() const { return options_.stage; }
   // Broadcasts parameters and buffers from rank 0 and fills the flat parameter buffers.
   void prepare() override;
   void grad_ready(std::size_t index) override;
   // At a boundary (sync enabled): finishes the reduce-scatters, the slices hold the averages.
   void sync_gradients() override;
-  void set_sync_enabled(bool enabled) override { sync_enabled_ = enabled; }
+  void set_sync_enabled(bool enabled) override;
   bool sync_enabled() const override { return sync_enabled_; }
   void sync_buffers() override;
   const std::vector<ParamRef>& params() const override { return params_; }
@@ -59,8 +66,16 @@ class ZeroStrategy final : public Strategy {
   const FlatLayout& layout() const { return layout_; }
   // Whether segments() are pinned host copies (offload_optimizer cpu, parameters on a GPU).
   bool offloads_optimizer() const { return offload_; }
-  // Parameter i's place in its flat parameter buffer (same dtype and count).
-  bool has_param_slots() const override { return true; }
+  // Stage 3 (see the header).
+  bool parameters_sharded() const override { return options_.stage == 3; }
+  void gather_unit(std::size_t unit, UnitPass pass) override;
+  void release_unit(std::size_t unit, UnitPass pass) override;
+  // Stage 3: bytes of gathered parameter storage (two units' slots and the persistent ones).
+  std::size_t gathered_parameter_bytes() const;
+  // Stage 3: gathers whose unit had been prefetched.
+  std::uint64_t prefetch_hits() const { return gatherer_ ? gatherer_->prefetch_hits() : 0; }
+  // Parameter i's place in its flat parameter buffer (same dtype and count); stage 3 has none.
+  bool has_param_slots() const override { return options_.stage != 3; }
   Buffer param_slot(std::size_t index) const override;
   // The caller made every parameter live at param_slot(i): the all-gather then writes the
   // parameters directly.
@@ -91,9 +106,12 @@ class ZeroStrategy final : public Strategy {
   void launch(Bucket& b);
   void finish(Bucket& b);  // waits; stage 2: copies this rank's part to its slice
   void finish_all();
+  void copy_owned_parts_in();
+  void copy_owned_to_host();
   Buffer own_part(const Bucket& b, Buffer bucket_data) const;  // within the bucket
   Buffer own_slice_part(const Bucket& b) const;                // the same within the slice
-  Buffer flat_params(std::size_t f) const;
+  Buffer flat_params(std::size_t f) const;  // stages 1 and 2
+  Buffer owned_params(std::size_t f) const;  // this rank's slice (all stage 3 keeps)
   Buffer grad_slice(std::size_t f) const;
 
   Communicator& comm_;
@@ -104,7 +122,9 @@ class ZeroStrategy final : public Strategy {
   // On the communicator's device: the flat parameters (padded); stage 1's full flat gradients
   // (the loop's accumulation, never overwritten by a collective); the owned, reduced gradient
   // slices the optimizer reads (both stages).
+  // Stage 3's param_store_ holds the owned slices only.
   std::vector<DeviceBuffer> param_store_, flat_grads_, grad_slices_;
+  std::unique_ptr<UnitGatherer> gatherer_;  // stage 3
   std::array<DeviceBuffer, 2> staging_;  // stage 2; raw words, any dtype's bucket fits
   // Offload: pinned host copies of the owned parameter and gradient slices, per flat buffer.
   std::vector<DeviceBuffer> host_params_, host_grads_;

@@ -6,12 +6,19 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <random>
 #include <span>
 #include <string>
 #include <vector>
 
 namespace raw_mlp {
+
+// Called around each layer's use in forward_backward, when set (a ZeRO-3 loop gathers the
+// layer's parameters there: Accelerator::gather_parameters).
+struct LayerScopes {
+  std::function<void(std::size_t)> enter_forward, leave_forward, enter_backward, leave_backward;
+};
 
 struct Layer {
   int in = 0, out = 0;
@@ -57,11 +64,15 @@ class Mlp {
   // Returns the mean loss.
   template <typename OnLayerGrads>
   float forward_backward(std::span<const float> x, std::span<const int> labels, float loss_scale,
-                         OnLayerGrads&& on_layer_grads) {
+                         OnLayerGrads&& on_layer_grads, const LayerScopes& scopes = {}) {
+    const auto call = [](const std::function<void(std::size_t)>& f, std::size_t l) {
+      if (f) f(l);
+    };
     const int batch = int(labels.size());
     std::vector<std::vector<float>> acts(layers_.size() + 1);
     acts[0].assign(x.begin(), x.end());
     for (std::size_t l = 0; l < layers_.size(); ++l) {
+      call(scopes.enter_forward, l);
       const Layer& L = layers_[l];
       std::vector<float>& out = acts[l + 1];
       out.assign(std::size_t(batch) * L.out, 0.0f);
@@ -73,6 +84,7 @@ class Mlp {
           for (int i = 0; i < L.in; ++i) s += w[i] * a[i];
           out[std::size_t(n) * L.out + o] = (l + 1 < layers_.size()) ? std::max(s, 0.0f) : s;
         }
+      call(scopes.leave_forward, l);
     }
     // Softmax cross-entropy; delta = d(loss * scale)/d(logits).
     const int classes = layers_.back().out;
@@ -91,6 +103,7 @@ class Mlp {
       }
     }
     for (std::size_t l = layers_.size(); l-- > 0;) {
+      call(scopes.enter_backward, l);
       Layer& L = layers_[l];
       const std::vector<float>& a = acts[l];
       std::vector<float> prev(std::size_t(batch) * L.in, 0.0f);
@@ -108,6 +121,7 @@ class Mlp {
           }
         }
       on_layer_grads(l);
+      call(scopes.leave_backward, l);
       if (l > 0)  // through the previous layer's ReLU
         for (std::size_t i = 0; i < prev.size(); ++i) prev[i] = a[i] > 0 ? prev[i] : 0.0f;
       delta = std::move(prev);

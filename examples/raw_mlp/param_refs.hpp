@@ -2,7 +2,8 @@
 // The hand-written MLP's parameters as the Accelerator sees them: one ParamRef per weight and
 // bias, named PREFIX<l>.weight / PREFIX<l>.bias, each weight shaped [out, in] as
 // torch::nn::Linear's (row-major), so `accel merge-weights` writes an archive that loads into
-// Linear layers registered under those names. Biases go into param group `bias_group`.
+// Linear layers registered under those names. Biases go into param group `bias_group`. Layer l
+// is ZeRO-3's unit l (the other strategies ignore units).
 
 #include <cstddef>
 #include <span>
@@ -24,9 +25,10 @@ inline std::vector<accel::ParamRef> param_refs(Mlp& m, const std::string& prefix
                       accel::buffer_of(std::span(L.weight)),
                       accel::buffer_of(std::span(L.weight_grad)),
                       0,
-                      {L.out, L.in}});
+                      {L.out, L.in},
+                      l});
     params.push_back({name + ".bias", accel::buffer_of(std::span(L.bias)),
-                      accel::buffer_of(std::span(L.bias_grad)), bias_group});
+                      accel::buffer_of(std::span(L.bias_grad)), bias_group, {}, l});
   }
   return params;
 }
