@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <utility>
 
 #include "accelerate/prepared_parameters.hpp"
 #include "accelerate/process_group.hpp"
@@ -356,15 +357,19 @@ Accelerator::NoSync Accelerator::no_sync(std::size_t model) { return NoSync(*thi
 
 Accelerator::GatheredParameters::GatheredParameters(Strategy& strategy, std::size_t unit,
                                                     UnitPass pass)
-    : strategy_(strategy), unit_(unit), pass_(pass) {
-  strategy_.gather_unit(unit_, pass_);
+    : strategy_(&strategy), unit_(unit), pass_(pass) {
+  strategy_->gather_unit(unit_, pass_);
 }
+
+Accelerator::GatheredParameters::GatheredParameters(GatheredParameters&& other) noexcept
+    : strategy_(std::exchange(other.strategy_, nullptr)), unit_(other.unit_), pass_(other.pass_) {}
 
 // Releasing what this guard gathered cannot fail (release_unit throws only for a unit that is
 // not gathered); a destructor must not throw.
 Accelerator::GatheredParameters::~GatheredParameters() {
+  if (strategy_ == nullptr) return;
   try {
-    strategy_.release_unit(unit_, pass_);
+    strategy_->release_unit(unit_, pass_);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
   }

@@ -272,13 +272,15 @@ class Accelerator {
   class GatheredParameters {
    public:
     ~GatheredParameters();
-    GatheredParameters(const GatheredParameters&) = delete;
-    GatheredParameters& operator=(const GatheredParameters&) = delete;
+    // Movable (into a std::optional a loop's layer hooks keep), the moved-from one releasing
+    // nothing.
+    GatheredParameters(GatheredParameters&& other) noexcept;
+    GatheredParameters& operator=(GatheredParameters&&) = delete;
 
    private:
     friend class Accelerator;
     GatheredParameters(Strategy& strategy, std::size_t unit, UnitPass pass);
-    Strategy& strategy_;
+    Strategy* strategy_;
     std::size_t unit_;
     UnitPass pass_;
   };

@@ -279,8 +279,8 @@ void Accelerator::save_state(const std::string& dir) {
     const bool values_sharded = strategy.parameters_sharded();
     // GPU values are copied to host memory first (CPU ones are written from where they are);
     // under stage 3 the parameters' buffers are not current, its slices (segments) are.
-    const std::string who =
-        "save_state: rank " + std::to_string(process_index()) + " copying the parameters from the GPU";
+    const std::string who = "save_state: rank " + std::to_string(process_index()) +
+                            " copying the parameters from the GPU";
     HostParameters& host = staged.emplace_back(
         host_parameters(values_sharded ? std::vector<ParamRef>{} : model->params, model->buffers,
                         compute_context(comm()), who));
@@ -292,7 +292,8 @@ void Accelerator::save_state(const std::string& dir) {
       owned.push_back(format_layout(layout));
       contents.shared.push_back({model_blob(kLayout, model->index), {bytes_of(owned.back())}});
     }
-    const std::string own_blob = std::string(kParameters) + ".rank" + std::to_string(process_index());
+    const std::string own_blob =
+        std::string(kParameters) + ".rank" + std::to_string(process_index());
     if (values_sharded)
       contents.per_rank.push_back({model_blob(kParameters, model->index),
                                    slice_pieces(layout, own_blob, strategy.segments(), host,

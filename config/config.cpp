@@ -193,14 +193,16 @@ std::optional<std::string> check_zero_stage(const Config& c) {
   return std::nullopt;
 }
 
-std::optional<std::string> check_zero3_option(const Config& c) {
-  const Config defaults;
-  if (is_zero3(c)) return std::nullopt;
-  if (c.zero3_param_persistence_threshold != defaults.zero3_param_persistence_threshold)
-    return "zero3_param_persistence_threshold needs zero_stage 3 (distributed_type ZERO)";
-  if (c.reshard_after_forward != defaults.reshard_after_forward)
-    return "reshard_after_forward needs zero_stage 3 (distributed_type ZERO)";
-  return std::nullopt;
+std::optional<std::string> check_zero3_threshold(const Config& c) {
+  if (is_zero3(c) ||
+      c.zero3_param_persistence_threshold == Config{}.zero3_param_persistence_threshold)
+    return std::nullopt;
+  return "zero3_param_persistence_threshold needs zero_stage 3 (distributed_type ZERO)";
+}
+
+std::optional<std::string> check_reshard_after_forward(const Config& c) {
+  if (is_zero3(c) || c.reshard_after_forward == Config{}.reshard_after_forward) return std::nullopt;
+  return "reshard_after_forward needs zero_stage 3 (distributed_type ZERO)";
 }
 
 std::optional<std::string> check_offload_optimizer_device(const Config& c) {
@@ -387,7 +389,7 @@ std::vector<KeySpec> make_schema() {
        .flag_value = "N",
        .question = "Below how many elements should a parameter stay gathered (not sharded)?",
        .applies = is_zero3,
-       .check = check_zero3_option,
+       .check = check_zero3_threshold,
        .related = {"zero_stage", "distributed_type"}},
       {.name = "reshard_after_forward",
        .kind = K::boolean,
@@ -399,7 +401,7 @@ std::vector<KeySpec> make_schema() {
                    "the backward)?",
        .options = {{"true", "yes", 1}, {"false", "no", 0}},
        .applies = is_zero3,
-       .check = check_zero3_option,
+       .check = check_reshard_after_forward,
        .related = {"zero_stage", "distributed_type"}},
       {.name = "cpu_communicator",
        .kind = K::choice,

@@ -144,6 +144,10 @@ class Wizard {
     if (type() == DistributedType::ZERO) {
       ask("zero_stage");
       ask("offload_optimizer_device");
+      if (current().zero_stage == 3) {
+        ask("zero3_param_persistence_threshold");
+        ask("reshard_after_forward");
+      }
     }
     if (multi_process) ask("num_processes");
     if (uses_gpu(current()) && type() != DistributedType::NO) ask("gpu_ids");

@@ -142,7 +142,9 @@ TEST_CASE("each bad config exits 2 naming the file, the line and the key") {
        "machine_rank", "2 is not below num_machines (2)"},
       {"distributed_type: MULTI_CPU\nnum_machines: 2\nnum_processes: 3\n", 3, "num_processes",
        "3 processes do not divide evenly over num_machines (2)"},
-      {"distributed_type: ZERO\nzero_stage: 3\n", 2, "zero_stage", "3 is not a ZeRO stage (1-2)"},
+      {"distributed_type: ZERO\nzero_stage: 4\n", 2, "zero_stage", "4 is not a ZeRO stage (1-3)"},
+      {"distributed_type: ZERO\nzero_stage: 2\nreshard_after_forward: false\n", 3,
+       "reshard_after_forward", "reshard_after_forward needs zero_stage 3"},
       {"distributed_type: MULTI_GPU\nnum_processes: 2\nzero_stage: 2\n", 3, "zero_stage",
        "zero_stage 2 needs distributed_type ZERO, not MULTI_GPU"},
       {"distributed_type: MULTI_CPU\noffload_optimizer_device: cpu\n", 2,
@@ -699,23 +701,24 @@ TEST_CASE("zero_stage has one limit everywhere: the schema's, in help, flags, en
   auto out = run_accel({"launch", "--help"});
   CHECK(out.exit_code == 0);
   INFO(out.output);
-  CHECK(contains(out.output, "--zero_stage 1|2 "));
-  CHECK_FALSE(contains(out.output, "--zero_stage 1|2|3"));
+  CHECK(contains(out.output, "--zero_stage 1|2|3 "));
+  CHECK(contains(out.output, "--zero3_param_persistence_threshold N\n"));
+  CHECK(contains(out.output, "--reshard_after_forward[=BOOL]"));
   // A stage the help does not offer is refused before any process starts, naming where it
   // came from (the Accelerator used to find out at run time).
   out = run_accel(
-      {"launch", "--use_zero", "--cpu", "--num_processes", "2", "--zero_stage", "3", "true"});
+      {"launch", "--use_zero", "--cpu", "--num_processes", "2", "--zero_stage", "4", "true"});
   CHECK(out.exit_code == 2);
   CHECK(contains(out.output,
-                 "command line --zero_stage: key 'zero_stage': 3 is not a ZeRO stage "
-                 "(1-2)"));
+                 "command line --zero_stage: key 'zero_stage': 4 is not a ZeRO stage "
+                 "(1-3)"));
   out = run_accel({"launch", "--use_zero", "--cpu", "--num_processes", "2", "true"},
-                  {{"ACCEL_ZERO_STAGE", "3"}});
+                  {{"ACCEL_ZERO_STAGE", "4"}});
   CHECK(out.exit_code == 2);
-  CHECK(contains(out.output, "environment variable ACCEL_ZERO_STAGE: key 'zero_stage': 3 is not"));
+  CHECK(contains(out.output, "environment variable ACCEL_ZERO_STAGE: key 'zero_stage': 4 is not"));
   const auto* spec = find_key("zero_stage");
   REQUIRE(spec != nullptr);
   CHECK(spec->min_value == kMinZeroStage);
   CHECK(spec->max_value == kMaxZeroStage);
-  CHECK(value_hint("zero_stage") == "1|2");
+  CHECK(value_hint("zero_stage") == "1|2|3");
 }

@@ -433,13 +433,15 @@ TEST_CASE("on a pseudo-terminal: Ctrl-C in a menu restores the terminal and writ
 }
 
 TEST_CASE("the ZeRO stage menu offers only the stages the schema accepts") {
-  // compute env, type, machines, use_cpu, stage 3 (refused), then stage 2, offload, processes,
-  // communicator... the rest by default.
+  // compute env, type, machines, use_cpu, stage 4 (refused), then stage 3, offload, stage 3's
+  // persistence threshold and resharding, processes, communicator... the rest by default.
   const auto [c, out] = wizard_in_process(
-      lines({"", "ZERO", "1", "yes", "3", "2", "", "2", "", "", ""}), Hardware{8, 0});
+      lines({"", "ZERO", "1", "yes", "4", "3", "", "", "no", "2", "", "", ""}), Hardware{8, 0});
   INFO(out);
-  CHECK(c.zero_stage == 2);
-  CHECK(contains(out, "stage 2: shard optimizer state and gradients"));
-  CHECK_FALSE(contains(out, "stage 3"));
-  CHECK(contains(out, "'3' is not a choice: type 1-2"));
+  CHECK(c.zero_stage == 3);
+  CHECK(c.zero3_param_persistence_threshold == 100000);
+  CHECK_FALSE(c.reshard_after_forward);
+  CHECK(c.num_processes == 2);
+  CHECK(contains(out, "stage 3: shard optimizer state, gradients and parameters"));
+  CHECK(contains(out, "'4' is not a choice: type 1-3"));
 }

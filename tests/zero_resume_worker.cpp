@@ -9,10 +9,12 @@
 // writes a fixed input (kPredictRows x 13 floats) and the model's logits for it (x 10 floats),
 // so a test can check a LibTorch model loaded from `accel merge-weights` against them.
 // Parameters are named and shaped as a LibTorch module with a ModuleList "layers" of Linear
-// layers would name them ("layers.0.weight" [37, 13]).
+// layers would name them ("layers.0.weight" [37, 13]). Each layer is a unit, gathered around
+// its forward and its backward with acc.gather_parameters (ZeRO-3; nothing elsewhere).
 
 #include <algorithm>
 #include <cstdio>
+#include <optional>
 #include <random>
 #include <string>
 
@@ -91,12 +93,24 @@ int main(int argc, char** argv) {
     const std::uint64_t until = phase == "save" ? save_at : steps;
     std::vector<float> x;
     std::vector<int> y;
+    std::vector<std::optional<Accelerator::GatheredParameters>> gathered(model.layers().size());
+    raw_mlp::LayerScopes scopes;
+    scopes.enter_forward = [&](std::size_t l) {
+      gathered[l].emplace(acc.gather_parameters(l, UnitPass::forward));
+    };
+    scopes.enter_backward = [&](std::size_t l) {
+      gathered[l].emplace(acc.gather_parameters(l, UnitPass::backward));
+    };
+    scopes.leave_forward = scopes.leave_backward = [&](std::size_t l) { gathered[l].reset(); };
     while (acc.step() < until) {
       batch_for(acc.step(), acc.process_index(), acc.num_processes(), x, y);
-      model.forward_backward(x, y, acc.loss_scale(), [&](std::size_t l) {
-        acc.grad_ready(2 * l);
-        acc.grad_ready(2 * l + 1);
-      });
+      model.forward_backward(
+          x, y, acc.loss_scale(),
+          [&](std::size_t l) {
+            acc.grad_ready(2 * l);
+            acc.grad_ready(2 * l + 1);
+          },
+          scopes);
       if (acc.sync_gradients()) {
         acc.clip_grad_norm(0.5);
         acc.optimizer_step();
@@ -104,6 +118,8 @@ int main(int argc, char** argv) {
       }
     }
     if (phase == "save") acc.save_state(dir);
+    // The model's buffers hold the last gathered values: gather every unit once more.
+    for (std::size_t l = 0; l < model.layers().size(); ++l) auto g = acc.gather_parameters(l);
     if (!out.empty() && acc.is_main_process()) {
       std::FILE* f = std::fopen(out.c_str(), "wb");
       for (const auto& L : model.layers()) {

@@ -1,11 +1,11 @@
-// ZeRO stages 1 and 2 over real processes (zero_worker does the checking): parameters after
-// 50 steps equal DDP's (SGD: within the first-order bound of tests/support/tolerance.hpp;
-// Adam, AdamW: within 1e-6, empirical) with SGD (momentum, Nesterov, weight decay), Adam and
-// AdamW, two param groups, gradient accumulation 4 and clipping, over Gloo and MPI with 2 and
-// 4 ranks; a world of one is bitwise the unsharded optimizer; bytes moved per step equal
-// DDP's within 1%; optimizer state per rank is the unsharded state / N for an 11.5M-parameter
-// model and agrees with `accel estimate-memory`, and stage 2 keeps at most full / N + two
-// buckets of gradients.
+// ZeRO-3 (below) and ZeRO stages 1 and 2 over real processes (zero_worker does the checking):
+// parameters after 50 steps equal DDP's (SGD: within the first-order bound of
+// tests/support/tolerance.hpp; Adam, AdamW: within 1e-6, empirical) with SGD (momentum, Nesterov,
+// weight decay), Adam and AdamW, two param groups, gradient accumulation 4 and clipping, over Gloo
+// and MPI with 2 and 4 ranks; a world of one is bitwise the unsharded optimizer; bytes moved per
+// step equal DDP's within 1%; optimizer state per rank is the unsharded state / N for
+// an 11.5M-parameter model and agrees with `accel estimate-memory`, and stage 2 keeps at most full
+// / N + two buckets of gradients.
 
 #include <doctest/doctest.h>
 
@@ -81,6 +81,102 @@ TEST_CASE("ZeRO in a world of one is bitwise the unsharded optimizer") {
                             {"--backend", "local", "--stage", stage, "--optimizer", optimizer}),
                   1, "max |zero - ddp| = 0 (bitwise");
     }
+}
+
+namespace {
+
+// ZeRO-3 against DDP at world 2, 3 (uneven slices) and 4 over `backend` (zero_worker checks
+// the parameters, the bytes moved against the formula and the prefetch hits): AdamW for 20
+// steps; on Gloo also SGD (the derived bound), persistent biases and no resharding.
+template <typename Run>
+void expect_zero3_equals_ddp(const char* backend, Run run) {
+  const std::vector<std::vector<std::string>> variants = {
+      {"--optimizer", "adamw"},
+      {"--optimizer", "sgd"},
+      {"--optimizer", "adamw", "--persist", "40"},
+      {"--optimizer", "adamw", "--keep_after_forward"}};
+  const std::size_t used = std::string(backend) == "gloo" ? variants.size() : 1;
+  for (int world : {2, 3, 4})
+    for (std::size_t v = 0; v < used; ++v) {
+      std::vector<std::string> args = {"--backend", backend, "--stage", "3", "--steps", "20"};
+      args.insert(args.end(), variants[v].begin(), variants[v].end());
+      CAPTURE(world);
+      CAPTURE(v);
+      expect_pass(run(world, "zero_worker", args, RanksOptions{}), world, "max |zero - ddp|");
+    }
+}
+
+}  // namespace
+
+TEST_CASE("ZeRO-3 over gloo equals DDP (units gathered per layer, prefetched; 3 bus bytes/param)") {
+  if (skip_unless(communicator_available("gloo"), "gloo communicator not built")) return;
+  expect_zero3_equals_ddp("gloo", run_ranks);
+}
+
+TEST_CASE("ZeRO-3 over mpi and shm equals DDP") {
+  if (communicator_available("shm")) expect_zero3_equals_ddp("shm", run_ranks);
+  if (skip_unless(communicator_available("mpi") && !find_mpirun().empty(),
+                  "mpi communicator or mpirun not available"))
+    return;
+  expect_zero3_equals_ddp("mpi", run_under_mpirun);
+}
+
+TEST_CASE("ZeRO-3 in a world of one is bitwise the unsharded optimizer") {
+  for (const char* optimizer : kOptimizers) {
+    CAPTURE(optimizer);
+    expect_pass(run_ranks(1, "zero_worker",
+                          {"--backend", "local", "--stage", "3", "--optimizer", optimizer}),
+                1, "max |zero - ddp| = 0 (bitwise");
+  }
+}
+
+TEST_CASE("ZeRO-3 memory and traffic: slices / N, two units gathered, 3 or 2 x the bytes") {
+  if (skip_unless(communicator_available("gloo"), "gloo communicator not built")) return;
+  for (int world : {2, 4})
+    for (const bool keep : {false, true}) {
+      CAPTURE(world);
+      CAPTURE(keep);
+      std::vector<std::string> args = {"--memory", "--backend", "gloo", "--stage", "3"};
+      if (keep) args.push_back("--keep_after_forward");
+      const auto result = run_ranks(world, "zero_worker", args);
+      expect_pass(result, world, "zero3 parameters kept");
+      MESSAGE(result.workers.front().output);
+    }
+}
+
+TEST_CASE("ZeRO-3 refuses a rank-dependent unit order on every rank, naming both units") {
+  if (skip_unless(communicator_available("gloo"), "gloo communicator not built")) return;
+  RanksOptions every_rank;
+  every_rank.stop_on_failure = false;             // each rank's own verdict
+  every_rank.timeout = std::chrono::seconds(30);  // far below the collective timeout
+  const auto result =
+      run_ranks(3, "zero_worker", {"--backend", "gloo", "--order_differs"}, every_rank);
+  CHECK_FALSE(result.timed_out);
+  INFO(describe(result));
+  CHECK(count(result,
+              "refused: ZeRO-3: the ranks gather units in different orders: at gather #1 "
+              "of the first step one rank gathered unit 0 ('layers.0.weight'...) "
+              "(forward) and another unit 1 ('layers.1.weight'...) (forward)") == 3);
+  for (const auto& w : result.workers) CHECK(w.exit_code == 3);
+}
+
+TEST_CASE("ZeRO-3 misuse is refused naming the unit: not consecutive, a third, unbalanced") {
+  const auto result = run_ranks(1, "zero_worker", {"--backend", "local", "--misuse"});
+  INFO(describe(result));
+  REQUIRE(result.exit_code() == 0);
+  CHECK(count(result,
+              "misuse 1: ZeRO-3: the parameters of unit 1 are not consecutive in param "
+              "group 0: 'layers.1.weight' (unit 0) lies between its 'layers.0.weight' "
+              "and 'layers.1.bias'") == 1);
+  CHECK(count(result,
+              "misuse 2: ZeRO-3: gathering unit 2 ('layers.2.weight'...) while unit 0 "
+              "('layers.0.weight'...) and unit 1 ('layers.1.weight'...) are gathered") == 1);
+  CHECK(count(result,
+              "misuse 3: ZeRO-3: unit 2 ('layers.2.weight'...) released after its "
+              "forward but it is not gathered") == 1);
+  CHECK(count(result,
+              "misuse 4: ZeRO-3: unit 1 ('layers.1.weight'...) gathered for its forward "
+              "while still gathered") == 1);
 }
 
 TEST_CASE("ZeRO moves the bytes DDP moves per step (within 1%)") {
@@ -203,14 +299,18 @@ double max_abs_diff(const std::vector<double>& a, const std::vector<double>& b) 
 
 }  // namespace
 
-TEST_CASE(
-    "a ZeRO checkpoint saved at world 4 resumes at world 2 (ZeRO, DDP) and 1 as if uninterrupted") {
+// Saved by ZeRO stage `stage` at world 4: resumed at world 2 under the same stage and DDP, at
+// world 1; and saved by one process, resumed by 3 ZeRO ranks.
+void expect_zero_checkpoint_reshards(const std::string& stage) {
   if (skip_unless(communicator_available("gloo"), "gloo communicator not built")) return;
   const std::string dir = std::string(ACCEL_BIN_DIR) + "/../zero_reshard_test";
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   RanksOptions zero;
-  zero.env = {{"ACCEL_DISTRIBUTED_TYPE", "ZERO"}, {"ACCEL_ZERO_STAGE", "2"}};
+  zero.env = {{"ACCEL_DISTRIBUTED_TYPE", "ZERO"},
+              {"ACCEL_ZERO_STAGE", stage},
+              {"ACCEL_ZERO3_PARAM_PERSISTENCE_THRESHOLD", "0"}};
+  if (stage != "3") zero.env.pop_back();
   auto run = [&](int world, const std::vector<std::string>& args, const RanksOptions& options) {
     const auto result = run_ranks(world, "zero_resume_worker", args, options);
     INFO(describe(result));
@@ -229,7 +329,7 @@ TEST_CASE(
   std::ifstream layout_file(dir + "/ck/parameters.layout");
   const std::string layout((std::istreambuf_iterator<char>(layout_file)),
                            std::istreambuf_iterator<char>());
-  CHECK(layout.find("strategy zero2\nworld_size 4\n") != std::string::npos);
+  CHECK(layout.find("strategy zero" + stage + "\nworld_size 4\n") != std::string::npos);
   CHECK(layout.find(" [37,13] layers.0.weight\n") != std::string::npos);
   CHECK(layout.find("slice parameters.rank3 ") != std::string::npos);
   run(2, {"--phase", "resume", "--dir", dir + "/ck", "--out", dir + "/world2.bin"}, zero);
@@ -243,9 +343,9 @@ TEST_CASE(
   const double d2ddp = max_abs_diff(whole, read_doubles(dir + "/ddp2.bin"));
   const double d1 = max_abs_diff(whole, read_doubles(dir + "/world1.bin"));
   const double d3 = max_abs_diff(whole, read_doubles(dir + "/zero3.bin"));
-  MESSAGE("resumed at world 2 (ZeRO-2): max diff "
-          << d2 << "; at world 2 (DDP): " << d2ddp << "; at world 1: " << d1
-          << "; saved at world 1, resumed at world 3 (ZeRO-2): " << d3);
+  MESSAGE("ZeRO-" << stage << " saved at world 4, resumed at world 2 (ZeRO-" << stage
+                  << "): max diff " << d2 << "; at world 2 (DDP): " << d2ddp << "; at world 1: "
+                  << d1 << "; saved at world 1, resumed at world 3 (ZeRO-" << stage << "): " << d3);
   // Another world splits each global batch of 24 otherwise after the resume, and the raw
   // loops are the same bits on every x86-64 CPU; but the run is AdamW in fp32, for which no
   // first-order bound exists (tests/support/tolerance.hpp) and the raw MLP has no fp64
@@ -255,6 +355,15 @@ TEST_CASE(
   CHECK(d2ddp <= kLimit);
   CHECK(d1 <= kLimit);
   CHECK(d3 <= kLimit);
+}
+
+TEST_CASE(
+    "a ZeRO checkpoint saved at world 4 resumes at world 2 (ZeRO, DDP) and 1 as if uninterrupted") {
+  expect_zero_checkpoint_reshards("2");
+}
+
+TEST_CASE("a ZeRO-3 checkpoint (each rank's slices only) reshards the same way") {
+  expect_zero_checkpoint_reshards("3");
 }
 
 TEST_CASE(

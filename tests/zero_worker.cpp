@@ -20,6 +20,12 @@
 // tests/support/tolerance.hpp for sums of the ranks' partials in another order; Adam and
 // AdamW: empirical, fp32 has no bound), the optimizer state is this rank's slice's, and the
 // bytes agree within 1%.
+//   zero_worker --order_differs [--backend B]
+// Stage 3, each rank's first gather another unit (rank parity): every rank must fail at once
+// naming both units. Prints "refused: MESSAGE".
+//   zero_worker --misuse (one process)
+// Stage 3 used wrongly: units not consecutive, a third unit gathered, a unit released that
+// is not gathered, one gathered twice. Prints "misuse N: MESSAGE" for each refusal.
 //   zero_worker --memory --stage 1|2 [--backend B]
 // An 11.5M-parameter model in two groups, one AdamW step under each: prints and checks the
 // optimizer-state bytes (unsharded / N within 1% plus padding), stage 2's gradient bytes
@@ -28,8 +34,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <limits>
 #include <cstring>
+#include <functional>
+#include <limits>
 #include <memory>
 #include <random>
 #include <string>
@@ -94,8 +101,9 @@ struct Flags {
   int stage = 2, steps = 50, accumulation = 4;
   double clip = 0.5;
   bool memory = false;
-  std::size_t persist = 0;         // stage 3: param_persistence_threshold
+  std::size_t persist = 0;          // stage 3: param_persistence_threshold
   bool keep_after_forward = false;  // stage 3: reshard_after_forward false
+  bool order_differs = false, misuse = false;
 };
 
 ZeroOptions zero_options_of(const Flags& f) {
@@ -266,8 +274,8 @@ int parity(Communicator& comm, const Flags& f) {
   // Stages 1 and 2 move what DDP moves; stage 3 the formula (see the header).
   const double expected_bytes =
       stage3 ? zero3_bus_bytes(*zero, f, world, f.steps, micro) : double(ddp_bytes);
-  const bool bytes_ok = within(expected_bytes, double(zero_bytes), 0.01) ||
-                        (expected_bytes == 0 && zero_bytes == 0);
+  const bool bytes_ok =
+      within(expected_bytes, double(zero_bytes), 0.01) || (expected_bytes == 0 && zero_bytes == 0);
   // Stage 3's prefetch after the first step (recorded, no prefetch): in each micro-batch every
   // forward gather but the first, and every backward one but the first when
   // reshard_after_forward (otherwise they stayed gathered); the next micro-batch's first
@@ -314,8 +322,12 @@ int memory(Communicator& comm, const Flags& f) {
     const std::string name = "p" + std::to_string(i);
     ddp_params.push_back(
         {name, buffer_of(std::span(ddp_values[i])), buffer_of(std::span(ddp_grads[i])), i % 2});
-    zero_params.push_back({name, buffer_of(std::span(zero_values[i])),
-                           buffer_of(std::span(zero_grads[i])), i % 2, {}, i});  // unit i
+    zero_params.push_back({name,
+                           buffer_of(std::span(zero_values[i])),
+                           buffer_of(std::span(zero_grads[i])),
+                           i % 2,
+                           {},
+                           i});  // unit i
   }
   StrategyOptions ddp_options, zero_options;
   zero_options.kind = StrategyKind::zero;
@@ -370,10 +382,9 @@ int memory(Communicator& comm, const Flags& f) {
   const bool params_ok = !stage3 || (std::abs(kept_params - 4.0 * double(total) / world) <=
                                          0.01 * 4.0 * double(total) / world + 4.0 * 2 * world &&
                                      gathered <= gathered_limit);
-  const double expected_bytes =
-      stage3 ? zero3_bus_bytes(*zero, f, world, 1, 1) : double(bytes[0]);
-  const bool bytes_ok = within(expected_bytes, double(bytes[1]), 0.01) ||
-                        (expected_bytes == 0 && bytes[1] == 0);
+  const double expected_bytes = stage3 ? zero3_bus_bytes(*zero, f, world, 1, 1) : double(bytes[0]);
+  const bool bytes_ok =
+      within(expected_bytes, double(bytes[1]), 0.01) || (expected_bytes == 0 && bytes[1] == 0);
   if (stage3)
     std::printf(
         "rank %d of %d (%s): zero3 parameters kept %.0f bytes (all / %d = %.0f), gathered storage "
@@ -398,6 +409,57 @@ int memory(Communicator& comm, const Flags& f) {
   return state_ok && grad_ok && params_ok && bytes_ok ? 0 : 1;
 }
 
+int order_differs(Communicator& comm) {
+  raw_mlp::Mlp model(kSizes, 7);
+  StrategyOptions options;
+  options.kind = StrategyKind::zero;
+  options.zero.stage = 3;
+  options.zero.param_persistence_threshold = 0;
+  auto zero = make_strategy(comm, raw_mlp::param_refs(model, "layers.", 1), {}, options);
+  zero->prepare();
+  try {
+    zero->gather_unit(std::size_t(comm.rank() % 2), UnitPass::forward);
+  } catch (const std::exception& e) {
+    std::printf("refused: %s\n", e.what());
+    return 3;
+  }
+  std::printf("FAIL rank %d gathered a unit the others did not\n", comm.rank());
+  return 1;
+}
+
+int misuse(Communicator& comm) {
+  int refused = 0;
+  const auto expect_refusal = [&](int n, const std::function<void()>& f) {
+    try {
+      f();
+      std::printf("FAIL misuse %d was accepted\n", n);
+    } catch (const std::exception& e) {
+      std::printf("misuse %d: %s\n", n, e.what());
+      ++refused;
+    }
+  };
+  StrategyOptions options;
+  options.kind = StrategyKind::zero;
+  options.zero.stage = 3;
+  options.zero.param_persistence_threshold = 0;
+  raw_mlp::Mlp model(kSizes, 7);
+  std::vector<ParamRef> params = raw_mlp::param_refs(model, "layers.", 0);  // one param group
+  expect_refusal(1, [&] {
+    std::vector<ParamRef> shuffled = params;
+    shuffled[2].unit = 0;  // layers.1.weight in unit 0, between unit 1's... and after layers.0
+    shuffled[0].unit = 1;
+    make_strategy(comm, shuffled, {}, options);
+  });
+  auto zero = make_strategy(comm, params, {}, options);
+  zero->prepare();
+  zero->gather_unit(0, UnitPass::forward);
+  zero->gather_unit(1, UnitPass::forward);
+  expect_refusal(2, [&] { zero->gather_unit(2, UnitPass::forward); });
+  expect_refusal(3, [&] { zero->release_unit(2, UnitPass::forward); });
+  expect_refusal(4, [&] { zero->gather_unit(1, UnitPass::forward); });
+  return refused == 4 ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -406,8 +468,12 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
     const char* value = i + 1 < argc ? argv[i + 1] : "";
-    if (flag == "--memory" || flag == "--keep_after_forward") {
-      (flag == "--memory" ? f.memory : f.keep_after_forward) = true;
+    if (flag == "--memory" || flag == "--keep_after_forward" || flag == "--order_differs" ||
+        flag == "--misuse") {
+      (flag == "--memory"               ? f.memory
+       : flag == "--keep_after_forward" ? f.keep_after_forward
+       : flag == "--order_differs"      ? f.order_differs
+                                        : f.misuse) = true;
       continue;
     }
     ++i;
@@ -432,6 +498,8 @@ int main(int argc, char** argv) {
   }
   try {
     auto group = init_process_group(pg);
+    if (f.order_differs) return order_differs(group->comm());
+    if (f.misuse) return misuse(group->comm());
     return f.memory ? memory(group->comm(), f) : parity(group->comm(), f);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "zero_worker: %s\n", e.what());

@@ -48,9 +48,9 @@ UnitGatherer::UnitGatherer(Communicator& comm, const FlatLayout& layout,
   for (std::size_t f = 0; f < layout.groups().size(); ++f) {
     const FlatGroup& g = layout.groups()[f];
     const std::size_t esize = element_size(g.dtype);
-    std::vector<bool> seen(units, false);
-    long current = -1;     // the unit whose range is open
-    long last_owner = -1;  // the parameter that opened or extended it
+    std::vector<long> first(units, -1);  // each unit's first parameter in this flat buffer
+    long current = -1;                   // the unit whose range is open
+    long last_owner = -1;                // the parameter that extended it last
     for (std::size_t i : g.params) {
       const std::size_t begin = layout.offset_of(i), end = begin + params[i].data.count;
       if (persistent_[i]) {
@@ -65,13 +65,14 @@ UnitGatherer::UnitGatherer(Communicator& comm, const FlatLayout& layout,
       }
       const std::size_t u = params[i].unit;
       if (long(u) != current) {
-        ACCEL_CHECK_ARG(!seen[u],
+        ACCEL_CHECK_ARG(first[u] < 0,
                         "ZeRO-3: the parameters of unit " + std::to_string(u) +
                             " are not consecutive in param group " + std::to_string(g.group) +
                             ": '" + params[std::size_t(last_owner)].name + "' (unit " +
-                            std::to_string(current) + ") comes between them and '" +
-                            params[i].name + "'; give each unit consecutive parameters");
-        seen[u] = true;
+                            std::to_string(current) + ") lies between its '" +
+                            params[std::size_t(first[u])].name + "' and '" + params[i].name +
+                            "'; give each unit consecutive parameters");
+        first[u] = long(i);
         current = long(u);
         units_[u].ranges.push_back({f, begin, end, 0});
       }
@@ -216,7 +217,8 @@ void UnitGatherer::gather(std::size_t unit, UnitPass pass) {
     slot = free_slot_for(unit);
     if (slot < 0) {
       std::string held;
-      for (const Slot& s : slots_) held += (held.empty() ? "" : " and ") + describe(std::size_t(s.unit));
+      for (const Slot& s : slots_)
+        held += (held.empty() ? "" : " and ") + describe(std::size_t(s.unit));
       throw InvalidArgument("ZeRO-3: gathering " + describe(unit) + " while " + held +
                             " are gathered: at most two units are gathered at once (release one "
                             "first, or set reshard_after_forward false)");

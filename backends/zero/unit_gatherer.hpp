@@ -73,7 +73,7 @@ class UnitGatherer {
     std::vector<WorkPtr> works;  // its gather in flight
   };
   void check_same_unit_everywhere(std::size_t unit, UnitPass pass);
-  int free_slot_for(std::size_t unit);  // -1 when none
+  int free_slot_for(std::size_t unit);       // -1 when none
   Buffer owned_piece(const Range& r) const;  // this rank's part of r, in its owned slice
   void issue(std::size_t unit, int slot);
   void land(std::size_t unit);  // waits, copies into the parameters' buffers

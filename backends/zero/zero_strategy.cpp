@@ -145,8 +145,7 @@ Buffer ZeroStrategy::grad_slot(int replica, std::size_t index) const {
 
 void ZeroStrategy::lend_grad(std::size_t index, Buffer grad) {
   ACCEL_CHECK_ARG(index < params_.size(), "ZeRO: no parameter " + std::to_string(index));
-  ACCEL_CHECK_ARG(lent_,
-                  "ZeRO: lend_grad needs stage 2 or 3 with gradients asked of the strategy");
+  ACCEL_CHECK_ARG(lent_, "ZeRO: lend_grad needs stage 2 or 3 with gradients asked of the strategy");
   ACCEL_CHECK_ARG(
       grad.dtype == params_[index].data.dtype && grad.count == params_[index].data.count,
       "ZeRO: the new gradient of '" + params_[index].name + "' has another shape or dtype");

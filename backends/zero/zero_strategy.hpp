@@ -110,7 +110,7 @@ class ZeroStrategy final : public Strategy {
   void copy_owned_to_host();
   Buffer own_part(const Bucket& b, Buffer bucket_data) const;  // within the bucket
   Buffer own_slice_part(const Bucket& b) const;                // the same within the slice
-  Buffer flat_params(std::size_t f) const;  // stages 1 and 2
+  Buffer flat_params(std::size_t f) const;                     // stages 1 and 2
   Buffer owned_params(std::size_t f) const;  // this rank's slice (all stage 3 keeps)
   Buffer grad_slice(std::size_t f) const;
 
@@ -125,7 +125,7 @@ class ZeroStrategy final : public Strategy {
   // Stage 3's param_store_ holds the owned slices only.
   std::vector<DeviceBuffer> param_store_, flat_grads_, grad_slices_;
   std::unique_ptr<UnitGatherer> gatherer_;  // stage 3
-  std::array<DeviceBuffer, 2> staging_;  // stage 2; raw words, any dtype's bucket fits
+  std::array<DeviceBuffer, 2> staging_;     // stage 2; raw words, any dtype's bucket fits
   // Offload: pinned host copies of the owned parameter and gradient slices, per flat buffer.
   std::vector<DeviceBuffer> host_params_, host_grads_;
   bool offload_ = false;

@@ -27,8 +27,12 @@ inline std::vector<accel::ParamRef> param_refs(Mlp& m, const std::string& prefix
                       0,
                       {L.out, L.in},
                       l});
-    params.push_back({name + ".bias", accel::buffer_of(std::span(L.bias)),
-                      accel::buffer_of(std::span(L.bias_grad)), bias_group, {}, l});
+    params.push_back({name + ".bias",
+                      accel::buffer_of(std::span(L.bias)),
+                      accel::buffer_of(std::span(L.bias_grad)),
+                      bias_group,
+                      {},
+                      l});
   }
   return params;
 }
