@@ -4,6 +4,10 @@
 //
 //   accel launch --multi_cpu --num_processes 2 build/bin/zero_step_bench
 //   accel launch --use_zero --zero_stage 2 --num_processes 2 build/bin/zero_step_bench
+//   accel launch --use_zero --zero_stage 3 --num_processes 2 build/bin/zero_step_bench
+//
+// Each layer is a ZeRO-3 unit, gathered around its forward and its backward through
+// acc.gather_parameters (which does nothing under the other strategies).
 //
 // Rank 0 prints the median step time (forward, backward, reduce, clip, optimizer step,
 // all-gather), and every rank its peak resident memory (getrusage), the strategy's gradient
@@ -15,6 +19,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <optional>
 #include <random>
 #include <string>
 
@@ -37,11 +42,20 @@ int main(int argc, char** argv) {
     raw_mlp::Mlp model({784, 4096, 4096, 1024, 10}, 1);
     std::vector<accel::ParamRef> params;
     std::size_t total = 0;
-    for (auto& L : model.layers()) {
-      params.push_back({"weight", accel::buffer_of(std::span(L.weight)),
-                        accel::buffer_of(std::span(L.weight_grad))});
-      params.push_back(
-          {"bias", accel::buffer_of(std::span(L.bias)), accel::buffer_of(std::span(L.bias_grad))});
+    for (std::size_t l = 0; l < model.layers().size(); ++l) {
+      auto& L = model.layers()[l];
+      params.push_back({"weight",
+                        accel::buffer_of(std::span(L.weight)),
+                        accel::buffer_of(std::span(L.weight_grad)),
+                        0,
+                        {},
+                        l});
+      params.push_back({"bias",
+                        accel::buffer_of(std::span(L.bias)),
+                        accel::buffer_of(std::span(L.bias_grad)),
+                        0,
+                        {},
+                        l});
       total += L.weight.size() + L.bias.size();
     }
     accel::AdamW optimizer(accel::AdamWOptions{});
@@ -51,6 +65,16 @@ int main(int argc, char** argv) {
     std::normal_distribution<float> g;
     std::vector<float> x(batch * 784);
     std::vector<int> labels(batch);
+    std::vector<std::optional<accel::Accelerator::GatheredParameters>> gathered(
+        model.layers().size());
+    raw_mlp::LayerScopes scopes;
+    scopes.enter_forward = [&](std::size_t l) {
+      gathered[l].emplace(acc.gather_parameters(l, accel::UnitPass::forward));
+    };
+    scopes.enter_backward = [&](std::size_t l) {
+      gathered[l].emplace(acc.gather_parameters(l, accel::UnitPass::backward));
+    };
+    scopes.leave_forward = scopes.leave_backward = [&](std::size_t l) { gathered[l].reset(); };
     std::vector<double> times;
     std::uint64_t bytes = 0;
     for (int step = 0; step < steps; ++step) {
@@ -59,10 +83,13 @@ int main(int argc, char** argv) {
       acc.wait_for_everyone();
       const std::uint64_t before = acc.comm().bus_bytes();
       const auto t0 = std::chrono::steady_clock::now();
-      model.forward_backward(x, labels, acc.loss_scale(), [&](std::size_t l) {
-        acc.grad_ready(2 * l);
-        acc.grad_ready(2 * l + 1);
-      });
+      model.forward_backward(
+          x, labels, acc.loss_scale(),
+          [&](std::size_t l) {
+            acc.grad_ready(2 * l);
+            acc.grad_ready(2 * l + 1);
+          },
+          scopes);
       if (acc.sync_gradients()) {
         acc.clip_grad_norm(1.0);
         acc.optimizer_step();

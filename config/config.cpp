@@ -258,7 +258,8 @@ std::vector<KeySpec> make_schema() {
        .default_rule = "MULTI_GPU with 2+ GPUs, NO with one, MULTI_CPU without",
        .help = "NO: one process; DATA_PARALLEL: one process, a model replica per GPU (or per CPU "
                "thread: data_parallel_replicas); MULTI_CPU / MULTI_GPU: one process per core "
-               "group / GPU (DDP); ZERO: sharded optimizer state (DEEPSPEED is read as ZERO)",
+               "group / GPU (DDP); ZERO: sharded optimizer state (DEEPSPEED and FSDP are read as "
+               "ZERO)",
        .question = "Which type of distributed training do you want?",
        .options = {{"NO", "NO             one process, one device", 0},
                    {"DATA_PARALLEL",
@@ -565,7 +566,8 @@ Parsed parse_value(std::string_view key, std::string_view raw) {
     case ValueKind::choice: {
       // Accelerate spells its choices in one case (MULTI_GPU, fp16); people type either.
       std::string wanted = lower(text);
-      if (key == "distributed_type" && wanted == "deepspeed") wanted = "zero";  // Accelerate's name
+      // Accelerate's names for ZeRO (a file's fsdp_config sets the stage: config_file.cpp).
+      if (key == "distributed_type" && (wanted == "deepspeed" || wanted == "fsdp")) wanted = "zero";
       for (const auto& choice : spec->choices)
         if (lower(choice) == wanted) return {choice, ""};
       return {std::nullopt, shown + " is not one of " + join(spec->choices, ", ")};
@@ -694,7 +696,6 @@ std::optional<std::string> ignored_key_note(std::string_view section, std::strin
                                                          "enable_cpu_affinity",
                                                          "dynamo_config",
                                                          "dynamo_backend",
-                                                         "fsdp_config",
                                                          "megatron_lm_config",
                                                          "ipex_config",
                                                          "mpirun_config",
@@ -716,6 +717,21 @@ std::optional<std::string> ignored_key_note(std::string_view section, std::strin
   }
   if (section == "deepspeed_config" && deepspeed.count(key) != 0)
     return "DeepSpeed setting accelerate-cpp's ZeRO does not use; ignored";
+  static const std::set<std::string, std::less<>> fsdp = {"fsdp_auto_wrap_policy",
+                                                          "fsdp_transformer_layer_cls_to_wrap",
+                                                          "fsdp_min_num_params",
+                                                          "fsdp_backward_prefetch",
+                                                          "fsdp_forward_prefetch",
+                                                          "fsdp_use_orig_params",
+                                                          "fsdp_sync_module_states",
+                                                          "fsdp_cpu_ram_efficient_loading",
+                                                          "fsdp_version"};
+  if (section == "fsdp_config" && fsdp.count(key) != 0)
+    return "FSDP setting with no meaning here (units come from the model's structure, prefetch "
+           "is always on, every rank starts from rank 0's parameters); ignored";
+  if (section == "fsdp_config" && key == "fsdp_state_dict_type")
+    return "checkpoints are always each rank's own slices, loadable at any world size and merged "
+           "by accel merge-weights; ignored";
   return std::nullopt;
 }
 

@@ -7,9 +7,11 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <cctype>
 #include <cerrno>
 #include <cstdlib>
 #include <filesystem>
+#include <optional>
 #include <string_view>
 #include <vector>
 
@@ -25,9 +27,20 @@ namespace fs = std::filesystem;
 
 // Accelerate nests its DeepSpeed settings; these three mean the same as our top-level keys.
 constexpr const char* kDeepspeedSection = "deepspeed_config";
+constexpr const char* kFsdpSection = "fsdp_config";
 bool is_deepspeed_mapped(const std::string& key) {
   return key == "zero_stage" || key == "offload_optimizer_device" ||
          key == "gradient_accumulation_steps";
+}
+
+// FSDP's sharding strategies as ZeRO stages (fsdp_sharding_strategy, by name or number).
+std::optional<int> zero_stage_of_sharding(const std::string& value) {
+  std::string v;
+  for (char c : value) v += char(std::toupper(static_cast<unsigned char>(c)));
+  if (v == "FULL_SHARD" || v == "1") return 3;
+  if (v == "SHARD_GRAD_OP" || v == "2") return 2;
+  if (v == "NO_SHARD" || v == "3") return 0;  // DDP
+  return std::nullopt;
 }
 
 std::string kind_of(const YAML::Node& node) {
@@ -93,6 +106,8 @@ class FileReader {
       const std::string key = key_name(it->first);
       if (key == kDeepspeedSection) {
         read_deepspeed(it->first, it->second);
+      } else if (key == kFsdpSection) {
+        read_fsdp(it->first, it->second);
       } else if (find_key(key) != nullptr) {
         add(key, key, it->first, it->second);
       } else if (auto note = ignored_key_note("", key)) {
@@ -101,6 +116,7 @@ class FileReader {
         throw ConfigError(at(it->first) + ": key '" + key + "': " + unknown_key_problem(key));
       }
     }
+    apply_fsdp();
     return std::move(out_);
   }
 
@@ -180,12 +196,95 @@ class FileReader {
       const std::string shown = std::string(kDeepspeedSection) + "." + key;
       if (is_deepspeed_mapped(key)) {
         add(key, shown, it->first, it->second);
+      } else if (key == "stage3_param_persistence_threshold") {  // DeepSpeed's own name
+        add("zero3_param_persistence_threshold", shown, it->first, it->second);
+      } else if (key == "offload_param_device" && it->second.IsScalar() &&
+                 it->second.Scalar() != "none") {
+        throw ConfigError(at(it->first) + ": key '" + shown + "': offloading parameters ('" +
+                          it->second.Scalar() +
+                          "') is not available (offload_optimizer_device cpu offloads the "
+                          "optimizer state); write none");
       } else if (auto note = ignored_key_note(kDeepspeedSection, key)) {
         out_.notes.push_back(at(it->first) + ": key '" + shown + "': " + *note);
       } else {
         throw ConfigError(at(it->first) + ": key '" + shown + "': unknown key");
       }
     }
+  }
+
+  // Accelerate's FSDP section, read key by key: each one maps to a key of ours, is noted as
+  // meaningless here, or is refused naming the line (a feature not built); apply_fsdp() then
+  // turns distributed_type FSDP and the sharding strategy into ZERO and its stage.
+  void read_fsdp(const YAML::Node& key_node, const YAML::Node& section) {
+    if (section.IsNull()) return;
+    if (!section.IsMap())
+      throw ConfigError(at(key_node) + ": key 'fsdp_config': expected a map, got " +
+                        (section.IsScalar() ? "'" + section.Scalar() + "'" : kind_of(section)));
+    for (auto it = section.begin(); it != section.end(); ++it) {
+      const std::string key = key_name(it->first);
+      const std::string shown = std::string(kFsdpSection) + "." + key;
+      const std::string where = at(it->first) + ": key '" + shown + "': ";
+      const std::string value = it->second.IsScalar() ? it->second.Scalar() : "";
+      const auto refuse = [&](const std::string& why) { throw ConfigError(where + why); };
+      if (key == "fsdp_sharding_strategy" ||
+          (key == "fsdp_reshard_after_forward" && zero_stage_of_sharding(value))) {
+        // Older Accelerate writes the strategy's name under fsdp_reshard_after_forward too.
+        const std::string v = value;
+        if (v == "HYBRID_SHARD" || v == "4" || v == "_HYBRID_SHARD_ZERO2" || v == "5")
+          refuse(v +
+                 " (sharded within each machine, replicated across machines) is not "
+                 "available; use FULL_SHARD (ZeRO-3) or SHARD_GRAD_OP (ZeRO-2)");
+        const auto stage = zero_stage_of_sharding(v);
+        if (!stage)
+          refuse("'" + v + "' is not one of FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD");
+        fsdp_stage_ = *stage;
+        fsdp_stage_where_ = at(it->first);
+      } else if (key == "fsdp_reshard_after_forward") {
+        add("reshard_after_forward", shown, it->first, it->second);
+      } else if (key == "fsdp_activation_checkpointing" || key == "fsdp_offload_params") {
+        const auto on = parse_value("reshard_after_forward", value);  // a boolean
+        if (!on.value) refuse(on.problem);
+        if (*on.value == "true")
+          refuse(key == "fsdp_offload_params"
+                     ? "offloading parameters is not available (offload_optimizer_device cpu "
+                       "offloads the optimizer state); write false"
+                     : "activation checkpointing is not available from the config yet; write "
+                       "false");
+      } else if (auto note = ignored_key_note(kFsdpSection, key)) {
+        out_.notes.push_back(where + *note);
+      } else {
+        refuse("unknown key");
+      }
+    }
+  }
+
+  // distributed_type FSDP (read as ZERO) takes its stage from the sharding strategy
+  // (FULL_SHARD, the default: 3); NO_SHARD is DDP, on the GPUs unless use_cpu.
+  void apply_fsdp() {
+    auto type = out_.settings.find("distributed_type");
+    if (!fsdp_type_) {
+      if (fsdp_stage_ && (type == out_.settings.end() || type->second.value != "ZERO"))
+        out_.notes.push_back(fsdp_stage_where_ +
+                             ": key 'fsdp_config.fsdp_sharding_strategy': distributed_type is "
+                             "not FSDP; ignored");
+      return;
+    }
+    const int stage = fsdp_stage_.value_or(3);
+    const std::string where = fsdp_stage_ ? fsdp_stage_where_ : type->second.where;
+    if (stage == 0) {
+      const auto cpu = out_.settings.find("use_cpu");
+      const bool on_cpu = cpu != out_.settings.end() && cpu->second.value == "true";
+      type->second.value = on_cpu ? "MULTI_CPU" : "MULTI_GPU";
+      return;
+    }
+    if (const auto given = out_.settings.find("zero_stage"); given != out_.settings.end()) {
+      if (given->second.value != std::to_string(stage))
+        throw ConfigError(given->second.where + ": key 'zero_stage': " + given->second.value +
+                          " contradicts FSDP's sharding strategy (stage " + std::to_string(stage) +
+                          ", " + where + ")");
+      return;
+    }
+    out_.settings["zero_stage"] = {std::to_string(stage), Source::config_file, where};
   }
 
   // `key` is the schema key; `shown` is how the file spells it (deepspeed_config.zero_stage).
@@ -220,6 +319,11 @@ class FileReader {
     }
     auto parsed = parse_value(key, text);
     if (!parsed.value) throw ConfigError(where + ": key '" + shown + "': " + parsed.problem);
+    if (key == "distributed_type") {
+      std::string l;
+      for (char c : text) l += char(std::tolower(static_cast<unsigned char>(c)));
+      fsdp_type_ = l == "fsdp";
+    }
     out_.settings[key] = {*parsed.value, Source::config_file, where};
   }
 
@@ -227,6 +331,9 @@ class FileReader {
   std::string text_;  // the whole file, for what yaml-cpp's nodes do not tell (quotes, null)
   detail::FileSettings out_;
   std::map<std::string, int> lines_;
+  bool fsdp_type_ = false;         // distributed_type: FSDP
+  std::optional<int> fsdp_stage_;  // from fsdp_config (0: NO_SHARD)
+  std::string fsdp_stage_where_;
 };
 
 // A string as a YAML scalar that YAML 1.1 readers (PyYAML, so Accelerate) read back as the

@@ -149,7 +149,19 @@ TEST_CASE("each bad config exits 2 naming the file, the line and the key") {
        "zero_stage 2 needs distributed_type ZERO, not MULTI_GPU"},
       {"distributed_type: MULTI_CPU\noffload_optimizer_device: cpu\n", 2,
        "offload_optimizer_device", "needs distributed_type ZERO"},
-      {"distributed_type: FSDP\n", 1, "distributed_type", "'FSDP' is not one of NO, DATA_PARALLEL"},
+      {"distributed_type: FSDMP\n", 1, "distributed_type",
+       "'FSDMP' is not one of NO, DATA_PARALLEL"},
+      {"distributed_type: FSDP\nfsdp_config:\n  fsdp_sharding_strategy: HYBRID_SHARD\n", 3,
+       "fsdp_config.fsdp_sharding_strategy",
+       "HYBRID_SHARD (sharded within each machine, replicated across machines) is not available"},
+      {"distributed_type: FSDP\nfsdp_config:\n  fsdp_offload_params: true\n", 3,
+       "fsdp_config.fsdp_offload_params", "offloading parameters is not available"},
+      {"distributed_type: FSDP\nfsdp_config:\n  fsdp_sharding: true\n", 3,
+       "fsdp_config.fsdp_sharding", "unknown key"},
+      {"distributed_type: FSDP\nzero_stage: 2\nfsdp_config:\n  fsdp_sharding_strategy: 1\n", 2,
+       "zero_stage", "2 contradicts FSDP's sharding strategy (stage 3"},
+      {"distributed_type: DEEPSPEED\ndeepspeed_config:\n  offload_param_device: cpu\n", 3,
+       "deepspeed_config.offload_param_device", "offloading parameters ('cpu') is not available"},
       {"mixed_precision: fp8\n", 1, "mixed_precision", "'fp8' is not one of no, fp16, bf16"},
       {"distributed_type: MULTI_GPU\nnum_processes: 2\ngpu_ids: 0,0\n", 3, "gpu_ids",
        "GPU id 0 is listed twice"},
@@ -202,6 +214,47 @@ TEST_CASE("each bad config exits 2 naming the file, the line and the key") {
     CHECK(contains(out.output, expected));
     CHECK(contains(out.output, c.problem));
   }
+}
+
+TEST_CASE("Accelerate's FSDP config maps onto ZERO: the sharding strategy is the stage") {
+  TempDir dir;
+  CleanEnvironment clean(dir);
+  const std::string path = dir.file("fsdp.yaml");
+  // As `accelerate config` writes it (FSDP v1 keys), with the sharding strategy varied.
+  const auto fsdp = [&](const std::string& extra) {
+    write_file(path,
+               "compute_environment: LOCAL_MACHINE\n"
+               "distributed_type: FSDP\n"
+               "fsdp_config:\n"
+               "  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP\n"
+               "  fsdp_backward_prefetch: BACKWARD_PRE\n"
+               "  fsdp_offload_params: false\n"
+               "  fsdp_state_dict_type: SHARDED_STATE_DICT\n"
+               "  fsdp_version: 1\n" +
+                   extra +
+                   "mixed_precision: 'no'\n"
+                   "num_machines: 1\n"
+                   "num_processes: 2\n"
+                   "use_cpu: true\n");
+    return load_config_file(path);
+  };
+  const auto full = fsdp("  fsdp_sharding_strategy: FULL_SHARD\n");
+  CHECK(full.config.distributed_type == DistributedType::ZERO);
+  CHECK(full.config.zero_stage == 3);
+  CHECK(full.config.reshard_after_forward);
+  CHECK(full.origins.at("zero_stage") == path + ":9");
+  CHECK(full.notes.size() == 4);           // wrap policy, prefetch, state dict type, version
+  CHECK(fsdp("").config.zero_stage == 3);  // FULL_SHARD is FSDP's default
+  CHECK(fsdp("  fsdp_sharding_strategy: SHARD_GRAD_OP\n").config.zero_stage == 2);
+  const auto kept = fsdp("  fsdp_sharding_strategy: 1\n  fsdp_reshard_after_forward: false\n");
+  CHECK(kept.config.zero_stage == 3);
+  CHECK_FALSE(kept.config.reshard_after_forward);
+  CHECK(kept.origins.at("reshard_after_forward") == path + ":10");
+  // Newer Accelerate writes the strategy's name under fsdp_reshard_after_forward.
+  CHECK(fsdp("  fsdp_reshard_after_forward: SHARD_GRAD_OP\n").config.zero_stage == 2);
+  const auto ddp = fsdp("  fsdp_sharding_strategy: NO_SHARD\n");
+  CHECK(ddp.config.distributed_type == DistributedType::MULTI_CPU);
+  CHECK(ddp.config.zero_stage == 0);
 }
 
 TEST_CASE("the exact message for a port out of range") {
@@ -302,6 +355,15 @@ TEST_CASE("Accelerate's DEEPSPEED config maps onto ZERO, its nested keys onto ou
   CHECK(loaded.origins.at("zero_stage") == path + ":7");
   CHECK(comm_backend(loaded.config) == "auto");
   CHECK(loaded.notes.size() == 2);
+
+  // ZeRO-3's DeepSpeed key under its DeepSpeed name.
+  write_file(path,
+             "distributed_type: DEEPSPEED\ndeepspeed_config:\n  zero_stage: 3\n"
+             "  stage3_param_persistence_threshold: 4096\nnum_processes: 2\nuse_cpu: true\n");
+  const auto stage3 = load_config_file(path);
+  CHECK(stage3.config.zero_stage == 3);
+  CHECK(stage3.config.zero3_param_persistence_threshold == 4096);
+  CHECK(stage3.origins.at("zero3_param_persistence_threshold") == path + ":4");
 
   // ZERO without a stage takes stage 2, as Accelerate's wizard suggests.
   write_file(path, "distributed_type: ZERO\nnum_processes: 2\n");
