@@ -30,6 +30,14 @@ config::ResolvedConfig resolve_settings(const AcceleratorOptions& options) {
   if (options.zero_stage) from_code["zero_stage"] = std::to_string(*options.zero_stage);
   if (options.data_parallel_replicas)
     from_code["data_parallel_replicas"] = std::to_string(*options.data_parallel_replicas);
+  if (options.zero3_param_persistence_threshold)
+    from_code["zero3_param_persistence_threshold"] =
+        std::to_string(*options.zero3_param_persistence_threshold);
+  const auto flag = [](bool on) { return std::string(on ? "true" : "false"); };
+  if (options.reshard_after_forward)
+    from_code["reshard_after_forward"] = flag(*options.reshard_after_forward);
+  if (options.activation_checkpointing)
+    from_code["activation_checkpointing"] = flag(*options.activation_checkpointing);
   return config::resolve_config(options.config_file, from_code);
 }
 
@@ -168,6 +176,7 @@ Accelerator::Accelerator(AcceleratorOptions options) : options_(std::move(option
   const config::ResolvedConfig settings = resolve_settings(options_);
   accumulation_steps_ = settings.config.gradient_accumulation_steps;
   mixed_precision_ = settings.config.mixed_precision;
+  activation_checkpointing_ = settings.config.activation_checkpointing;
   uses_gpu_ = config::uses_gpu(settings.config);
   strategy_options_ = strategy_options_for(settings, options_);
 

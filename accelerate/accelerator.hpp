@@ -84,14 +84,19 @@ using OptimizerStateLoader =
 struct AcceleratorOptions {
   std::optional<std::string> communicator;  // "auto", "gloo", "mpi", "nccl", "shm", "local", ...
   std::optional<int> gradient_accumulation_steps;
-  std::optional<std::string> mixed_precision;   // "no", "fp16", "bf16"
-  std::optional<Milliseconds> timeout;          // every collective, and joining
-  std::optional<std::string> config_file;       // else ACCEL_CONFIG_FILE / default path
-  std::optional<std::string> distributed_type;  // "MULTI_CPU", "ZERO", ... (config key)
-  std::optional<int> zero_stage;                // 1 or 2 with ZERO
-  std::optional<int> data_parallel_replicas;    // DATA_PARALLEL on the CPU; 0 = cores
+  std::optional<std::string> mixed_precision;            // "no", "fp16", "bf16"
+  std::optional<Milliseconds> timeout;                   // every collective, and joining
+  std::optional<std::string> config_file;                // else ACCEL_CONFIG_FILE / default path
+  std::optional<std::string> distributed_type;           // "MULTI_CPU", "ZERO", ... (config key)
+  std::optional<int> zero_stage;                         // 1 or 2 with ZERO
+  std::optional<int> data_parallel_replicas;             // DATA_PARALLEL on the CPU; 0 = cores
+  std::optional<int> zero3_param_persistence_threshold;  // zero_stage 3
+  std::optional<bool> reshard_after_forward;             // zero_stage 3
+  std::optional<bool> activation_checkpointing;          // LibTorch: Sequential children
   DdpOptions ddp;
-  ZeroOptions zero;               // its stage comes from zero_stage
+  // Its stage, param_persistence_threshold and reshard_after_forward come from the config keys
+  // (the fields above).
+  ZeroOptions zero;
   LossScalerOptions loss_scaler;  // mixed_precision fp16 only
 };
 
@@ -121,6 +126,8 @@ class Accelerator {
   // (config/config.hpp, not installed: for the front ends).
   std::string mixed_precision() const;
   config::MixedPrecision precision() const { return mixed_precision_; }
+  // The config's activation_checkpointing (LibTorch: a prepared Sequential's children).
+  bool activation_checkpointing() const { return activation_checkpointing_; }
   Communicator& comm();
   // The CUDA stream (a cudaStream_t) the loop computes on, when its buffers live on a GPU
   // (NCCL); default: the legacy default stream. The strategies copy gradients and order the
@@ -466,7 +473,8 @@ class Accelerator {
   std::vector<std::unique_ptr<PreparedParameters>> models_;
   std::vector<AgreedValue> prepare_agreement_;  // the optimizer's, for prepare_parameters
   int accumulation_steps_ = 1;
-  bool uses_gpu_ = false;                      // the config's choice (use_cpu false, or MULTI_GPU)
+  bool uses_gpu_ = false;  // the config's choice (use_cpu false, or MULTI_GPU)
+  bool activation_checkpointing_ = false;
   config::MixedPrecision mixed_precision_{};   // MixedPrecision::no
   int micro_since_sync_ = 0;                   // micro-batches since the last boundary
   std::unique_ptr<DynamicLossScaler> scaler_;  // mixed_precision fp16

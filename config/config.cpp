@@ -404,6 +404,13 @@ std::vector<KeySpec> make_schema() {
        .applies = is_zero3,
        .check = check_reshard_after_forward,
        .related = {"zero_stage", "distributed_type"}},
+      {.name = "activation_checkpointing",
+       .kind = K::boolean,
+       .field = &Config::activation_checkpointing,
+       .aliases = {"fsdp_activation_checkpointing"},
+       .help = "LibTorch: run each child of a prepared torch::nn::Sequential through activation "
+               "checkpointing (its activations recomputed in backward: less memory, one more "
+               "forward)"},
       {.name = "cpu_communicator",
        .kind = K::choice,
        .field = &Config::cpu_communicator,

@@ -50,6 +50,9 @@ struct Config {
   // (FSDP's reshard_after_forward).
   int zero3_param_persistence_threshold = 100000;
   bool reshard_after_forward = true;
+  // LibTorch: a prepared torch::nn::Sequential runs each child through activation
+  // checkpointing (recomputed in backward).
+  bool activation_checkpointing = false;
   // "auto" (shm on one machine, hierarchical across machines), "gloo", "mpi", "shm" or
   // "hierarchical" for CPU work
   std::string cpu_communicator = "auto";

@@ -241,15 +241,15 @@ class FileReader {
         fsdp_stage_where_ = at(it->first);
       } else if (key == "fsdp_reshard_after_forward") {
         add("reshard_after_forward", shown, it->first, it->second);
-      } else if (key == "fsdp_activation_checkpointing" || key == "fsdp_offload_params") {
+      } else if (key == "fsdp_activation_checkpointing") {
+        add("activation_checkpointing", shown, it->first, it->second);
+      } else if (key == "fsdp_offload_params") {
         const auto on = parse_value("reshard_after_forward", value);  // a boolean
         if (!on.value) refuse(on.problem);
         if (*on.value == "true")
-          refuse(key == "fsdp_offload_params"
-                     ? "offloading parameters is not available (offload_optimizer_device cpu "
-                       "offloads the optimizer state); write false"
-                     : "activation checkpointing is not available from the config yet; write "
-                       "false");
+          refuse(
+              "offloading parameters is not available (offload_optimizer_device cpu offloads the "
+              "optimizer state); write false");
       } else if (auto note = ignored_key_note(kFsdpSection, key)) {
         out_.notes.push_back(where + *note);
       } else {

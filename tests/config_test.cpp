@@ -252,6 +252,8 @@ TEST_CASE("Accelerate's FSDP config maps onto ZERO: the sharding strategy is the
   CHECK(kept.origins.at("reshard_after_forward") == path + ":10");
   // Newer Accelerate writes the strategy's name under fsdp_reshard_after_forward.
   CHECK(fsdp("  fsdp_reshard_after_forward: SHARD_GRAD_OP\n").config.zero_stage == 2);
+  CHECK(fsdp("  fsdp_activation_checkpointing: true\n").config.activation_checkpointing);
+  CHECK_FALSE(full.config.activation_checkpointing);
   const auto ddp = fsdp("  fsdp_sharding_strategy: NO_SHARD\n");
   CHECK(ddp.config.distributed_type == DistributedType::MULTI_CPU);
   CHECK(ddp.config.zero_stage == 0);

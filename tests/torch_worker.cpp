@@ -10,13 +10,14 @@
 //  - evaluation: gather_for_metrics over an epoch yields exactly the dataset's size.
 // Prints one "ok ..." line per check; exits 1 on any failure.
 //   torch_worker [--model mlp|cnn] [--optimizer sgd|nesterov|adam|adamw] [--accumulation K]
-//                [--clip MAX_NORM] [--scheduler] [--bf16] [--dump FILE]
+//                [--clip MAX_NORM] [--scheduler] [--bf16] [--dump FILE] [--checkpoint]
 //                [--differ_on_rank1 hidden|lr|batch_size]
 // The strategy is the config's (ACCEL_DISTRIBUTED_TYPE=ZERO and ACCEL_ZERO_STAGE for ZeRO);
 // --dump writes rank 0's final parameters (doubles, module order) for a comparison between
 // strategies (torch_accelerator_test: ZeRO against DDP). --differ_on_rank1 gives rank 1 another
 // hidden size, param group 0 learning rate or loader batch size: every rank must then exit 3
-// with the RankMismatchError's message.
+// with the RankMismatchError's message. --checkpoint runs the trained MLP's first layer and ReLU
+// through acc.checkpoint (recomputed in backward; the reference runs plainly).
 
 #include <cmath>
 #include <cstdio>
@@ -26,6 +27,7 @@
 
 #include <torch/torch.h>
 
+#include "accelerate/torch/activation_checkpoint.hpp"
 #include "accelerate/torch/torch_accelerator.hpp"
 #include "backends/ddp/ddp_strategy.hpp"
 #include "backends/zero/zero_strategy.hpp"
@@ -41,8 +43,17 @@ struct MlpImpl : torch::nn::Module {
   explicit MlpImpl(std::int64_t hidden = 32)
       : fc1(register_module("fc1", torch::nn::Linear(16, hidden))),
         fc2(register_module("fc2", torch::nn::Linear(hidden, 10))) {}
-  torch::Tensor forward(const torch::Tensor& x) { return fc2(torch::relu(fc1(x))); }
+  torch::Tensor forward(const torch::Tensor& x) {
+    ++forwards;
+    const auto first = [this](const torch::Tensor& in) {
+      ++block_runs;  // more than forwards: recomputed in backward
+      return torch::relu(fc1(in));
+    };
+    return fc2(checkpointed ? accel::checkpoint(first, x) : first(x));
+  }
   torch::nn::Linear fc1, fc2;
+  bool checkpointed = false;
+  int forwards = 0, block_runs = 0;
 };
 TORCH_MODULE(Mlp);
 
@@ -132,7 +143,7 @@ void report(bool ok, const std::string& what) {
 int main(int argc, char** argv) {
   std::string model_kind = "mlp", optimizer_kind = "sgd", dump, differ;
   double max_norm = 0;
-  bool scheduler = false;
+  bool scheduler = false, checkpointed = false;
   AcceleratorOptions options;
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
@@ -147,6 +158,8 @@ int main(int argc, char** argv) {
       max_norm = std::stod(value), ++i;
     else if (flag == "--scheduler")
       scheduler = true;
+    else if (flag == "--checkpoint")
+      checkpointed = true;
     else if (flag == "--bf16")
       options.mixed_precision = "bf16";
     else if (flag == "--dump")
@@ -171,6 +184,7 @@ int main(int argc, char** argv) {
     const auto odd = [&](const char* item) { return rank == 1 && differ == item; };
     Model model = make_model(model_kind, 100 + std::uint64_t(rank), odd("hidden") ? 16 : 32);
     Model reference = make_model(model_kind, 100);
+    if (checkpointed && model.mlp) model.mlp->checkpointed = true;
     model.module().to(dtype);
     reference.module().to(dtype);
     auto optimizer = make_optimizer(optimizer_kind, model);
@@ -362,6 +376,12 @@ int main(int argc, char** argv) {
                              out) == std::size_t(values.numel());
       if (out) std::fclose(out);
       report(written, "parameters written to " + dump);
+    }
+    if (checkpointed && model.mlp) {
+      const int recomputed = model.mlp->block_runs - model.mlp->forwards;
+      report(recomputed > 0, "checkpointed block recomputed in " + std::to_string(recomputed) +
+                                 " backwards (of " + std::to_string(model.mlp->forwards) +
+                                 " forwards)");
     }
     if (schedule) {
       const double lr = opt->optimizer().param_groups()[0].options().get_lr();

@@ -48,12 +48,14 @@
 #include <ATen/Tensor.h>
 #include <c10/core/Device.h>
 #include <torch/nn/module.h>
+#include <torch/nn/modules/container/sequential.h>
 #include <torch/optim/optimizer.h>
 #include <torch/optim/schedulers/lr_scheduler.h>
 #include <torch/serialize.h>
 
 #include "accelerate/accelerator.hpp"
 #include "accelerate/torch/accelerated_optimizer.hpp"
+#include "accelerate/torch/activation_checkpoint.hpp"
 #include "accelerate/torch/autocast.hpp"
 #include "accelerate/torch/data_loader.hpp"
 #include "accelerate/torch/dataset_loader.hpp"
@@ -89,6 +91,14 @@ class TorchAccelerator : public Accelerator {
 
   // Where tensors of this rank live: the CPU, or cuda:LOCAL_RANK under a CUDA communicator.
   torch::Device device_for_tensors() const;
+
+  // Activation checkpointing (activation_checkpoint.hpp): block(inputs...), a module or any
+  // callable of tensors, recomputed during backward instead of keeping its activations; the
+  // gradients are the same bits. Inside a model's own forward, accel::checkpoint does the same.
+  template <typename Block, typename... Tensors>
+  at::Tensor checkpoint(Block&& block, const Tensors&... inputs) {
+    return accel::checkpoint(std::forward<Block>(block), inputs...);
+  }
 
   // ---- models and optimizers
   // Returns the same model (its parameters now synchronised and hooked), wrapped so that
@@ -449,6 +459,15 @@ auto PreparedModel<Model>::operator()(Args&&... args) const {
   // mixed_precision bf16/fp16: the forward runs under autocast by itself, as Accelerate
   // wraps the prepared model's forward (autocast is per thread: each replica sets its own).
   const AutocastGuard autocast = accelerator_->autocast();
+  // activation_checkpointing: a Sequential's children, each recomputed in backward.
+  if constexpr (std::is_same_v<Impl, torch::nn::SequentialImpl> && sizeof...(Args) == 1) {
+    if (accelerator_->activation_checkpointing() && !accelerator_->replicates_forward()) {
+      at::Tensor x = at::Tensor(std::forward<Args>(args)...);
+      for (auto& child : *model_)
+        x = checkpoint([&child](const at::Tensor& in) { return child.forward(in); }, x);
+      return detail::outputs_to_fp32(std::move(x));
+    }
+  }
   if constexpr (std::is_same_v<std::remove_cvref_t<Out>, at::Tensor>) {
     if (accelerator_->replicates_forward()) {
       const std::int64_t rows = detail::first_rows(args...);
