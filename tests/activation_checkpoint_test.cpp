@@ -135,7 +135,7 @@ TEST_CASE("the activations kept for backward of 8 checkpointed blocks are at mos
     loss.backward();
   }
   MESSAGE("bytes the forward left allocated for backward: plain " << kept[0] << ", checkpointed "
-                                                                   << kept[1]);
+                                                                  << kept[1]);
   CHECK(kept[0] > 0);
   CHECK(kept[1] * 2 <= kept[0]);
 }

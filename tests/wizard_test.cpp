@@ -274,12 +274,12 @@ TEST_CASE("DATA_PARALLEL: CPU replicas asked for without GPUs, GPU ids with them
 
 TEST_CASE("a wrong answer is explained and asked again") {
   const Hardware hw{8, 0};
-  const auto [c, out] = wizard_in_process(
-      lines({"", "FSDP", "MULTI_CPU", "two", "2", "5", "1", "", "", "0", "3", "6", "", "gloo", ""}),
-      hw);
+  const auto [c, out] = wizard_in_process(lines({"", "HOROVOD", "MULTI_CPU", "two", "2", "5", "1",
+                                                 "", "", "0", "3", "6", "", "gloo", ""}),
+                                          hw);
   INFO(out);
   CHECK(contains(out,
-                 "'FSDP' is not a choice: type 0-4 or one of NO, DATA_PARALLEL, MULTI_CPU, "
+                 "'HOROVOD' is not a choice: type 0-4 or one of NO, DATA_PARALLEL, MULTI_CPU, "
                  "MULTI_GPU, ZERO; please answer again."));
   CHECK(contains(out, "expects a whole number, got 'two'; please answer again."));
   CHECK(contains(out, "5 is not below num_machines (2); please answer again."));

@@ -1,7 +1,7 @@
 #include "accelerate/torch/activation_checkpoint.hpp"
 
-#include <ATen/autocast_mode.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 
 #include <mutex>
@@ -73,8 +73,8 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
-    auto recompute = c10::static_intrusive_pointer_cast<Recompute>(
-        ctx->saved_data["recompute"].toCapsule());
+    auto recompute =
+        c10::static_intrusive_pointer_cast<Recompute>(ctx->saved_data["recompute"].toCapsule());
     std::vector<at::Tensor> inputs;
     for (const at::Tensor& saved : ctx->get_saved_variables()) {
       at::Tensor input = saved.detach();

@@ -32,12 +32,13 @@ template <typename Block, typename... Tensors>
 requires(std::same_as<Tensors, at::Tensor>&&...) at::Tensor
     checkpoint(Block&& block, const Tensors&... inputs) {
   auto call = [block = std::forward<Block>(block)](const std::vector<at::Tensor>& v) mutable {
-    return [&]<std::size_t... I>(std::index_sequence<I...>) -> at::Tensor {
+    return [&]<std::size_t... I>(std::index_sequence<I...>)->at::Tensor {
       if constexpr (requires { block->forward(v[I]...); })
         return block->forward(v[I]...);
       else
         return block(v[I]...);
-    }(std::index_sequence_for<Tensors...>{});
+    }
+    (std::index_sequence_for<Tensors...>{});
   };
   return checkpoint_function(CheckpointedFn(std::move(call)), std::vector<at::Tensor>{inputs...});
 }
