@@ -20,6 +20,7 @@
 
 #include "accelerate/process_group.hpp"
 #include "core/error.hpp"
+#include "tests/support/fake_hosts.hpp"
 #include "tests/support/staging.hpp"
 #include "tests/support/typed_values.hpp"
 
@@ -325,14 +326,8 @@ int main(int argc, char** argv) {
   for (int i = 1; i + 1 < argc; ++i) {
     if (std::strcmp(argv[i], "--backend") == 0) options.backend = argv[i + 1];
     if (std::strcmp(argv[i], "--kill_rank") == 0) kill_rank = std::atoi(argv[i + 1]);
-    // --fake_hosts H: rank r claims host r % H (ACCEL_HOST_ID), so one machine looks like H
-    // hosts with interleaved ranks to the hierarchical communicator.
-    if (std::strcmp(argv[i], "--fake_hosts") == 0) {
-      const int hosts = std::atoi(argv[i + 1]);
-      const char* rank = std::getenv("RANK");
-      const std::string id = "fake-host-" + std::to_string((rank ? std::atoi(rank) : 0) % hosts);
-      setenv("ACCEL_HOST_ID", id.c_str(), 1);
-    }
+    // --fake_hosts H: one machine looks like H hosts to the hierarchical communicator.
+    if (std::strcmp(argv[i], "--fake_hosts") == 0) test::claim_fake_host(std::atoi(argv[i + 1]));
   }
   try {
     auto group = init_process_group(options);

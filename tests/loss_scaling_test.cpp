@@ -1,7 +1,8 @@
 // fp16 dynamic loss scaling (accelerate/loss_scaler.hpp): the scaler's schedule and checkpoint
 // text in this process, unscaling of every float dtype, and over real processes
 // (loss_scaling_worker) a step that overflowed on one rank skipped on all of them, with 1, 2
-// and 3 ranks, under DDP and ZeRO stages 1 and 2.
+// and 3 ranks, under DDP and ZeRO stages 1, 2 and 3 (its one parameter sharded: persistence
+// threshold 0).
 
 #include <doctest/doctest.h>
 
@@ -64,12 +65,16 @@ TEST_CASE("unscaling divides every float dtype and finds an inf or a NaN") {
 }
 
 TEST_CASE("a step that overflowed on one rank is skipped on every rank") {
-  const std::vector<std::vector<std::string>> strategies = {{}, {"--zero", "1"}, {"--zero", "2"}};
+  const std::vector<std::vector<std::string>> strategies = {
+      {}, {"--zero", "1"}, {"--zero", "2"}, {"--zero", "3"}};
   for (const auto& strategy : strategies) {
     for (const int world : {1, 2, 3}) {
       CAPTURE(world);
       CAPTURE(strategy.size() == 2 ? "zero " + strategy[1] : std::string("ddp"));
-      const auto result = run_ranks(world, "loss_scaling_worker", strategy);
+      RanksOptions options;
+      if (strategy.size() == 2 && strategy[1] == "3")
+        options.env = {{"ACCEL_ZERO3_PARAM_PERSISTENCE_THRESHOLD", "0"}};
+      const auto result = run_ranks(world, "loss_scaling_worker", strategy, options);
       INFO(describe(result));
       REQUIRE(result.exit_code() == 0);
       std::string all;

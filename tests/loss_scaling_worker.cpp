@@ -6,7 +6,8 @@
 // process applying plain SGD to the average gradient of every step but the skipped one.
 // Under ZeRO (--zero STAGE) the overflow lands in rank 0's slice only (element 0), so the
 // other ranks learn of it only through the scaler's agreement.
-//   loss_scaling_worker [--zero 1|2]
+// Under ZeRO-3 w is one unit, gathered around the "forward" (the gradient's computation).
+//   loss_scaling_worker [--zero 1|2|3]
 // Prints one "ok ..." line per check; exits 1 on any failure.
 
 #include <cmath>
@@ -65,7 +66,11 @@ int main(int argc, char** argv) {
     for (int step = 0; step < kSteps; ++step) {
       scales.push_back(acc.loss_scale());
       // "backward": d/dw of 0.5 * |w - t|^2, times the loss scale.
-      for (int i = 0; i < kParams; ++i) grad[i] = (w[i] - target(step, rank, i)) * acc.loss_scale();
+      {
+        const auto gathered = acc.gather_parameters(0, UnitPass::backward);
+        for (int i = 0; i < kParams; ++i)
+          grad[i] = (w[i] - target(step, rank, i)) * acc.loss_scale();
+      }
       if (step == kOverflowStep && rank == world - 1)
         grad[0] = std::numeric_limits<float>::infinity();
       acc.grad_ready(0);
@@ -96,6 +101,7 @@ int main(int argc, char** argv) {
     report(scales == expected, "the scale backs off after the overflow and grows every 3 steps");
     report(acc.loss_scaler()->scale() == 4096, "the scale ends at 4096");
     report(acc.step() == std::uint64_t(kSteps - 1), "the skipped step is not counted");
+    { const auto gathered = acc.gather_parameters(0); }  // w current (ZeRO-3)
     double diff = 0;
     for (int i = 0; i < kParams; ++i) diff = std::max(diff, double(std::fabs(w[i] - reference[i])));
     // The ranks' scaled gradients (w - t) 2^k (exact) summed in float over the world, divided

@@ -104,9 +104,11 @@ bool no_output(const fs::path& out) {
   return true;
 }
 
-void save(int world, const std::string& dir, const std::string& predict, bool zero) {
+// zero_stage 0: DDP (or one process).
+void save(int world, const std::string& dir, const std::string& predict, int zero_stage) {
   RanksOptions options;
-  if (zero) options.env = zero_env(2);
+  if (zero_stage > 0) options.env = zero_env(zero_stage);
+  if (zero_stage == 3) options.env.emplace_back("ACCEL_ZERO3_PARAM_PERSISTENCE_THRESHOLD", "0");
   const auto r = run_ranks(world, "zero_resume_worker",
                            {"--phase", "save", "--dir", dir, "--predict", predict}, options);
   INFO(describe(r));
@@ -115,9 +117,9 @@ void save(int world, const std::string& dir, const std::string& predict, bool ze
 
 // Trains and saves at `world` ranks, merges the checkpoint, and returns the merged model's
 // max logit difference against the trained one.
-Difference merged_prediction_difference(int world, bool zero) {
+Difference merged_prediction_difference(int world, int zero_stage) {
   TempDir tmp("merge_weights_test");
-  save(world, tmp / "ck", tmp / "predict.bin", zero);
+  save(world, tmp / "ck", tmp / "predict.bin", zero_stage);
   const auto merged = run_accel({"merge-weights", tmp / "ck", tmp / "model.pt"});
   INFO(describe(merged));
   REQUIRE(merged.exit_code() == 0);
@@ -128,14 +130,22 @@ Difference merged_prediction_difference(int world, bool zero) {
 
 TEST_CASE("merge-weights of a ZeRO-2 checkpoint of 4 ranks loads into a plain LibTorch model") {
   if (skip_unless(communicator_available("gloo"), "gloo communicator not built")) return;
-  const Difference d = merged_prediction_difference(4, true);
+  const Difference d = merged_prediction_difference(4, 2);
   MESSAGE("ZeRO-2 world 4 -> merge-weights -> torch::load: max |logits - trained| "
           << d.max_abs << " (limit " << d.limit << ")");
   CHECK(d.max_abs <= d.limit);
 }
 
+TEST_CASE("merge-weights of a ZeRO-3 checkpoint (each rank's slices only) loads the same way") {
+  if (skip_unless(communicator_available("gloo"), "gloo communicator not built")) return;
+  const Difference d = merged_prediction_difference(4, 3);
+  MESSAGE("ZeRO-3 world 4 -> merge-weights -> torch::load: max |logits - trained| "
+          << d.max_abs << " (limit " << d.limit << ")");
+  CHECK(d.max_abs <= d.limit);
+}
+
 TEST_CASE("merge-weights of a single-process checkpoint gives the same model") {
-  const Difference d = merged_prediction_difference(1, false);
+  const Difference d = merged_prediction_difference(1, 0);
   MESSAGE("world 1 -> merge-weights -> torch::load: max |logits - trained| "
           << d.max_abs << " (limit " << d.limit << ")");
   CHECK(d.max_abs <= d.limit);
@@ -144,7 +154,7 @@ TEST_CASE("merge-weights of a single-process checkpoint gives the same model") {
 TEST_CASE("merge-weights refuses a damaged or missing checkpoint and writes nothing") {
   if (skip_unless(communicator_available("gloo"), "gloo communicator not built")) return;
   TempDir tmp("merge_weights_test");
-  save(4, tmp / "ck", tmp / "predict.bin", true);
+  save(4, tmp / "ck", tmp / "predict.bin", 2);
   const fs::path out = tmp / "model.pt";
   auto expect_failure = [&](const std::string& dir, const std::string& message) {
     const auto r = run_accel({"merge-weights", dir, out.string()});

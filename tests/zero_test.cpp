@@ -121,6 +121,19 @@ TEST_CASE("ZeRO-3 over mpi and shm equals DDP") {
   expect_zero3_equals_ddp("mpi", run_under_mpirun);
 }
 
+TEST_CASE("ZeRO-3 over the hierarchical communicator (shm inside, gloo between 2 fake hosts)") {
+  if (skip_unless(communicator_available("hierarchical") && communicator_available("gloo"),
+                  "hierarchical communicator not built"))
+    return;
+  for (int world : {3, 4}) {
+    CAPTURE(world);
+    expect_pass(run_ranks(world, "zero_worker",
+                          {"--backend", "hierarchical", "--fake_hosts", "2", "--stage", "3",
+                           "--steps", "20", "--optimizer", "adamw"}),
+                world, "(hierarchical): zero3");
+  }
+}
+
 TEST_CASE("ZeRO-3 in a world of one is bitwise the unsharded optimizer") {
   for (const char* optimizer : kOptimizers) {
     CAPTURE(optimizer);
@@ -160,7 +173,7 @@ TEST_CASE("ZeRO-3 refuses a rank-dependent unit order on every rank, naming both
   for (const auto& w : result.workers) CHECK(w.exit_code == 3);
 }
 
-TEST_CASE("ZeRO-3 misuse is refused naming the unit: not consecutive, a third, unbalanced") {
+TEST_CASE("ZeRO-3 misuse is refused naming the unit: not consecutive, tied, a third, unbalanced") {
   const auto result = run_ranks(1, "zero_worker", {"--backend", "local", "--misuse"});
   INFO(describe(result));
   REQUIRE(result.exit_code() == 0);
@@ -168,6 +181,9 @@ TEST_CASE("ZeRO-3 misuse is refused naming the unit: not consecutive, a third, u
               "misuse 1: ZeRO-3: the parameters of unit 1 are not consecutive in param "
               "group 0: 'layers.1.weight' (unit 0) lies between its 'layers.0.weight' "
               "and 'layers.1.bias'") == 1);
+  CHECK(count(result,
+              "misuse 5: ZeRO-3: 'layers.0.weight' (unit 0) and 'layers.2.weight' (unit "
+              "2) share their values (tied parameters)") == 1);
   CHECK(count(result,
               "misuse 2: ZeRO-3: gathering unit 2 ('layers.2.weight'...) while unit 0 "
               "('layers.0.weight'...) and unit 1 ('layers.1.weight'...) are gathered") == 1);

@@ -8,6 +8,7 @@
 // slices; rank != 0 starts from other weights, so prepare()'s broadcast is checked too.
 //   zero_worker --stage 1|2|3 --optimizer sgd|adamw|adam [--backend B] [--steps N]
 //               [--accumulation K] [--clip X] [--persist N] [--keep_after_forward]
+//               [--fake_hosts H]
 // Stage 3: each layer is a unit, gathered around its forward and its backward (kept from one
 // to the other with --keep_after_forward); parameters under N elements stay gathered. After a
 // unit is released the worker overwrites its parameters' buffers with NaN, so a read outside
@@ -24,8 +25,8 @@
 // Stage 3, each rank's first gather another unit (rank parity): every rank must fail at once
 // naming both units. Prints "refused: MESSAGE".
 //   zero_worker --misuse (one process)
-// Stage 3 used wrongly: units not consecutive, a third unit gathered, a unit released that
-// is not gathered, one gathered twice. Prints "misuse N: MESSAGE" for each refusal.
+// Stage 3 used wrongly: units not consecutive, tied parameters, a third unit gathered, a unit
+// released that is not gathered, one gathered twice. Prints "misuse N: MESSAGE" for each refusal.
 //   zero_worker --memory --stage 1|2 [--backend B]
 // An 11.5M-parameter model in two groups, one AdamW step under each: prints and checks the
 // optimizer-state bytes (unsharded / N within 1% plus padding), stage 2's gradient bytes
@@ -50,6 +51,7 @@
 #include "backends/zero/zero_strategy.hpp"
 #include "examples/raw_mlp/mlp.hpp"
 #include "examples/raw_mlp/param_refs.hpp"
+#include "tests/support/fake_hosts.hpp"
 #include "tests/support/mlp_magnitude.hpp"
 #include "tests/support/tolerance.hpp"
 
@@ -450,6 +452,11 @@ int misuse(Communicator& comm) {
     shuffled[0].unit = 1;
     make_strategy(comm, shuffled, {}, options);
   });
+  expect_refusal(5, [&] {
+    std::vector<ParamRef> tied = params;
+    tied[4].data.data = tied[0].data.data;  // layers.2.weight's values within layers.0.weight's
+    make_strategy(comm, tied, {}, options);
+  });
   auto zero = make_strategy(comm, params, {}, options);
   zero->prepare();
   zero->gather_unit(0, UnitPass::forward);
@@ -457,7 +464,7 @@ int misuse(Communicator& comm) {
   expect_refusal(2, [&] { zero->gather_unit(2, UnitPass::forward); });
   expect_refusal(3, [&] { zero->release_unit(2, UnitPass::forward); });
   expect_refusal(4, [&] { zero->gather_unit(1, UnitPass::forward); });
-  return refused == 4 ? 0 : 1;
+  return refused == 5 ? 0 : 1;
 }
 
 }  // namespace
@@ -491,6 +498,8 @@ int main(int argc, char** argv) {
       f.clip = std::stod(value);
     else if (flag == "--persist")
       f.persist = std::stoul(value);
+    else if (flag == "--fake_hosts")  // the hierarchical communicator over H "hosts"
+      test::claim_fake_host(std::stoi(value));
     else {
       std::fprintf(stderr, "zero_worker: unknown flag %s\n", flag.c_str());
       return 2;

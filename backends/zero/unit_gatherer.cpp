@@ -1,6 +1,7 @@
 #include "backends/zero/unit_gatherer.hpp"
 
 #include <algorithm>
+#include <functional>
 
 #include "backends/optim/host_collectives.hpp"
 #include "backends/replicas.hpp"
@@ -25,6 +26,26 @@ DeviceBuffer raw_storage(std::size_t bytes, MemoryKind memory, int device) {
 
 const char* pass_name(UnitPass pass) { return pass == UnitPass::forward ? "forward" : "backward"; }
 
+// Tied parameters (an embedding reused as the output projection) would be gathered and
+// stepped as two: each rank's slices of both would drift apart. Refused, naming both.
+void refuse_shared_values(const std::vector<ParamRef>& params) {
+  std::vector<std::size_t> order(params.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  const auto begin = [&](std::size_t i) { return static_cast<const char*>(params[i].data.data); };
+  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    return std::less<const char*>()(begin(a), begin(b));
+  });
+  for (std::size_t k = 1; k < order.size(); ++k) {
+    const std::size_t a = order[k - 1], b = order[k];
+    if (params[a].data.count == 0 || params[b].data.count == 0) continue;
+    if (!std::less<const char*>()(begin(b), begin(a) + params[a].data.bytes())) continue;
+    throw InvalidArgument("ZeRO-3: '" + params[a].name + "' (unit " +
+                          std::to_string(params[a].unit) + ") and '" + params[b].name + "' (unit " +
+                          std::to_string(params[b].unit) +
+                          ") share their values (tied parameters): give the strategy one of them");
+  }
+}
+
 }  // namespace
 
 UnitGatherer::UnitGatherer(Communicator& comm, const FlatLayout& layout,
@@ -36,6 +57,7 @@ UnitGatherer::UnitGatherer(Communicator& comm, const FlatLayout& layout,
       owned_(owned),
       reshard_after_forward_(options.reshard_after_forward),
       persistent_(params.size()) {
+  refuse_shared_values(params);
   std::size_t units = 1;
   for (std::size_t i = 0; i < params.size(); ++i) {
     persistent_[i] = params[i].data.count < options.param_persistence_threshold;
