@@ -19,13 +19,13 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <optional>
 #include <random>
 #include <string>
 
 #include "accelerate/accelerator.hpp"
 #include "backends/optim/adamw.hpp"
 #include "examples/raw_mlp/mlp.hpp"
+#include "examples/raw_mlp/unit_scopes.hpp"
 
 int main(int argc, char** argv) {
   int steps = 6;
@@ -65,16 +65,7 @@ int main(int argc, char** argv) {
     std::normal_distribution<float> g;
     std::vector<float> x(batch * 784);
     std::vector<int> labels(batch);
-    std::vector<std::optional<accel::Accelerator::GatheredParameters>> gathered(
-        model.layers().size());
-    raw_mlp::LayerScopes scopes;
-    scopes.enter_forward = [&](std::size_t l) {
-      gathered[l].emplace(acc.gather_parameters(l, accel::UnitPass::forward));
-    };
-    scopes.enter_backward = [&](std::size_t l) {
-      gathered[l].emplace(acc.gather_parameters(l, accel::UnitPass::backward));
-    };
-    scopes.leave_forward = scopes.leave_backward = [&](std::size_t l) { gathered[l].reset(); };
+    raw_mlp::UnitScopes units(acc, model.layers().size());
     std::vector<double> times;
     std::uint64_t bytes = 0;
     for (int step = 0; step < steps; ++step) {
@@ -89,7 +80,7 @@ int main(int argc, char** argv) {
             acc.grad_ready(2 * l);
             acc.grad_ready(2 * l + 1);
           },
-          scopes);
+          units.scopes());
       if (acc.sync_gradients()) {
         acc.clip_grad_norm(1.0);
         acc.optimizer_step();

@@ -14,7 +14,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <optional>
 #include <random>
 #include <string>
 
@@ -22,6 +21,7 @@
 #include "backends/optim/adamw.hpp"
 #include "examples/raw_mlp/mlp.hpp"
 #include "examples/raw_mlp/param_refs.hpp"
+#include "examples/raw_mlp/unit_scopes.hpp"
 
 using namespace accel;
 
@@ -93,15 +93,7 @@ int main(int argc, char** argv) {
     const std::uint64_t until = phase == "save" ? save_at : steps;
     std::vector<float> x;
     std::vector<int> y;
-    std::vector<std::optional<Accelerator::GatheredParameters>> gathered(model.layers().size());
-    raw_mlp::LayerScopes scopes;
-    scopes.enter_forward = [&](std::size_t l) {
-      gathered[l].emplace(acc.gather_parameters(l, UnitPass::forward));
-    };
-    scopes.enter_backward = [&](std::size_t l) {
-      gathered[l].emplace(acc.gather_parameters(l, UnitPass::backward));
-    };
-    scopes.leave_forward = scopes.leave_backward = [&](std::size_t l) { gathered[l].reset(); };
+    raw_mlp::UnitScopes units(acc, model.layers().size());
     while (acc.step() < until) {
       batch_for(acc.step(), acc.process_index(), acc.num_processes(), x, y);
       model.forward_backward(
@@ -110,7 +102,7 @@ int main(int argc, char** argv) {
             acc.grad_ready(2 * l);
             acc.grad_ready(2 * l + 1);
           },
-          scopes);
+          units.scopes());
       if (acc.sync_gradients()) {
         acc.clip_grad_norm(0.5);
         acc.optimizer_step();
@@ -118,8 +110,7 @@ int main(int argc, char** argv) {
       }
     }
     if (phase == "save") acc.save_state(dir);
-    // The model's buffers hold the last gathered values: gather every unit once more.
-    for (std::size_t l = 0; l < model.layers().size(); ++l) auto g = acc.gather_parameters(l);
+    units.gather_all();  // the model's buffers hold the current values (ZeRO-3)
     if (!out.empty() && acc.is_main_process()) {
       std::FILE* f = std::fopen(out.c_str(), "wb");
       for (const auto& L : model.layers()) {

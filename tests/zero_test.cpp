@@ -173,7 +173,9 @@ TEST_CASE("ZeRO-3 refuses a rank-dependent unit order on every rank, naming both
   for (const auto& w : result.workers) CHECK(w.exit_code == 3);
 }
 
-TEST_CASE("ZeRO-3 misuse is refused naming the unit: not consecutive, tied, a third, unbalanced") {
+TEST_CASE(
+    "ZeRO-3 misuse is refused naming the unit: not consecutive, tied, a third, unbalanced, never "
+    "gathered") {
   const auto result = run_ranks(1, "zero_worker", {"--backend", "local", "--misuse"});
   INFO(describe(result));
   REQUIRE(result.exit_code() == 0);
@@ -181,6 +183,9 @@ TEST_CASE("ZeRO-3 misuse is refused naming the unit: not consecutive, tied, a th
               "misuse 1: ZeRO-3: the parameters of unit 1 are not consecutive in param "
               "group 0: 'layers.1.weight' (unit 0) lies between its 'layers.0.weight' "
               "and 'layers.1.bias'") == 1);
+  CHECK(count(result,
+              "misuse 6: ZeRO-3: gradients are being synchronised but no unit was "
+              "gathered since the last optimizer step") == 1);
   CHECK(count(result,
               "misuse 5: ZeRO-3: 'layers.0.weight' (unit 0) and 'layers.2.weight' (unit "
               "2) share their values (tied parameters)") == 1);
@@ -257,7 +262,8 @@ TEST_CASE("ZeRO memory: optimizer state is unsharded / N and agrees with estimat
     }
 }
 
-TEST_CASE("examples/raw_mlp under ZeRO-2 resumes from its checkpoint as if uninterrupted") {
+TEST_CASE(
+    "examples/raw_mlp under ZeRO-2 and ZeRO-3 resumes from its checkpoint as if uninterrupted") {
   const std::string data = "/usr/share/datasets/fashion-mnist";
   if (skip_unless(std::filesystem::exists(data + "/train-images-idx3-ubyte.gz"),
                   "Fashion-MNIST not installed at " + data))
@@ -265,42 +271,47 @@ TEST_CASE("examples/raw_mlp under ZeRO-2 resumes from its checkpoint as if unint
   if (skip_unless(std::filesystem::exists(bin_path("raw_mlp")), "raw_mlp example not built"))
     return;
   if (skip_unless(communicator_available("gloo"), "gloo communicator not built")) return;
-  const std::string dir = std::string(ACCEL_BIN_DIR) + "/../zero_resume_test";
-  std::filesystem::remove_all(dir);
-  RanksOptions options;
-  options.env = {{"ACCEL_COMM_BACKEND", "gloo"},
-                 {"ACCEL_DISTRIBUTED_TYPE", "ZERO"},
-                 {"ACCEL_ZERO_STAGE", "2"}};
-  const std::vector<std::string> common = {
-      "--train_samples", "2000", "--test_samples", "500",  "--hidden",   "32",
-      "--batch_size",    "32",   "--lr",           "0.03", "--data_dir", data,
-      "--epochs",        "2"};
-  // The last line of rank 0's output: "epoch 2/2: loss L, test accuracy A (T s)".
-  auto final_line = [](const launch::GroupResult& r) {
-    const std::string& out = r.workers.front().output;
-    const auto at = out.find("epoch 2/2: loss");
-    REQUIRE(at != std::string::npos);
-    return out.substr(at, out.find(" (", at) - at);
-  };
-  const auto whole = run_ranks(2, "raw_mlp", common, options);
-  INFO(describe(whole));
-  REQUIRE(whole.exit_code() == 0);
+  for (const std::string stage : {"2", "3"}) {
+    CAPTURE(stage);
+    const std::string dir = std::string(ACCEL_BIN_DIR) + "/../zero_resume_test";
+    std::filesystem::remove_all(dir);
+    RanksOptions options;
+    options.env = {{"ACCEL_COMM_BACKEND", "gloo"},
+                   {"ACCEL_DISTRIBUTED_TYPE", "ZERO"},
+                   {"ACCEL_ZERO_STAGE", stage}};
+    // Stage 3: every layer sharded, gathered around its forward and backward (the biases too).
+    if (stage == "3") options.env.emplace_back("ACCEL_ZERO3_PARAM_PERSISTENCE_THRESHOLD", "0");
+    const std::vector<std::string> common = {
+        "--train_samples", "2000", "--test_samples", "500",  "--hidden",   "32",
+        "--batch_size",    "32",   "--lr",           "0.03", "--data_dir", data,
+        "--epochs",        "2"};
+    // The last line of rank 0's output: "epoch 2/2: loss L, test accuracy A (T s)".
+    auto final_line = [](const launch::GroupResult& r) {
+      const std::string& out = r.workers.front().output;
+      const auto at = out.find("epoch 2/2: loss");
+      REQUIRE(at != std::string::npos);
+      return out.substr(at, out.find(" (", at) - at);
+    };
+    const auto whole = run_ranks(2, "raw_mlp", common, options);
+    INFO(describe(whole));
+    REQUIRE(whole.exit_code() == 0);
 
-  // Interrupted: a mid-epoch checkpoint every 20 steps, stopped after epoch 1, resumed.
-  auto args = common;
-  args.insert(args.end(), {"--checkpoint_dir", dir, "--save_every", "20"});
-  args[args.size() - 5] = "1";  // --epochs 1
-  const auto first = run_ranks(2, "raw_mlp", args, options);
-  INFO(describe(first));
-  REQUIRE(first.exit_code() == 0);
-  args[args.size() - 5] = "2";
-  const auto second = run_ranks(2, "raw_mlp", args, options);
-  INFO(describe(second));
-  REQUIRE(second.exit_code() == 0);
-  CHECK(second.workers[0].output.find("resumed from " + dir + ": epoch 2, batch 0") !=
-        std::string::npos);
-  CHECK(final_line(second) == final_line(whole));
-  MESSAGE(final_line(whole));
+    // Interrupted: a mid-epoch checkpoint every 20 steps, stopped after epoch 1, resumed.
+    auto args = common;
+    args.insert(args.end(), {"--checkpoint_dir", dir, "--save_every", "20"});
+    args[args.size() - 5] = "1";  // --epochs 1
+    const auto first = run_ranks(2, "raw_mlp", args, options);
+    INFO(describe(first));
+    REQUIRE(first.exit_code() == 0);
+    args[args.size() - 5] = "2";
+    const auto second = run_ranks(2, "raw_mlp", args, options);
+    INFO(describe(second));
+    REQUIRE(second.exit_code() == 0);
+    CHECK(second.workers[0].output.find("resumed from " + dir + ": epoch 2, batch 0") !=
+          std::string::npos);
+    CHECK(final_line(second) == final_line(whole));
+    MESSAGE("ZeRO-" << stage << ": " << final_line(whole));
+  }
 }
 
 namespace {

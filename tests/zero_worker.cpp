@@ -26,7 +26,8 @@
 // naming both units. Prints "refused: MESSAGE".
 //   zero_worker --misuse (one process)
 // Stage 3 used wrongly: units not consecutive, tied parameters, a third unit gathered, a unit
-// released that is not gathered, one gathered twice. Prints "misuse N: MESSAGE" for each refusal.
+// released that is not gathered, one gathered twice, a step with no unit gathered. Prints "misuse
+// N: MESSAGE" for each refusal.
 //   zero_worker --memory --stage 1|2 [--backend B]
 // An 11.5M-parameter model in two groups, one AdamW step under each: prints and checks the
 // optimizer-state bytes (unsharded / N within 1% plus padding), stage 2's gradient bytes
@@ -457,6 +458,12 @@ int misuse(Communicator& comm) {
     tied[4].data.data = tied[0].data.data;  // layers.2.weight's values within layers.0.weight's
     make_strategy(comm, tied, {}, options);
   });
+  expect_refusal(6, [&] {  // a loop unaware of units: a backward and a sync, nothing gathered
+    auto unaware = make_strategy(comm, params, {}, options);
+    unaware->prepare();
+    for (std::size_t i = params.size(); i-- > 0;) unaware->grad_ready(i);
+    unaware->sync_gradients();
+  });
   auto zero = make_strategy(comm, params, {}, options);
   zero->prepare();
   zero->gather_unit(0, UnitPass::forward);
@@ -464,7 +471,7 @@ int misuse(Communicator& comm) {
   expect_refusal(2, [&] { zero->gather_unit(2, UnitPass::forward); });
   expect_refusal(3, [&] { zero->release_unit(2, UnitPass::forward); });
   expect_refusal(4, [&] { zero->gather_unit(1, UnitPass::forward); });
-  return refused == 5 ? 0 : 1;
+  return refused == 6 ? 0 : 1;
 }
 
 }  // namespace

@@ -139,6 +139,12 @@ std::size_t UnitGatherer::gathered_bytes() const {
   return bytes;
 }
 
+bool UnitGatherer::units_without_shards() const {
+  for (const Unit& u : units_)
+    if (!u.ranges.empty()) return false;
+  return true;
+}
+
 std::string UnitGatherer::describe(std::size_t unit) const {
   std::string out = "unit " + std::to_string(unit);
   if (unit < units_.size() && !units_[unit].params.empty())
@@ -231,6 +237,7 @@ void UnitGatherer::gather(std::size_t unit, UnitPass pass) {
     order_.push_back(code);
   }
   if (units_[unit].ranges.empty()) return;  // every parameter persistent
+  gathered_ = true;
   int slot = slot_of_[unit];
   if (slot >= 0 && slots_[std::size_t(slot)].held)
     throw InvalidArgument("ZeRO-3: " + describe(unit) + " gathered for its " + pass_name(pass) +
@@ -294,6 +301,7 @@ void UnitGatherer::invalidate() {
     s.held = false;
   }
   std::fill(slot_of_.begin(), slot_of_.end(), -1);
+  gathered_ = false;
   if (error) std::rethrow_exception(error);
 }
 

@@ -50,6 +50,9 @@ class UnitGatherer {
   // All-gathers the persistent parameters into their buffers.
   void refresh_persistent();
   bool persistent(std::size_t param) const { return persistent_[param]; }
+  // Whether a unit with sharded parameters was gathered since the last invalidate(): a step
+  // without any means the loop read parameters it holds only a slice of.
+  bool gathered_since_invalidate() const { return gathered_ || units_without_shards(); }
   // Gathers that found their unit prefetched (for tests and benchmarks).
   std::uint64_t prefetch_hits() const { return prefetch_hits_; }
   // Bytes of gathered storage (slots and persistent parameters), for the memory accounting.
@@ -73,6 +76,7 @@ class UnitGatherer {
     std::vector<WorkPtr> works;  // its gather in flight
   };
   void check_same_unit_everywhere(std::size_t unit, UnitPass pass);
+  bool units_without_shards() const;         // every parameter persistent
   int free_slot_for(std::size_t unit);       // -1 when none
   Buffer owned_piece(const Range& r) const;  // this rank's part of r, in its owned slice
   void issue(std::size_t unit, int slot);
@@ -94,6 +98,7 @@ class UnitGatherer {
   // The order of the first step, as (unit << 1 | pass), and what followed each entry.
   bool recording_ = true;
   bool step_ends_ = true;
+  bool gathered_ = false;  // since the last invalidate()
   std::uint64_t prefetch_hits_ = 0;
   std::vector<std::uint64_t> order_;
   std::vector<long> next_;  // per (unit << 1 | pass): the entry that followed it, or -1

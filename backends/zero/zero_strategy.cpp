@@ -366,6 +366,12 @@ void ZeroStrategy::finish_all() {
 
 void ZeroStrategy::sync_gradients() {
   if (!sync_enabled_) return;
+  // A loop that never gathers reads stale (or never updated) parameters: say so, every rank.
+  ACCEL_CHECK_ARG(!gatherer_ || gatherer_->gathered_since_invalidate(),
+                  "ZeRO-3: gradients are being synchronised but no unit was gathered since the "
+                  "last optimizer step, so the loop computed them from parameters this rank "
+                  "holds only a slice of; bracket each unit's forward and backward with "
+                  "acc.gather_parameters(unit, pass) (or use zero_stage 1 or 2)");
   {
     std::lock_guard lock(mutex_);
     // A gradient not reported this micro-batch (its parameter was unused) contributes what

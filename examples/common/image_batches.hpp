@@ -49,18 +49,22 @@ inline void take_batch(const FloatImages& d, const std::vector<std::size_t>& idx
 // of the batch on `replica` (the whole batch on `model`, or a chunk on each DataParallel
 // replica's thread), through model.forward_backward(x, labels, loss_scale, on_layer_grads),
 // which reports layer l's gradients final by on_layer_grads(l) (its weight is parameter 2l,
-// its bias 2l + 1). Returns the mean loss over the batch.
-template <typename Model>
+// its bias 2l + 1). `extra` follows on_layer_grads (raw_mlp's ZeRO-3 unit scopes). Returns the
+// mean loss over the batch.
+template <typename Model, typename... Extra>
 float forward_backward_rows(accel::Accelerator& acc, Model& model, const std::vector<float>& x,
-                            const std::vector<int>& labels, std::size_t features) {
+                            const std::vector<int>& labels, std::size_t features,
+                            const Extra&... extra) {
   return acc.forward_backward(
       model, labels.size(), [&](Model& replica, std::size_t first, std::size_t n, auto ready) {
         return replica.forward_backward(
             std::span<const float>(x).subspan(first * features, n * features),
-            std::span<const int>(labels).subspan(first, n), acc.loss_scale(), [&](std::size_t l) {
+            std::span<const int>(labels).subspan(first, n), acc.loss_scale(),
+            [&](std::size_t l) {
               ready(2 * l);      // weight
               ready(2 * l + 1);  // bias
-            });
+            },
+            extra...);
       });
 }
 

@@ -26,6 +26,7 @@
 #include "examples/common/resume.hpp"
 #include "examples/raw_mlp/mlp.hpp"
 #include "examples/raw_mlp/param_refs.hpp"
+#include "examples/raw_mlp/unit_scopes.hpp"
 
 namespace {
 
@@ -122,6 +123,8 @@ int main(int argc, char** argv) {
     acc.prepare(
         model, [](raw_mlp::Mlp& m) { return raw_mlp::param_refs(m); }, optimizer);
 
+    // ZeRO-3: each layer a unit, gathered around its forward and backward (else nothing).
+    raw_mlp::UnitScopes units(acc, model.layers().size());
     const bool checkpoints = !flags.checkpoint_dir.empty();
     examples::resume_if_saved(acc, flags.checkpoint_dir);
 
@@ -142,7 +145,8 @@ int main(int argc, char** argv) {
         take_batch(train, idx, begin, end - begin, x, labels);
         acc.begin_batch(b, batches);
         // The batch's rows on `model`, or split between DataParallel's replicas.
-        loss_sum += examples::forward_backward_rows(acc, model, x, labels, train.features);
+        loss_sum +=
+            examples::forward_backward_rows(acc, model, x, labels, train.features, units.scopes());
         ++loss_count;
         if (acc.sync_gradients()) {
           if (flags.clip > 0) acc.clip_grad_norm(flags.clip);
@@ -156,6 +160,7 @@ int main(int argc, char** argv) {
       // The mean loss over every process's batches.
       float mean[2] = {float(loss_sum), float(loss_count)};
       acc.reduce(accel::buffer_of(std::span<float>(mean, 2)), accel::ReduceOp::sum);
+      units.gather_all();  // predict() reads every layer
       const double accuracy = examples::test_accuracy(acc, model, test);
       const double seconds =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
