@@ -17,7 +17,8 @@
 //     }
 //   }
 //
-// The same loop runs under DDP, ZeRO (distributed_type ZERO, zero_stage 1 or 2) and
+// The same loop runs under DDP, ZeRO (distributed_type ZERO, zero_stage 1, 2 or 3: at 3 with
+// each unit's forward and backward inside acc.gather_parameters) and
 // DataParallel (DATA_PARALLEL: replicas of the model on threads of this one process, each on
 // its own GPU of gpu_ids or, with use_cpu, on the CPU; the batch split between them by
 // forward_backward): the optimizer steps what the strategy hands
@@ -88,7 +89,7 @@ struct AcceleratorOptions {
   std::optional<Milliseconds> timeout;                   // every collective, and joining
   std::optional<std::string> config_file;                // else ACCEL_CONFIG_FILE / default path
   std::optional<std::string> distributed_type;           // "MULTI_CPU", "ZERO", ... (config key)
-  std::optional<int> zero_stage;                         // 1 or 2 with ZERO
+  std::optional<int> zero_stage;                         // 1, 2 or 3 with ZERO
   std::optional<int> data_parallel_replicas;             // DATA_PARALLEL on the CPU; 0 = cores
   std::optional<int> zero3_param_persistence_threshold;  // zero_stage 3
   std::optional<bool> reshard_after_forward;             // zero_stage 3

@@ -151,7 +151,7 @@ std::optional<std::size_t> model_of_blob(const std::string& name) {
 
 // Every prepared parameter's and buffer's saved bytes, checked against the prepared layout.
 // Whatever strategy and world size saved them: this rank's own blobs are loaded, the other
-// ranks' slices are read here (stages 1 and 2 keep every parameter on every rank).
+// ranks' slices are read here (the raw loop's buffers hold every parameter, at stage 3 too).
 FullParameters read_parameters(const LoadedCheckpoint& ck, const PreparedParameters& model,
                                int rank) {
   const std::string layout_blob = model_blob(kLayout, model.index);

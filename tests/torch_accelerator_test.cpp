@@ -43,7 +43,7 @@ AcceleratorOptions local_options(int accumulation = 1, const char* mixed_precisi
   return options;
 }
 
-// The world of one under DDP (stage 0) or ZeRO stage 1 or 2.
+// The world of one under DDP (stage 0) or ZeRO stage 1 or 2 (3 refuses LibTorch models).
 AcceleratorOptions stage_options(int stage, int accumulation = 1) {
   AcceleratorOptions options = local_options(accumulation);
   if (stage > 0) {
