@@ -38,6 +38,9 @@ config::ResolvedConfig resolve_settings(const AcceleratorOptions& options) {
     from_code["reshard_after_forward"] = flag(*options.reshard_after_forward);
   if (options.activation_checkpointing)
     from_code["activation_checkpointing"] = flag(*options.activation_checkpointing);
+  if (options.log_with) from_code["log_with"] = *options.log_with;
+  if (options.project_dir) from_code["project_dir"] = *options.project_dir;
+  if (options.logging_dir) from_code["logging_dir"] = *options.logging_dir;
   return config::resolve_config(options.config_file, from_code);
 }
 
@@ -177,6 +180,10 @@ Accelerator::Accelerator(AcceleratorOptions options) : options_(std::move(option
   accumulation_steps_ = settings.config.gradient_accumulation_steps;
   mixed_precision_ = settings.config.mixed_precision;
   activation_checkpointing_ = settings.config.activation_checkpointing;
+  log_with_ = settings.config.log_with;
+  project_dir_ = settings.config.project_dir;
+  logging_dir_ = settings.config.logging_dir.empty() ? project_dir_ : settings.config.logging_dir;
+  own_trackers_ = options_.trackers;
   uses_gpu_ = config::uses_gpu(settings.config);
   strategy_options_ = strategy_options_for(settings, options_);
 
@@ -194,7 +201,30 @@ Accelerator::Accelerator(AcceleratorOptions options) : options_(std::move(option
   }
 }
 
-Accelerator::~Accelerator() = default;
+Accelerator::~Accelerator() {
+  try {
+    trackers_.finish();  // no wait for the other ranks here: they may be gone
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: ending the trackers: %s\n", e.what());
+  }
+}
+
+void Accelerator::init_trackers(const std::string& project_name, const TrackerConfig& config) {
+  ACCEL_CHECK_ARG(!project_name.empty() && project_name.find('/') == std::string::npos,
+                  "init_trackers: the project name '" + project_name +
+                      "' must be a non-empty file name (no '/')");
+  trackers_.init(is_main_process(), log_with_, logging_dir_ + "/" + project_name, own_trackers_,
+                 config);
+}
+
+void Accelerator::log(const TrackerValues& values, std::int64_t step) {
+  trackers_.log(values, step);
+}
+
+void Accelerator::end_training() {
+  trackers_.finish();
+  wait_for_everyone();
+}
 
 std::string Accelerator::mixed_precision() const { return config::to_string(mixed_precision_); }
 

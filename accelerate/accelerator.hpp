@@ -51,6 +51,7 @@
 #include "accelerate/rank_agreement.hpp"
 #include "accelerate/replicas.hpp"
 #include "accelerate/sharded_sampler.hpp"
+#include "accelerate/trackers/tracker_set.hpp"
 #include "backends/backend.hpp"
 #include "backends/comm/communicator.hpp"
 #include "backends/optim/optimizer.hpp"
@@ -94,6 +95,11 @@ struct AcceleratorOptions {
   std::optional<int> zero3_param_persistence_threshold;  // zero_stage 3
   std::optional<bool> reshard_after_forward;             // zero_stage 3
   std::optional<bool> activation_checkpointing;          // LibTorch: Sequential children
+  std::optional<std::string> log_with;                   // "tensorboard,csv", "all", ...
+  std::optional<std::string> project_dir, logging_dir;
+  // The loop's own sinks (Accelerate's GeneralTracker instances in log_with), started with the
+  // named ones by init_trackers.
+  std::vector<std::shared_ptr<GeneralTracker>> trackers;
   DdpOptions ddp;
   // Its stage, param_persistence_threshold and reshard_after_forward come from the config keys
   // (the fields above).
@@ -375,6 +381,22 @@ class Accelerator {
   void set_trigger() { trigger_ = true; }
   bool check_trigger();
 
+  // ---- experiment tracking (Accelerate's names; accelerate/trackers/)
+  // Starts the config's log_with trackers (tensorboard, csv, jsonl) writing under
+  // logging_dir/project_name, and AcceleratorOptions::trackers, on the main process, and
+  // stores the run's hyperparameters there. Every rank calls it; the others hold no tracker.
+  void init_trackers(const std::string& project_name, const TrackerConfig& config = {});
+  // Each tracker's record of `values` at `step` (main process; nothing elsewhere). Written
+  // when it returns.
+  void log(const TrackerValues& values, std::int64_t step);
+  // Ends the trackers (also when the Accelerator is destroyed) and waits for every rank.
+  void end_training();
+  // The trackers this process writes to (empty on every rank but the main one).
+  std::vector<std::string> tracker_names() const { return trackers_.names(); }
+  // The config's project_dir, and logging_dir (project_dir when not set).
+  const std::string& project_dir() const { return project_dir_; }
+  const std::string& logging_dir() const { return logging_dir_; }
+
   // ---- randomness: the same seed on every rank (and recorded in checkpoints)
   // Accelerate's set_seed: seeds every generator the process uses, rng() from (seed, rank)
   // and the front end's (TorchAccelerator: LibTorch's CPU generator, and its CUDA ones when
@@ -476,6 +498,9 @@ class Accelerator {
   int accumulation_steps_ = 1;
   bool uses_gpu_ = false;  // the config's choice (use_cpu false, or MULTI_GPU)
   bool activation_checkpointing_ = false;
+  std::string log_with_, project_dir_, logging_dir_;
+  std::vector<std::shared_ptr<GeneralTracker>> own_trackers_;
+  TrackerSet trackers_;
   config::MixedPrecision mixed_precision_{};   // MixedPrecision::no
   int micro_since_sync_ = 0;                   // micro-batches since the last boundary
   std::unique_ptr<DynamicLossScaler> scaler_;  // mixed_precision fp16

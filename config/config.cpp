@@ -193,6 +193,23 @@ std::optional<std::string> check_zero_stage(const Config& c) {
   return std::nullopt;
 }
 
+// log_with: known tracker names, comma-separated (config/config.cpp keeps the list in step with
+// accelerate/trackers/tracker.cpp's builtin_trackers; config/ cannot depend on the front end).
+std::optional<std::string> log_with_problem(std::string_view names) {
+  static const std::vector<std::string> known = {"none", "tensorboard", "csv", "jsonl", "all"};
+  std::string rest(names);
+  while (!rest.empty()) {
+    const std::size_t comma = rest.find(',');
+    const std::string name = rest.substr(0, comma);
+    rest = comma == std::string::npos ? "" : rest.substr(comma + 1);
+    if (name == "mlflow" || name == "wandb" || name == "comet_ml" || name == "aim")
+      return "the " + name + " tracker is not available (tensorboard, csv, jsonl or all)";
+    if (std::find(known.begin(), known.end(), name) == known.end())
+      return "'" + name + "' is not a tracker (tensorboard, csv, jsonl or all, comma-separated)";
+  }
+  return std::nullopt;
+}
+
 std::optional<std::string> check_zero3_threshold(const Config& c) {
   if (is_zero3(c) ||
       c.zero3_param_persistence_threshold == Config{}.zero3_param_persistence_threshold)
@@ -411,6 +428,24 @@ std::vector<KeySpec> make_schema() {
        .help = "LibTorch: run each child of a prepared torch::nn::Sequential through activation "
                "checkpointing (its activations recomputed in backward: less memory, one more "
                "forward)"},
+      {.name = "log_with",
+       .kind = K::text,
+       .field = &Config::log_with,
+       .help = "trackers acc.init_trackers starts on the main process: none, or tensorboard, "
+               "csv, jsonl or all, comma-separated",
+       .flag_value = "NAMES"},
+      {.name = "project_dir",
+       .kind = K::text,
+       .field = &Config::project_dir,
+       .help = "the project's directory (Accelerate's ProjectConfiguration.project_dir)",
+       .flag_value = "DIR"},
+      {.name = "logging_dir",
+       .kind = K::text,
+       .field = &Config::logging_dir,
+       .default_rule = "project_dir",
+       .help = "where the trackers write, one directory per project name",
+       .flag_value = "DIR",
+       .applies = [](const Config& c) { return !c.logging_dir.empty(); }},
       {.name = "cpu_communicator",
        .kind = K::choice,
        .field = &Config::cpu_communicator,
@@ -591,6 +626,8 @@ Parsed parse_value(std::string_view key, std::string_view raw) {
         return {std::nullopt, "expects one word, got " + shown};
       if (key == "main_process_ip")
         if (auto problem = check_host(text)) return {std::nullopt, *problem};
+      if (key == "log_with")
+        if (auto problem = log_with_problem(text)) return {std::nullopt, *problem};
       return {std::string(text), ""};
     }
   }

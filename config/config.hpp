@@ -53,6 +53,12 @@ struct Config {
   // LibTorch: a prepared torch::nn::Sequential runs each child through activation
   // checkpointing (recomputed in backward).
   bool activation_checkpointing = false;
+  // Experiment tracking (Accelerate's names): the trackers init_trackers starts (none;
+  // tensorboard, csv, jsonl, or all, comma-separated), the project's directory and where the
+  // trackers write (project_dir when empty).
+  std::string log_with = "none";
+  std::string project_dir = ".";
+  std::string logging_dir;
   // "auto" (shm on one machine, hierarchical across machines), "gloo", "mpi", "shm" or
   // "hierarchical" for CPU work
   std::string cpu_communicator = "auto";

@@ -1,16 +1,21 @@
 // The main job, examples/fashion_mnist, the way the README runs it: `accel launch
 // --num_processes 2` over Gloo, on a subset of the real Fashion-MNIST files (the full run's
 // 90% is reported in the notes, not asserted here). Also its checkpoints: one epoch, stopped,
-// resumed for a second, prints the same epoch 2 as two epochs straight.
+// resumed for a second, prints the same epoch 2 as two epochs straight. And its trackers:
+// `accel launch --log_with tensorboard,csv --project_dir DIR` leaves one event file and the CSV
+// under DIR/fashion_mnist, read back.
 
 #include <doctest/doctest.h>
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
+#include <map>
 #include <regex>
 #include <string>
 #include <vector>
 
+#include "accelerate/trackers/tensorboard_events.hpp"
 #include "config/config.hpp"
 #include "launch/worker_group.hpp"
 #include "tests/support/ranks.hpp"
@@ -24,8 +29,10 @@ namespace {
 
 const std::string kData = "/usr/share/datasets/fashion-mnist";
 
-// `accel launch --num_processes 2 fashion_mnist ARGS...` on a subset; returns what it printed.
-launch::WorkerExit launch_example(const std::vector<std::string>& args) {
+// `accel launch --num_processes 2 LAUNCHER... fashion_mnist ARGS...` on a subset; returns what
+// it printed.
+launch::WorkerExit launch_example(const std::vector<std::string>& args,
+                                  const std::vector<std::string>& launcher = {}) {
   std::vector<std::string> argv = {"launch",
                                    "--num_processes",
                                    "2",
@@ -39,6 +46,7 @@ launch::WorkerExit launch_example(const std::vector<std::string>& args) {
                                    "--test_samples",
                                    "2000"};
   argv.insert(argv.end(), args.begin(), args.end());
+  argv.insert(argv.begin() + 1, launcher.begin(), launcher.end());
   auto result = run_accel(argv, {}, std::chrono::seconds(240));
   REQUIRE_FALSE(result.timed_out);
   return result.workers.at(0);
@@ -128,4 +136,53 @@ TEST_CASE(
   CHECK(resumed_lines[0].epoch == 2);
   CHECK(resumed_lines[0].loss == lines[1].loss);  // printed to 4 digits: equal runs
   CHECK(resumed_lines[0].accuracy == lines[1].accuracy);
+}
+
+TEST_CASE(
+    "fashion_mnist --log_with tensorboard,csv: every step's loss and each epoch's accuracy, "
+    "written by rank 0, read back") {
+  if (skip_unless(have_data(), "Fashion-MNIST not installed at " + kData)) return;
+  TempDir tmp;
+  const std::string project = tmp / "project";
+  const launch::WorkerExit run = launch_example(
+      {"--epochs", "1"}, {"--log_with", "tensorboard,csv", "--project_dir", project});
+  INFO("accel launch printed:\n" << run.output);
+  REQUIRE(run.exit_code == 0);
+  const auto lines = epoch_lines(run.output);
+  REQUIRE(lines.size() == 1);
+
+  // One event file (the main process's), its scalars decoded with every CRC checked.
+  std::vector<std::string> event_files;
+  for (const auto& e : fs::directory_iterator(project + "/fashion_mnist"))
+    if (e.path().filename().string().rfind("events.out.tfevents.", 0) == 0)
+      event_files.push_back(e.path().string());
+  REQUIRE(event_files.size() == 1);
+  const auto events = tensorboard::read_event_file(event_files[0]);
+  CHECK_FALSE(events.truncated_tail);
+  std::map<std::string, std::vector<std::int64_t>> steps;
+  float accuracy = -1;
+  for (const auto& s : events.scalars) {
+    steps[s.tag].push_back(s.step);
+    if (s.tag == "epoch/test_accuracy") accuracy = s.value;
+  }
+  // 6000 samples over 2 processes of 64: 47 steps, logged 1, 2, ..., 47.
+  REQUIRE(steps["train/loss"].size() == 47);
+  for (std::size_t i = 0; i < 47; ++i) CHECK(steps["train/loss"][i] == std::int64_t(i + 1));
+  CHECK(steps["train/lr"].size() == 47);
+  CHECK(steps["train/step_seconds"].size() == 47);
+  REQUIRE(steps["epoch/test_accuracy"] == std::vector<std::int64_t>{47});
+  char printed[16];
+  std::snprintf(printed, sizeof printed, "%.4f", double(accuracy));
+  CHECK(std::string(printed) == lines[0].accuracy);
+
+  // The CSV holds the same rows: a header and 3 x 47 + 2.
+  std::ifstream csv(project + "/fashion_mnist/metrics.csv");
+  std::string line;
+  int rows = 0;
+  while (std::getline(csv, line)) ++rows;
+  CHECK(rows == 1 + 3 * 47 + 2);
+  std::ifstream config(project + "/fashion_mnist/config.csv");
+  const std::string config_text((std::istreambuf_iterator<char>(config)),
+                                std::istreambuf_iterator<char>());
+  CHECK(config_text.find("num_processes,2\n") != std::string::npos);
 }

@@ -1,6 +1,8 @@
 // The built-in trackers (accelerate/trackers/tracker.hpp): what each writes for a run's
 // configuration and two log calls, read back: CSV rows, JSONL objects (parsed by Python's json
 // where /usr/bin/python3 is), TensorBoard scalars (read_event_file); an unknown name refused.
+// And the Accelerator driving them: log_with's trackers and the loop's own under
+// logging_dir/project_name, init_trackers / log / end_training, misuse and bad names refused.
 
 #include <doctest/doctest.h>
 
@@ -8,6 +10,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "accelerate/accelerator.hpp"
 #include "accelerate/trackers/tensorboard_events.hpp"
 #include "accelerate/trackers/tracker.hpp"
 #include "core/error.hpp"
@@ -90,4 +93,55 @@ TEST_CASE("an unknown tracker is refused, naming the known ones") {
                        doctest::Contains("unknown tracker 'wandb' (known: tensorboard, csv, jsonl"),
                        InvalidArgument);
   CHECK(builtin_trackers() == std::vector<std::string>{"tensorboard", "csv", "jsonl"});
+}
+
+namespace {
+// A loop's own sink: remembers what it was given.
+struct Recorder : GeneralTracker {
+  std::string name() const override { return "recorder"; }
+  void store_init_configuration(const TrackerConfig& c) override { config = c; }
+  void log(const TrackerValues& v, std::int64_t step) override {
+    for (const auto& [k, x] : v)
+      logged.push_back(k + "@" + std::to_string(step) + "=" + std::to_string(x));
+  }
+  void finish() override { finished = true; }
+  TrackerConfig config;
+  std::vector<std::string> logged;
+  bool finished = false;
+};
+}  // namespace
+
+TEST_CASE("the Accelerator starts log_with's trackers and the loop's own under logging_dir") {
+  TempDir dir("accel_trackers");
+  auto recorder = std::make_shared<Recorder>();
+  AcceleratorOptions options;
+  options.communicator = "local";
+  options.log_with = "csv,jsonl";
+  options.project_dir = dir.file("project");
+  options.trackers = {recorder};
+  Accelerator acc(options);
+  CHECK(acc.logging_dir() == dir.file("project"));  // logging_dir defaults to project_dir
+  CHECK_THROWS_WITH_AS(acc.log({{"loss", 1.0}}, 0), doctest::Contains("call init_trackers"),
+                       InvalidArgument);
+  acc.init_trackers("run1", {{"lr", "0.1"}});
+  CHECK(acc.tracker_names() == std::vector<std::string>{"csv", "jsonl", "recorder"});
+  acc.log({{"loss", 0.5}}, 3);
+  acc.end_training();
+  CHECK(recorder->finished);
+  CHECK(recorder->config == TrackerConfig{{"lr", "0.1"}});
+  CHECK(recorder->logged == std::vector<std::string>{"loss@3=0.500000"});
+  CHECK(read_file(dir.file("project/run1/metrics.csv")) == "step,name,value\n3,loss,0.5\n");
+  CHECK(read_file(dir.file("project/run1/metrics.jsonl")) == "{\"step\": 3, \"loss\": 0.5}\n");
+  CHECK_THROWS_WITH_AS(acc.log({{"loss", 1.0}}, 4), doctest::Contains("end_training() ended"),
+                       InvalidArgument);
+}
+
+TEST_CASE("log_with names what it does not know, as a config error") {
+  AcceleratorOptions options;
+  options.communicator = "local";
+  options.log_with = "tensorboard,mlflow";
+  CHECK_THROWS_WITH(Accelerator{options}, doctest::Contains("key 'log_with': the mlflow tracker "
+                                                            "is not available"));
+  options.log_with = "tensorbord";
+  CHECK_THROWS_WITH(Accelerator{options}, doctest::Contains("'tensorbord' is not a tracker"));
 }
