@@ -6,6 +6,7 @@
 
 #include <mutex>
 
+#include "accelerate/torch/autocast.hpp"
 #include "core/error.hpp"
 
 namespace accel {
@@ -32,27 +33,6 @@ struct Recompute : torch::CustomClassHolder {
   at::Tensor rng_state;
   bool autocast = false;
   at::ScalarType autocast_dtype = at::kBFloat16;
-};
-
-// The CPU autocast state for a scope (backward runs with it off; the recompute needs the
-// forward's).
-class CpuAutocastAs {
- public:
-  CpuAutocastAs(bool enabled, at::ScalarType dtype)
-      : enabled_(at::autocast::is_cpu_enabled()), dtype_(at::autocast::get_autocast_cpu_dtype()) {
-    at::autocast::set_cpu_enabled(enabled);
-    at::autocast::set_autocast_cpu_dtype(dtype);
-  }
-  ~CpuAutocastAs() {
-    at::autocast::set_cpu_enabled(enabled_);
-    at::autocast::set_autocast_cpu_dtype(dtype_);
-  }
-  CpuAutocastAs(const CpuAutocastAs&) = delete;
-  CpuAutocastAs& operator=(const CpuAutocastAs&) = delete;
-
- private:
-  bool enabled_;
-  at::ScalarType dtype_;
 };
 
 class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> {

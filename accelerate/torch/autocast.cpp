@@ -36,6 +36,17 @@ AutocastGuard::~AutocastGuard() {
   }
 }
 
+CpuAutocastAs::CpuAutocastAs(bool enabled, c10::ScalarType dtype)
+    : was_(at::autocast::is_cpu_enabled()), was_type_(at::autocast::get_autocast_cpu_dtype()) {
+  at::autocast::set_cpu_enabled(enabled);
+  at::autocast::set_autocast_cpu_dtype(dtype);
+}
+
+CpuAutocastAs::~CpuAutocastAs() {
+  at::autocast::set_cpu_enabled(was_);
+  at::autocast::set_autocast_cpu_dtype(was_type_);
+}
+
 NoCpuAutocast::NoCpuAutocast() : was_(at::autocast::is_cpu_enabled()) {
   at::autocast::set_cpu_enabled(false);
 }

@@ -26,6 +26,21 @@ class AutocastGuard {
   c10::ScalarType previous_dtype_ = c10::ScalarType::BFloat16;
 };
 
+// Sets the CPU autocast state for a scope and restores the previous one after it: a replica's
+// worker thread takes its caller's (autocast is per thread), activation checkpointing's
+// recompute the forward's (backward runs with it off).
+class CpuAutocastAs {
+ public:
+  CpuAutocastAs(bool enabled, c10::ScalarType dtype);
+  ~CpuAutocastAs();
+  CpuAutocastAs(const CpuAutocastAs&) = delete;
+  CpuAutocastAs& operator=(const CpuAutocastAs&) = delete;
+
+ private:
+  bool was_;
+  c10::ScalarType was_type_;
+};
+
 // Turns CPU autocast off for the rest of a scope: backward ops already run in the types their
 // forward ops chose, and autocasting inside backward would only cast again.
 class NoCpuAutocast {

@@ -14,30 +14,7 @@
 #include "core/error.hpp"
 
 namespace accel {
-namespace {
-
-// The caller's CPU autocast state, set on a worker thread for one forward (autocast is per
-// thread) and restored after it.
-class CpuAutocastAs {
- public:
-  CpuAutocastAs(bool enabled, at::ScalarType dtype)
-      : was_(at::autocast::is_cpu_enabled()), was_type_(at::autocast::get_autocast_cpu_dtype()) {
-    at::autocast::set_cpu_enabled(enabled);
-    at::autocast::set_autocast_cpu_dtype(dtype);
-  }
-  ~CpuAutocastAs() {
-    at::autocast::set_cpu_enabled(was_);
-    at::autocast::set_autocast_cpu_dtype(was_type_);
-  }
-  CpuAutocastAs(const CpuAutocastAs&) = delete;
-  CpuAutocastAs& operator=(const CpuAutocastAs&) = delete;
-
- private:
-  bool was_;
-  at::ScalarType was_type_;
-};
-
-}  // namespace
+namespace {}  // namespace
 
 std::vector<std::pair<std::string, at::Tensor>> trainable_parameters(torch::nn::Module& module) {
   std::vector<std::pair<std::string, at::Tensor>> out;
