@@ -213,8 +213,8 @@ void Accelerator::init_trackers(const std::string& project_name, const TrackerCo
   ACCEL_CHECK_ARG(!project_name.empty() && project_name.find('/') == std::string::npos,
                   "init_trackers: the project name '" + project_name +
                       "' must be a non-empty file name (no '/')");
-  trackers_.init(is_main_process(), log_with_, logging_dir_ + "/" + project_name, own_trackers_,
-                 config);
+  trackers_.init(is_main_process(), config::log_with_names(log_with_),
+                 logging_dir_ + "/" + project_name, own_trackers_, config);
 }
 
 void Accelerator::log(const TrackerValues& values, std::int64_t step) {

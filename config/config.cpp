@@ -195,13 +195,19 @@ std::optional<std::string> check_zero_stage(const Config& c) {
 
 // log_with: known tracker names, comma-separated (config/config.cpp keeps the list in step with
 // accelerate/trackers/tracker.cpp's builtin_trackers; config/ cannot depend on the front end).
+std::vector<std::string> comma_separated(std::string_view text) {
+  std::vector<std::string> out;
+  while (!text.empty()) {
+    const std::size_t comma = text.find(',');
+    out.emplace_back(text.substr(0, comma));
+    text = comma == std::string_view::npos ? "" : text.substr(comma + 1);
+  }
+  return out;
+}
+
 std::optional<std::string> log_with_problem(std::string_view names) {
   static const std::vector<std::string> known = {"none", "tensorboard", "csv", "jsonl", "all"};
-  std::string rest(names);
-  while (!rest.empty()) {
-    const std::size_t comma = rest.find(',');
-    const std::string name = rest.substr(0, comma);
-    rest = comma == std::string::npos ? "" : rest.substr(comma + 1);
+  for (const std::string& name : comma_separated(names)) {
     if (name == "mlflow" || name == "wandb" || name == "comet_ml" || name == "aim")
       return "the " + name + " tracker is not available (tensorboard, csv, jsonl or all)";
     if (std::find(known.begin(), known.end(), name) == known.end())
@@ -721,6 +727,17 @@ std::string unknown_key_problem(std::string_view key) {
   std::string problem = "unknown key";
   if (!best.empty()) problem += " (did you mean '" + best + "'?)";
   return problem;
+}
+
+std::vector<std::string> log_with_names(std::string_view log_with) {
+  std::vector<std::string> out;
+  for (const std::string& name : comma_separated(log_with)) {
+    if (name == "all")
+      out.insert(out.end(), {"tensorboard", "csv", "jsonl"});
+    else if (!name.empty() && name != "none")
+      out.push_back(name);
+  }
+  return out;
 }
 
 std::optional<std::string> ignored_key_note(std::string_view section, std::string_view key) {

@@ -145,6 +145,8 @@ struct KeySpec {
 };
 
 const std::vector<KeySpec>& schema();
+// log_with's trackers in order, each once: "all" as tensorboard, csv, jsonl; "none" as nothing.
+std::vector<std::string> log_with_names(std::string_view log_with);
 const KeySpec* find_key(std::string_view name);  // nullptr when unknown
 // What --KEY takes, for help texts: "no|fp16|bf16", "1|2" for a short range, else flag_value.
 std::string value_hint(std::string_view key);

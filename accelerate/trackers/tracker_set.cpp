@@ -3,33 +3,14 @@
 #include "core/error.hpp"
 
 namespace accel {
-namespace {
 
-std::vector<std::string> split_names(const std::string& names) {
-  std::vector<std::string> out;
-  std::string rest = names;
-  while (!rest.empty()) {
-    const std::size_t comma = rest.find(',');
-    const std::string name = rest.substr(0, comma);
-    rest = comma == std::string::npos ? "" : rest.substr(comma + 1);
-    if (name == "none") continue;
-    if (name == "all")
-      for (const std::string& n : builtin_trackers()) out.push_back(n);
-    else if (!name.empty())
-      out.push_back(name);
-  }
-  return out;
-}
-
-}  // namespace
-
-void TrackerSet::init(bool main_process, const std::string& names, const std::string& run_dir,
-                      std::vector<std::shared_ptr<GeneralTracker>> own,
+void TrackerSet::init(bool main_process, const std::vector<std::string>& names,
+                      const std::string& run_dir, std::vector<std::shared_ptr<GeneralTracker>> own,
                       const TrackerConfig& config) {
   ACCEL_CHECK_ARG(!started_, "init_trackers: the trackers were started already");
   started_ = true;
   if (!main_process) return;
-  for (const std::string& name : split_names(names)) {
+  for (const std::string& name : names) {
     bool present = false;
     for (const auto& t : trackers_) present = present || t->name() == name;
     if (!present) trackers_.push_back(make_tracker(name, run_dir));

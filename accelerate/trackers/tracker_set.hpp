@@ -14,8 +14,8 @@ namespace accel {
 
 class TrackerSet {
  public:
-  // `names`: log_with as the config holds it ("tensorboard,csv", "all", or "").
-  void init(bool main_process, const std::string& names, const std::string& run_dir,
+  // `names`: the built-in trackers to start (config::log_with_names of log_with).
+  void init(bool main_process, const std::vector<std::string>& names, const std::string& run_dir,
             std::vector<std::shared_ptr<GeneralTracker>> own, const TrackerConfig& config);
   void log(const TrackerValues& values, std::int64_t step);
   void finish();  // each tracker's finish(), once; later logs are refused
