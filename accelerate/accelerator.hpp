@@ -468,6 +468,11 @@ class Accelerator {
   // set_seed's part for the front end's own generators; `seed` is this rank's (seed +
   // process_index() when device_specific). The raw API has none.
   virtual void seed_generators(std::uint64_t /*seed*/) {}
+  // save_state's first and last steps on every rank, for a front end whose registered states
+  // need a collective before rank 0 saves them (the LibTorch adapter's ZeRO-3 model, gathered
+  // unit by unit). The second runs also when the save fails.
+  virtual void before_save_state() {}
+  virtual void after_save_state() {}
   // For a front end (the LibTorch adapter) to set what only it knows (the replicas it made)
   // before prepare_parameters.
   StrategyOptions& strategy_options_to_prepare() { return strategy_options_; }

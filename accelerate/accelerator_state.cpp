@@ -260,6 +260,11 @@ void Accelerator::save_state(const std::string& dir) {
                   "save_state between accumulation steps would lose the gradients accumulated "
                   "so far; save after an optimizer step (sync_gradients() returned true)");
 
+  before_save_state();
+  struct After {
+    Accelerator& a;
+    ~After() { a.after_save_state(); }
+  } after{*this};
   CheckpointContents contents;
   contents.meta.step = optimizer_steps_;
   contents.meta.epoch = epoch_;

@@ -80,8 +80,7 @@ struct ParamRef {
   // The tensor's shape, recorded in checkpoints so `accel merge-weights` can rebuild it (the
   // LibTorch adapter fills it in). Empty means one dimension of data.count elements.
   std::vector<std::int64_t> shape;
-  // ZeRO-3's unit (see the contract above): the parameters of one unit are consecutive within
-  // each param group. All in unit 0: the model is one unit.
+  // ZeRO-3's unit (see the contract above). All in unit 0: the model is one unit.
   std::size_t unit = 0;
 };
 
@@ -122,6 +121,10 @@ struct ZeroOptions {
   // Stage 3: free a unit's gathered parameters after its forward, gathering them again for
   // its backward (FSDP's reshard_after_forward); false keeps them from forward to backward.
   bool reshard_after_forward = true;
+  // Stage 3: unit 0 is the model's root (the LibTorch adapter: the parameters outside every
+  // child unit), gathered from the model's forward to the end of its backward around the
+  // others: a slot of its own beside the two the child units share.
+  bool root_unit = false;
 };
 
 struct DataParallelOptions {
@@ -236,6 +239,14 @@ class Strategy {
   virtual void gather_unit(std::size_t /*unit*/, UnitPass /*pass*/) {}
   // The pass of unit `unit` is over: its gathered parameters may be freed.
   virtual void release_unit(std::size_t /*unit*/, UnitPass /*pass*/) {}
+  // A framework that makes its parameters live in the gathered storage itself (the LibTorch
+  // adapter) instead of receiving copies in the ParamRefs' buffers, which it frees: after
+  // use_gathered_views() gathered_view(i) is where parameter i's values are while its unit
+  // is gathered (always, for one that stays gathered), and a null buffer otherwise; a load
+  // hands the full values to load_parameters (index for index), which keeps this rank's parts.
+  virtual void use_gathered_views();
+  virtual Buffer gathered_view(std::size_t index) const;
+  virtual void load_parameters(const std::vector<Buffer>& values);
 
   // Gradient memory this strategy allocated, in bytes (DDP: its buckets; ZeRO-1: the flat
   // gradient buffers; ZeRO-2: the owned slices and two buckets).
@@ -256,6 +267,15 @@ inline std::string_view strategy_kind_name(StrategyKind kind) {
 
 // What a strategy does not provide is a programming error of the front end's: it asked
 // without checking gradient_storage() / has_param_slots().
+inline void Strategy::use_gathered_views() {
+  throw InvalidArgument(std::string(name()) + " does not shard parameters (ZeRO-3 does)");
+}
+inline Buffer Strategy::gathered_view(std::size_t) const {
+  throw InvalidArgument(std::string(name()) + " does not shard parameters (ZeRO-3 does)");
+}
+inline void Strategy::load_parameters(const std::vector<Buffer>&) {
+  throw InvalidArgument(std::string(name()) + " does not shard parameters (ZeRO-3 does)");
+}
 inline Buffer Strategy::grad_slot(int, std::size_t) const {
   throw InvalidArgument(std::string(name()) + " keeps no gradient slots");
 }

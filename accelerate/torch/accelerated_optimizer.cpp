@@ -47,7 +47,8 @@ at::Tensor AcceleratedOptimizer::step(LossClosure closure) {
   accelerator_.check_gradients_unchanged_since_sync(*accelerator_.prepared_[model_]);
   sync_learning_rates();
   optimizer_.step();
-  accelerator_.strategy(model_).after_optimizer_step();  // ZeRO: all-gather the parameters
+  accelerator_.strategy(model_).after_optimizer_step();      // ZeRO: all-gather the parameters
+  accelerator_.settle_all(*accelerator_.prepared_[model_]);  // ZeRO-3: nothing gathered now
   return loss;
 }
 

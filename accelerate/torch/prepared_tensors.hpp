@@ -14,6 +14,7 @@
 #include <torch/optim/optimizer.h>
 
 #include "accelerate/torch/accelerated_optimizer.hpp"
+#include "accelerate/torch/sharded_units.hpp"
 
 namespace torch::autograd {
 struct Node;
@@ -36,6 +37,7 @@ struct PreparedTensors {
   std::vector<std::uintptr_t> hook_keys;
   std::unique_ptr<AcceleratedOptimizer> optimizer;
   at::Tensor probe_at_sync;  // ZeRO-1: gradient_probe at the last sync
+  ShardedUnits units;        // ZeRO-3 (sharded_units.cpp)
 };
 
 }  // namespace accel

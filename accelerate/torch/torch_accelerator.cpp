@@ -88,6 +88,10 @@ TorchAccelerator::~TorchAccelerator() {
         grad = grad.clone();
     }
     if (!model->sharded_optimizer) continue;
+    if (model->units.active) {  // ZeRO-3: see detach_sharded
+      detach_sharded(*model);
+      continue;
+    }
     // The parameters' values and the optimizer's slices live in the strategy's buffers: give
     // each tensor (the same TensorImpl the model and the optimizer hold) its own copy. The
     // optimizer itself may already be gone (declared after the accelerator), so it is not
@@ -198,6 +202,7 @@ void TorchAccelerator::on_grad_accumulated(PreparedTensors& model, std::size_t i
   adopt_bucket_view(model, i);
   grad_ready(model.index, i);
   free_released_grads(model);  // lent: what the strategy has copied into its buckets
+  unit_gradient_accumulated(model, i);
 }
 
 void TorchAccelerator::check_backward_went_through_accelerator() const {
@@ -248,6 +253,7 @@ bool TorchAccelerator::backward(const torch::Tensor& loss) {
     else
       (loss * scale).backward();
   }
+  end_backward_units();  // ZeRO-3: what is still gathered
   if (dp != nullptr) {
     const ScopedFlag in_backward(in_backward_);
     replicas_->backward(*dp);
@@ -292,8 +298,10 @@ void TorchAccelerator::write_file_atomically(const std::string& path, const std:
   config::write_file_atomically(path, bytes);
 }
 
-std::vector<std::pair<std::string, at::Tensor>> TorchAccelerator::state_dict_of(
-    const torch::nn::Module& module) {
+std::vector<std::pair<std::string, at::Tensor>> TorchAccelerator::state_dict_of(std::size_t index) {
+  PreparedTensors& model = *prepared_.at(index);
+  if (model.units.active) return sharded_state_dict(model);
+  const torch::nn::Module& module = *model.module;
   std::vector<std::pair<std::string, at::Tensor>> out;
   for (const auto& item : module.named_parameters(/*recurse=*/true))
     out.emplace_back(item.key(), item.value().detach().clone());

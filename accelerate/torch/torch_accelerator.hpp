@@ -62,6 +62,7 @@
 #include "accelerate/torch/module_tensors.hpp"
 #include "accelerate/torch/prepared_model.hpp"
 #include "accelerate/torch/prepared_script.hpp"
+#include "accelerate/torch/sharded_unit.hpp"
 
 namespace torch::autograd {
 struct Node;
@@ -206,10 +207,11 @@ class TorchAccelerator : public Accelerator {
   }
   // Accelerate's get_state_dict: the model's full parameters and buffers by name, copied
   // (under ZeRO stages 1-2 every rank holds the full parameters).
+  // Under ZeRO-3 it gathers unit by unit: every rank calls it.
   template <typename Model>
   std::vector<std::pair<std::string, at::Tensor>> get_state_dict(
       const PreparedModel<Model>& model) {
-    return state_dict_of(*model.get());
+    return state_dict_of(index_of_module(*model.get()));
   }
   // After prepare: the scheduler built on the prepared optimizer (or the user's own), wrapped,
   // and registered for checkpoints ("scheduler", then "scheduler_1" ...). With several
@@ -322,6 +324,40 @@ class TorchAccelerator : public Accelerator {
   // Pads dim 0 with `value` up to the longest dim 0 on any rank (so gather can follow).
   torch::Tensor pad_across_processes(const torch::Tensor& t, double value = 0.0);
 
+  // ---- ZeRO-3 units (sharded_unit.hpp): what the prepared call and ShardedUnit's forward use
+  // The prepared call's scope: under ZeRO-3 the root unit is gathered for the forward (and,
+  // with grad mode, until backward() ends); nothing elsewhere.
+  class RootForward {
+   public:
+    RootForward() = default;
+    RootForward(TorchAccelerator* accelerator, std::size_t model, bool sequential)
+        : accelerator_(accelerator), model_(model), sequential_(sequential) {}
+    RootForward(RootForward&& o) noexcept
+        : accelerator_(std::exchange(o.accelerator_, nullptr)),
+          model_(o.model_),
+          sequential_(o.sequential_) {}
+    RootForward& operator=(RootForward&&) = delete;
+    ~RootForward();
+    // Whether the call runs the root Sequential's children as units, and the model's index.
+    bool sequential_units() const { return accelerator_ != nullptr && sequential_; }
+    std::size_t model() const { return model_; }
+
+   private:
+    TorchAccelerator* accelerator_ = nullptr;
+    std::size_t model_ = 0;
+    bool sequential_ = false;
+  };
+  [[nodiscard]] RootForward root_forward(const torch::nn::Module& module);
+  // Unit `unit` of model `model`: gathered, fn(inputs) (recomputed in backward with
+  // activation_checkpointing when checkpointable), released; its backward gathers it again.
+  at::Tensor run_unit(std::size_t model, std::size_t unit, std::vector<at::Tensor> inputs,
+                      const std::function<at::Tensor(const std::vector<at::Tensor>&)>& fn,
+                      bool checkpointable);
+  // The autograd functions' calls: a unit's backward begins (its output's gradient arrived)
+  // and ends (its inputs' gradients are computed).
+  void unit_backward_begins(std::size_t model, std::size_t unit);
+  void unit_backward_ends(std::size_t model, std::size_t unit);
+
   // ---- mixed precision
   // A guard enabling autocast on this rank's device while it lives, in the mixed_precision
   // dtype (bf16, or fp16 on CUDA); a guard that does nothing when mixed_precision is no.
@@ -334,6 +370,9 @@ class TorchAccelerator : public Accelerator {
   // set_seed's LibTorch part: torch::manual_seed(seed) on a GPU rank; on a CPU rank only the
   // CPU generator (all torch::manual_seed seeds there, without its CUDA device query).
   void seed_generators(std::uint64_t seed) override;
+  // ZeRO-3: the model's whole parameters on rank 0 for its archive, freed after the save.
+  void before_save_state() override;
+  void after_save_state() override;
   // What the optimizer of `model` steps on: the full gradients (DDP), this rank's slices
   // (ZeRO).
   std::vector<at::Tensor> optimizer_gradients(const PreparedTensors& model) const;
@@ -346,8 +385,7 @@ class TorchAccelerator : public Accelerator {
   class GradReadyHook;
   // config::write_file_atomically: a temporary beside `path`, synced, renamed into place.
   static void write_file_atomically(const std::string& path, const std::string& bytes);
-  static std::vector<std::pair<std::string, at::Tensor>> state_dict_of(
-      const torch::nn::Module& module);
+  std::vector<std::pair<std::string, at::Tensor>> state_dict_of(std::size_t model);
   // The one-call prepare's steps, per argument: its parameters (for the optimizer that holds
   // them), its preparation, and what it gives back.
   template <typename Arg>
@@ -426,6 +464,26 @@ class TorchAccelerator : public Accelerator {
   // A gradient hook fired outside acc.backward (loss.backward() called directly): the step
   // refuses instead of silently not stepping.
   void check_backward_went_through_accelerator() const;
+  // ZeRO-3 (sharded_units.cpp): the units given to the strategy (ParamRef::unit), the
+  // parameters' storage handed to it, each unit gathered and released with its state,
+  // whole parameters for checkpoints and get_state_dict, and the model left at destruction.
+  void assign_units(PreparedTensors& model, const ModuleTensors& tensors,
+                    std::vector<ParamRef>& refs);
+  void shard_parameters(PreparedTensors& model);
+  void point_unit(PreparedTensors& model, std::size_t unit);
+  void gather_unit_for(PreparedTensors& model, std::size_t unit, UnitPass pass);
+  void release_unit_for(PreparedTensors& model, std::size_t unit, UnitPass pass);
+  void settle(PreparedTensors& model, std::size_t unit);  // storage and state as the strategy's
+  void settle_all(PreparedTensors& model);
+  void finish_root_forward(std::size_t model);
+  void unit_gradient_accumulated(PreparedTensors& model, std::size_t i);
+  void end_backward_units();
+  void for_each_gathered(PreparedTensors& model,
+                         const std::function<void(std::size_t, const Buffer&)>& use);
+  void load_sharded_model(PreparedTensors& model, const ModuleTensors& tensors,
+                          const std::string& bytes);
+  std::vector<std::pair<std::string, at::Tensor>> sharded_state_dict(PreparedTensors& model);
+  void detach_sharded(PreparedTensors& model);
   std::atomic<bool> in_backward_{false};
   std::atomic<bool> backward_outside_{false};
 
@@ -459,8 +517,20 @@ auto PreparedModel<Model>::operator()(Args&&... args) const {
   // mixed_precision bf16/fp16: the forward runs under autocast by itself, as Accelerate
   // wraps the prepared model's forward (autocast is per thread: each replica sets its own).
   const AutocastGuard autocast = accelerator_->autocast();
-  // activation_checkpointing: a Sequential's children, each recomputed in backward.
+  // ZeRO-3: the root unit gathered while the forward runs (sharded_unit.hpp).
+  const TorchAccelerator::RootForward root = accelerator_->root_forward(*model_);
   if constexpr (std::is_same_v<Impl, torch::nn::SequentialImpl> && sizeof...(Args) == 1) {
+    // ZeRO-3: a Sequential's children are its units (recomputed with activation_checkpointing).
+    if (root.sequential_units()) {
+      at::Tensor x = at::Tensor(std::forward<Args>(args)...);
+      std::size_t unit = 1;
+      for (auto& child : *model_)
+        x = accelerator_->run_unit(
+            root.model(), unit++, {x},
+            [&child](const std::vector<at::Tensor>& in) { return child.forward(in[0]); }, true);
+      return detail::outputs_to_fp32(std::move(x));
+    }
+    // activation_checkpointing: a Sequential's children, each recomputed in backward.
     if (accelerator_->activation_checkpointing() && !accelerator_->replicates_forward()) {
       at::Tensor x = at::Tensor(std::forward<Args>(args)...);
       for (auto& child : *model_)

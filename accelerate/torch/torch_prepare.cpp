@@ -128,6 +128,7 @@ AcceleratedOptimizer& TorchAccelerator::prepare_tensors(const ModuleTensors& ten
   const std::size_t ungrouped = optimizer.param_groups().size();
   std::vector<std::string> names;
   for (const ParamRef& r : refs) names.push_back(r.group == ungrouped ? r.name : std::string());
+  assign_units(model, tensors, refs);                                     // ZeRO-3
   model.index = prepare_parameters(std::move(refs), std::move(buffers));  // broadcasts
   prepared_.push_back(std::move(owned));
   Strategy& strategy = this->strategy(model.index);
@@ -222,12 +223,7 @@ std::vector<Buffer> TorchAccelerator::collect_buffers(PreparedTensors& model,
 
 void TorchAccelerator::hook_gradients(PreparedTensors& model) {
   Strategy& strategy = this->strategy(model.index);
-  // A LibTorch model has no forward hooks to gather its units from; until the prepared call
-  // does, refuse rather than train on parameters that are never gathered.
-  ACCEL_CHECK_ARG(!strategy.parameters_sharded(),
-                  "zero_stage 3 does not prepare LibTorch models yet (their parameters would "
-                  "never be gathered): use zero_stage 1 or 2; the raw API's gather_parameters "
-                  "runs stage 3");
+  if (strategy.parameters_sharded()) shard_parameters(model);  // ZeRO-3: storage to the strategy
   const bool has_slots = strategy.gradient_storage() == GradientStorage::slots;
   for (std::size_t i = 0; i < model.params.size(); ++i) {
     at::Tensor& param = model.params[i];
@@ -258,7 +254,13 @@ void TorchAccelerator::register_checkpoint_states(PreparedTensors& model,
   // Checkpoints hold the model as a LibTorch archive (loadable without accelerate-cpp)
   // instead of the Accelerator's raw parameter blob: "model", "model_1" ...
   set_checkpoint_parameters(false);
-  register_state(prepared_name("model", model.index), tensors.save, tensors.load);
+  PreparedTensors* m = &model;
+  std::function<void(const std::string&)> load_model = tensors.load;
+  if (model.units.active)  // ZeRO-3: read whole, each rank keeps its slices
+    load_model = [this, m, tensors](const std::string& bytes) {
+      load_sharded_model(*m, tensors, bytes);
+    };
+  register_state(prepared_name("model", model.index), tensors.save, load_model);
   // Without flat state: the whole LibTorch archive (under ZeRO each rank's own, its slices, so
   // such a checkpoint resumes with the same number of processes only). With it: the param
   // groups' options (learning rates ...) from rank 0 as a LibTorch archive, and below the
@@ -272,7 +274,6 @@ void TorchAccelerator::register_checkpoint_states(PreparedTensors& model,
                         ? Save(torch_state::save_optimizer_options)
                         : [](torch::optim::Optimizer& o) { return torch_state::save_optimizer(o); };
   const Load load = flat_state ? torch_state::load_optimizer_options : torch_state::load_optimizer;
-  PreparedTensors* m = &model;
   register_state(
       prepared_name("optimizer", model.index),
       [m, &optimizer, save] {

@@ -65,14 +65,13 @@ UnitGatherer::UnitGatherer(Communicator& comm, const FlatLayout& layout,
   }
   units_.resize(units);
   std::size_t kept_bytes = 0;
-  // Walk each flat buffer in order: a unit's parameters form one range there (persistent ones
-  // in its middle are gathered along, unused), and runs of persistent ones are kept gathered.
+  // Walk each flat buffer in order: a unit's consecutive parameters form one range there
+  // (persistent ones in its middle are gathered along, unused), and runs of persistent ones
+  // are kept gathered.
   for (std::size_t f = 0; f < layout.groups().size(); ++f) {
     const FlatGroup& g = layout.groups()[f];
     const std::size_t esize = element_size(g.dtype);
-    std::vector<long> first(units, -1);  // each unit's first parameter in this flat buffer
-    long current = -1;                   // the unit whose range is open
-    long last_owner = -1;                // the parameter that extended it last
+    long current = -1;  // the unit whose range is open
     for (std::size_t i : g.params) {
       const std::size_t begin = layout.offset_of(i), end = begin + params[i].data.count;
       if (persistent_[i]) {
@@ -87,35 +86,30 @@ UnitGatherer::UnitGatherer(Communicator& comm, const FlatLayout& layout,
       }
       const std::size_t u = params[i].unit;
       if (long(u) != current) {
-        ACCEL_CHECK_ARG(first[u] < 0,
-                        "ZeRO-3: the parameters of unit " + std::to_string(u) +
-                            " are not consecutive in param group " + std::to_string(g.group) +
-                            ": '" + params[std::size_t(last_owner)].name + "' (unit " +
-                            std::to_string(current) + ") lies between its '" +
-                            params[std::size_t(first[u])].name + "' and '" + params[i].name +
-                            "'; give each unit consecutive parameters");
-        first[u] = long(i);
         current = long(u);
         units_[u].ranges.push_back({f, begin, end, 0});
       }
       units_[u].ranges.back().end = end;
       units_[u].params.push_back(i);
-      last_owner = long(i);
     }
   }
   const MemoryKind memory = replica_memory(comm);
   const int device = comm.cuda_device();
-  std::size_t largest = 0;
-  for (Unit& unit : units_) {
+  root_slot_ = options.root_unit && units > 1 && reshard_after_forward_;
+  std::size_t largest = 0;  // of the units sharing the two slots
+  for (std::size_t u = 0; u < units; ++u) {
+    Unit& unit = units_[u];
     for (Range& r : unit.ranges) {
       r.at = unit.bytes;
       unit.bytes = aligned(r.at + (r.end - r.begin) * element_size(layout.groups()[r.flat].dtype));
     }
-    largest = std::max(largest, unit.bytes);
+    if (!(root_slot_ && u == 0)) largest = std::max(largest, unit.bytes);
   }
   if (reshard_after_forward_) {
-    for (int s = 0; s < 2 && largest > 0; ++s)
+    for (int s = 0; s < 2; ++s)
       slots_.push_back({raw_storage(largest, memory, device), -1, false, false, false, {}});
+    if (root_slot_)
+      slots_.push_back({raw_storage(units_[0].bytes, memory, device), -1, false, false, false, {}});
   } else {
     for (const Unit& unit : units_)
       slots_.push_back({raw_storage(unit.bytes, memory, device), -1, false, false, false, {}});
@@ -170,8 +164,9 @@ void UnitGatherer::check_same_unit_everywhere(std::size_t unit, UnitPass pass) {
 
 int UnitGatherer::free_slot_for(std::size_t unit) {
   if (!reshard_after_forward_) return int(unit);
+  if (root_slot_ && unit == 0) return slots_[2].held ? -1 : 2;
   int pick = -1;
-  for (std::size_t s = 0; s < slots_.size(); ++s) {
+  for (std::size_t s = 0; s < 2; ++s) {
     if (slots_[s].held) continue;
     if (slots_[s].unit < 0) return int(s);
     pick = int(s);  // a prefetched unit nobody asked for yet: evicted
@@ -215,7 +210,10 @@ void UnitGatherer::land(std::size_t unit) {
   const DeviceStream stream = comm_.compute_stream();
   for (const WorkPtr& w : s.works) w->wait_stream(stream, comm_.timeout());
   s.works.clear();
-  if (s.landed) return;
+  if (s.landed || views_) {
+    s.landed = true;
+    return;
+  }
   for (const Range& r : units_[unit].ranges) {
     const DType dtype = layout_.groups()[r.flat].dtype;
     for (std::size_t i : units_[unit].params) {
@@ -288,6 +286,24 @@ void UnitGatherer::release(std::size_t unit, UnitPass pass) {
   slot_of_[unit] = -1;
 }
 
+Buffer UnitGatherer::view(std::size_t param) const {
+  const ParamRef& p = params_[param];
+  const std::size_t f = layout_.flat_of(param), offset = layout_.offset_of(param);
+  const DType dtype = layout_.groups()[f].dtype;
+  const auto in = [&](const std::vector<Range>& ranges, const DeviceBuffer& storage) {
+    for (const Range& r : ranges)
+      if (r.flat == f && offset >= r.begin && offset + p.data.count <= r.end)
+        return typed(storage, r.at + (offset - r.begin) * element_size(dtype), p.data.count, dtype);
+    return Buffer{nullptr, p.data.count, dtype, p.data.device};
+  };
+  if (p.data.count == 0) return Buffer{nullptr, 0, dtype, p.data.device};
+  if (persistent_[param]) return in(persistent_runs_, kept_);
+  const int slot = slot_of_[p.unit];
+  if (slot < 0 || !slots_[std::size_t(slot)].landed)
+    return Buffer{nullptr, p.data.count, dtype, p.data.device};
+  return in(units_[p.unit].ranges, slots_[std::size_t(slot)].storage);
+}
+
 void UnitGatherer::invalidate() {
   std::exception_ptr error;
   for (Slot& s : slots_) {
@@ -315,6 +331,7 @@ void UnitGatherer::refresh_persistent() {
                                      layout_.owner_counts(r.flat, r.begin, r.end)));
   }
   for (const WorkPtr& w : works) w->wait_stream(stream, comm_.timeout());
+  if (views_) return;
   for (const Range& r : persistent_runs_) {
     const DType dtype = layout_.groups()[r.flat].dtype;
     for (std::size_t i : layout_.groups()[r.flat].params) {

@@ -1,13 +1,15 @@
 #pragma once
 // ZeRO-3's parameter gathering (FSDP's unit of all-gather). Each rank keeps only its slice of
 // every flat buffer (flat_layout.hpp, the same slices as stages 1 and 2, so checkpoints and
-// optimizer state reshard unchanged). A unit's parameters are consecutive within each flat
-// buffer, so gathering a unit is one all-gather per flat buffer it touches, with per-rank
-// parts: each rank's overlap with the unit's range (Communicator::all_gather with counts).
+// optimizer state reshard unchanged). Gathering a unit is one all-gather per run of its
+// consecutive parameters in a flat buffer (one per flat buffer when the unit's parameters are
+// consecutive), with per-rank parts: each rank's overlap with the run
+// (Communicator::all_gather with counts).
 //
 //  - Slots: reshard_after_forward (default) keeps two gathered units at most, in two slots
 //    the size of the largest unit: the one in use and the next one being prefetched. Without
 //    it every unit has its own slot and stays gathered from its forward to its backward.
+//    ZeroOptions::root_unit gives unit 0 (the root, gathered around the others) a third.
 //  - Prefetch: the first step's gathers are recorded, and each is checked identical on every
 //    rank by one small all-reduce before its all-gather (a rank-dependent order fails on every
 //    rank, naming both units, instead of pairing the wrong collectives). Afterwards each
@@ -16,7 +18,9 @@
 //  - Persistent parameters (fewer elements than param_persistence_threshold) stay gathered:
 //    refresh_persistent() all-gathers them once per step, after the optimizer updated slices.
 //  - The framework's buffers (ParamRef::data) receive a unit's values at each gather; nothing
-//    else in this class writes them.
+//    else in this class writes them. After use_views() they are not written: the framework
+//    points its parameters at view(i), the values' place in the slot (or the persistent
+//    storage).
 
 #include <cstddef>
 #include <cstdint>
@@ -50,6 +54,11 @@ class UnitGatherer {
   // All-gathers the persistent parameters into their buffers.
   void refresh_persistent();
   bool persistent(std::size_t param) const { return persistent_[param]; }
+  // Gathers leave the values in the slots only (see the header).
+  void use_views() { views_ = true; }
+  // Parameter `param`'s values in gathered storage: persistent ones always; the others while
+  // their unit is gathered or kept (reshard_after_forward false); else a null buffer.
+  Buffer view(std::size_t param) const;
   // Whether a unit with sharded parameters was gathered since the last invalidate(): a step
   // without any means the loop read parameters it holds only a slice of.
   bool gathered_since_invalidate() const { return gathered_ || units_without_shards(); }
@@ -80,7 +89,7 @@ class UnitGatherer {
   int free_slot_for(std::size_t unit);       // -1 when none
   Buffer owned_piece(const Range& r) const;  // this rank's part of r, in its owned slice
   void issue(std::size_t unit, int slot);
-  void land(std::size_t unit);  // waits, copies into the parameters' buffers
+  void land(std::size_t unit);  // waits, copies into the parameters' buffers (without views)
   std::string describe(std::size_t unit) const;
 
   Communicator& comm_;
@@ -88,6 +97,8 @@ class UnitGatherer {
   const std::vector<ParamRef>& params_;
   const std::vector<DeviceBuffer>& owned_;
   const bool reshard_after_forward_;
+  bool root_slot_ = false;  // slots_[2] is unit 0's (ZeroOptions::root_unit)
+  bool views_ = false;
   std::vector<bool> persistent_;
   std::vector<Unit> units_;
   std::vector<Slot> slots_;

@@ -173,10 +173,35 @@ void ZeroStrategy::use_param_slots() {
   flat_parameters_ = true;
 }
 
+void ZeroStrategy::use_gathered_views() {
+  ACCEL_CHECK_ARG(gatherer_ != nullptr, std::string(name()) + " does not shard parameters");
+  gatherer_->use_views();
+  gathered_views_ = true;
+}
+
+Buffer ZeroStrategy::gathered_view(std::size_t index) const {
+  ACCEL_CHECK_ARG(gatherer_ != nullptr && index < params_.size(),
+                  "ZeRO: no gathered view of parameter " + std::to_string(index));
+  return gatherer_->view(index);
+}
+
+void ZeroStrategy::load_parameters(const std::vector<Buffer>& values) {
+  ACCEL_CHECK_ARG(gatherer_ != nullptr && values.size() == params_.size(),
+                  "ZeRO-3: load_parameters takes every parameter's values");
+  copy_owned_parts_in(values);
+  gatherer_->invalidate();
+  gatherer_->refresh_persistent();
+}
+
 void ZeroStrategy::reload_parameters() {
   const DeviceStream stream = comm_.compute_stream();
   if (options_.stage == 3) {
-    copy_owned_parts_in();
+    // With gathered views the ParamRefs' buffers are gone: load_parameters brought the values.
+    if (!gathered_views_) {
+      std::vector<Buffer> values;
+      for (const ParamRef& p : params_) values.push_back(p.data);
+      copy_owned_parts_in(values);
+    }
   } else {
     for (std::size_t i = 0; i < params_.size(); ++i)
       copy_buffer(param_slot(i), params_[i].data, stream);
@@ -188,8 +213,8 @@ void ZeroStrategy::reload_parameters() {
   }
 }
 
-// Stage 3: the part of each parameter (whole in its buffer now) that this rank's slices hold.
-void ZeroStrategy::copy_owned_parts_in() {
+// Stage 3: the part of each parameter (whole in values[i]) that this rank's slices hold.
+void ZeroStrategy::copy_owned_parts_in(const std::vector<Buffer>& values) {
   const DeviceStream stream = comm_.compute_stream();
   for (std::size_t i = 0; i < params_.size(); ++i) {
     const std::size_t f = layout_.flat_of(i), offset = layout_.offset_of(i);
@@ -198,7 +223,7 @@ void ZeroStrategy::copy_owned_parts_in() {
     const std::size_t hi = std::min(offset + params_[i].data.count, own.offset + own.count);
     if (lo >= hi) continue;
     copy_buffer(param_store_[f].view().slice(lo - own.offset, hi - lo),
-                params_[i].data.slice(lo - offset, hi - lo), stream);
+                values[i].slice(lo - offset, hi - lo), stream);
   }
 }
 

@@ -70,6 +70,10 @@ class ZeroStrategy final : public Strategy {
   bool parameters_sharded() const override { return options_.stage == 3; }
   void gather_unit(std::size_t unit, UnitPass pass) override;
   void release_unit(std::size_t unit, UnitPass pass) override;
+  // Stage 3 for a framework whose parameters live in the gathered storage (backend.hpp).
+  void use_gathered_views() override;
+  Buffer gathered_view(std::size_t index) const override;
+  void load_parameters(const std::vector<Buffer>& values) override;
   // Stage 3: bytes of gathered parameter storage (two units' slots and the persistent ones).
   std::size_t gathered_parameter_bytes() const;
   // Stage 3: gathers whose unit had been prefetched.
@@ -106,7 +110,8 @@ class ZeroStrategy final : public Strategy {
   void launch(Bucket& b);
   void finish(Bucket& b);  // waits; stage 2: copies this rank's part to its slice
   void finish_all();
-  void copy_owned_parts_in();
+  // Stage 3: this rank's parts of each parameter's full values (index for index).
+  void copy_owned_parts_in(const std::vector<Buffer>& values);
   void copy_owned_to_host();
   Buffer own_part(const Bucket& b, Buffer bucket_data) const;  // within the bucket
   Buffer own_slice_part(const Bucket& b) const;                // the same within the slice
@@ -140,6 +145,7 @@ class ZeroStrategy final : public Strategy {
   bool sync_enabled_ = true;
   bool first_sync_of_step_ = true;  // no sync since the last optimizer step
   bool flat_parameters_ = false;
+  bool gathered_views_ = false;  // stage 3: the ParamRefs' buffers are not the framework's
   // Stage 2 with gradients asked of it: they are lent, released once in a bucket (released_
   // until take_released), and a later backward of the step adds to the slice.
   bool lent_ = false;

@@ -1,0 +1,280 @@
+// One rank of the LibTorch ZeRO-3 checks (torch_zero3_test): the tiny transformer
+// (tests/support/tiny_transformer.hpp) in fp64, its units as --units says, trained for
+// --steps optimizer steps of --accumulation micro-batches of 12 sequences (this rank's
+// contiguous share of each), clipped with acc.clip_grad_norm, by AdamW with two param groups
+// (matrices decayed; embeddings, LayerNorms and biases not). The reference, one process on the
+// same global micro-batches, trains beside it (rank 0). Checks, one "ok ..." line each:
+//  - the parameters (get_state_dict: gathered unit by unit under ZeRO-3) equal the
+//    reference's within the bound the test passes (--limit), and every rank's are the same;
+//  - under ZeRO-3, between steps the model's tensors hold only the persistent parameters, the
+//    optimizer state is twice this rank's slices, and at most two units besides the root
+//    were gathered at once (the strategy's slots).
+//   torch_zero3_worker --units root|wrapper|sequential [--steps N] [--dropout P]
+//                      [--dump FILE] [--limit L] [--misuse order|outside]
+// The strategy is the config's (ACCEL_DISTRIBUTED_TYPE, ACCEL_ZERO_STAGE ...). --dump writes
+// rank 0's final parameters (doubles, module order). --misuse order: rank 1 runs the blocks
+// in another order (every rank must fail naming both units); outside: a block called outside
+// the prepared model's call. A failure prints "error: ..." and exits 3.
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <memory>
+#include <set>
+#include <string>
+
+#include <torch/torch.h>
+
+#include "accelerate/torch/torch_accelerator.hpp"
+#include "backends/zero/zero_strategy.hpp"
+#include "tests/support/tiny_transformer.hpp"
+
+using namespace accel;
+using namespace accel::test;
+
+namespace {
+
+int failures = 0;
+void report(bool ok, const std::string& what) {
+  std::printf("%s %s\n", ok ? "ok" : "FAIL", what.c_str());
+  std::fflush(stdout);
+  failures += !ok;
+}
+
+// One model in the form --units names, as the loop holds it.
+struct Net {
+  Transformer list{nullptr};
+  torch::nn::Sequential seq{nullptr};
+  torch::nn::Module& module() { return list ? static_cast<torch::nn::Module&>(*list) : *seq; }
+};
+
+Net make_net(Units units, const TransformerShape& shape, std::uint64_t seed) {
+  torch::manual_seed(seed);
+  Net n;
+  if (units == Units::sequential)
+    n.seq = sequential_transformer(shape);
+  else
+    n.list = Transformer(shape, units == Units::wrapper);
+  n.module().to(torch::kDouble);
+  return n;
+}
+
+// The parameters, the tied weight once (as the optimizer and the accelerator hold them).
+std::vector<torch::Tensor> unique_parameters(torch::nn::Module& m) {
+  std::vector<torch::Tensor> out;
+  std::set<const void*> seen;
+  for (const auto& p : m.parameters())
+    if (seen.insert(p.unsafeGetTensorImpl()).second) out.push_back(p);
+  return out;
+}
+
+std::unique_ptr<torch::optim::AdamW> make_adamw(torch::nn::Module& m) {
+  std::vector<torch::Tensor> decayed, plain;
+  // Decayed: the blocks' matrices; not: embeddings, LayerNorms, biases.
+  std::set<const void*> seen;  // the tied weight once
+  for (const auto& item : m.named_parameters()) {
+    if (!seen.insert(item.value().unsafeGetTensorImpl()).second) continue;
+    const bool matrix = item.value().dim() > 1 && item.key().find("embed") == std::string::npos;
+    (matrix ? decayed : plain).push_back(item.value());
+  }
+  using torch::optim::AdamWOptions;
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  // eps 1e-6: Adam's sensitivity to a gradient difference is 1 / eps (tolerance.hpp).
+  groups.emplace_back(decayed,
+                      std::make_unique<AdamWOptions>(AdamWOptions(0.01).weight_decay(0.1).eps(1e-6)));
+  groups.emplace_back(plain,
+                      std::make_unique<AdamWOptions>(AdamWOptions(0.005).weight_decay(0.0).eps(1e-6)));
+  return std::make_unique<torch::optim::AdamW>(std::move(groups), AdamWOptions());
+}
+
+torch::Tensor loss_of(const torch::Tensor& logits, const torch::Tensor& targets) {
+  return torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}),
+                                              targets.reshape({-1}));
+}
+
+torch::Tensor flat(const std::vector<std::pair<std::string, at::Tensor>>& state) {
+  std::vector<torch::Tensor> parts;
+  for (const auto& [name, t] : state) parts.push_back(t.detach().flatten().to(torch::kDouble));
+  return torch::cat(parts);
+}
+
+torch::Tensor flat_parameters(torch::nn::Module& m) {
+  std::vector<std::pair<std::string, at::Tensor>> state;
+  for (const auto& item : m.named_parameters()) state.emplace_back(item.key(), item.value());
+  return flat(state);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Units units = Units::root;
+  int steps = 20;
+  std::string dump, misuse;
+  double limit = 0;
+  TransformerShape shape;
+  for (int i = 1; i < argc; ++i) {
+    const std::string flag = argv[i];
+    const std::string value = i + 1 < argc ? argv[i + 1] : "";
+    if (flag == "--units")
+      units = units_named(value), ++i;
+    else if (flag == "--steps")
+      steps = std::stoi(value), ++i;
+    else if (flag == "--dropout")
+      shape.dropout = std::stod(value), ++i;
+    else if (flag == "--dump")
+      dump = value, ++i;
+    else if (flag == "--limit")
+      limit = std::stod(value), ++i;
+    else if (flag == "--misuse")
+      misuse = value, ++i;
+  }
+  torch::set_num_threads(1);
+  AcceleratorOptions options;
+  options.gradient_accumulation_steps = 4;
+  options.zero.bucket_cap_bytes = 2048;  // several reduce-scatter buckets
+  try {
+    TorchAccelerator acc(options);
+    const int world = acc.num_processes(), rank = acc.process_index();
+    const int K = acc.gradient_accumulation_steps();
+    // Rank 1 starts from other values: prepare broadcasts rank 0's.
+    Net net = make_net(units, shape, 100 + std::uint64_t(rank));
+    Net reference = make_net(units, shape, 100);
+    auto adamw = make_adamw(net.module());
+    auto ref_adamw = make_adamw(reference.module());
+    AcceleratedOptimizer* opt = nullptr;
+    std::function<torch::Tensor(const torch::Tensor&)> forward;
+    std::function<std::vector<std::pair<std::string, at::Tensor>>()> state_dict;
+    if (net.list) {
+      auto prepared = acc.prepare(net.list, *adamw);
+      opt = &prepared.second;
+      forward = [model = prepared.first](const torch::Tensor& x) { return model(x); };
+      state_dict = [&acc, model = prepared.first] { return acc.get_state_dict(model); };
+    } else {
+      auto prepared = acc.prepare(net.seq, *adamw);
+      opt = &prepared.second;
+      forward = [model = prepared.first](const torch::Tensor& x) { return model(x); };
+      state_dict = [&acc, model = prepared.first] { return acc.get_state_dict(model); };
+    }
+    const auto ref_forward = [&](const torch::Tensor& x) {
+      return reference.list ? reference.list->forward(x) : reference.seq->forward(x);
+    };
+    auto* zero = dynamic_cast<ZeroStrategy*>(&acc.strategy());
+    const bool stage3 = zero != nullptr && zero->parameters_sharded();
+
+    if (misuse == "outside") {  // a block called by itself, not through model(x)
+      const torch::Tensor x = torch::zeros({2, shape.context, shape.width}, torch::kDouble);
+      net.list->blocks[0]->as<ShardedUnitImpl<AttentionBlockImpl>>()->forward(x);
+      report(false, "a block ran outside the prepared call");
+      return 1;
+    }
+
+    const std::int64_t global = 12, per_rank = global / world;
+    torch::manual_seed(7);
+    const std::int64_t micro_batches = std::int64_t(steps) * K;
+    const torch::Tensor tokens =
+        torch::randint(shape.vocab, {micro_batches * global, shape.context + 1}, torch::kLong);
+    std::size_t synced_steps = 0;
+    double max_gathered = 0;
+    for (std::int64_t m = 0; m < micro_batches; ++m) {
+      const torch::Tensor batch = tokens.narrow(0, m * global, global);
+      const torch::Tensor ids = batch.narrow(1, 0, shape.context);
+      const torch::Tensor next = batch.narrow(1, 1, shape.context);
+      // The reference on the whole global micro-batch.
+      (loss_of(ref_forward(ids), next) / double(K)).backward();
+      // The accelerated loop on this rank's share.
+      opt->zero_grad();
+      const torch::Tensor mine = ids.narrow(0, rank * per_rank, per_rank);
+      const torch::Tensor targets = next.narrow(0, rank * per_rank, per_rank);
+      torch::Tensor out;
+      if (misuse == "order" && rank == 1 && net.list) {
+        // The blocks in reverse: another unit order than rank 0's.
+        auto root = acc.root_forward(*net.list);
+        torch::Tensor x = net.list->embed(mine);
+        for (std::size_t b = net.list->blocks->size(); b-- > 0;)
+          x = net.list->blocks[b]->as<ShardedUnitImpl<AttentionBlockImpl>>()->forward(x);
+        out = net.list->head(x);
+      } else {
+        out = forward(mine);
+      }
+      const bool synced = acc.backward(loss_of(out, targets));
+      if (synced) {
+        acc.clip_grad_norm(1.0);
+        torch::nn::utils::clip_grad_norm_(unique_parameters(reference.module()), 1.0);
+        ++synced_steps;
+        if (stage3) max_gathered = std::max(max_gathered, double(zero->gathered_parameter_bytes()));
+      }
+      opt->step();
+      if (synced) {
+        ref_adamw->step();
+        ref_adamw->zero_grad();
+      }
+    }
+    report(synced_steps == std::size_t(steps),
+           std::to_string(synced_steps) + " optimizer steps of " + std::to_string(K) +
+               " micro-batches");
+
+    if (stage3) {
+      // Between steps the model's tensors hold the persistent parameters only (fewer elements
+      // than the threshold), the optimizer state is twice this rank's slices.
+      const std::size_t threshold =
+          std::stoul(std::getenv("ACCEL_ZERO3_PARAM_PERSISTENCE_THRESHOLD")
+                         ? std::getenv("ACCEL_ZERO3_PARAM_PERSISTENCE_THRESHOLD")
+                         : "100000");
+      std::size_t held = 0, persistent = 0, total = 0;
+      for (const at::Tensor& p : acc.prepared_parameters()) {
+        held += p.unsafeGetTensorImpl()->storage().nbytes();
+        total += std::size_t(p.numel());
+        if (std::size_t(p.numel()) < threshold) persistent += std::size_t(p.numel());
+      }
+      std::size_t slices = 0, state = 0;
+      for (const ParamSegment& s : zero->segments()) slices += s.values.count;
+      for (const auto& [key, st] : adamw->state()) {
+        const auto& adam = static_cast<const torch::optim::AdamWParamState&>(*st);
+        state += std::size_t(adam.exp_avg().numel() + adam.exp_avg_sq().numel());
+      }
+      char line[300];
+      std::snprintf(line, sizeof line,
+                    "ZeRO-3 memory of rank %d: the model's tensors hold %zu bytes (its %zu "
+                    "persistent elements), slices of %zu of %zu elements, optimizer state %zu "
+                    "elements, gathered storage %.0f bytes",
+                    rank, held, persistent, slices, total, state, max_gathered);
+      // Slices: 1/N of each flat buffer, padded to a multiple of N (under N per buffer).
+      report(held == persistent * sizeof(double) && state == 2 * slices &&
+                 slices <= total / std::size_t(world) + 2 * std::size_t(world),
+             line);
+      std::printf("prefetch hits %llu\n", static_cast<unsigned long long>(zero->prefetch_hits()));
+    }
+
+    // The whole parameters, as get_state_dict gathers them (every rank calls it).
+    const torch::Tensor mine = flat(state_dict());
+    const torch::Tensor everyone = acc.gather(mine.unsqueeze(0));
+    report(torch::equal(everyone, mine.unsqueeze(0).expand_as(everyone)),
+           "every rank's get_state_dict is the same");
+    const double diff = (mine - flat_parameters(reference.module())).abs().max().item<double>();
+    char line[200];
+    std::snprintf(line, sizeof line, "training equals one process: max |diff| %.3g (limit %.3g)",
+                  diff, limit);
+    report(rank != 0 || diff <= limit, line);
+    if (!dump.empty() && rank == 0) {
+      std::FILE* out = std::fopen(dump.c_str(), "wb");
+      const bool written = out && std::fwrite(mine.data_ptr<double>(), sizeof(double),
+                                              std::size_t(mine.numel()), out) ==
+                                      std::size_t(mine.numel());
+      if (out) std::fclose(out);
+      report(written, "parameters written to " + dump);
+    }
+    // After training: evaluation without grad mode (each unit gathered, released again).
+    {
+      torch::NoGradGuard no_grad;
+      const torch::Tensor ids = tokens.narrow(0, 0, per_rank).narrow(1, 0, shape.context);
+      const double eval_diff = (forward(ids) - ref_forward(ids)).abs().max().item<double>();
+      report(eval_diff <= 100 * limit + 1e-12, "evaluation under no_grad matches the reference");
+    }
+    return failures == 0 ? 0 : 1;
+  } catch (const std::exception& e) {
+    std::printf("error: %s\n", e.what());
+    std::fflush(stdout);
+    return 3;
+  }
+}
