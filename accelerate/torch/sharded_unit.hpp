@@ -6,7 +6,8 @@
 //  (2) a torch::nn::Sequential model: each child is a unit (the prepared call runs them);
 //  (3) ShardedUnit<BlockImpl>, the loop's own block type wrapped where the model defines it
 //      (one changed line per block); its forward gathers the block, and is the block's
-//      forward everywhere else (no accelerator, another strategy):
+//      forward everywhere else (not prepared; another strategy, where activation_checkpointing
+//      still recomputes it):
 //        blocks->push_back(accel::ShardedUnit<BlockImpl>(width));  // was: Block(width)
 //        x = blocks[i]->as<accel::ShardedUnitImpl<BlockImpl>>()->forward(x);  // as before
 // The parameters outside every unit are the root's. A unit's forward takes tensors (and other
@@ -95,14 +96,15 @@ class ShardedUnitImpl : public Block, public ShardedUnitBase {
 
  private:
   template <std::size_t... I, typename... Args>
-  at::Tensor forward_on(std::vector<at::Tensor> tensors, std::index_sequence<I...>,
-                        Args&... args) {
+  at::Tensor forward_on(std::vector<at::Tensor> tensors, std::index_sequence<I...>, Args&... args) {
     static constexpr auto positions = detail::tensor_positions<Args...>();
     if constexpr ((detail::is_tensor_arg<Args> && ...)) {
       // Only tensors: the block may be recomputed in backward (activation checkpointing).
       return run(
           std::move(tensors),
-          [this](const std::vector<at::Tensor>& in) -> at::Tensor { return Block::forward(in[I]...); },
+          [this](const std::vector<at::Tensor>& in) -> at::Tensor {
+            return Block::forward(in[I]...);
+          },
           true);
     } else {
       // Other arguments are used by reference, while this forward runs only.

@@ -126,24 +126,28 @@ void TorchAccelerator::assign_units(PreparedTensors& model, const ModuleTensors&
                                     std::vector<ParamRef>& refs) {
   StrategyOptions& options = strategy_options_to_prepare();
   options.zero.root_unit = false;
-  if (options.kind != StrategyKind::zero || options.zero.stage != 3) return;
-  ACCEL_CHECK_ARG(tensors.module != nullptr,
+  const bool stage3 = options.kind == StrategyKind::zero && options.zero.stage == 3;
+  ACCEL_CHECK_ARG(!stage3 || tensors.module != nullptr,
                   "zero_stage 3: a TorchScript module has no forward the accelerator can gather "
                   "its parameters around; prepare a torch::nn::Module, or use zero_stage 2");
+  if (tensors.module == nullptr) return;
   torch::nn::Module& root = *tensors.module;
-  // The units' modules by name: the ShardedUnits anywhere, else a root Sequential's children.
+  // The units' modules by name: the ShardedUnits anywhere (activation checkpointing applies
+  // to them under every strategy), else under ZeRO-3 a root Sequential's children.
   std::vector<std::pair<std::string, torch::nn::Module*>> units;
   for (const auto& item : root.named_modules("", /*include_self=*/false))
     if (auto* wrapped = dynamic_cast<ShardedUnitBase*>(item.value().get())) {
       for (const auto& [outer, module] : units)
         ACCEL_CHECK_ARG(item.key().rfind(outer + ".", 0) != 0,
-                        "zero_stage 3: ShardedUnit '" + item.key() + "' is inside ShardedUnit '" +
+                        "prepare: ShardedUnit '" + item.key() + "' is inside ShardedUnit '" +
                             outer + "'; units do not nest: wrap one of them");
       units.emplace_back(item.key(), item.value().get());
       model.units.wrappers.emplace_back(item.value(), wrapped);
     }
+  if (!stage3) return;
   if (units.empty() && dynamic_cast<torch::nn::SequentialImpl*>(&root) != nullptr) {
-    for (const auto& item : root.named_children()) units.emplace_back(item.key(), item.value().get());
+    for (const auto& item : root.named_children())
+      units.emplace_back(item.key(), item.value().get());
     model.units.sequential = true;
   }
   const auto unit_of_name = [&](const std::string& name) -> std::size_t {
@@ -162,10 +166,17 @@ void TorchAccelerator::assign_units(PreparedTensors& model, const ModuleTensors&
   for (std::size_t i = 0; i < refs.size(); ++i)
     refs[i].unit = unit_of_tensor.at(model.params[i].unsafeGetTensorImpl());
   options.zero.root_unit = !units.empty();
+  model.units.names.push_back("");
+  for (const auto& [name, module] : units) model.units.names.push_back(name);
   model.units.params.resize(units.size() + 1);
   model.units.state.assign(units.size() + 1, State::released);
   model.units.pending.assign(units.size() + 1, 0);
   for (const ParamRef& r : refs) model.units.unit_of.push_back(r.unit);
+}
+
+void TorchAccelerator::attach_units(PreparedTensors& model) {
+  for (std::size_t k = 0; k < model.units.wrappers.size(); ++k)
+    model.units.wrappers[k].second->attach(this, model.index, k + 1);
 }
 
 void TorchAccelerator::shard_parameters(PreparedTensors& model) {
@@ -174,8 +185,8 @@ void TorchAccelerator::shard_parameters(PreparedTensors& model) {
   units.active = true;
   for (std::size_t i = 0; i < model.params.size(); ++i) {
     const at::Tensor& p = model.params[i];
-    ACCEL_CHECK_ARG(p.storage_offset() == 0 && storage_of(p).nbytes() ==
-                                                   std::size_t(p.numel()) * p.element_size(),
+    ACCEL_CHECK_ARG(p.storage_offset() == 0 &&
+                        storage_of(p).nbytes() == std::size_t(p.numel()) * p.element_size(),
                     "zero_stage 3: parameter '" + strategy.params()[i].name +
                         "' is a view into a larger tensor's storage; its storage cannot be "
                         "released: make it a tensor of its own");
@@ -192,15 +203,14 @@ void TorchAccelerator::shard_parameters(PreparedTensors& model) {
       units.params[units.unit_of[i]].push_back(i);
     }
   }
-  for (std::size_t k = 0; k < units.wrappers.size(); ++k)
-    units.wrappers[k].second->attach(this, model.index, k + 1);
 }
 
 // ---- gathering
 
 void TorchAccelerator::point_unit(PreparedTensors& model, std::size_t unit) {
   Strategy& strategy = this->strategy(model.index);
-  for (std::size_t i : model.units.params[unit]) point_at(model.params[i], strategy.gathered_view(i));
+  for (std::size_t i : model.units.params[unit])
+    point_at(model.params[i], strategy.gathered_view(i));
 }
 
 void TorchAccelerator::gather_unit_for(PreparedTensors& model, std::size_t unit, UnitPass pass) {
@@ -261,27 +271,35 @@ TorchAccelerator::RootForward::~RootForward() {
   }
 }
 
-at::Tensor TorchAccelerator::run_unit(std::size_t index, std::size_t unit,
-                                      std::vector<at::Tensor> inputs,
-                                      const std::function<at::Tensor(const std::vector<at::Tensor>&)>& fn,
-                                      bool checkpointable) {
+at::Tensor TorchAccelerator::run_unit(
+    std::size_t index, std::size_t unit, std::vector<at::Tensor> inputs,
+    const std::function<at::Tensor(const std::vector<at::Tensor>&)>& fn, bool checkpointable) {
   PreparedTensors& model = *prepared_.at(index);
   ShardedUnits& units = model.units;
   const bool grad = torch::GradMode::is_enabled();
+  const bool recompute = checkpointable && grad && activation_checkpointing();
+  if (!units.active) return recompute ? checkpoint_function(fn, inputs) : fn(inputs);
+  ACCEL_CHECK_ARG(units.params[0].empty() || units.state[0] != State::released,
+                  "ZeRO-3: unit '" + units.names[unit] +
+                      "' ran outside the prepared model's call, where the root's parameters "
+                      "(e.g. '" +
+                      strategy(index).params()[units.params[0].front()].name +
+                      "') are not gathered: call the model prepare returned, model(x), not "
+                      "model->forward(x)");
   const auto self = std::int64_t(reinterpret_cast<std::intptr_t>(this));
   if (grad && any_requires_grad(inputs)) {
-    variable_list through = UnitInputs::apply(self, std::int64_t(index), std::int64_t(unit),
-                                              at::TensorList(inputs));
+    variable_list through =
+        UnitInputs::apply(self, std::int64_t(index), std::int64_t(unit), at::TensorList(inputs));
     inputs.assign(through.begin(), through.end());
   }
   // Already gathered: for its backward (a recompute in backward), or the forward of a unit
   // called twice inside one forward.
-  const bool gather_here = units.state[unit] != State::forward && units.state[unit] != State::backward;
+  const bool gather_here =
+      units.state[unit] != State::forward && units.state[unit] != State::backward;
   if (gather_here) gather_unit_for(model, unit, UnitPass::forward);
   at::Tensor out;
   try {
-    out = checkpointable && grad && activation_checkpointing() ? checkpoint_function(fn, inputs)
-                                                               : fn(inputs);
+    out = recompute ? checkpoint_function(fn, inputs) : fn(inputs);
   } catch (...) {
     if (gather_here) release_unit_for(model, unit, UnitPass::forward);
     throw;
@@ -395,14 +413,12 @@ std::vector<std::pair<std::string, at::Tensor>> TorchAccelerator::sharded_state_
   std::unordered_map<const void*, at::Tensor> whole;
   for_each_gathered(model, [&](std::size_t i, const Buffer& view) {
     const at::Tensor& p = model.params[i];
-    whole[p.unsafeGetTensorImpl()] =
-        at::from_blob(view.data, p.sizes(), p.options()).clone();
+    whole[p.unsafeGetTensorImpl()] = at::from_blob(view.data, p.sizes(), p.options()).clone();
   });
   std::vector<std::pair<std::string, at::Tensor>> out;
   for (const auto& item : model.module->named_parameters(/*recurse=*/true)) {
     const auto it = whole.find(item.value().unsafeGetTensorImpl());
-    out.emplace_back(item.key(),
-                     it != whole.end() ? it->second : item.value().detach().clone());
+    out.emplace_back(item.key(), it != whole.end() ? it->second : item.value().detach().clone());
   }
   for (const auto& item : model.module->named_buffers(/*recurse=*/true))
     out.emplace_back(item.key(), item.value().detach().clone());
@@ -410,10 +426,13 @@ std::vector<std::pair<std::string, at::Tensor>> TorchAccelerator::sharded_state_
   return out;
 }
 
+void TorchAccelerator::detach_units(PreparedTensors& model) {
+  for (const auto& [module, wrapper] : model.units.wrappers)
+    if (!module.expired()) wrapper->attach(nullptr, 0, 0);
+}
+
 void TorchAccelerator::detach_sharded(PreparedTensors& model) {
   ShardedUnits& units = model.units;
-  for (const auto& [module, wrapper] : units.wrappers)
-    if (!module.expired()) wrapper->attach(nullptr, 0, 0);
   // The persistent parameters' views die with the strategy: copies of their own; the others
   // stay empty (their values are spread over the ranks).
   for (std::size_t i = 0; i < model.params.size(); ++i) {

@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -23,6 +24,7 @@ struct ShardedUnits {
   bool sequential = false;  // the units are a root Sequential's children, run by the call
   // Unit k + 1 is wrappers[k] (if any); the model may go before the accelerator.
   std::vector<std::pair<std::weak_ptr<torch::nn::Module>, ShardedUnitBase*>> wrappers;
+  std::vector<std::string> names;                // per unit: its module's name ("" the root)
   std::vector<std::size_t> unit_of;              // per parameter; 0 is the root
   std::vector<bool> sharded;                     // per parameter: not kept gathered
   std::vector<std::vector<std::size_t>> params;  // per unit: its sharded parameters

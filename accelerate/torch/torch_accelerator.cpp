@@ -79,6 +79,7 @@ TorchAccelerator::~TorchAccelerator() {
   // The hooks point at this object and the gradients into its buckets: detach both so the
   // models outlive the accelerator safely.
   for (const auto& model : prepared_) {
+    detach_units(*model);
     for (std::size_t i = 0; i < model->accumulators.size(); ++i)
       model->accumulators[i]->del_post_hook(model->hook_keys[i]);
     for (std::size_t i = 0; i < model->grad_views.size(); ++i) {

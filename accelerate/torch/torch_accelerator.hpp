@@ -470,6 +470,8 @@ class TorchAccelerator : public Accelerator {
   void assign_units(PreparedTensors& model, const ModuleTensors& tensors,
                     std::vector<ParamRef>& refs);
   void shard_parameters(PreparedTensors& model);
+  void attach_units(PreparedTensors& model);  // the ShardedUnits' forwards call run_unit
+  void detach_units(PreparedTensors& model);
   void point_unit(PreparedTensors& model, std::size_t unit);
   void gather_unit_for(PreparedTensors& model, std::size_t unit, UnitPass pass);
   void release_unit_for(PreparedTensors& model, std::size_t unit, UnitPass pass);

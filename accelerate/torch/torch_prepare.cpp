@@ -224,6 +224,7 @@ std::vector<Buffer> TorchAccelerator::collect_buffers(PreparedTensors& model,
 void TorchAccelerator::hook_gradients(PreparedTensors& model) {
   Strategy& strategy = this->strategy(model.index);
   if (strategy.parameters_sharded()) shard_parameters(model);  // ZeRO-3: storage to the strategy
+  attach_units(model);
   const bool has_slots = strategy.gradient_storage() == GradientStorage::slots;
   for (std::size_t i = 0; i < model.params.size(); ++i) {
     at::Tensor& param = model.params[i];
