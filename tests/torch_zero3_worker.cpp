@@ -85,11 +85,11 @@ std::unique_ptr<torch::optim::AdamW> make_adamw(torch::nn::Module& m) {
   }
   using torch::optim::AdamWOptions;
   std::vector<torch::optim::OptimizerParamGroup> groups;
-  // eps 1e-6: Adam's sensitivity to a gradient difference is 1 / eps (tolerance.hpp).
+  // eps 1e-5: Adam's sensitivity to a gradient difference is 1 / eps (tolerance.hpp).
   groups.emplace_back(
-      decayed, std::make_unique<AdamWOptions>(AdamWOptions(0.01).weight_decay(0.1).eps(1e-6)));
+      decayed, std::make_unique<AdamWOptions>(AdamWOptions(0.01).weight_decay(0.1).eps(1e-5)));
   groups.emplace_back(
-      plain, std::make_unique<AdamWOptions>(AdamWOptions(0.005).weight_decay(0.0).eps(1e-6)));
+      plain, std::make_unique<AdamWOptions>(AdamWOptions(0.005).weight_decay(0.0).eps(1e-5)));
   return std::make_unique<torch::optim::AdamW>(std::move(groups), AdamWOptions());
 }
 
@@ -108,6 +108,17 @@ torch::Tensor flat_parameters(torch::nn::Module& m) {
   std::vector<std::pair<std::string, at::Tensor>> state;
   for (const auto& item : m.named_parameters()) state.emplace_back(item.key(), item.value());
   return flat(state);
+}
+
+// Rank 0 writes the values (doubles) to `path`.
+void write_doubles(const std::string& path, const torch::Tensor& values, int rank) {
+  if (rank != 0) return;
+  std::FILE* out = std::fopen(path.c_str(), "wb");
+  const bool written =
+      out && std::fwrite(values.data_ptr<double>(), sizeof(double), std::size_t(values.numel()),
+                         out) == std::size_t(values.numel());
+  if (out) std::fclose(out);
+  report(written, "parameters written to " + path);
 }
 
 }  // namespace
@@ -148,6 +159,8 @@ int main(int argc, char** argv) {
   AcceleratorOptions options;
   options.gradient_accumulation_steps = 4;
   options.zero.bucket_cap_bytes = 2048;  // several reduce-scatter buckets
+  options.ddp.first_bucket_bytes = 1024;
+  options.ddp.bucket_cap_bytes = 4096;
   try {
     TorchAccelerator acc(options);
     const int world = acc.num_processes(), rank = acc.process_index();
@@ -237,8 +250,17 @@ int main(int argc, char** argv) {
         if (stage3) max_gathered = std::max(max_gathered, double(zero->gathered_parameter_bytes()));
       }
       opt->step();
-      if (synced && int(synced_steps) == save_at) acc.save_state(checkpoint);
+      if (synced && int(synced_steps) == save_at) {
+        acc.save_state(checkpoint);
+        if (!dump.empty()) write_doubles(dump + ".at_save", flat(state_dict()), rank);
+      }
     }
+    int block_runs = 0;
+    for (const auto& m : net.module().modules())
+      if (const auto* block = dynamic_cast<const AttentionBlockImpl*>(m.get()))
+        block_runs += block->runs;
+    std::printf("block forwards %d for %lld micro-batches\n", block_runs,
+                static_cast<long long>(micro_batches - first_micro));
     report(synced_steps == std::size_t(steps), std::to_string(synced_steps) +
                                                    " optimizer steps of " + std::to_string(K) +
                                                    " micro-batches");

@@ -12,7 +12,8 @@
 //        x = blocks[i]->as<accel::ShardedUnitImpl<BlockImpl>>()->forward(x);  // as before
 // The parameters outside every unit are the root's. A unit's forward takes tensors (and other
 // arguments, passed through) and returns one tensor. With activation_checkpointing on, a unit
-// whose arguments are all tensors is recomputed in backward (the unit stays the same).
+// whose arguments are all tensors is recomputed in backward, unless it shares a parameter with
+// another unit (a tied embedding): the recomputes' backwards would each report it.
 // How it works (sharded_units.cpp): the parameters keep their tensors, whose storage points
 // into the strategy's gathered slot while their unit is gathered and is empty otherwise (a
 // read then fails); an autograd function on the unit's output gathers it again before its

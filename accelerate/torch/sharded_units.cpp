@@ -144,8 +144,7 @@ void TorchAccelerator::assign_units(PreparedTensors& model, const ModuleTensors&
       units.emplace_back(item.key(), item.value().get());
       model.units.wrappers.emplace_back(item.value(), wrapped);
     }
-  if (!stage3) return;
-  if (units.empty() && dynamic_cast<torch::nn::SequentialImpl*>(&root) != nullptr) {
+  if (stage3 && units.empty() && dynamic_cast<torch::nn::SequentialImpl*>(&root) != nullptr) {
     for (const auto& item : root.named_children())
       units.emplace_back(item.key(), item.value().get());
     model.units.sequential = true;
@@ -155,14 +154,20 @@ void TorchAccelerator::assign_units(PreparedTensors& model, const ModuleTensors&
       if (name.rfind(units[k].first + ".", 0) == 0) return k + 1;
     return 0;
   };
-  // A parameter under names in two units (tied) belongs to the root, gathered around both.
+  // A parameter under names in two units (tied) belongs to the root, gathered around both;
+  // neither unit is recomputed (activation checkpointing): each recompute's backward would
+  // report its gradient once more.
+  model.units.recomputable.assign(units.size() + 1, true);
   std::unordered_map<const void*, std::size_t> unit_of_tensor;
   for (const auto& item : root.named_parameters(/*recurse=*/true)) {
     const void* key = item.value().unsafeGetTensorImpl();
     const std::size_t u = unit_of_name(item.key());
     const auto [it, fresh] = unit_of_tensor.emplace(key, u);
-    if (!fresh && it->second != u) it->second = 0;
+    if (fresh || it->second == u) continue;
+    model.units.recomputable[u] = model.units.recomputable[it->second] = false;
+    it->second = 0;
   }
+  if (!stage3) return;
   for (std::size_t i = 0; i < refs.size(); ++i)
     refs[i].unit = unit_of_tensor.at(model.params[i].unsafeGetTensorImpl());
   options.zero.root_unit = !units.empty();
@@ -277,7 +282,8 @@ at::Tensor TorchAccelerator::run_unit(
   PreparedTensors& model = *prepared_.at(index);
   ShardedUnits& units = model.units;
   const bool grad = torch::GradMode::is_enabled();
-  const bool recompute = checkpointable && grad && activation_checkpointing();
+  const bool recompute =
+      checkpointable && grad && activation_checkpointing() && units.recomputable.at(unit);
   if (!units.active) return recompute ? checkpoint_function(fn, inputs) : fn(inputs);
   ACCEL_CHECK_ARG(units.params[0].empty() || units.state[0] != State::released,
                   "ZeRO-3: unit '" + units.names[unit] +

@@ -25,6 +25,7 @@ struct ShardedUnits {
   // Unit k + 1 is wrappers[k] (if any); the model may go before the accelerator.
   std::vector<std::pair<std::weak_ptr<torch::nn::Module>, ShardedUnitBase*>> wrappers;
   std::vector<std::string> names;                // per unit: its module's name ("" the root)
+  std::vector<bool> recomputable;                // per unit: shares no parameter with another
   std::vector<std::size_t> unit_of;              // per parameter; 0 is the root
   std::vector<bool> sharded;                     // per parameter: not kept gathered
   std::vector<std::vector<std::size_t>> params;  // per unit: its sharded parameters

@@ -46,6 +46,7 @@ struct AttentionBlockImpl : torch::nn::Module {
 
   // x: [batch, context, width]
   torch::Tensor forward(const torch::Tensor& x) {
+    ++runs;  // a recompute (activation checkpointing) counts again
     const torch::Tensor h = ln1(x);
     const std::int64_t t = x.size(1);
     torch::Tensor scores = q(h).matmul(k(h).transpose(-2, -1)) / std::sqrt(double(x.size(2)));
@@ -59,6 +60,7 @@ struct AttentionBlockImpl : torch::nn::Module {
   torch::nn::LayerNorm ln2;
   torch::nn::Linear fc1, fc2;
   torch::nn::Dropout drop;
+  int runs = 0;
 };
 TORCH_MODULE(AttentionBlock);
 
