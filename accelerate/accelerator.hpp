@@ -133,7 +133,8 @@ class Accelerator {
   // (config/config.hpp, not installed: for the front ends).
   std::string mixed_precision() const;
   config::MixedPrecision precision() const { return mixed_precision_; }
-  // The config's activation_checkpointing (LibTorch: a prepared Sequential's children).
+  // The config's activation_checkpointing (LibTorch: a prepared Sequential's children and
+  // ShardedUnit blocks).
   bool activation_checkpointing() const { return activation_checkpointing_; }
   Communicator& comm();
   // The CUDA stream (a cudaStream_t) the loop computes on, when its buffers live on a GPU

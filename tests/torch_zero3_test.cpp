@@ -1,8 +1,9 @@
 // ZeRO-3 for LibTorch models over real processes (torch_zero3_worker; the model is
 // tests/support/tiny_transformer.hpp): every unit mechanism (the root, ShardedUnit blocks in a
 // ModuleList, a Sequential's children) at world 2, 3 (uneven slices) and 4 equals one process
-// and DDP; the memory a rank holds; checkpoints across world sizes and strategies, merged into
-// a plain LibTorch model; activation checkpointing bitwise under DDP and ZeRO-3; misuse.
+// and DDP, and ZeRO-2 bitwise; the memory a rank holds and the bytes a step moves (the worker
+// checks both); checkpoints across world sizes and strategies, merged into a plain LibTorch
+// model; activation checkpointing bitwise under DDP and ZeRO-3; misuse.
 
 #include <torch/torch.h>
 #undef CHECK  // LibTorch's glog CHECK; doctest's below
@@ -109,15 +110,18 @@ RanksOptions with_env(std::vector<std::pair<std::string, std::string>> env) {
 // it against one process (in the worker) and the DDP parameters `ddp`.
 template <typename Run>
 void expect_stage3(Run run, const std::string& backend, int world, const std::string& units,
-                   const std::vector<double>& ddp, const TempDir& dir) {
+                   const std::vector<double>& ddp, const TempDir& dir,
+                   const std::vector<std::pair<std::string, std::string>>& extra_env = {}) {
   CAPTURE(backend);
   CAPTURE(world);
   CAPTURE(units);
   const std::string dump = dir / ("zero3_" + backend + "_" + units + std::to_string(world));
-  const auto r = run(world, "torch_zero3_worker",
-                     {"--units", units, "--limit", std::to_string(one_process_limit(world)),
-                      "--dump", dump},
-                     with_env(stage3_env(backend)));
+  auto env = stage3_env(backend);
+  env.insert(env.end(), extra_env.begin(), extra_env.end());
+  const auto r =
+      run(world, "torch_zero3_worker",
+          {"--units", units, "--limit", std::to_string(one_process_limit(world)), "--dump", dump},
+          with_env(env));
   expect_ok(r);
   const std::string memory = line_with(r, "ok ZeRO-3 memory of rank 0");
   CHECK(!memory.empty());
@@ -125,16 +129,17 @@ void expect_stage3(Run run, const std::string& backend, int world, const std::st
   MESSAGE(backend << " world " << world << " units " << units << ": "
                   << line_with(r, "training equals one process") << "; max |zero3 - ddp| " << d
                   << " (limit " << ddp_limit(world) << "); " << memory << "; "
-                  << line_with(r, "prefetch hits"));
+                  << line_with(r, "prefetch hits") << "; " << line_with(r, "ok bus bytes"));
+  CHECK(!line_with(r, "ok bus bytes").empty());
   CHECK(d <= ddp_limit(world));
 }
 
 std::vector<double> ddp_parameters(int world, const TempDir& dir) {
   const std::string dump = dir / ("ddp" + std::to_string(world));
-  const auto r = run_ranks(world, "torch_zero3_worker",
-                           {"--units", "root", "--limit", std::to_string(one_process_limit(world)),
-                            "--dump", dump},
-                           with_env(ddp_env("gloo")));
+  const auto r = run_ranks(
+      world, "torch_zero3_worker",
+      {"--units", "root", "--limit", std::to_string(one_process_limit(world)), "--dump", dump},
+      with_env(ddp_env("gloo")));
   expect_ok(r);
   MESSAGE("ddp world " << world << ": " << line_with(r, "training equals one process"));
   return read_doubles(dump);
@@ -150,14 +155,46 @@ TEST_CASE("the bounds the equivalence checks use are within the issue's 1e-6 of 
   }
 }
 
-TEST_CASE("ZeRO-3 LibTorch units (root, ShardedUnit, Sequential) at 2, 3, 4 over gloo equal "
-          "DDP and one process; memory per rank") {
+TEST_CASE(
+    "ZeRO-3 LibTorch units (root, ShardedUnit, Sequential) at 2, 3, 4 over gloo equal "
+    "DDP and one process; memory per rank") {
   if (skip_unless(communicator_available("gloo"), "gloo communicator not built")) return;
   TempDir dir("accel_torch_zero3");
   for (int world : {2, 3, 4}) {
     const std::vector<double> ddp = ddp_parameters(world, dir);
     for (const char* units : {"root", "wrapper", "sequential"})
       expect_stage3(run_ranks, "gloo", world, units, ddp, dir);
+    // Units kept gathered from forward to backward: one all-gather per micro-batch fewer.
+    if (world == 4)
+      expect_stage3(run_ranks, "gloo", world, "wrapper", ddp, dir,
+                    {{"ACCEL_RESHARD_AFTER_FORWARD", "false"}});
+  }
+}
+
+TEST_CASE("ZeRO-3 LibTorch is bitwise ZeRO-2 (fp64, and bf16 autocast)") {
+  if (skip_unless(communicator_available("gloo"), "gloo communicator not built")) return;
+  TempDir dir("accel_torch_zero3_vs_2");
+  // The same local gradients, reduce-scattered in the same buckets; the forward reads the
+  // same values, gathered instead of all-gathered after the step: the same bits.
+  struct Case {
+    std::string units;
+    std::vector<std::string> more;
+    std::vector<std::pair<std::string, std::string>> extra_env;
+  };
+  const std::vector<Case> cases = {{"root", {}, {}},
+                                   {"wrapper", {"--float"}, {{"ACCEL_MIXED_PRECISION", "bf16"}}}};
+  for (const Case& c : cases) {
+    CAPTURE(c.units);
+    std::vector<std::vector<double>> values;
+    for (int stage : {2, 3}) {
+      auto env = stage == 3 ? stage3_env("gloo") : zero_env(2);
+      env.insert(env.end(), c.extra_env.begin(), c.extra_env.end());
+      std::vector<std::string> args = {"--units", c.units, "--dump", dir / "zero"};
+      args.insert(args.end(), c.more.begin(), c.more.end());
+      expect_ok(run_ranks(3, "torch_zero3_worker", args, with_env(env)));
+      values.push_back(read_doubles(dir / "zero"));
+    }
+    CHECK(values[0] == values[1]);
   }
 }
 
@@ -171,8 +208,9 @@ TEST_CASE("ZeRO-3 LibTorch over shm and mpi at 3 equals DDP") {
   expect_stage3(run_under_mpirun, "mpi", 3, "sequential", ddp, dir);
 }
 
-TEST_CASE("a ZeRO-3 LibTorch checkpoint of 4 ranks resumes at 2 (ZeRO-3, DDP) and 1, a DDP one "
-          "under ZeRO-3 at 3, and merges into a plain model") {
+TEST_CASE(
+    "a ZeRO-3 LibTorch checkpoint of 4 ranks resumes at 2 (ZeRO-3, DDP) and 1, a DDP one "
+    "under ZeRO-3 at 3, and merges into a plain model") {
   if (skip_unless(communicator_available("gloo"), "gloo communicator not built")) return;
   TempDir dir("accel_torch_zero3_resume");
   // fp32: the adapter reshards float optimizer state. The uninterrupted runs save at step 10.
@@ -181,14 +219,14 @@ TEST_CASE("a ZeRO-3 LibTorch checkpoint of 4 ranks resumes at 2 (ZeRO-3, DDP) an
     more.insert(more.begin(), common.begin(), common.end());
     return more;
   };
-  expect_ok(run_ranks(4, "torch_zero3_worker",
-                      args({"--checkpoint", dir / "ck_zero3", "--save_at", "10", "--dump",
-                            dir / "straight_zero3"}),
-                      with_env(stage3_env("gloo"))));
-  expect_ok(run_ranks(2, "torch_zero3_worker",
-                      args({"--checkpoint", dir / "ck_ddp", "--save_at", "10", "--dump",
-                            dir / "straight_ddp"}),
-                      with_env(ddp_env("gloo"))));
+  expect_ok(run_ranks(
+      4, "torch_zero3_worker",
+      args({"--checkpoint", dir / "ck_zero3", "--save_at", "10", "--dump", dir / "straight_zero3"}),
+      with_env(stage3_env("gloo"))));
+  expect_ok(run_ranks(
+      2, "torch_zero3_worker",
+      args({"--checkpoint", dir / "ck_ddp", "--save_at", "10", "--dump", dir / "straight_ddp"}),
+      with_env(ddp_env("gloo"))));
   struct Resume {
     std::string name;
     int world;
@@ -228,8 +266,9 @@ TEST_CASE("a ZeRO-3 LibTorch checkpoint of 4 ranks resumes at 2 (ZeRO-3, DDP) an
   CHECK(loaded == read_doubles(dir / "straight_zero3.at_save"));
 }
 
-TEST_CASE("activation checkpointing under DDP and ZeRO-3: bitwise the same parameters with "
-          "dropout on, the blocks recomputed") {
+TEST_CASE(
+    "activation checkpointing under DDP and ZeRO-3: bitwise the same parameters with "
+    "dropout on, the blocks recomputed") {
   if (skip_unless(communicator_available("gloo"), "gloo communicator not built")) return;
   TempDir dir("accel_torch_zero3_ckpt");
   struct Case {
@@ -247,10 +286,9 @@ TEST_CASE("activation checkpointing under DDP and ZeRO-3: bitwise the same param
       auto env = c.env;
       env.emplace_back("ACCEL_ACTIVATION_CHECKPOINTING", on);
       const std::string dump = dir / (c.units + on);
-      const auto r = run_ranks(2, "torch_zero3_worker",
-                               {"--units", c.units, "--dropout", "0.1", "--steps", "5", "--dump",
-                                dump},
-                               with_env(env));
+      const auto r = run_ranks(
+          2, "torch_zero3_worker",
+          {"--units", c.units, "--dropout", "0.1", "--steps", "5", "--dump", dump}, with_env(env));
       expect_ok(r);
       runs.push_back(line_with(r, "block forwards"));
       const std::vector<double> values = read_doubles(dump);
@@ -272,8 +310,8 @@ TEST_CASE("ZeRO-3 LibTorch misuse fails on every rank, naming what was wrong") {
   RanksOptions options = with_env(stage3_env("gloo"));
   options.stop_on_failure = false;
   // Rank 1 runs the blocks in reverse: both ranks name both units, before any all-gather.
-  const auto order = run_ranks(2, "torch_zero3_worker", {"--units", "wrapper", "--misuse", "order"},
-                               options);
+  const auto order =
+      run_ranks(2, "torch_zero3_worker", {"--units", "wrapper", "--misuse", "order"}, options);
   INFO(describe(order));
   for (const auto& w : order.workers) {
     CHECK(w.exit_code == 3);
@@ -282,8 +320,8 @@ TEST_CASE("ZeRO-3 LibTorch misuse fails on every rank, naming what was wrong") {
     CHECK(w.output.find("'blocks.2.q.weight'") != std::string::npos);
   }
   // A block called by itself: its unit and the root's parameter named, and the fix.
-  const auto outside = run_ranks(2, "torch_zero3_worker",
-                                 {"--units", "wrapper", "--misuse", "outside"}, options);
+  const auto outside =
+      run_ranks(2, "torch_zero3_worker", {"--units", "wrapper", "--misuse", "outside"}, options);
   INFO(describe(outside));
   for (const auto& w : outside.workers) {
     CHECK(w.exit_code == 3);
@@ -292,8 +330,8 @@ TEST_CASE("ZeRO-3 LibTorch misuse fails on every rank, naming what was wrong") {
     CHECK(w.output.find("'embed.tokens.weight'") != std::string::npos);
   }
   // The model's own forward reads released storage: LibTorch refuses (no garbage, no crash).
-  const auto direct = run_ranks(2, "torch_zero3_worker",
-                                {"--units", "wrapper", "--misuse", "direct"}, options);
+  const auto direct =
+      run_ranks(2, "torch_zero3_worker", {"--units", "wrapper", "--misuse", "direct"}, options);
   INFO(describe(direct));
   for (const auto& w : direct.workers) {
     CHECK(w.exit_code == 3);

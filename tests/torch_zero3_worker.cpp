@@ -216,7 +216,9 @@ int main(int argc, char** argv) {
       synced_steps = acc.step();
       first_micro = std::int64_t(synced_steps) * K;
     }
+    std::uint64_t last_step_bytes = 0;  // the Communicator's bus bytes over the last step
     for (std::int64_t m = 0; m < micro_batches; ++m) {
+      if (m == micro_batches - K) last_step_bytes = acc.comm().bus_bytes();
       const torch::Tensor batch = tokens.narrow(0, m * global, global);
       const torch::Tensor ids = batch.narrow(1, 0, shape.context);
       const torch::Tensor next = batch.narrow(1, 1, shape.context);
@@ -255,6 +257,7 @@ int main(int argc, char** argv) {
         if (!dump.empty()) write_doubles(dump + ".at_save", flat(state_dict()), rank);
       }
     }
+    last_step_bytes = acc.comm().bus_bytes() - last_step_bytes;
     int block_runs = 0;
     for (const auto& m : net.module().modules())
       if (const auto* block = dynamic_cast<const AttentionBlockImpl*>(m.get()))
@@ -295,6 +298,30 @@ int main(int argc, char** argv) {
                  slices <= total / std::size_t(world) + 2 * std::size_t(world),
              line);
       std::printf("prefetch hits %llu\n", static_cast<unsigned long long>(zero->prefetch_hits()));
+      // One step moves (as the Communicator counts, (n-1)/n of each all-gather's output and
+      // reduce-scatter's input): every gradient once, the persistent parameters once (after
+      // the step), per micro-batch the root once (kept to its backward) and the other units
+      // twice (once with reshard_after_forward false). Plus the clip norm's 8 bytes.
+      const char* keep = std::getenv("ACCEL_RESHARD_AFTER_FORWARD");
+      const double unit_passes = keep != nullptr && std::string(keep) == "false" ? 1 : 2;
+      double all = 0, kept = 0, root = 0, others = 0;
+      const std::vector<ParamRef>& refs = zero->params();
+      for (std::size_t i = 0; i < refs.size(); ++i) {
+        const double bytes = double(refs[i].data.bytes());
+        all += bytes;
+        if (refs[i].data.count < threshold)
+          kept += bytes;
+        else
+          (refs[i].unit == 0 ? root : others) += bytes;
+      }
+      const double expected =
+          double(world - 1) / world * (all + kept + K * (root + unit_passes * others));
+      std::snprintf(line, sizeof line,
+                    "bus bytes of the last step %llu, expected %.0f (%.2f x the parameters' "
+                    "bytes)",
+                    static_cast<unsigned long long>(last_step_bytes), expected,
+                    double(last_step_bytes) / all);
+      report(std::abs(double(last_step_bytes) - expected) <= 0.01 * expected, line);
     }
 
     // The whole parameters, as get_state_dict gathers them (every rank calls it).

@@ -26,12 +26,16 @@
 //  - ZeRO: parameters become views into the flat buffers; the optimizer keeps its type and
 //    options but steps this rank's slices (stage 1: .grad() in the flat buffer; stage 2:
 //    gradients lent and released at the boundary); step() all-gathers the parameters;
+//  - ZeRO-3: each rank keeps only its slices; the prepared call gathers the units
+//    (sharded_unit.hpp), and the parameters' storage is empty outside them;
 //  - DATA_PARALLEL: replicas made and driven by TorchReplicas (torch_replicas.hpp);
 //  - checkpoints: save_state / load_state carry model, optimizer, scheduler and RNG state as
 //    torch_state.hpp and torch_optimizer_state.hpp describe, resharding to any world size
 //    (each rank's generator reseeded when the number of processes changed).
 // The accelerator owns that storage: destroyed, it leaves the model plain copies (usable),
-// and under ZeRO the optimizer this rank's slices (build a new one to go on training).
+// and under ZeRO the optimizer this rank's slices (build a new one to go on training). Under
+// ZeRO-3 only the persistent parameters keep values (the others are spread over the ranks:
+// take get_state_dict or save_state before).
 
 #include <atomic>
 #include <concepts>
@@ -205,9 +209,8 @@ class TorchAccelerator : public Accelerator {
           torch::load(object, in);
         });
   }
-  // Accelerate's get_state_dict: the model's full parameters and buffers by name, copied
-  // (under ZeRO stages 1-2 every rank holds the full parameters).
-  // Under ZeRO-3 it gathers unit by unit: every rank calls it.
+  // Accelerate's get_state_dict: the model's full parameters and buffers by name, copied.
+  // Under ZeRO-3 it gathers them unit by unit: every rank calls it.
   template <typename Model>
   std::vector<std::pair<std::string, at::Tensor>> get_state_dict(
       const PreparedModel<Model>& model) {
