@@ -167,3 +167,48 @@ TEST_CASE("activation_checkpointing: a prepared Sequential's children, bitwise, 
   CHECK(torch::equal(grads[0], grads[1]));
   CHECK(kept[1] * 2 <= kept[0]);
 }
+
+namespace {
+// Cloneable (DATA_PARALLEL copies it): three Linear-Tanh blocks, each through accel::checkpoint
+// when `checkpointed` (no dropout: the replicas' threads share LibTorch's CPU generator).
+struct ReplicatedImpl : torch::nn::Cloneable<ReplicatedImpl> {
+  explicit ReplicatedImpl(bool checkpointed) : checkpointed(checkpointed) { reset(); }
+  void reset() override {
+    torch::manual_seed(5);
+    fc.clear();
+    for (int b = 0; b < 3; ++b)
+      fc.push_back(register_module("fc" + std::to_string(b), torch::nn::Linear(64, 64)));
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    for (auto& layer : fc) {
+      const auto block = [&layer](const torch::Tensor& in) { return torch::tanh(layer(in)); };
+      x = checkpointed ? accel::checkpoint(block, x) : block(x);
+    }
+    return x;
+  }
+  bool checkpointed;
+  std::vector<torch::nn::Linear> fc;
+};
+TORCH_MODULE(Replicated);
+}  // namespace
+
+TEST_CASE("acc.checkpoint under DATA_PARALLEL: bitwise the gradients of the plain forward") {
+  torch::Tensor grads[2];
+  const torch::Tensor x = torch::randn({32, 64});
+  for (const bool on : {false, true}) {
+    accel::AcceleratorOptions options;
+    options.communicator = "local";
+    options.distributed_type = "DATA_PARALLEL";
+    options.data_parallel_replicas = 2;
+    accel::TorchAccelerator acc(options);
+    Replicated net(on);
+    torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.0));
+    auto [model, optimizer] = acc.prepare(net, sgd);
+    REQUIRE(acc.replicates_forward());
+    acc.backward(model(x).square().mean());
+    std::vector<torch::Tensor> all;
+    for (const auto& p : net->parameters()) all.push_back(p.grad().flatten());
+    grads[on ? 1 : 0] = torch::cat(all);
+  }
+  CHECK(torch::equal(grads[0], grads[1]));
+}
