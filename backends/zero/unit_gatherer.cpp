@@ -106,7 +106,9 @@ UnitGatherer::UnitGatherer(Communicator& comm, const FlatLayout& layout,
     if (!(root_slot_ && u == 0)) largest = std::max(largest, unit.bytes);
   }
   if (reshard_after_forward_) {
-    for (int s = 0; s < 2; ++s)
+    // Two shared slots (one in use, one prefetching), or one when one unit shares them.
+    shared_slots_ = std::min<std::size_t>(2, units - (root_slot_ ? 1 : 0));
+    for (std::size_t s = 0; s < shared_slots_; ++s)
       slots_.push_back({raw_storage(largest, memory, device), -1, false, false, false, {}});
     if (root_slot_)
       slots_.push_back({raw_storage(units_[0].bytes, memory, device), -1, false, false, false, {}});
@@ -164,9 +166,9 @@ void UnitGatherer::check_same_unit_everywhere(std::size_t unit, UnitPass pass) {
 
 int UnitGatherer::free_slot_for(std::size_t unit) {
   if (!reshard_after_forward_) return int(unit);
-  if (root_slot_ && unit == 0) return slots_[2].held ? -1 : 2;
+  if (root_slot_ && unit == 0) return slots_[shared_slots_].held ? -1 : int(shared_slots_);
   int pick = -1;
-  for (std::size_t s = 0; s < 2; ++s) {
+  for (std::size_t s = 0; s < shared_slots_; ++s) {
     if (slots_[s].held) continue;
     if (slots_[s].unit < 0) return int(s);
     pick = int(s);  // a prefetched unit nobody asked for yet: evicted

@@ -9,7 +9,8 @@
 //  - Slots: reshard_after_forward (default) keeps two gathered units at most, in two slots
 //    the size of the largest unit: the one in use and the next one being prefetched. Without
 //    it every unit has its own slot and stays gathered from its forward to its backward.
-//    ZeroOptions::root_unit gives unit 0 (the root, gathered around the others) a third.
+//    ZeroOptions::root_unit gives unit 0 (the root, gathered around the others) a third; a
+//    model of one unit has one slot.
 //  - Prefetch: the first step's gathers are recorded, and each is checked identical on every
 //    rank by one small all-reduce before its all-gather (a rank-dependent order fails on every
 //    rank, naming both units, instead of pairing the wrong collectives). Afterwards each
@@ -97,7 +98,8 @@ class UnitGatherer {
   const std::vector<ParamRef>& params_;
   const std::vector<DeviceBuffer>& owned_;
   const bool reshard_after_forward_;
-  bool root_slot_ = false;  // slots_[2] is unit 0's (ZeroOptions::root_unit)
+  std::size_t shared_slots_ = 0;  // with reshard_after_forward: 2, or 1 for a single unit
+  bool root_slot_ = false;        // slots_[shared_slots_] is unit 0's (ZeroOptions::root_unit)
   bool views_ = false;
   std::vector<bool> persistent_;
   std::vector<Unit> units_;
