@@ -41,6 +41,9 @@ config::ResolvedConfig resolve_settings(const AcceleratorOptions& options) {
   if (options.log_with) from_code["log_with"] = *options.log_with;
   if (options.project_dir) from_code["project_dir"] = *options.project_dir;
   if (options.logging_dir) from_code["logging_dir"] = *options.logging_dir;
+  if (options.automatic_checkpoint_naming)
+    from_code["automatic_checkpoint_naming"] = flag(*options.automatic_checkpoint_naming);
+  if (options.total_limit) from_code["total_limit"] = std::to_string(*options.total_limit);
   return config::resolve_config(options.config_file, from_code);
 }
 
@@ -183,6 +186,8 @@ Accelerator::Accelerator(AcceleratorOptions options) : options_(std::move(option
   log_with_ = settings.config.log_with;
   project_dir_ = settings.config.project_dir;
   logging_dir_ = settings.config.logging_dir.empty() ? project_dir_ : settings.config.logging_dir;
+  automatic_checkpoint_naming_ = settings.config.automatic_checkpoint_naming;
+  total_limit_ = settings.config.total_limit;
   own_trackers_ = options_.trackers;
   uses_gpu_ = config::uses_gpu(settings.config);
   strategy_options_ = strategy_options_for(settings, options_);

@@ -97,6 +97,8 @@ struct AcceleratorOptions {
   std::optional<bool> activation_checkpointing;          // LibTorch: Sequential children
   std::optional<std::string> log_with;                   // "tensorboard,csv", "all", ...
   std::optional<std::string> project_dir, logging_dir;
+  std::optional<bool> automatic_checkpoint_naming;  // save_state() / load_state() without a dir
+  std::optional<int> total_limit;                   // the newest N named checkpoints (0: all)
   // The loop's own sinks (Accelerate's GeneralTracker instances in log_with), started with the
   // named ones by init_trackers.
   std::vector<std::shared_ptr<GeneralTracker>> trackers;
@@ -451,6 +453,16 @@ class Accelerator {
   // processes loads when nothing depends on it: not mid-epoch, no per-rank registered state
   // but generators; rng() and register_rng's generators are then reseeded instead.
   void load_state(const std::string& dir);
+  // Project checkpoints (Accelerate's ProjectConfiguration, config keys
+  // automatic_checkpoint_naming and total_limit): save_state() writes
+  // project_dir/checkpoints/checkpoint_<i>, i one past the newest there (0 first), and returns
+  // that directory; then, with total_limit N, rank 0 removes the oldest beyond N, so a save
+  // that crashes leaves the N before it. load_state() reads the newest complete one
+  // (CheckpointError when there is none); latest_checkpoint() names it, or "" (every rank
+  // calls these: rank 0 looks, the others are told).
+  std::string save_state();
+  void load_state();
+  std::string latest_checkpoint();
   // Where load_state left the loop: continue with epoch resume_epoch() at batch
   // resume_batch() (both 0 before any load).
   std::uint64_t resume_epoch() const { return resume_epoch_; }
@@ -505,6 +517,10 @@ class Accelerator {
   bool uses_gpu_ = false;  // the config's choice (use_cpu false, or MULTI_GPU)
   bool activation_checkpointing_ = false;
   std::string log_with_, project_dir_, logging_dir_;
+  bool automatic_checkpoint_naming_ = false;
+  int total_limit_ = 0;
+  // The named checkpoints' directory (project_dir/checkpoints), checked for the no-dir calls.
+  std::string checkpoints_dir(const char* call) const;
   std::vector<std::shared_ptr<GeneralTracker>> own_trackers_;
   TrackerSet trackers_;
   config::MixedPrecision mixed_precision_{};   // MixedPrecision::no

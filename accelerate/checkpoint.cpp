@@ -508,6 +508,16 @@ LoadedCheckpoint load_checkpoint(Communicator& comm, const std::string& dir) {
   return out;
 }
 
+void remove_checkpoint(const std::string& dir) {
+  const fs::path path = normalized(dir);
+  std::vector<fs::path> gone;
+  std::error_code ec;
+  if (fs::exists(path, ec)) gone.push_back(path);
+  for (const char* marker : {kOldMarker, kTmpMarker})
+    for (const fs::path& p : siblings(path, marker)) gone.push_back(p);
+  discard(path, gone);
+}
+
 namespace checkpoint_testing {
 void set_stage_hook(std::function<void(std::string_view stage)> hook) {
   stage_hook() = std::move(hook);

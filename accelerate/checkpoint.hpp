@@ -102,6 +102,9 @@ LoadedCheckpoint read_checkpoint(const std::string& dir, int rank, int world_siz
 std::string resolve_checkpoint_dir(const std::string& dir);
 // True when load_checkpoint(dir) would find a checkpoint (not necessarily a valid one).
 bool checkpoint_exists(const std::string& dir);
+// Removes the checkpoint DIR and what earlier saves left beside it (DIR.old-*, DIR.tmp-*):
+// each renamed to DIR.trash-<id> first, so a crash never leaves a partial DIR to be read.
+void remove_checkpoint(const std::string& dir);
 
 namespace checkpoint_testing {
 // Called by rank 0 at each stage of a save: "blobs_written" (before MANIFEST),

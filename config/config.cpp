@@ -452,6 +452,28 @@ std::vector<KeySpec> make_schema() {
        .help = "where the trackers write, one directory per project name",
        .flag_value = "DIR",
        .applies = [](const Config& c) { return !c.logging_dir.empty(); }},
+      {.name = "automatic_checkpoint_naming",
+       .kind = K::boolean,
+       .field = &Config::automatic_checkpoint_naming,
+       .help = "save_state() without a directory writes project_dir/checkpoints/checkpoint_<i> "
+               "(i counting up), and load_state() without one reads the newest complete one",
+       .applies = [](const Config& c) { return c.automatic_checkpoint_naming; }},
+      {.name = "total_limit",
+       .kind = K::integer,
+       .field = &Config::total_limit,
+       .min_value = 0,
+       .max_value = 1 << 20,
+       .range_text = "a number of checkpoints (0: keep all)",
+       .help = "with automatic_checkpoint_naming: keep the newest N checkpoints, deleting the "
+               "oldest only once a new one is complete (0: keep all)",
+       .flag_value = "N",
+       .applies = [](const Config& c) { return c.total_limit != 0; },
+       .check = [](const Config& c) -> std::optional<std::string> {
+         if (c.total_limit == 0 || c.automatic_checkpoint_naming) return std::nullopt;
+         return "total_limit needs automatic_checkpoint_naming true (it counts the named "
+                "checkpoints)";
+       },
+       .related = {"automatic_checkpoint_naming"}},
       {.name = "cpu_communicator",
        .kind = K::choice,
        .field = &Config::cpu_communicator,

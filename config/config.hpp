@@ -59,6 +59,10 @@ struct Config {
   std::string log_with = "none";
   std::string project_dir = ".";
   std::string logging_dir;
+  // Project checkpoints (Accelerate's ProjectConfiguration): save_state() without a directory
+  // writes project_dir/checkpoints/checkpoint_<i>; total_limit keeps the newest N (0: all).
+  bool automatic_checkpoint_naming = false;
+  int total_limit = 0;
   // "auto" (shm on one machine, hierarchical across machines), "gloo", "mpi", "shm" or
   // "hierarchical" for CPU work
   std::string cpu_communicator = "auto";

@@ -827,3 +827,101 @@ TEST_CASE("examples/raw_mlp trains on Fashion-MNIST and resumes from its checkpo
   CHECK(second.workers[0].output.find("epoch 2/2: loss") != std::string::npos);
   CHECK(second.workers[0].output.find("epoch 1/2") == std::string::npos);
 }
+
+namespace {
+// The entries of `dir`, sorted.
+std::vector<std::string> entries_of(const fs::path& dir) {
+  std::vector<std::string> out;
+  for (const auto& e : fs::directory_iterator(dir)) out.push_back(e.path().filename().string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::vector<ParamRef> mlp_params(raw_mlp::Mlp& model) {
+  std::vector<ParamRef> params;
+  for (auto& L : model.layers()) {
+    params.push_back({"w", buffer_of(std::span(L.weight)), buffer_of(std::span(L.weight_grad))});
+    params.push_back({"b", buffer_of(std::span(L.bias)), buffer_of(std::span(L.bias_grad))});
+  }
+  return params;
+}
+}  // namespace
+
+TEST_CASE(
+    "project checkpoints: automatic naming, total_limit 2 keeps the newest two complete, "
+    "load_state() reads the newest") {
+  TempDir tmp;
+  AcceleratorOptions options;
+  options.project_dir = (tmp / "project").string();
+  options.automatic_checkpoint_naming = true;
+  options.total_limit = 2;
+  const fs::path root = tmp / "project" / "checkpoints";
+  raw_mlp::Mlp model({6, 8, 3}, 1);
+  {
+    Accelerator acc(options);
+    acc.prepare_parameters(mlp_params(model));
+    CHECK(acc.latest_checkpoint().empty());
+    for (int i = 0; i < 4; ++i) {
+      acc.set_epoch(std::uint64_t(i) + 1);
+      CHECK(acc.save_state() == (root / ("checkpoint_" + std::to_string(i))).string());
+    }
+    CHECK(entries_of(root) == std::vector<std::string>{"checkpoint_2", "checkpoint_3"});
+    // A save that fails before its new checkpoint is complete removes nothing: the two
+    // newest complete ones stay (never fewer than total_limit - 1).
+    checkpoint_testing::set_stage_hook([](std::string_view stage) {
+      if (stage == "manifest_written") throw CheckpointError("injected failure");
+    });
+    acc.set_epoch(5);
+    CHECK_THROWS_AS(acc.save_state(), CheckpointError);
+    checkpoint_testing::set_stage_hook(nullptr);
+    CHECK(checkpoint_exists((root / "checkpoint_2").string()));
+    CHECK(checkpoint_exists((root / "checkpoint_3").string()));
+    CHECK(!checkpoint_exists((root / "checkpoint_4").string()));
+    // The next one takes index 4, its leftovers cleared, and the oldest goes.
+    acc.set_epoch(6);
+    CHECK(acc.save_state() == (root / "checkpoint_4").string());
+    CHECK(entries_of(root) == std::vector<std::string>{"checkpoint_3", "checkpoint_4"});
+  }
+  Accelerator resumed(options);
+  resumed.prepare_parameters(mlp_params(model));
+  CHECK(resumed.latest_checkpoint() == (root / "checkpoint_4").string());
+  resumed.load_state();
+  CHECK(resumed.resume_epoch() == 6);
+}
+
+TEST_CASE("project checkpoints: without automatic naming or a checkpoint, the error says why") {
+  TempDir tmp;
+  AcceleratorOptions options;
+  options.project_dir = (tmp / "project").string();
+  {
+    Accelerator plain(options);
+    try {
+      plain.save_state();
+      FAIL("save_state() without automatic_checkpoint_naming was accepted");
+    } catch (const InvalidArgument& e) {
+      CHECK(std::string(e.what()).find("needs automatic_checkpoint_naming true") !=
+            std::string::npos);
+    }
+  }
+  options.automatic_checkpoint_naming = true;
+  Accelerator acc(options);
+  raw_mlp::Mlp model({6, 8, 3}, 1);
+  acc.prepare_parameters(mlp_params(model));
+  try {
+    acc.load_state();
+    FAIL("load_state() without a checkpoint was accepted");
+  } catch (const CheckpointError& e) {
+    CHECK(std::string(e.what()).find("no complete checkpoint under " +
+                                     (tmp / "project" / "checkpoints").string()) !=
+          std::string::npos);
+  }
+  AcceleratorOptions limit_only;
+  limit_only.total_limit = 3;
+  try {
+    Accelerator refused(limit_only);
+    FAIL("total_limit without automatic_checkpoint_naming was accepted");
+  } catch (const std::exception& e) {
+    CHECK(std::string(e.what()).find("total_limit needs automatic_checkpoint_naming") !=
+          std::string::npos);
+  }
+}

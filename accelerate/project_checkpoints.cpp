@@ -1,0 +1,110 @@
+// Accelerator::save_state() / load_state() / latest_checkpoint() without a directory:
+// Accelerate's ProjectConfiguration (automatic_checkpoint_naming, total_limit). The named
+// checkpoints are project_dir/checkpoints/checkpoint_<i>; each is installed whole by
+// save_checkpoint (checkpoint.hpp), so "complete" is "exists by the recovery rule".
+
+#include <algorithm>
+#include <cstdint>
+#include <filesystem>
+#include <set>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "accelerate/accelerator.hpp"
+#include "accelerate/checkpoint.hpp"
+#include "backends/optim/host_collectives.hpp"
+#include "core/error.hpp"
+
+namespace accel {
+namespace fs = std::filesystem;
+namespace {
+
+constexpr std::string_view kPrefix = "checkpoint_";
+
+// The complete named checkpoints under `root`, oldest first, as (index, directory). A save
+// that crashed between its two renames left its predecessor as checkpoint_<i>.old-<id> only:
+// checkpoint_exists finds that through the plain name (the recovery rule), so both spellings
+// propose the index.
+std::vector<std::pair<std::uint64_t, std::string>> named_checkpoints(const std::string& root) {
+  std::set<std::uint64_t> indices;
+  std::error_code ec;
+  for (fs::directory_iterator it(root, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.rfind(kPrefix, 0) != 0) continue;
+    const std::string rest = name.substr(kPrefix.size());
+    const std::string digits = rest.substr(0, rest.find(".old-"));
+    if (digits.empty() || digits.size() > 18 ||
+        digits.find_first_not_of("0123456789") != std::string::npos)
+      continue;  // checkpoint_3.tmp-<id> and the like are never read
+    indices.insert(std::stoull(digits));
+  }
+  std::vector<std::pair<std::uint64_t, std::string>> out;
+  for (const std::uint64_t i : indices) {
+    const std::string dir = (fs::path(root) / (std::string(kPrefix) + std::to_string(i))).string();
+    if (checkpoint_exists(dir)) out.emplace_back(i, dir);
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string Accelerator::checkpoints_dir(const char* call) const {
+  ACCEL_CHECK_ARG(automatic_checkpoint_naming_,
+                  std::string(call) +
+                      " without a directory needs automatic_checkpoint_naming true (config key, "
+                      "accel launch --automatic_checkpoint_naming, or AcceleratorOptions), "
+                      "which names the checkpoints project_dir/checkpoints/checkpoint_<i>");
+  return (fs::path(project_dir_) / "checkpoints").string();
+}
+
+std::string Accelerator::save_state() {
+  const std::string root = checkpoints_dir("save_state()");
+  // Rank 0 picks the index (one past the newest) and tells the others.
+  std::int64_t next = 0;
+  std::string error;
+  if (is_main_process()) {
+    std::error_code ec;
+    fs::create_directories(root, ec);
+    if (ec) error = "save_state(): cannot create " + root + ": " + ec.message();
+    const auto existing = named_checkpoints(root);
+    if (!existing.empty()) next = std::int64_t(existing.back().first) + 1;
+  }
+  const int failed = first_failed_rank(comm(), error.empty());
+  if (failed >= 0)
+    throw CheckpointError(error.empty() ? "save_state(): rank 0 cannot create " + root : error);
+  broadcast_values(comm(), buffer_of(std::span(&next, 1)), 0);
+  const std::string dir = (fs::path(root) / (std::string(kPrefix) + std::to_string(next))).string();
+  save_state(dir);
+  // Only now, with the new one complete: the oldest beyond total_limit go.
+  if (total_limit_ > 0 && is_main_process()) {
+    auto existing = named_checkpoints(root);
+    for (std::size_t k = 0; k + std::size_t(total_limit_) < existing.size(); ++k)
+      remove_checkpoint(existing[k].second);
+  }
+  return dir;
+}
+
+std::string Accelerator::latest_checkpoint() {
+  const std::string root = checkpoints_dir("latest_checkpoint()");
+  std::int64_t newest = -1;
+  if (is_main_process()) {
+    const auto existing = named_checkpoints(root);
+    if (!existing.empty()) newest = std::int64_t(existing.back().first);
+  }
+  broadcast_values(comm(), buffer_of(std::span(&newest, 1)), 0);
+  if (newest < 0) return "";
+  return (fs::path(root) / (std::string(kPrefix) + std::to_string(newest))).string();
+}
+
+void Accelerator::load_state() {
+  const std::string dir = latest_checkpoint();
+  if (dir.empty())
+    throw CheckpointError("load_state(): no complete checkpoint under " +
+                          checkpoints_dir("load_state()") +
+                          " (save_state() without a directory writes them there)");
+  load_state(dir);
+}
+
+}  // namespace accel
