@@ -431,9 +431,9 @@ std::vector<KeySpec> make_schema() {
        .kind = K::boolean,
        .field = &Config::activation_checkpointing,
        .aliases = {"fsdp_activation_checkpointing"},
-       .help = "LibTorch: run each child of a prepared torch::nn::Sequential through activation "
-               "checkpointing (its activations recomputed in backward: less memory, one more "
-               "forward)"},
+       .help = "LibTorch: run each child of a prepared torch::nn::Sequential, and each "
+               "accel::ShardedUnit block, through activation checkpointing (its activations "
+               "recomputed in backward: less memory, one more forward)"},
       {.name = "log_with",
        .kind = K::text,
        .field = &Config::log_with,

@@ -50,8 +50,8 @@ struct Config {
   // (FSDP's reshard_after_forward).
   int zero3_param_persistence_threshold = 100000;
   bool reshard_after_forward = true;
-  // LibTorch: a prepared torch::nn::Sequential runs each child through activation
-  // checkpointing (recomputed in backward).
+  // LibTorch: a prepared torch::nn::Sequential runs each child, and each ShardedUnit block
+  // runs, through activation checkpointing (recomputed in backward).
   bool activation_checkpointing = false;
   // Experiment tracking (Accelerate's names): the trackers init_trackers starts (none;
   // tensorboard, csv, jsonl, or all, comma-separated), the project's directory and where the

@@ -267,6 +267,34 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "project checkpoints over real processes: ZeRO-3 at 2 saves checkpoint_0, 3 resume "
+    "from the newest") {
+  if (skip_unless(communicator_available("gloo"), "gloo communicator not built")) return;
+  TempDir dir("accel_torch_zero3_project");
+  auto env = stage3_env("gloo");
+  env.insert(env.end(), {{"ACCEL_AUTOMATIC_CHECKPOINT_NAMING", "true"},
+                         {"ACCEL_TOTAL_LIMIT", "1"},
+                         {"ACCEL_PROJECT_DIR", dir / "project"}});
+  const std::vector<std::string> common = {"--units", "wrapper", "--float"};
+  auto args = [&](std::vector<std::string> more) {
+    more.insert(more.begin(), common.begin(), common.end());
+    return more;
+  };
+  const auto straight =
+      run_ranks(2, "torch_zero3_worker",
+                args({"--checkpoint", "project", "--save_at", "10", "--dump", dir / "straight"}),
+                with_env(env));
+  expect_ok(straight);
+  CHECK(output_of(straight).find("saved " + dir / "project/checkpoints/checkpoint_0") !=
+        std::string::npos);
+  expect_ok(run_ranks(3, "torch_zero3_worker",
+                      args({"--resume", "project", "--dump", dir / "resumed"}), with_env(env)));
+  const double d = max_difference(read_doubles(dir / "resumed"), read_doubles(dir / "straight"));
+  MESSAGE("project checkpoint of world 2 resumed at 3: max |resumed - uninterrupted| " << d);
+  CHECK(d <= 1e-5);
+}
+
+TEST_CASE(
     "activation checkpointing under DDP and ZeRO-3: bitwise the same parameters with "
     "dropout on, the blocks recomputed") {
   if (skip_unless(communicator_available("gloo"), "gloo communicator not built")) return;

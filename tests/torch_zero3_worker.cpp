@@ -18,7 +18,8 @@
 // the prepared model's call; direct: the model's own forward (LibTorch's error on released
 // storage). --float trains in fp32 (the optimizer state of a checkpoint reshards as float);
 // --checkpoint saves after optimizer step STEP, --resume loads and goes on from there (the
-// reference trains from the start). A failure prints "error: ..." and exits 3.
+// reference trains from the start); DIR "project" is save_state() / load_state() without one
+// (automatic_checkpoint_naming). A failure prints "error: ..." and exits 3.
 
 #include <cmath>
 #include <cstdio>
@@ -212,7 +213,10 @@ int main(int argc, char** argv) {
     double max_gathered = 0;
     std::int64_t first_micro = 0;  // a resumed run starts after the checkpoint's steps
     if (!resume.empty()) {
-      acc.load_state(resume);
+      if (resume == "project")  // the newest of project_dir/checkpoints (Accelerate's naming)
+        acc.load_state();
+      else
+        acc.load_state(resume);
       synced_steps = acc.step();
       first_micro = std::int64_t(synced_steps) * K;
     }
@@ -253,7 +257,10 @@ int main(int argc, char** argv) {
       }
       opt->step();
       if (synced && int(synced_steps) == save_at) {
-        acc.save_state(checkpoint);
+        if (checkpoint == "project")
+          acc.print("saved " + acc.save_state());
+        else
+          acc.save_state(checkpoint);
         if (!dump.empty()) write_doubles(dump + ".at_save", flat(state_dict()), rank);
       }
     }
