@@ -385,7 +385,7 @@ class Accelerator {
   bool check_trigger();
 
   // ---- experiment tracking (Accelerate's names; accelerate/trackers/)
-  // Starts the config's log_with trackers (tensorboard, csv, jsonl) writing under
+  // Starts the config's log_with trackers (tensorboard, csv, jsonl, mlflow) writing under
   // logging_dir/project_name, and AcceleratorOptions::trackers, on the main process, and
   // stores the run's hyperparameters there. Every rank calls it; the others hold no tracker.
   void init_trackers(const std::string& project_name, const TrackerConfig& config = {});

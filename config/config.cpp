@@ -206,12 +206,15 @@ std::vector<std::string> comma_separated(std::string_view text) {
 }
 
 std::optional<std::string> log_with_problem(std::string_view names) {
-  static const std::vector<std::string> known = {"none", "tensorboard", "csv", "jsonl", "all"};
+  static const std::vector<std::string> known = {"none",  "tensorboard", "csv",
+                                                 "jsonl", "mlflow",      "all"};
   for (const std::string& name : comma_separated(names)) {
-    if (name == "mlflow" || name == "wandb" || name == "comet_ml" || name == "aim")
-      return "the " + name + " tracker is not available (tensorboard, csv, jsonl or all)";
+    if (name == "wandb" || name == "comet_ml" || name == "aim" || name == "clearml" ||
+        name == "dvclive")
+      return "the " + name + " tracker is not available (tensorboard, csv, jsonl, mlflow or all)";
     if (std::find(known.begin(), known.end(), name) == known.end())
-      return "'" + name + "' is not a tracker (tensorboard, csv, jsonl or all, comma-separated)";
+      return "'" + name +
+             "' is not a tracker (tensorboard, csv, jsonl, mlflow or all, comma-separated)";
   }
   return std::nullopt;
 }
@@ -438,7 +441,7 @@ std::vector<KeySpec> make_schema() {
        .kind = K::text,
        .field = &Config::log_with,
        .help = "trackers acc.init_trackers starts on the main process: none, or tensorboard, "
-               "csv, jsonl or all, comma-separated",
+               "csv, jsonl, mlflow or all, comma-separated",
        .flag_value = "NAMES"},
       {.name = "project_dir",
        .kind = K::text,
@@ -755,7 +758,7 @@ std::vector<std::string> log_with_names(std::string_view log_with) {
   std::vector<std::string> out;
   for (const std::string& name : comma_separated(log_with)) {
     if (name == "all")
-      out.insert(out.end(), {"tensorboard", "csv", "jsonl"});
+      out.insert(out.end(), {"tensorboard", "csv", "jsonl", "mlflow"});
     else if (!name.empty() && name != "none")
       out.push_back(name);
   }

@@ -54,8 +54,8 @@ struct Config {
   // runs, through activation checkpointing (recomputed in backward).
   bool activation_checkpointing = false;
   // Experiment tracking (Accelerate's names): the trackers init_trackers starts (none;
-  // tensorboard, csv, jsonl, or all, comma-separated), the project's directory and where the
-  // trackers write (project_dir when empty).
+  // tensorboard, csv, jsonl, mlflow, or all, comma-separated), the project's directory and where
+  // the trackers write (project_dir when empty).
   std::string log_with = "none";
   std::string project_dir = ".";
   std::string logging_dir;
@@ -149,7 +149,8 @@ struct KeySpec {
 };
 
 const std::vector<KeySpec>& schema();
-// log_with's trackers in order, each once: "all" as tensorboard, csv, jsonl; "none" as nothing.
+// log_with's trackers in order, each once: "all" as tensorboard, csv, jsonl, mlflow; "none"
+// as nothing.
 std::vector<std::string> log_with_names(std::string_view log_with);
 const KeySpec* find_key(std::string_view name);  // nullptr when unknown
 // What --KEY takes, for help texts: "no|fp16|bf16", "1|2" for a short range, else flag_value.

@@ -112,6 +112,7 @@ TEST_CASE("Google's protobuf decodes the file as TensorBoard's Event messages") 
     path = writer.path();
     writer.add_scalar("loss", 0.5f, 0);
     writer.add_scalar("train/accuracy", 0.75f, 300);
+    writer.add_text("config", "| lr | 0.1 |", 0);
   }
   const std::string out = dir.file("decoded.txt");
   const std::string command = std::string("/usr/bin/python3 ") + ACCEL_SOURCE_DIR +
@@ -120,7 +121,8 @@ TEST_CASE("Google's protobuf decodes the file as TensorBoard's Event messages") 
   CHECK(read_file(out) ==
         "file_version brain.Event:2\n"
         "0 loss 0.5\n"
-        "300 train/accuracy 0.75\n");
+        "300 train/accuracy 0.75\n"
+        "0 config text:text:7:'| lr | 0.1 |'\n");  // the text plugin, DT_STRING
 }
 
 TEST_CASE("a writer killed while writing leaves a file readable up to its last record") {

@@ -1,6 +1,7 @@
 // The built-in trackers (accelerate/trackers/tracker.hpp): what each writes for a run's
 // configuration and two log calls, read back: CSV rows, JSONL objects (parsed by Python's json
-// where /usr/bin/python3 is), TensorBoard scalars (read_event_file); an unknown name refused.
+// where /usr/bin/python3 is), TensorBoard scalars (read_event_file), MLflow's file store
+// (meta.yaml, params/, metrics/ lines); an unknown name refused.
 // And the Accelerator driving them: log_with's trackers and the loop's own under
 // logging_dir/project_name, init_trackers / log / end_training, misuse and bad names refused.
 
@@ -8,7 +9,11 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
+#include <sstream>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "accelerate/accelerator.hpp"
 #include "accelerate/trackers/tensorboard_events.hpp"
@@ -70,7 +75,7 @@ TEST_CASE("jsonl: one object per log call; NaN as null; Python's json reads ever
   }
 }
 
-TEST_CASE("tensorboard: each logged value is a scalar event of its step") {
+TEST_CASE("tensorboard: each logged value is a scalar event of its step, the configuration text") {
   TempDir dir("accel_trackers");
   {
     auto tb = make_tracker("tensorboard", dir.file("logs/project"));
@@ -85,6 +90,11 @@ TEST_CASE("tensorboard: each logged value is a scalar event of its step") {
   CHECK(read.scalars[1].value == 0.1f);
   CHECK(read.scalars[3].tag == "accuracy");
   CHECK(read.scalars[3].step == 1);
+  // The configuration: a Markdown table in the TEXT tab.
+  REQUIRE(read.texts.size() == 1);
+  CHECK(read.texts[0].tag == "config");
+  CHECK(read.texts[0].text ==
+        "| name | value |\n|---|---|\n| lr | 0.05 |\n| model | cnn, small |\n");
 }
 
 TEST_CASE("an unknown tracker is refused, naming the known ones") {
@@ -92,7 +102,7 @@ TEST_CASE("an unknown tracker is refused, naming the known ones") {
   CHECK_THROWS_WITH_AS(make_tracker("wandb", dir.file("run")),
                        doctest::Contains("unknown tracker 'wandb' (known: tensorboard, csv, jsonl"),
                        InvalidArgument);
-  CHECK(builtin_trackers() == std::vector<std::string>{"tensorboard", "csv", "jsonl"});
+  CHECK(builtin_trackers() == std::vector<std::string>{"tensorboard", "csv", "jsonl", "mlflow"});
 }
 
 namespace {
@@ -139,9 +149,61 @@ TEST_CASE("the Accelerator starts log_with's trackers and the loop's own under l
 TEST_CASE("log_with names what it does not know, as a config error") {
   AcceleratorOptions options;
   options.communicator = "local";
-  options.log_with = "tensorboard,mlflow";
-  CHECK_THROWS_WITH(Accelerator{options}, doctest::Contains("key 'log_with': the mlflow tracker "
+  options.log_with = "tensorboard,wandb";
+  CHECK_THROWS_WITH(Accelerator{options}, doctest::Contains("key 'log_with': the wandb tracker "
                                                             "is not available"));
   options.log_with = "tensorbord";
   CHECK_THROWS_WITH(Accelerator{options}, doctest::Contains("'tensorbord' is not a tracker"));
+}
+
+TEST_CASE("mlflow: MLflow's file store layout, read back; a second run joins the experiment") {
+  TempDir dir("accel_trackers");
+  namespace fs = std::filesystem;
+  {
+    auto mlflow = make_tracker("mlflow", dir.file("fashion"));
+    CHECK(mlflow->name() == "mlflow");
+    run(*mlflow);
+  }
+  const fs::path store = dir.file("fashion/mlruns");
+  // Experiment 0 is MLflow's Default; the project is experiment 1, named after it.
+  CHECK(read_file((store / "0/meta.yaml").string()).find("name: Default\n") != std::string::npos);
+  const std::string experiment = read_file((store / "1/meta.yaml").string());
+  CHECK(experiment.find("experiment_id: '1'\n") != std::string::npos);
+  CHECK(experiment.find("name: fashion\n") != std::string::npos);
+  CHECK(experiment.find("lifecycle_stage: active\n") != std::string::npos);
+  std::vector<fs::path> runs;
+  for (const auto& e : fs::directory_iterator(store / "1"))
+    if (e.is_directory()) runs.push_back(e.path());
+  REQUIRE(runs.size() == 1);
+  const fs::path run_dir = runs[0];
+  const std::string run_id = run_dir.filename().string();
+  CHECK(run_id.size() == 32);
+  const std::string meta = read_file((run_dir / "meta.yaml").string());
+  CHECK(meta.find("run_id: " + run_id + "\n") != std::string::npos);
+  CHECK(meta.find("experiment_id: '1'\n") != std::string::npos);
+  CHECK(meta.find("status: 3\n") != std::string::npos);  // FINISHED by finish()
+  CHECK(meta.find("end_time: null") == std::string::npos);
+  CHECK(read_file((run_dir / "params/lr").string()) == "0.05");
+  CHECK(read_file((run_dir / "params/model").string()) == "cnn, small");
+  // metrics/<key>: "<timestamp ms> <value> <step>" per log call.
+  const auto rows = [&](const std::string& key) {
+    std::vector<std::pair<double, long>> out;
+    std::istringstream in(read_file((run_dir / "metrics" / key).string()));
+    long long stamp = 0;
+    double value = 0;
+    long step = 0;
+    while (in >> stamp >> value >> step) {
+      CHECK(stamp > 1600000000000LL);  // milliseconds since 1970
+      out.emplace_back(value, step);
+    }
+    return out;
+  };
+  CHECK(rows("loss") == std::vector<std::pair<double, long>>{{0.5, 0}, {0.25, 1}});
+  CHECK(rows("accuracy") == std::vector<std::pair<double, long>>{{1.0 / 3, 1}});
+  // A second run of the project: the same experiment, another run.
+  make_tracker("mlflow", dir.file("fashion"))->log({{"loss", 1.0}}, 0);
+  std::size_t count = 0;
+  for (const auto& e : fs::directory_iterator(store / "1")) count += e.is_directory();
+  CHECK(count == 2);
+  CHECK(!fs::exists(store / "2"));
 }

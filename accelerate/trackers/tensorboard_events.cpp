@@ -113,8 +113,37 @@ class Fields {
 };
 
 // Summary.Value {tag = 1, simple_value = 2}: the scalars; other values are skipped.
+// The first string_val of a TensorProto (field 8), or nothing.
+std::string tensor_string(std::string_view tensor, const std::string& where) {
+  Fields fields(tensor, where + ": TensorProto");
+  std::uint32_t field = 0, wire = 0;
+  while (fields.next(field, wire)) {
+    if (field == 8 && wire == kLength) return std::string(fields.bytes());
+    fields.skip(wire);
+  }
+  return "";
+}
+
+// SummaryMetadata's plugin_data.plugin_name (fields 1, 1), or "".
+std::string plugin_name(std::string_view metadata, const std::string& where) {
+  Fields fields(metadata, where + ": SummaryMetadata");
+  std::uint32_t field = 0, wire = 0;
+  while (fields.next(field, wire)) {
+    if (field != 1 || wire != kLength) {
+      fields.skip(wire);
+      continue;
+    }
+    Fields plugin(fields.bytes(), where + ": PluginData");
+    while (plugin.next(field, wire)) {
+      if (field == 1 && wire == kLength) return std::string(plugin.bytes());
+      plugin.skip(wire);
+    }
+  }
+  return "";
+}
+
 void read_summary(std::string_view summary, double wall_time, std::int64_t step,
-                  const std::string& where, std::vector<ScalarRecord>& out) {
+                  const std::string& where, EventFileContents& out) {
   Fields fields(summary, where + ": Summary");
   std::uint32_t field = 0, wire = 0;
   while (fields.next(field, wire)) {
@@ -125,17 +154,24 @@ void read_summary(std::string_view summary, double wall_time, std::int64_t step,
     Fields value(fields.bytes(), where + ": Summary.Value");
     ScalarRecord record{wall_time, step, {}, 0};
     bool scalar = false;
+    std::string plugin, text;
     while (value.next(field, wire)) {
       if (field == 1 && wire == kLength) {
         record.tag = std::string(value.bytes());
       } else if (field == 2 && wire == kFixed32) {
         record.value = value.fixed<float>();
         scalar = true;
+      } else if (field == 9 && wire == kLength) {
+        plugin = plugin_name(value.bytes(), where);
+      } else if (field == 8 && wire == kLength) {
+        text = tensor_string(value.bytes(), where);
       } else {
         value.skip(wire);
       }
     }
-    if (scalar) out.push_back(std::move(record));
+    if (scalar) out.scalars.push_back(std::move(record));
+    if (plugin == "text")
+      out.texts.push_back({wall_time, step, std::move(record.tag), std::move(text)});
   }
 }
 
@@ -196,6 +232,31 @@ std::string scalar_event(double wall_time, std::int64_t step, std::string_view t
   return out;
 }
 
+std::string text_event(double wall_time, std::int64_t step, std::string_view tag,
+                       std::string_view text) {
+  // Summary.Value {tag = 1, metadata = 9 {plugin_data = 1 {plugin_name = 1 "text"}},
+  // tensor = 8 {dtype = 1 DT_STRING (7), tensor_shape = 2 {} (a scalar), string_val = 8}}
+  std::string plugin_data, metadata, tensor, shape, v;
+  put_bytes(plugin_data, 1, "text");
+  put_bytes(metadata, 1, plugin_data);
+  put_key(tensor, 1, kVarint);
+  put_varint(tensor, 7);
+  put_bytes(tensor, 2, shape);
+  put_bytes(tensor, 8, text);
+  put_bytes(v, 1, tag);
+  put_bytes(v, 9, metadata);
+  put_bytes(v, 8, tensor);
+  std::string summary;
+  put_bytes(summary, 1, v);
+  std::string out;
+  put_key(out, 1, kFixed64);
+  put_fixed(out, wall_time);
+  put_key(out, 2, kVarint);
+  put_varint(out, std::uint64_t(step));
+  put_bytes(out, 5, summary);
+  return out;
+}
+
 EventFileWriter::EventFileWriter(const std::string& dir) {
   static std::atomic<int> count{0};
   std::error_code ec;
@@ -217,6 +278,10 @@ EventFileWriter::~EventFileWriter() {
 
 void EventFileWriter::add_scalar(std::string_view tag, float value, std::int64_t step) {
   write_record(scalar_event(now_seconds(), step, tag, value));
+}
+
+void EventFileWriter::add_text(std::string_view tag, std::string_view text, std::int64_t step) {
+  write_record(text_event(now_seconds(), step, tag, text));
 }
 
 void EventFileWriter::write_record(std::string_view event) {
@@ -268,8 +333,7 @@ EventFileContents read_event_file(const std::string& path) {
       else
         fields.skip(wire);
     }
-    if (!summary.empty())
-      read_summary(summary, wall_time, step, "TensorBoard: " + where, out.scalars);
+    if (!summary.empty()) read_summary(summary, wall_time, step, "TensorBoard: " + where, out);
     at += 12 + length + 4;
   }
   return out;

@@ -6,7 +6,9 @@
 // where masked(c) = ((c >> 15) | (c << 17)) + 0xa282ead8. The first Event holds file_version
 // "brain.Event:2"; each scalar is an Event {wall_time = 1 (double), step = 2 (int64),
 // summary = 5 { value = 1 { tag = 1 (string), simple_value = 2 (float) } } } (the field
-// numbers of tensorflow/core/util/event.proto and framework/summary.proto).
+// numbers of tensorflow/core/util/event.proto and framework/summary.proto); a text (the text
+// plugin's, Markdown) is a Summary.Value with metadata = 9 naming plugin "text" and a scalar
+// DT_STRING tensor = 8 (framework/tensor.proto) holding it.
 
 #include <cstdint>
 #include <string>
@@ -24,6 +26,8 @@ std::string frame_record(std::string_view event);
 // The serialized Events this writer emits.
 std::string version_event(double wall_time);
 std::string scalar_event(double wall_time, std::int64_t step, std::string_view tag, float value);
+std::string text_event(double wall_time, std::int64_t step, std::string_view tag,
+                       std::string_view text);
 
 // Appends records to a new event file, each with one write() of the whole record: a writer
 // killed at any moment leaves a file readable up to its last complete record, and each
@@ -39,6 +43,7 @@ class EventFileWriter {
   EventFileWriter& operator=(const EventFileWriter&) = delete;
 
   void add_scalar(std::string_view tag, float value, std::int64_t step);
+  void add_text(std::string_view tag, std::string_view text, std::int64_t step);
   const std::string& path() const { return path_; }
 
  private:
@@ -54,9 +59,16 @@ struct ScalarRecord {
   float value = 0;
 };
 
+struct TextRecord {
+  double wall_time = 0;
+  std::int64_t step = 0;
+  std::string tag, text;
+};
+
 struct EventFileContents {
   std::string file_version;           // the first event's
   std::vector<ScalarRecord> scalars;  // in file order
+  std::vector<TextRecord> texts;      // the text plugin's, in file order
   bool truncated_tail = false;        // the last record was incomplete (a writer killed)
 };
 

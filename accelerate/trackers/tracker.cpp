@@ -3,11 +3,17 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <random>
 #include <system_error>
 
 #include "accelerate/trackers/tensorboard_events.hpp"
@@ -124,9 +130,13 @@ class TensorBoardTracker final : public GeneralTracker {
  public:
   explicit TensorBoardTracker(const std::string& dir) : writer_(dir) {}
   std::string name() const override { return "tensorboard"; }
-  // Hyperparameters (TensorBoard's hparams plugin) are not written yet: the CSV and JSONL
-  // trackers keep them.
-  void store_init_configuration(const TrackerConfig&) override {}
+  // The configuration as a Markdown table under the text tag "config" (TensorBoard's TEXT
+  // tab; its hparams plugin is not written).
+  void store_init_configuration(const TrackerConfig& config) override {
+    std::string table = "| name | value |\n|---|---|\n";
+    for (const auto& [key, value] : config) table += "| " + key + " | " + value + " |\n";
+    writer_.add_text("config", table, 0);
+  }
   void log(const TrackerValues& values, std::int64_t step) override {
     for (const auto& [key, value] : values) writer_.add_scalar(key, float(value), step);
   }
@@ -135,10 +145,130 @@ class TensorBoardTracker final : public GeneralTracker {
   tensorboard::EventFileWriter writer_;
 };
 
+std::int64_t now_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+// A whole small file, replaced (MLflow's meta.yaml, params/<key>).
+void write_small_file(const std::filesystem::path& path, const std::string& text) {
+  std::error_code ec;
+  std::filesystem::create_directories(path.parent_path(), ec);
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0)
+    throw Error("tracker mlflow: cannot open " + path.string() + ": " + errno_text(errno));
+  try {
+    write_all(fd, text, "tracker mlflow: " + path.string());
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
+  ::close(fd);
+}
+
+// "key: value" of a meta.yaml, or "" when absent.
+std::string yaml_field(const std::filesystem::path& path, const std::string& key) {
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind(key + ": ", 0) == 0) return line.substr(key.size() + 2);
+  return "";
+}
+
+std::string random_hex(std::size_t digits) {
+  std::random_device device;
+  std::string out;
+  while (out.size() < digits) {
+    char part[9];
+    std::snprintf(part, sizeof part, "%08x", unsigned(device()));
+    out += part;
+  }
+  return out.substr(0, digits);
+}
+
+// MLflow's file store (what `mlflow ui --backend-store-uri DIR/mlruns` reads): the project is
+// an experiment (mlruns/<id>/meta.yaml, reused by name), each tracker one run in it
+// (mlruns/<id>/<run_id>/meta.yaml, status RUNNING until finish() makes it FINISHED), every
+// configuration item a file params/<key>, every metric key a file metrics/<key> of
+// "<timestamp ms> <value> <step>" lines.
+class MlflowTracker final : public GeneralTracker {
+ public:
+  explicit MlflowTracker(const std::string& dir) {
+    namespace fs = std::filesystem;
+    const fs::path store = fs::absolute(fs::path(dir) / "mlruns");
+    const std::string experiment = fs::path(dir).filename().string();
+    // The experiment of this name if the store has one; else the next free id (0 is
+    // MLflow's "Default", made with a new store).
+    std::error_code ec;
+    long next = 1;
+    for (fs::directory_iterator it(store, ec), end; !ec && it != end; it.increment(ec)) {
+      const std::string id = it->path().filename().string();
+      if (id.empty() || id.find_first_not_of("0123456789") != std::string::npos) continue;
+      if (yaml_field(it->path() / "meta.yaml", "name") == experiment) experiment_id_ = id;
+      next = std::max(next, std::stol(id) + 1);
+    }
+    const std::int64_t now = now_ms();
+    if (!fs::exists(store / "0" / "meta.yaml")) write_experiment(store, "0", "Default", now);
+    if (experiment_id_.empty()) {
+      experiment_id_ = std::to_string(next);
+      write_experiment(store, experiment_id_, experiment, now);
+    }
+    run_id_ = random_hex(32);
+    run_dir_ = store / experiment_id_ / run_id_;
+    start_ms_ = now;
+    write_meta(1, "null");  // RUNNING
+    write_small_file(run_dir_ / "tags" / "mlflow.runName", run_id_.substr(0, 8));
+    fs::create_directories(run_dir_ / "artifacts", ec);
+  }
+  std::string name() const override { return "mlflow"; }
+  void store_init_configuration(const TrackerConfig& config) override {
+    for (const auto& [key, value] : config) write_small_file(run_dir_ / "params" / key, value);
+  }
+  void log(const TrackerValues& values, std::int64_t step) override {
+    const std::string stamp = std::to_string(now_ms());
+    for (const auto& [key, value] : values) {
+      auto& file = metrics_[key];
+      if (!file) {
+        std::error_code ec;
+        std::filesystem::create_directories((run_dir_ / "metrics" / key).parent_path(), ec);
+        file = std::make_unique<LineFile>((run_dir_ / "metrics" / key).string());
+      }
+      file->append(stamp + " " + number_text(value) + " " + std::to_string(step) + "\n");
+    }
+  }
+  void finish() override { write_meta(3, std::to_string(now_ms())); }  // FINISHED
+
+ private:
+  static void write_experiment(const std::filesystem::path& store, const std::string& id,
+                               const std::string& name, std::int64_t now) {
+    write_small_file(store / id / "meta.yaml",
+                     "artifact_location: file://" + (store / id).string() +
+                         "\ncreation_time: " + std::to_string(now) + "\nexperiment_id: '" + id +
+                         "'\nlast_update_time: " + std::to_string(now) +
+                         "\nlifecycle_stage: active\nname: " + name + "\n");
+  }
+  void write_meta(int status, const std::string& end_time) {
+    const char* user = std::getenv("USER");
+    write_small_file(run_dir_ / "meta.yaml",
+                     "artifact_uri: file://" + (run_dir_ / "artifacts").string() +
+                         "\nend_time: " + end_time + "\nentry_point_name: ''\nexperiment_id: '" +
+                         experiment_id_ + "'\nlifecycle_stage: active\nrun_id: " + run_id_ +
+                         "\nrun_name: " + run_id_.substr(0, 8) + "\nrun_uuid: " + run_id_ +
+                         "\nsource_name: ''\nsource_type: 4\nsource_version: ''\nstart_time: " +
+                         std::to_string(start_ms_) + "\nstatus: " + std::to_string(status) +
+                         "\ntags: []\nuser_id: " + (user ? user : "unknown") + "\n");
+  }
+  std::string experiment_id_, run_id_;
+  std::filesystem::path run_dir_;
+  std::int64_t start_ms_ = 0;
+  std::map<std::string, std::unique_ptr<LineFile>> metrics_;
+};
+
 }  // namespace
 
 const std::vector<std::string>& builtin_trackers() {
-  static const std::vector<std::string> names = {"tensorboard", "csv", "jsonl"};
+  static const std::vector<std::string> names = {"tensorboard", "csv", "jsonl", "mlflow"};
   return names;
 }
 
@@ -149,6 +279,7 @@ std::unique_ptr<GeneralTracker> make_tracker(const std::string& name, const std:
   if (name == "tensorboard") return std::make_unique<TensorBoardTracker>(run_dir);
   if (name == "csv") return std::make_unique<CsvTracker>(run_dir);
   if (name == "jsonl") return std::make_unique<JsonlTracker>(run_dir);
+  if (name == "mlflow") return std::make_unique<MlflowTracker>(run_dir);
   std::string known;
   for (const std::string& n : builtin_trackers()) known += (known.empty() ? "" : ", ") + n;
   throw InvalidArgument("log_with: unknown tracker '" + name + "' (known: " + known + ", all)");

@@ -6,6 +6,8 @@
 //   csv          metrics.csv: "step,name,value" rows; config.csv: "name,value" rows
 //   jsonl        metrics.jsonl: one {"step": S, "<name>": value, ...} object per log call;
 //                config.json: the configuration as one object
+//   mlflow       MLflow's file store, mlruns/ (`mlflow ui --backend-store-uri DIR/mlruns`):
+//                the project an experiment, the run's params/<key> and metrics/<key> files
 // Each log call is in the files when it returns (written, not buffered), so a killed run
 // keeps everything logged before it. A user's own sink derives from GeneralTracker.
 

@@ -5,7 +5,9 @@ independent check of accelerate/trackers/tensorboard_events.cpp's hand-written e
 The message types are tensorflow.Event, Summary and Summary.Value with the field numbers of
 tensorflow/core/util/event.proto and framework/summary.proto, built here from descriptors
 (no protoc, no TensorFlow). Prints the file_version, then one "step tag value" line per
-scalar. Usage: decode_tfevents.py FILE
+scalar and one "step tag text:plugin:dtype:repr(string)" line per text (the text plugin's
+SummaryMetadata and DT_STRING tensor of framework/summary.proto and tensor.proto).
+Usage: decode_tfevents.py FILE
 """
 import struct
 import sys
@@ -17,10 +19,26 @@ F = descriptor_pb2.FieldDescriptorProto
 
 def event_class():
     file = descriptor_pb2.FileDescriptorProto(name="event_check.proto", package="tensorflow")
+    plugin = file.message_type.add(name="PluginData")
+    plugin.field.add(name="plugin_name", number=1, type=F.TYPE_STRING, label=F.LABEL_OPTIONAL)
+    plugin.field.add(name="content", number=2, type=F.TYPE_BYTES, label=F.LABEL_OPTIONAL)
+    metadata = file.message_type.add(name="SummaryMetadata")
+    metadata.field.add(name="plugin_data", number=1, type=F.TYPE_MESSAGE, label=F.LABEL_OPTIONAL,
+                       type_name=".tensorflow.PluginData")
+    file.message_type.add(name="TensorShapeProto")
+    tensor = file.message_type.add(name="TensorProto")
+    tensor.field.add(name="dtype", number=1, type=F.TYPE_INT32, label=F.LABEL_OPTIONAL)
+    tensor.field.add(name="tensor_shape", number=2, type=F.TYPE_MESSAGE, label=F.LABEL_OPTIONAL,
+                     type_name=".tensorflow.TensorShapeProto")
+    tensor.field.add(name="string_val", number=8, type=F.TYPE_BYTES, label=F.LABEL_REPEATED)
     summary = file.message_type.add(name="Summary")
     value = summary.nested_type.add(name="Value")
     value.field.add(name="tag", number=1, type=F.TYPE_STRING, label=F.LABEL_OPTIONAL)
     value.field.add(name="simple_value", number=2, type=F.TYPE_FLOAT, label=F.LABEL_OPTIONAL)
+    value.field.add(name="tensor", number=8, type=F.TYPE_MESSAGE, label=F.LABEL_OPTIONAL,
+                    type_name=".tensorflow.TensorProto")
+    value.field.add(name="metadata", number=9, type=F.TYPE_MESSAGE, label=F.LABEL_OPTIONAL,
+                    type_name=".tensorflow.SummaryMetadata")
     summary.field.add(name="value", number=1, type=F.TYPE_MESSAGE, label=F.LABEL_REPEATED,
                       type_name=".tensorflow.Summary.Value")
     event = file.message_type.add(name="Event")
@@ -49,7 +67,12 @@ def main(path):
         if event.file_version:
             print("file_version", event.file_version)
         for v in event.summary.value:
-            print(event.step, v.tag, repr(v.simple_value))
+            if v.HasField("tensor"):
+                text = v.tensor.string_val[0].decode() if v.tensor.string_val else ""
+                print(event.step, v.tag, "text:%s:%d:%r" % (
+                    v.metadata.plugin_data.plugin_name, v.tensor.dtype, text))
+            else:
+                print(event.step, v.tag, repr(v.simple_value))
         at += 12 + length + 4
 
 
