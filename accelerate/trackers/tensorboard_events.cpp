@@ -216,13 +216,11 @@ std::string version_event(double wall_time) {
   return out;
 }
 
-std::string scalar_event(double wall_time, std::int64_t step, std::string_view tag, float value) {
-  std::string v;
-  put_bytes(v, 1, tag);
-  put_key(v, 2, kFixed32);
-  put_fixed(v, value);
+namespace {
+// An Event {wall_time = 1, step = 2, summary = 5 {value = 1 {value}}} around one Summary.Value.
+std::string summary_event(double wall_time, std::int64_t step, std::string_view value) {
   std::string summary;
-  put_bytes(summary, 1, v);
+  put_bytes(summary, 1, value);
   std::string out;
   put_key(out, 1, kFixed64);
   put_fixed(out, wall_time);
@@ -230,6 +228,15 @@ std::string scalar_event(double wall_time, std::int64_t step, std::string_view t
   put_varint(out, std::uint64_t(step));
   put_bytes(out, 5, summary);
   return out;
+}
+}  // namespace
+
+std::string scalar_event(double wall_time, std::int64_t step, std::string_view tag, float value) {
+  std::string v;
+  put_bytes(v, 1, tag);
+  put_key(v, 2, kFixed32);
+  put_fixed(v, value);
+  return summary_event(wall_time, step, v);
 }
 
 std::string text_event(double wall_time, std::int64_t step, std::string_view tag,
@@ -246,15 +253,7 @@ std::string text_event(double wall_time, std::int64_t step, std::string_view tag
   put_bytes(v, 1, tag);
   put_bytes(v, 9, metadata);
   put_bytes(v, 8, tensor);
-  std::string summary;
-  put_bytes(summary, 1, v);
-  std::string out;
-  put_key(out, 1, kFixed64);
-  put_fixed(out, wall_time);
-  put_key(out, 2, kVarint);
-  put_varint(out, std::uint64_t(step));
-  put_bytes(out, 5, summary);
-  return out;
+  return summary_event(wall_time, step, v);
 }
 
 EventFileWriter::EventFileWriter(const std::string& dir) {
