@@ -387,14 +387,15 @@ class Accelerator {
   // ---- experiment tracking (Accelerate's names; accelerate/trackers/)
   // Starts the config's log_with trackers (tensorboard, csv, jsonl, mlflow) writing under
   // logging_dir/project_name, and AcceleratorOptions::trackers, on the main process, and
-  // stores the run's hyperparameters there. Every rank calls it; the others hold no tracker.
+  // stores the run's hyperparameters there. Every rank calls it; the others hold only the
+  // loop's trackers whose main_process_only() is false.
   void init_trackers(const std::string& project_name, const TrackerConfig& config = {});
-  // Each tracker's record of `values` at `step` (main process; nothing elsewhere). Written
-  // when it returns.
+  // Each tracker's record of `values` at `step` (those this rank holds). Written when it
+  // returns.
   void log(const TrackerValues& values, std::int64_t step);
   // Ends the trackers (also when the Accelerator is destroyed) and waits for every rank.
   void end_training();
-  // The trackers this process writes to (empty on every rank but the main one).
+  // The trackers this process writes to (on ranks but the main one, only those asked for).
   std::vector<std::string> tracker_names() const { return trackers_.names(); }
   // The config's project_dir, and logging_dir (project_dir when not set).
   const std::string& project_dir() const { return project_dir_; }

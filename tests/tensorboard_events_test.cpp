@@ -113,6 +113,8 @@ TEST_CASE("Google's protobuf decodes the file as TensorBoard's Event messages") 
     writer.add_scalar("loss", 0.5f, 0);
     writer.add_scalar("train/accuracy", 0.75f, 300);
     writer.add_text("config", "| lr | 0.1 |", 0);
+    writer.add_hparams_start({{"lr", "0.05"}, {"model", "cnn, small"}, {"amp", "true"}});
+    writer.add_hparams_end(tb::SessionStatus::kSuccess);
   }
   const std::string out = dir.file("decoded.txt");
   const std::string command = std::string("/usr/bin/python3 ") + ACCEL_SOURCE_DIR +
@@ -122,7 +124,14 @@ TEST_CASE("Google's protobuf decodes the file as TensorBoard's Event messages") 
         "file_version brain.Event:2\n"
         "0 loss 0.5\n"
         "300 train/accuracy 0.75\n"
-        "0 config text:text:7:'| lr | 0.1 |'\n");  // the text plugin, DT_STRING
+        "0 config text:text:7:'| lr | 0.1 |'\n"  // the text plugin, DT_STRING
+        "0 _hparams_/session_start_info hparams start lr=number:0.05 "
+        "model=string:'cnn, small' amp=bool:True\n"
+        "0 _hparams_/session_end_info hparams end status=1\n");
+  // Our reader sees the same hyperparameters.
+  const auto read = tb::read_event_file(path);
+  CHECK(read.hparams == tb::HParams{{"lr", "0.05"}, {"model", "cnn, small"}, {"amp", "true"}});
+  CHECK(read.session_end_status == 1);
 }
 
 TEST_CASE("a writer killed while writing leaves a file readable up to its last record") {

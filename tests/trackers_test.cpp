@@ -20,6 +20,7 @@
 #include "accelerate/trackers/tracker.hpp"
 #include "core/error.hpp"
 #include "tests/support/files.hpp"
+#include "tests/support/ranks.hpp"
 
 using namespace accel;
 using namespace accel::test;
@@ -75,7 +76,9 @@ TEST_CASE("jsonl: one object per log call; NaN as null; Python's json reads ever
   }
 }
 
-TEST_CASE("tensorboard: each logged value is a scalar event of its step, the configuration text") {
+TEST_CASE(
+    "tensorboard: each logged value is a scalar event of its step, the configuration as hparams "
+    "and text") {
   TempDir dir("accel_trackers");
   {
     auto tb = make_tracker("tensorboard", dir.file("logs/project"));
@@ -95,6 +98,10 @@ TEST_CASE("tensorboard: each logged value is a scalar event of its step, the con
   CHECK(read.texts[0].tag == "config");
   CHECK(read.texts[0].text ==
         "| name | value |\n|---|---|\n| lr | 0.05 |\n| model | cnn, small |\n");
+  // And as the hparams plugin's session (the HPARAMS tab): lr a number, model a string;
+  // finish() ended the session as a success.
+  CHECK(read.hparams == tensorboard::HParams{{"lr", "0.05"}, {"model", "cnn, small"}});
+  CHECK(read.session_end_status == int(tensorboard::SessionStatus::kSuccess));
 }
 
 TEST_CASE("an unknown tracker is refused, naming the known ones") {
@@ -144,6 +151,25 @@ TEST_CASE("the Accelerator starts log_with's trackers and the loop's own under l
   CHECK(read_file(dir.file("project/run1/metrics.jsonl")) == "{\"step\": 3, \"loss\": 0.5}\n");
   CHECK_THROWS_WITH_AS(acc.log({{"loss", 1.0}}, 4), doctest::Contains("end_training() ended"),
                        InvalidArgument);
+}
+
+TEST_CASE("main process only unless asked: two real ranks, log_with csv and a per-rank tracker") {
+  // trackers_worker: log_with csv (built-in: rank 0 only) and its own tracker whose
+  // main_process_only() is false, writing run/rank<R>; each rank logs its rank at steps 0..2.
+  TempDir dir("accel_trackers");
+  const auto result = run_ranks(2, "trackers_worker", {dir.file("project")});
+  INFO(describe(result));
+  REQUIRE(result.exit_code() == 0);
+  std::string all;
+  for (const auto& w : result.workers) all += w.output;
+  CHECK(all.find("rank 0 trackers: csv per_rank_csv\n") != std::string::npos);
+  CHECK(all.find("rank 1 trackers: per_rank_csv\n") != std::string::npos);
+  const std::string main_rows = "step,name,value\n0,rank,0\n1,rank,0\n2,rank,0\n";
+  CHECK(read_file(dir.file("project/run/metrics.csv")) == main_rows);  // rank 0's values only
+  CHECK(read_file(dir.file("project/run/rank0/metrics.csv")) == main_rows);
+  CHECK(read_file(dir.file("project/run/rank1/metrics.csv")) ==
+        "step,name,value\n0,rank,1\n1,rank,1\n2,rank,1\n");
+  CHECK(read_file(dir.file("project/run/rank1/config.csv")) == "name,value\nworld,2\n");
 }
 
 TEST_CASE("log_with names what it does not know, as a config error") {

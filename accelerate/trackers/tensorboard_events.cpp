@@ -6,7 +6,9 @@
 #include <array>
 #include <atomic>
 #include <cerrno>
+#include <charconv>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -124,9 +126,15 @@ std::string tensor_string(std::string_view tensor, const std::string& where) {
   return "";
 }
 
-// SummaryMetadata's plugin_data.plugin_name (fields 1, 1), or "".
-std::string plugin_name(std::string_view metadata, const std::string& where) {
+struct PluginData {
+  std::string name;          // plugin_name = 1
+  std::string_view content;  // content = 2
+};
+
+// SummaryMetadata's plugin_data (field 1), or an empty one.
+PluginData plugin_data(std::string_view metadata, const std::string& where) {
   Fields fields(metadata, where + ": SummaryMetadata");
+  PluginData out;
   std::uint32_t field = 0, wire = 0;
   while (fields.next(field, wire)) {
     if (field != 1 || wire != kLength) {
@@ -135,11 +143,69 @@ std::string plugin_name(std::string_view metadata, const std::string& where) {
     }
     Fields plugin(fields.bytes(), where + ": PluginData");
     while (plugin.next(field, wire)) {
-      if (field == 1 && wire == kLength) return std::string(plugin.bytes());
-      plugin.skip(wire);
+      if (field == 1 && wire == kLength)
+        out.name = std::string(plugin.bytes());
+      else if (field == 2 && wire == kLength)
+        out.content = plugin.bytes();
+      else
+        plugin.skip(wire);
     }
   }
-  return "";
+  return out;
+}
+
+// google.protobuf.Value {number_value = 2, string_value = 3, bool_value = 4} as text.
+std::string value_text(std::string_view value, const std::string& where) {
+  Fields fields(value, where + ": google.protobuf.Value");
+  std::string out;
+  std::uint32_t field = 0, wire = 0;
+  while (fields.next(field, wire)) {
+    if (field == 2 && wire == kFixed64) {
+      char text[32];
+      const double v = fields.fixed<double>();
+      out.assign(text, std::to_chars(text, text + sizeof text, v).ptr);
+    } else if (field == 3 && wire == kLength) {
+      out = std::string(fields.bytes());
+    } else if (field == 4 && wire == kVarint) {
+      out = fields.varint() ? "true" : "false";
+    } else {
+      fields.skip(wire);
+    }
+  }
+  return out;
+}
+
+// HParamsPluginData's session_start_info (3) hparams and session_end_info (4) status.
+void read_hparams(std::string_view content, const std::string& where, EventFileContents& out) {
+  Fields fields(content, where + ": HParamsPluginData");
+  std::uint32_t field = 0, wire = 0;
+  while (fields.next(field, wire)) {
+    if ((field != 3 && field != 4) || wire != kLength) {
+      fields.skip(wire);
+      continue;
+    }
+    const bool start = field == 3;
+    Fields info(fields.bytes(), where + (start ? ": SessionStartInfo" : ": SessionEndInfo"));
+    while (info.next(field, wire)) {
+      if (start && field == 1 && wire == kLength) {
+        Fields entry(info.bytes(), where + ": hparams entry");
+        std::string key, text;
+        while (entry.next(field, wire)) {
+          if (field == 1 && wire == kLength)
+            key = std::string(entry.bytes());
+          else if (field == 2 && wire == kLength)
+            text = value_text(entry.bytes(), where);
+          else
+            entry.skip(wire);
+        }
+        out.hparams.emplace_back(std::move(key), std::move(text));
+      } else if (!start && field == 1 && wire == kVarint) {
+        out.session_end_status = int(info.varint());
+      } else {
+        info.skip(wire);
+      }
+    }
+  }
 }
 
 void read_summary(std::string_view summary, double wall_time, std::int64_t step,
@@ -154,7 +220,8 @@ void read_summary(std::string_view summary, double wall_time, std::int64_t step,
     Fields value(fields.bytes(), where + ": Summary.Value");
     ScalarRecord record{wall_time, step, {}, 0};
     bool scalar = false;
-    std::string plugin, text;
+    PluginData plugin;
+    std::string text;
     while (value.next(field, wire)) {
       if (field == 1 && wire == kLength) {
         record.tag = std::string(value.bytes());
@@ -162,7 +229,7 @@ void read_summary(std::string_view summary, double wall_time, std::int64_t step,
         record.value = value.fixed<float>();
         scalar = true;
       } else if (field == 9 && wire == kLength) {
-        plugin = plugin_name(value.bytes(), where);
+        plugin = plugin_data(value.bytes(), where);
       } else if (field == 8 && wire == kLength) {
         text = tensor_string(value.bytes(), where);
       } else {
@@ -170,8 +237,9 @@ void read_summary(std::string_view summary, double wall_time, std::int64_t step,
       }
     }
     if (scalar) out.scalars.push_back(std::move(record));
-    if (plugin == "text")
+    if (plugin.name == "text")
       out.texts.push_back({wall_time, step, std::move(record.tag), std::move(text)});
+    if (plugin.name == "hparams") read_hparams(plugin.content, where, out);
   }
 }
 
@@ -256,6 +324,62 @@ std::string text_event(double wall_time, std::int64_t step, std::string_view tag
   return summary_event(wall_time, step, v);
 }
 
+namespace {
+// A Summary.Value {tag = 1, metadata = 9 {plugin_data = 1 {plugin_name "hparams", content = 2
+// HParamsPluginData {version = 1: 0, field = info}}}}.
+std::string hparams_event(double wall_time, std::string_view tag, std::uint32_t field,
+                          std::string_view info) {
+  std::string content, plugin_data, metadata, v;
+  put_key(content, 1, kVarint);
+  put_varint(content, 0);  // PLUGIN_DATA_VERSION
+  put_bytes(content, field, info);
+  put_bytes(plugin_data, 1, "hparams");
+  put_bytes(plugin_data, 2, content);
+  put_bytes(metadata, 1, plugin_data);
+  put_bytes(v, 1, tag);
+  put_bytes(v, 9, metadata);
+  return summary_event(wall_time, 0, v);
+}
+
+bool finite_number(const std::string& text, double& v) {
+  const char* end = text.data() + text.size();
+  const auto result = std::from_chars(text.data(), end, v);
+  return !text.empty() && result.ec == std::errc() && result.ptr == end && std::isfinite(v);
+}
+}  // namespace
+
+std::string hparams_start_event(double wall_time, const HParams& hparams) {
+  std::string info;
+  for (const auto& [name, text] : hparams) {
+    std::string value, entry;
+    double number = 0;
+    if (finite_number(text, number)) {
+      put_key(value, 2, kFixed64);
+      put_fixed(value, number);
+    } else if (text == "true" || text == "false") {
+      put_key(value, 4, kVarint);
+      put_varint(value, text == "true");
+    } else {
+      put_bytes(value, 3, text);
+    }
+    put_bytes(entry, 1, name);
+    put_bytes(entry, 2, value);
+    put_bytes(info, 1, entry);
+  }
+  put_key(info, 5, kFixed64);
+  put_fixed(info, wall_time);
+  return hparams_event(wall_time, "_hparams_/session_start_info", 3, info);
+}
+
+std::string hparams_end_event(double wall_time, SessionStatus status) {
+  std::string info;
+  put_key(info, 1, kVarint);
+  put_varint(info, std::uint64_t(status));
+  put_key(info, 2, kFixed64);
+  put_fixed(info, wall_time);
+  return hparams_event(wall_time, "_hparams_/session_end_info", 4, info);
+}
+
 EventFileWriter::EventFileWriter(const std::string& dir) {
   static std::atomic<int> count{0};
   std::error_code ec;
@@ -281,6 +405,14 @@ void EventFileWriter::add_scalar(std::string_view tag, float value, std::int64_t
 
 void EventFileWriter::add_text(std::string_view tag, std::string_view text, std::int64_t step) {
   write_record(text_event(now_seconds(), step, tag, text));
+}
+
+void EventFileWriter::add_hparams_start(const HParams& hparams) {
+  write_record(hparams_start_event(now_seconds(), hparams));
+}
+
+void EventFileWriter::add_hparams_end(SessionStatus status) {
+  write_record(hparams_end_event(now_seconds(), status));
 }
 
 void EventFileWriter::write_record(std::string_view event) {

@@ -8,11 +8,19 @@
 // summary = 5 { value = 1 { tag = 1 (string), simple_value = 2 (float) } } } (the field
 // numbers of tensorflow/core/util/event.proto and framework/summary.proto); a text (the text
 // plugin's, Markdown) is a Summary.Value with metadata = 9 naming plugin "text" and a scalar
-// DT_STRING tensor = 8 (framework/tensor.proto) holding it.
+// DT_STRING tensor = 8 (framework/tensor.proto) holding it. The run's hyperparameters (the
+// hparams plugin, tensorboard/plugins/hparams/plugin_data.proto) are a Summary.Value tagged
+// "_hparams_/session_start_info" with no value, whose metadata's plugin_data is {plugin_name
+// "hparams", content = 2: HParamsPluginData {version = 1: 0, session_start_info = 3 {hparams
+// = 1: map<string, google.protobuf.Value>, start_time_secs = 5}}}; the run's end is
+// "_hparams_/session_end_info" {session_end_info = 4 {status = 1, end_time_secs = 2}}. The
+// plugin infers the experiment (each hyperparameter's domain, the metrics from the run's
+// scalars) from these, so no "_hparams_/experiment" is written.
 
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace accel::tensorboard {
@@ -28,6 +36,12 @@ std::string version_event(double wall_time);
 std::string scalar_event(double wall_time, std::int64_t step, std::string_view tag, float value);
 std::string text_event(double wall_time, std::int64_t step, std::string_view tag,
                        std::string_view text);
+// A value that reads wholly as a finite number becomes number_value, "true"/"false"
+// bool_value, anything else string_value.
+using HParams = std::vector<std::pair<std::string, std::string>>;  // name, value as text
+std::string hparams_start_event(double wall_time, const HParams& hparams);
+enum class SessionStatus { kUnknown = 0, kSuccess = 1, kFailure = 2, kRunning = 3 };
+std::string hparams_end_event(double wall_time, SessionStatus status);
 
 // Appends records to a new event file, each with one write() of the whole record: a writer
 // killed at any moment leaves a file readable up to its last complete record, and each
@@ -44,6 +58,8 @@ class EventFileWriter {
 
   void add_scalar(std::string_view tag, float value, std::int64_t step);
   void add_text(std::string_view tag, std::string_view text, std::int64_t step);
+  void add_hparams_start(const HParams& hparams);
+  void add_hparams_end(SessionStatus status);
   const std::string& path() const { return path_; }
 
  private:
@@ -69,7 +85,11 @@ struct EventFileContents {
   std::string file_version;           // the first event's
   std::vector<ScalarRecord> scalars;  // in file order
   std::vector<TextRecord> texts;      // the text plugin's, in file order
-  bool truncated_tail = false;        // the last record was incomplete (a writer killed)
+  // The hparams plugin's session start: each value as text (a number in its shortest exact
+  // form, true/false, or the string), in file order; the end's status, or -1 without one.
+  HParams hparams;
+  int session_end_status = -1;
+  bool truncated_tail = false;  // the last record was incomplete (a writer killed)
 };
 
 // Every record's length and both CRCs checked: a damaged record is an Error naming the file

@@ -130,13 +130,16 @@ class TensorBoardTracker final : public GeneralTracker {
  public:
   explicit TensorBoardTracker(const std::string& dir) : writer_(dir) {}
   std::string name() const override { return "tensorboard"; }
-  // The configuration as a Markdown table under the text tag "config" (TensorBoard's TEXT
-  // tab; its hparams plugin is not written).
+  // The configuration twice: the hparams plugin's session start (the HPARAMS tab, runs
+  // compared by hyperparameter), and a Markdown table under the text tag "config" (the TEXT
+  // tab). finish() writes the session's end.
   void store_init_configuration(const TrackerConfig& config) override {
+    writer_.add_hparams_start(config);
     std::string table = "| name | value |\n|---|---|\n";
     for (const auto& [key, value] : config) table += "| " + key + " | " + value + " |\n";
     writer_.add_text("config", table, 0);
   }
+  void finish() override { writer_.add_hparams_end(tensorboard::SessionStatus::kSuccess); }
   void log(const TrackerValues& values, std::int64_t step) override {
     for (const auto& [key, value] : values) writer_.add_scalar(key, float(value), step);
   }

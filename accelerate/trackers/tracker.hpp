@@ -2,7 +2,8 @@
 // Experiment trackers (Accelerate's GeneralTracker and its log_with names): where a run's
 // hyperparameters and metrics go. A tracker writes its own files under the run's directory
 // (logging_dir/project_name); make_tracker builds the built-in ones by name:
-//   tensorboard  TensorBoard event files (tensorboard_events.hpp): scalars per step
+//   tensorboard  TensorBoard event files (tensorboard_events.hpp): scalars per step; the
+//                configuration as the hparams plugin's session and as a text table
 //   csv          metrics.csv: "step,name,value" rows; config.csv: "name,value" rows
 //   jsonl        metrics.jsonl: one {"step": S, "<name>": value, ...} object per log call;
 //                config.json: the configuration as one object
@@ -31,6 +32,10 @@ class GeneralTracker {
   virtual void log(const TrackerValues& values, std::int64_t step) = 0;
   // The run ended (Accelerate's end_training): close what is open.
   virtual void finish() {}
+  // As Accelerate's GeneralTracker.main_process_only: true (every built-in) means only the
+  // main process holds it; a tracker returning false gets every call on every rank (e.g. a
+  // per-rank timing log), and writes where it cannot collide with the other ranks.
+  virtual bool main_process_only() const { return true; }
 };
 
 // The names make_tracker knows, in log_with's order ("all" means these).

@@ -9,7 +9,12 @@ void TrackerSet::init(bool main_process, const std::vector<std::string>& names,
                       const TrackerConfig& config) {
   ACCEL_CHECK_ARG(!started_, "init_trackers: the trackers were started already");
   started_ = true;
-  if (!main_process) return;
+  if (!main_process) {
+    for (auto& t : own)
+      if (!t->main_process_only()) trackers_.push_back(std::move(t));
+    for (const auto& t : trackers_) t->store_init_configuration(config);
+    return;
+  }
   for (const std::string& name : names) {
     bool present = false;
     for (const auto& t : trackers_) present = present || t->name() == name;

@@ -2,7 +2,8 @@
 // The trackers of one run, as the Accelerator drives them (Accelerate's init_trackers, log,
 // end_training): the config's log_with names built by make_tracker under
 // logging_dir/project_name, plus the loop's own GeneralTrackers. Only the main process holds
-// any; on the others every call does nothing, so a loop calls them on every rank.
+// the built-in ones, and the loop's unless their main_process_only() is false; a rank holding
+// none does nothing on each call, so a loop calls them on every rank.
 
 #include <memory>
 #include <string>
@@ -20,7 +21,7 @@ class TrackerSet {
   void log(const TrackerValues& values, std::int64_t step);
   void finish();  // each tracker's finish(), once; later logs are refused
   bool started() const { return started_; }
-  // The trackers this process writes to (empty on the other ranks), by name.
+  // The trackers this process writes to, by name.
   std::vector<std::string> names() const;
 
  private:

@@ -6,7 +6,9 @@ The message types are tensorflow.Event, Summary and Summary.Value with the field
 tensorflow/core/util/event.proto and framework/summary.proto, built here from descriptors
 (no protoc, no TensorFlow). Prints the file_version, then one "step tag value" line per
 scalar and one "step tag text:plugin:dtype:repr(string)" line per text (the text plugin's
-SummaryMetadata and DT_STRING tensor of framework/summary.proto and tensor.proto).
+SummaryMetadata and DT_STRING tensor of framework/summary.proto and tensor.proto); for the
+hparams plugin (tensorboard/plugins/hparams/plugin_data.proto, google.protobuf.Value of
+struct.proto) one "hparams start name=kind:repr(value) ..." or "hparams end status=S" line.
 Usage: decode_tfevents.py FILE
 """
 import struct
@@ -47,16 +49,54 @@ def event_class():
     event.field.add(name="file_version", number=3, type=F.TYPE_STRING, label=F.LABEL_OPTIONAL)
     event.field.add(name="summary", number=5, type=F.TYPE_MESSAGE, label=F.LABEL_OPTIONAL,
                     type_name=".tensorflow.Summary")
+    value = file.message_type.add(name="Value")
+    value.field.add(name="number_value", number=2, type=F.TYPE_DOUBLE, label=F.LABEL_OPTIONAL)
+    value.field.add(name="string_value", number=3, type=F.TYPE_STRING, label=F.LABEL_OPTIONAL)
+    value.field.add(name="bool_value", number=4, type=F.TYPE_BOOL, label=F.LABEL_OPTIONAL)
+    start = file.message_type.add(name="SessionStartInfo")
+    entry = start.nested_type.add(name="HparamsEntry")  # the wire form of a map entry
+    entry.field.add(name="key", number=1, type=F.TYPE_STRING, label=F.LABEL_OPTIONAL)
+    entry.field.add(name="value", number=2, type=F.TYPE_MESSAGE, label=F.LABEL_OPTIONAL,
+                    type_name=".tensorflow.Value")
+    start.field.add(name="hparams", number=1, type=F.TYPE_MESSAGE, label=F.LABEL_REPEATED,
+                    type_name=".tensorflow.SessionStartInfo.HparamsEntry")
+    start.field.add(name="start_time_secs", number=5, type=F.TYPE_DOUBLE, label=F.LABEL_OPTIONAL)
+    end = file.message_type.add(name="SessionEndInfo")
+    end.field.add(name="status", number=1, type=F.TYPE_INT32, label=F.LABEL_OPTIONAL)
+    end.field.add(name="end_time_secs", number=2, type=F.TYPE_DOUBLE, label=F.LABEL_OPTIONAL)
+    hparams = file.message_type.add(name="HParamsPluginData")
+    hparams.field.add(name="version", number=1, type=F.TYPE_INT32, label=F.LABEL_OPTIONAL)
+    hparams.field.add(name="session_start_info", number=3, type=F.TYPE_MESSAGE,
+                      label=F.LABEL_OPTIONAL, type_name=".tensorflow.SessionStartInfo")
+    hparams.field.add(name="session_end_info", number=4, type=F.TYPE_MESSAGE,
+                      label=F.LABEL_OPTIONAL, type_name=".tensorflow.SessionEndInfo")
     pool = descriptor_pool.DescriptorPool()
     pool.Add(file)
-    descriptor = pool.FindMessageTypeByName("tensorflow.Event")
+    return message_class(pool, "tensorflow.Event"), message_class(pool, "tensorflow.HParamsPluginData")
+
+
+def message_class(pool, name):
+    descriptor = pool.FindMessageTypeByName(name)
     if hasattr(message_factory, "GetMessageClass"):
         return message_factory.GetMessageClass(descriptor)
     return message_factory.MessageFactory(pool).GetPrototype(descriptor)
 
 
+def hparams_line(HParams, content):
+    data = HParams.FromString(content)
+    if data.HasField("session_end_info"):
+        return "hparams end status=%d" % data.session_end_info.status
+    items = []
+    for entry in data.session_start_info.hparams:
+        kinds = [k for k in ("number_value", "string_value", "bool_value")
+                 if entry.value.HasField(k)]
+        kind = kinds[0] if kinds else "none"
+        items.append("%s=%s:%r" % (entry.key, kind.split("_")[0], getattr(entry.value, kind, None)))
+    return "hparams start " + " ".join(items)
+
+
 def main(path):
-    Event = event_class()
+    Event, HParams = event_class()
     data = open(path, "rb").read()
     at = 0
     while at + 12 <= len(data):
@@ -67,7 +107,9 @@ def main(path):
         if event.file_version:
             print("file_version", event.file_version)
         for v in event.summary.value:
-            if v.HasField("tensor"):
+            if v.metadata.plugin_data.plugin_name == "hparams":
+                print(event.step, v.tag, hparams_line(HParams, v.metadata.plugin_data.content))
+            elif v.HasField("tensor"):
                 text = v.tensor.string_val[0].decode() if v.tensor.string_val else ""
                 print(event.step, v.tag, "text:%s:%d:%r" % (
                     v.metadata.plugin_data.plugin_name, v.tensor.dtype, text))
