@@ -44,6 +44,8 @@ config::ResolvedConfig resolve_settings(const AcceleratorOptions& options) {
   if (options.automatic_checkpoint_naming)
     from_code["automatic_checkpoint_naming"] = flag(*options.automatic_checkpoint_naming);
   if (options.total_limit) from_code["total_limit"] = std::to_string(*options.total_limit);
+  if (options.disable_progress_bar)
+    from_code["disable_progress_bar"] = flag(*options.disable_progress_bar);
   return config::resolve_config(options.config_file, from_code);
 }
 
@@ -188,6 +190,7 @@ Accelerator::Accelerator(AcceleratorOptions options) : options_(std::move(option
   logging_dir_ = settings.config.logging_dir.empty() ? project_dir_ : settings.config.logging_dir;
   automatic_checkpoint_naming_ = settings.config.automatic_checkpoint_naming;
   total_limit_ = settings.config.total_limit;
+  disable_progress_bar_ = settings.config.disable_progress_bar;
   own_trackers_ = options_.trackers;
   uses_gpu_ = config::uses_gpu(settings.config);
   strategy_options_ = strategy_options_for(settings, options_);
@@ -224,6 +227,20 @@ void Accelerator::init_trackers(const std::string& project_name, const TrackerCo
 
 void Accelerator::log(const TrackerValues& values, std::int64_t step) {
   trackers_.log(values, step);
+  // The open progress bar shows the last logged loss.
+  if (const auto bar = progress_.lock())
+    for (const auto& [name, value] : values)
+      if (name.size() >= 4 && name.compare(name.size() - 4, 4, "loss") == 0) {
+        char text[64];
+        std::snprintf(text, sizeof text, " %.4g", value);
+        bar->set_postfix(name + text);
+      }
+}
+
+ProgressBarOptions Accelerator::progress_bar_options() const {
+  ProgressBarOptions options;
+  options.enabled = is_main_process() && !disable_progress_bar_;
+  return options;
 }
 
 void Accelerator::end_training() {

@@ -48,6 +48,8 @@
 #include "accelerate/loss_scaler.hpp"
 #include "accelerate/print.hpp"
 #include "accelerate/process_env.hpp"
+#include "accelerate/progress_bar.hpp"
+#include "accelerate/progress_range.hpp"
 #include "accelerate/rank_agreement.hpp"
 #include "accelerate/replicas.hpp"
 #include "accelerate/sharded_sampler.hpp"
@@ -99,6 +101,7 @@ struct AcceleratorOptions {
   std::optional<std::string> project_dir, logging_dir;
   std::optional<bool> automatic_checkpoint_naming;  // save_state() / load_state() without a dir
   std::optional<int> total_limit;                   // the newest N named checkpoints (0: all)
+  std::optional<bool> disable_progress_bar;         // progress() draws nothing
   // The loop's own sinks (Accelerate's GeneralTracker instances in log_with), started with the
   // named ones by init_trackers.
   std::vector<std::shared_ptr<GeneralTracker>> trackers;
@@ -397,6 +400,22 @@ class Accelerator {
   void end_training();
   // The trackers this process writes to (on ranks but the main one, only those asked for).
   std::vector<std::string> tracker_names() const { return trackers_.names(); }
+
+  // ---- progress (accelerate/progress_bar.hpp)
+  // `for (auto& batch : acc.progress(*loader, "epoch 1"))`: the loop unchanged, a progress bar
+  // on the main process (i/n when the range has a size, rate, ETA, the last loss acc.log was
+  // given) unless disable_progress_bar (config key, --disable_progress_bar,
+  // ACCEL_DISABLE_PROGRESS_BAR); closed when the loop ends.
+  template <typename Range>
+  ProgressRange<Range> progress(Range& range, std::string description = "") {
+    std::size_t total = 0;
+    if constexpr (requires { std::size(range); }) total = std::size(range);
+    auto bar = std::make_shared<ProgressBar>(std::move(description), total, progress_bar_options());
+    progress_ = bar;
+    return ProgressRange<Range>(range, std::move(bar));
+  }
+  // For a bar of one's own: enabled on the main process unless disabled.
+  ProgressBarOptions progress_bar_options() const;
   // The config's project_dir, and logging_dir (project_dir when not set).
   const std::string& project_dir() const { return project_dir_; }
   const std::string& logging_dir() const { return logging_dir_; }
@@ -520,6 +539,8 @@ class Accelerator {
   std::string log_with_, project_dir_, logging_dir_;
   bool automatic_checkpoint_naming_ = false;
   int total_limit_ = 0;
+  bool disable_progress_bar_ = false;
+  std::weak_ptr<ProgressBar> progress_;  // the newest progress(): log() shows its loss there
   // The named checkpoints' directory (project_dir/checkpoints), checked for the no-dir calls.
   std::string checkpoints_dir(const char* call) const;
   std::vector<std::shared_ptr<GeneralTracker>> own_trackers_;

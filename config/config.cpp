@@ -477,6 +477,13 @@ std::vector<KeySpec> make_schema() {
                 "checkpoints)";
        },
        .related = {"automatic_checkpoint_naming"}},
+      {.name = "disable_progress_bar",
+       .kind = K::boolean,
+       .field = &Config::disable_progress_bar,
+       .help = "no progress bar: acc.progress(loader) iterates without drawing one (the bar is "
+               "drawn on the main process only: one redrawn line on a terminal, else a plain "
+               "line every few seconds)",
+       .applies = [](const Config& c) { return c.disable_progress_bar; }},
       {.name = "cpu_communicator",
        .kind = K::choice,
        .field = &Config::cpu_communicator,

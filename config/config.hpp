@@ -63,6 +63,8 @@ struct Config {
   // writes project_dir/checkpoints/checkpoint_<i>; total_limit keeps the newest N (0: all).
   bool automatic_checkpoint_naming = false;
   int total_limit = 0;
+  // Progress bars (Accelerator::progress, the accel commands) off on every process.
+  bool disable_progress_bar = false;
   // "auto" (shm on one machine, hierarchical across machines), "gloo", "mpi", "shm" or
   // "hierarchical" for CPU work
   std::string cpu_communicator = "auto";

@@ -3,9 +3,13 @@
 // 90% is reported in the notes, not asserted here). Also its checkpoints: one epoch, stopped,
 // resumed for a second, prints the same epoch 2 as two epochs straight. And its trackers:
 // `accel launch --log_with tensorboard,csv --project_dir DIR` leaves one event file and the CSV
-// under DIR/fashion_mnist, read back.
+// under DIR/fashion_mnist, read back. And its progress bar: plain lines from rank 0 under accel
+// launch, one redrawn line when the program runs on a pseudo-terminal.
 
 #include <doctest/doctest.h>
+#include <poll.h>
+#include <pty.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -114,13 +118,24 @@ TEST_CASE(
   CHECK(lines[1].epoch == 2);
   CHECK(std::stod(lines[1].accuracy) >= 0.75);  // 0.83 measured; 10 classes: chance is 0.1
   CHECK(std::stod(lines[1].loss) < std::stod(lines[0].loss));
+  // acc.progress(*loader): piped (rank prefixes), the main process prints plain lines, at
+  // least the final one of each epoch with the last logged loss; the other rank none.
+  CHECK(std::regex_search(straight.output,
+                          std::regex(R"(\[rank 0\] epoch 1 47/47 100% [0-9.]+ (it/s|s/it) in )"
+                                     R"(\d+:\d\d train/loss \d)")));
+  CHECK(straight.output.find("[rank 0] epoch 2 47/47 100%") != std::string::npos);
+  CHECK(straight.output.find("[rank 1] epoch") == std::string::npos);
+  CHECK(straight.output.find('\r') == std::string::npos);  // no terminal redraws in a pipe
 
   // One epoch with a checkpoint, then a second job that resumes from it: the same epoch 2.
+  // (The first without a progress bar.)
   TempDir tmp;
   const std::string ck = tmp / "ck";
-  const launch::WorkerExit first = launch_example({"--epochs", "1", "--checkpoint_dir", ck});
+  const launch::WorkerExit first =
+      launch_example({"--epochs", "1", "--checkpoint_dir", ck}, {"--disable_progress_bar"});
   INFO("first part printed:\n" << first.output);
   REQUIRE(first.exit_code == 0);
+  CHECK(first.output.find("47/47") == std::string::npos);
   const auto first_lines = epoch_lines(first.output);
   REQUIRE(first_lines.size() == 1);
   CHECK(first_lines[0].loss == lines[0].loss);
@@ -185,4 +200,46 @@ TEST_CASE(
   const std::string config_text((std::istreambuf_iterator<char>(config)),
                                 std::istreambuf_iterator<char>());
   CHECK(config_text.find("num_processes,2\n") != std::string::npos);
+  // The hyperparameters as the hparams plugin's session too, ended by end_training.
+  CHECK(events.hparams.size() == 5);
+  CHECK(events.hparams.back() == std::pair<std::string, std::string>{"num_processes", "2"});
+  CHECK(events.session_end_status == int(tensorboard::SessionStatus::kSuccess));
+}
+
+TEST_CASE("fashion_mnist on a pseudo-terminal: its progress bar is one line redrawn in place") {
+  if (skip_unless(have_data(), "Fashion-MNIST not installed at " + kData)) return;
+  // The program itself (one process, no launcher) with a terminal as stdout and stderr.
+  int master = -1;
+  const pid_t pid = ::forkpty(&master, nullptr, nullptr, nullptr);
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    const std::string program = bin_path("fashion_mnist");
+    ::execl(program.c_str(), program.c_str(), "--data_dir", kData.c_str(), "--train_samples",
+            "3000", "--test_samples", "500", "--epochs", "1", static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  std::string out;
+  char buf[4096];
+  pollfd ready{master, POLLIN, 0};
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (std::chrono::steady_clock::now() < deadline && ::poll(&ready, 1, 1000) >= 0) {
+    const ssize_t n = ::read(master, buf, sizeof buf);
+    if (n <= 0) break;  // EIO: the child closed the terminal
+    out.append(buf, std::size_t(n));
+  }
+  ::close(master);
+  int status = 0;
+  if (std::chrono::steady_clock::now() >= deadline) ::kill(pid, SIGKILL);
+  ::waitpid(pid, &status, 0);
+  INFO("the terminal showed:\n" << out);
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+  // 3000 images of 64: 47 batches. Redrawn from the line's start (\r not before \n) and
+  // erased to its end, at least at the start and the end; then the epoch's report.
+  std::size_t redraws = 0;
+  for (std::size_t i = 0; i + 1 < out.size(); ++i) redraws += out[i] == '\r' && out[i + 1] != '\n';
+  CHECK(redraws >= 2);
+  CHECK(out.find("\repoch 1 0/47   0%\x1b[K") != std::string::npos);
+  CHECK(std::regex_search(out, std::regex("\repoch 1 47/47 100% [^\r\n]* train/loss \\d[^\r\n]*"
+                                          "\x1b\\[K\r\nepoch 1: loss")));
 }

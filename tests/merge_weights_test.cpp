@@ -115,14 +115,20 @@ void save(int world, const std::string& dir, const std::string& predict, int zer
   REQUIRE(r.exit_code() == 0);
 }
 
-// Trains and saves at `world` ranks, merges the checkpoint, and returns the merged model's
-// max logit difference against the trained one.
-Difference merged_prediction_difference(int world, int zero_stage) {
+// Trains and saves at `world` ranks, merges the checkpoint (with `flags` first), and returns the
+// merged model's max logit difference against the trained one; `output`: what merge-weights
+// printed.
+Difference merged_prediction_difference(int world, int zero_stage, std::string* output = nullptr,
+                                        const std::vector<std::string>& flags = {}) {
   TempDir tmp("merge_weights_test");
   save(world, tmp / "ck", tmp / "predict.bin", zero_stage);
-  const auto merged = run_accel({"merge-weights", tmp / "ck", tmp / "model.pt"});
+  std::vector<std::string> args = {"merge-weights"};
+  args.insert(args.end(), flags.begin(), flags.end());
+  args.insert(args.end(), {tmp / "ck", tmp / "model.pt"});
+  const auto merged = run_accel(args);
   INFO(describe(merged));
   REQUIRE(merged.exit_code() == 0);
+  if (output) *output = merged.workers.at(0).output;
   return prediction_difference(tmp / "model.pt", tmp / "predict.bin");
 }
 
@@ -130,10 +136,14 @@ Difference merged_prediction_difference(int world, int zero_stage) {
 
 TEST_CASE("merge-weights of a ZeRO-2 checkpoint of 4 ranks loads into a plain LibTorch model") {
   if (skip_unless(communicator_available("gloo"), "gloo communicator not built")) return;
-  const Difference d = merged_prediction_difference(4, 2);
+  std::string output;
+  const Difference d = merged_prediction_difference(4, 2, &output);
   MESSAGE("ZeRO-2 world 4 -> merge-weights -> torch::load: max |logits - trained| "
           << d.max_abs << " (limit " << d.limit << ")");
   CHECK(d.max_abs <= d.limit);
+  // Its progress, piped: the final line, every parameter blob the MANIFEST lists read (the
+  // shared "parameters" and the 4 ranks' "parameters.rankR").
+  CHECK(output.find("accel merge-weights: parameter blobs 5/5 100%") != std::string::npos);
 }
 
 TEST_CASE("merge-weights of a ZeRO-3 checkpoint (each rank's slices only) loads the same way") {
@@ -145,10 +155,12 @@ TEST_CASE("merge-weights of a ZeRO-3 checkpoint (each rank's slices only) loads 
 }
 
 TEST_CASE("merge-weights of a single-process checkpoint gives the same model") {
-  const Difference d = merged_prediction_difference(1, 0);
+  std::string output;
+  const Difference d = merged_prediction_difference(1, 0, &output, {"--disable_progress_bar"});
   MESSAGE("world 1 -> merge-weights -> torch::load: max |logits - trained| "
           << d.max_abs << " (limit " << d.limit << ")");
   CHECK(d.max_abs <= d.limit);
+  CHECK(output.find("parameter blobs") == std::string::npos);  // no progress bar
 }
 
 TEST_CASE("merge-weights refuses a damaged or missing checkpoint and writes nothing") {

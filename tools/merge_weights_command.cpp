@@ -23,6 +23,7 @@
 
 #include "accelerate/checkpoint.hpp"
 #include "accelerate/parameter_layout.hpp"
+#include "accelerate/progress_bar.hpp"
 #include "core/error.hpp"
 #include "tools/commands.hpp"
 
@@ -38,9 +39,11 @@ namespace accel::tools {
 namespace {
 
 constexpr const char* kUsage =
-    "usage: accel merge-weights DIR OUT\n"
+    "usage: accel merge-weights [--disable_progress_bar] DIR OUT\n"
     "  DIR  a checkpoint saved by save_state (DDP or ZeRO, any number of processes)\n"
-    "  OUT  the LibTorch archive to write: torch::load(model, OUT) loads it\n";
+    "  OUT  the LibTorch archive to write: torch::load(model, OUT) loads it\n"
+    "A progress bar counts the parameter blobs read (also off with "
+    "ACCEL_DISABLE_PROGRESS_BAR=1).\n";
 
 at::ScalarType scalar_type(DType dtype) {
   switch (dtype) {
@@ -89,16 +92,25 @@ void write(const Node& node, torch::serialize::OutputArchive& archive) {
   }
 }
 
-// The archive bytes for a raw-API checkpoint.
-std::string archive_from_parameters(const LoadedCheckpoint& ck) {
+// The archive bytes for a raw-API checkpoint; `progress` counts the parameter blobs read (one
+// per rank under ZeRO: the long part for a big model).
+std::string archive_from_parameters(const LoadedCheckpoint& ck, ProgressBarOptions progress) {
   const std::string layout_path = ck.dir + "/" + kParametersLayoutBlob;
   const ParameterLayout layout = parse_layout(ck.shared_blob(kParametersLayoutBlob), layout_path);
+  std::size_t blobs = 0;
+  for (const BlobEntry& b : ck.blobs)
+    blobs +=
+        b.name == kParametersBlob || b.name.rfind(std::string(kParametersBlob) + ".rank", 0) == 0;
+  ProgressBar bar("accel merge-weights: parameter blobs", blobs, progress);
   const FullParameters values = reassemble_parameters(
       layout,
       [&](const std::string& blob) {
-        return blob == kParametersBlob ? ck.shared_blob(blob) : read_blob(ck, blob);
+        std::string bytes = blob == kParametersBlob ? ck.shared_blob(blob) : read_blob(ck, blob);
+        bar.update();
+        return bytes;
       },
       ck.dir);
+  bar.close();
   Node root;
   for (std::size_t i = 0; i < layout.params.size(); ++i) {
     const SavedParam& p = layout.params[i];
@@ -163,6 +175,13 @@ int run_merge_weights_command(int argc, char** argv) {
     std::fputs(kUsage, stdout);
     return 0;
   }
+  ProgressBarOptions progress;
+  progress.enabled = !progress_bar_disabled_by_env();
+  if (argc >= 1 && std::string(argv[0]) == "--disable_progress_bar") {
+    progress.enabled = false;
+    ++argv;
+    --argc;
+  }
   if (argc != 2)
     throw ConfigError(std::string("accel merge-weights: expected DIR and OUT\n") + kUsage);
   const std::string dir = argv[0], out = argv[1];
@@ -181,7 +200,7 @@ int run_merge_weights_command(int argc, char** argv) {
     }
     source = "state.model";
   } else if (ck.shared.count(kParametersLayoutBlob)) {
-    bytes = archive_from_parameters(ck);
+    bytes = archive_from_parameters(ck, progress);
     source = kParametersLayoutBlob;
   } else {
     throw CheckpointError(ck.dir + ": holds no model weights (neither " + kParametersLayoutBlob +

@@ -78,7 +78,8 @@ int main(int argc, char** argv) {
       double loss_sum = 0;
       double batches = 0;
       auto step_started = std::chrono::steady_clock::now();
-      for (auto& batch : *loader) {
+      // A progress bar on the main process (--disable_progress_bar turns it off).
+      for (auto& batch : acc.progress(*loader, "epoch " + std::to_string(epoch + 1))) {
         optimizer.zero_grad();
         auto loss = F::cross_entropy(model(batch.data), batch.target);
         acc.backward(loss);
