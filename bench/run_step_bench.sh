@@ -42,6 +42,7 @@ log=""
 stat=median
 repeat=1
 python=/usr/bin/python3  # Debian's python3-torch lives in the system Python
+plot=""
 
 usage() {
   sed -n '2,/^set -uo/p' "${BASH_SOURCE[0]}" | sed '$d' | sed 's/^# \{0,1\}//'
@@ -61,6 +62,8 @@ flags:
   --repeat N         run each row's set of runs N times, interleaved (default 1); every
                      cell is then the median over the N runs (less drift between columns)
   --python PATH      the Python with torch (default /usr/bin/python3)
+  --plot FILE        the median table as bars, a PNG (default DIR/step_bench.png, beside
+                     its table FILE without .png + .txt; needs python3-matplotlib)
 EOF
 }
 
@@ -78,11 +81,13 @@ while [[ $# -gt 0 ]]; do
     --stat) stat=$2; shift 2 ;;
     --repeat) repeat=$2; shift 2 ;;
     --python) python=$2; shift 2 ;;
+    --plot) plot=$2; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     *) echo "run_step_bench: unknown flag '$1' (--help)" >&2; exit 2 ;;
   esac
 done
 log=${log:-$build/step_bench.log}
+plot=${plot:-$build/step_bench.png}
 [[ $stat == median || $stat == min ]] || { echo "run_step_bench: --stat median|min" >&2; exit 2; }
 step_bench="$build/bin/step_bench"
 accel="$build/bin/accel"
@@ -282,4 +287,6 @@ for model in "${model_list[@]}"; do
 done
 echo
 echo "load at the end: $(cut -d' ' -f1-3 /proc/loadavg); full output: $log"
+ms_table median >"${plot%.png}.txt"
+/usr/bin/python3 "$repo/bench/plot_bench.py" step "${plot%.png}.txt" "$plot"
 exit $failed

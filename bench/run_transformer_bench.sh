@@ -5,6 +5,8 @@
 # memory limit of a quarter of this machine, and ZeRO-3 trains. Each run prints its table row;
 # a run out of memory prints "out of memory on rank R" and fails in seconds, without swapping.
 #   bench/run_transformer_bench.sh [BUILD_DIR] [table|demo|all]
+# The table is also written to BUILD_DIR/transformer_bench.md and drawn as bars in
+# BUILD_DIR/transformer_bench.png (bench/plot_bench.py; needs python3-matplotlib).
 set -u
 build=${1:-build}
 what=${2:-all}
@@ -23,14 +25,18 @@ run() {  # world, distributed type, zero stage (- for none), bench flags...
 if [ "$what" != demo ]; then
   # 13.6M parameters: width 512, 4 blocks; every matrix (262k elements and more) sharded.
   shape=(--width 512 --hidden 2048 --blocks 4 --vocab 1024 --context 32 --batch 8 --steps 6)
-  echo "| world | strategy | units | parameters | median step | peak RSS per rank |"
-  echo "|---|---|---|---|---|---|"
-  for world in 2 4; do
-    run "$world" MULTI_CPU - "${shape[@]}"
-    run "$world" ZERO 2 "${shape[@]}"
-    run "$world" ZERO 3 "${shape[@]}" --units wrapper
-    run "$world" ZERO 3 "${shape[@]}" --units root
-  done
+  {
+    echo "| world | strategy | units | parameters | median step | peak RSS per rank |"
+    echo "|---|---|---|---|---|---|"
+    for world in 2 4; do
+      run "$world" MULTI_CPU - "${shape[@]}"
+      run "$world" ZERO 2 "${shape[@]}"
+      run "$world" ZERO 3 "${shape[@]}" --units wrapper
+      run "$world" ZERO 3 "${shape[@]}" --units root
+    done
+  } | tee "$build/transformer_bench.md"
+  /usr/bin/python3 "$(dirname "$0")/plot_bench.py" transformer "$build/transformer_bench.md" \
+    "$build/transformer_bench.png"
 fi
 
 if [ "$what" != table ]; then
