@@ -391,18 +391,14 @@ class CommTarget final : public Target {
  public:
   CommTarget(std::unique_ptr<ProcessGroup> group, std::size_t max_bytes)
       : group_(std::move(group)), comm_(&group_->comm()), name_(comm_->backend_name()) {
-    if (comm_->device() == DeviceKind::cuda) {
-      const int device = comm_->cuda_device();
-      const std::size_t words = (max_bytes + 7) / 8;  // any dtype's rows fit
-      device_full_ = DeviceBuffer(words, DType::i64, MemoryKind::cuda, device);
-      device_part_ = DeviceBuffer(words, DType::i64, MemoryKind::cuda, device);
-      device_scalar_ = DeviceBuffer(1, DType::f64, MemoryKind::cuda, device);
-    }
+    mirror_on_device(max_bytes);
   }
   explicit CommTarget(std::unique_ptr<ProcessGroup> group) : CommTarget(std::move(group), 0) {}
   // A communicator made on another group's store (the job has one store, hosted once).
-  explicit CommTarget(CommunicatorPtr comm)
-      : own_(std::move(comm)), comm_(own_.get()), name_(comm_->backend_name()) {}
+  explicit CommTarget(CommunicatorPtr comm, std::size_t max_bytes = 0)
+      : own_(std::move(comm)), comm_(own_.get()), name_(comm_->backend_name()) {
+    mirror_on_device(max_bytes);
+  }
 
   std::string name() const override { return name_; }
   std::string description() const override {
@@ -470,6 +466,14 @@ class CommTarget final : public Target {
     return b;
   }
 
+  void mirror_on_device(std::size_t max_bytes) {
+    if (comm_->device() != DeviceKind::cuda) return;
+    const int device = comm_->cuda_device();
+    const std::size_t words = (max_bytes + 7) / 8;  // any dtype's rows fit
+    device_full_ = DeviceBuffer(words, DType::i64, MemoryKind::cuda, device);
+    device_part_ = DeviceBuffer(words, DType::i64, MemoryKind::cuda, device);
+    device_scalar_ = DeviceBuffer(1, DType::f64, MemoryKind::cuda, device);
+  }
   std::unique_ptr<ProcessGroup> group_;
   DeviceBuffer device_full_, device_part_, device_scalar_;
   CommunicatorPtr own_;
@@ -940,6 +944,24 @@ int run(int argc, char** argv) {
       bench.say("# gloo: skipped (built with ACCEL_WITH_GLOO=OFF)\n");
     }
   }
+  // A process holds one process group (init_process_group refuses a second while the first
+  // lives): with the gloo group there, every other communicator is made on its store.
+  auto on_store = [&](const std::string& name, std::size_t max_bytes = 0) {
+    CommOptions options;
+    options.rank = env.rank;
+    options.world_size = env.world_size;
+    options.store = store;
+    options.timeout = timeout;
+    options.group_name = "bench-" + name;
+    return std::make_unique<CommTarget>(create_communicator(name, options), max_bytes);
+  };
+  auto own_group = [&](const std::string& name, std::size_t max_bytes) {
+    if (store) return on_store(name, max_bytes);
+    ProcessGroupOptions options;
+    options.backend = name;
+    options.timeout = timeout;
+    return std::make_unique<CommTarget>(init_process_group(options), max_bytes);
+  };
   // shm and hierarchical rendezvous through the gloo group's store; first in table order, so
   // the fastest tables are printed first.
   std::size_t front = 0;
@@ -950,14 +972,7 @@ int run(int argc, char** argv) {
     } else if (!communicator_available(name)) {
       bench.say("# %s: skipped (built with ACCEL_WITH_SHM=OFF)\n", name);
     } else {
-      CommOptions options;
-      options.rank = env.rank;
-      options.world_size = env.world_size;
-      options.store = store;
-      options.timeout = timeout;
-      options.group_name = std::string("bench-") + name;
-      targets.insert(targets.begin() + std::ptrdiff_t(front++),
-                     std::make_unique<CommTarget>(create_communicator(name, options)));
+      targets.insert(targets.begin() + std::ptrdiff_t(front++), on_store(name));
     }
   }
   if (wanted(flags, "raw_gloo")) {
@@ -977,12 +992,7 @@ int run(int argc, char** argv) {
     if (!mpi_world_ok) {
       bench.say("# mpi, raw_mpi: skipped (MPI's world is not this job's: run under mpirun)\n");
     } else {
-      if (wanted(flags, "mpi")) {
-        ProcessGroupOptions options;
-        options.backend = "mpi";
-        options.timeout = timeout;
-        targets.push_back(std::make_unique<CommTarget>(init_process_group(options)));
-      }
+      if (wanted(flags, "mpi")) targets.push_back(own_group("mpi", 0));
       if (wanted(flags, "raw_mpi")) targets.push_back(std::make_unique<RawMpiTarget>());
     }
 #else
@@ -994,12 +1004,8 @@ int run(int argc, char** argv) {
     if (!communicator_available("nccl")) {
       bench.say("# nccl: skipped (built with ACCEL_WITH_NCCL=OFF)\n");
     } else {
-      ProcessGroupOptions options;
-      options.backend = "nccl";
-      options.timeout = timeout;
       try {
-        targets.push_back(
-            std::make_unique<CommTarget>(init_process_group(options), flags.max_bytes));
+        targets.push_back(own_group("nccl", flags.max_bytes));
       } catch (const Error& e) {
         // Every rank fails alike here (no GPU, no driver), so no rank waits for another.
         bench.say("# nccl: skipped (%s)\n", e.what());

@@ -89,6 +89,8 @@ def number(text):
 
 def step(table_path, png):
     lines = [l.split() for l in open(table_path) if l.strip()]
+    if len(lines) < 2:
+        sys.exit("plot_bench: %s holds no table rows" % table_path)
     columns = lines[0][1:]
     groups = [l[0] for l in lines[1:]]
     values = [[number(v) for v in l[1:]] for l in lines[1:]]
@@ -99,6 +101,8 @@ def step(table_path, png):
 def transformer(md_path, png):
     rows = [[c.strip() for c in l.strip().strip("|").split("|")] for l in open(md_path)
             if l.startswith("|") and re.match(r"\|\s*\d", l)]
+    if not rows:
+        sys.exit("plot_bench: %s holds no table rows" % md_path)
     worlds = sorted({r[0] for r in rows}, key=int)
     columns = []
     for r in rows:
