@@ -44,6 +44,7 @@ config::ResolvedConfig resolve_settings(const AcceleratorOptions& options) {
   if (options.automatic_checkpoint_naming)
     from_code["automatic_checkpoint_naming"] = flag(*options.automatic_checkpoint_naming);
   if (options.total_limit) from_code["total_limit"] = std::to_string(*options.total_limit);
+  if (options.save_on_each_node) from_code["save_on_each_node"] = flag(*options.save_on_each_node);
   if (options.disable_progress_bar)
     from_code["disable_progress_bar"] = flag(*options.disable_progress_bar);
   return config::resolve_config(options.config_file, from_code);
@@ -191,6 +192,7 @@ Accelerator::Accelerator(AcceleratorOptions options) : options_(std::move(option
   automatic_checkpoint_naming_ = settings.config.automatic_checkpoint_naming;
   total_limit_ = settings.config.total_limit;
   disable_progress_bar_ = settings.config.disable_progress_bar;
+  save_on_each_node_ = settings.config.save_on_each_node;
   own_trackers_ = options_.trackers;
   uses_gpu_ = config::uses_gpu(settings.config);
   strategy_options_ = strategy_options_for(settings, options_);

@@ -102,6 +102,7 @@ struct AcceleratorOptions {
   std::optional<bool> automatic_checkpoint_naming;  // save_state() / load_state() without a dir
   std::optional<int> total_limit;                   // the newest N named checkpoints (0: all)
   std::optional<bool> disable_progress_bar;         // progress() draws nothing
+  std::optional<bool> save_on_each_node;            // a checkpoint copy on every machine
   // The loop's own sinks (Accelerate's GeneralTracker instances in log_with), started with the
   // named ones by init_trackers.
   std::vector<std::shared_ptr<GeneralTracker>> trackers;
@@ -479,7 +480,9 @@ class Accelerator {
   // that directory; then, with total_limit N, rank 0 removes the oldest beyond N, so a save
   // that crashes leaves the N before it. load_state() reads the newest complete one
   // (CheckpointError when there is none); latest_checkpoint() names it, or "" (every rank
-  // calls these: rank 0 looks, the others are told).
+  // calls these: rank 0 looks, the others are told). With save_on_each_node every machine
+  // keeps its own copies (its first process looks and removes there): the index is one past
+  // the newest any machine has, the newest the one every machine has.
   std::string save_state();
   void load_state();
   std::string latest_checkpoint();
@@ -506,6 +509,11 @@ class Accelerator {
   // unit by unit). The second runs also when the save fails.
   virtual void before_save_state() {}
   virtual void after_save_state() {}
+  // Where save_state's files go (checkpoint.hpp): one directory every rank sees, or with
+  // save_on_each_node one per machine (its ranks found once, by an all-gather of NODE_RANK).
+  // The writer of a directory writes the shared files: rank 0, or each machine's first rank.
+  const CheckpointPlacement& checkpoint_placement();
+  bool writes_shared_checkpoint_files();
   // For a front end (the LibTorch adapter) to set what only it knows (the replicas it made)
   // before prepare_parameters.
   StrategyOptions& strategy_options_to_prepare() { return strategy_options_; }
@@ -540,6 +548,8 @@ class Accelerator {
   bool automatic_checkpoint_naming_ = false;
   int total_limit_ = 0;
   bool disable_progress_bar_ = false;
+  bool save_on_each_node_ = false;
+  std::optional<CheckpointPlacement> placement_;  // save_on_each_node's machines, found once
   std::weak_ptr<ProgressBar> progress_;  // the newest progress(): log() shows its loss there
   // The named checkpoints' directory (project_dir/checkpoints), checked for the no-dir calls.
   std::string checkpoints_dir(const char* call) const;

@@ -27,6 +27,7 @@
 #include "accelerate/optimizer_state.hpp"
 #include "accelerate/parameter_layout.hpp"
 #include "accelerate/prepared_parameters.hpp"
+#include "backends/optim/host_collectives.hpp"
 #include "core/device_memory.hpp"
 #include "core/error.hpp"
 
@@ -255,11 +256,31 @@ void Accelerator::register_rng(std::string name, std::function<std::string()> sa
   states_.back().reseed = std::move(reseed);
 }
 
+const CheckpointPlacement& Accelerator::checkpoint_placement() {
+  if (placement_) return *placement_;
+  CheckpointPlacement placement;
+  if (save_on_each_node_) {
+    std::vector<std::int64_t> nodes(static_cast<std::size_t>(num_processes()));
+    const std::int64_t mine = env_.node_rank;
+    all_gather_values(comm(), buffer_of(std::span(&mine, 1)), buffer_of(std::span(nodes)));
+    for (int r = 0; r < num_processes(); ++r)
+      if (nodes[std::size_t(r)] == mine) placement.node_ranks.push_back(r);
+  }
+  placement_ = std::move(placement);
+  return *placement_;
+}
+
+bool Accelerator::writes_shared_checkpoint_files() {
+  const CheckpointPlacement& p = checkpoint_placement();
+  return p.node_ranks.empty() ? is_main_process() : p.node_ranks.front() == process_index();
+}
+
 void Accelerator::save_state(const std::string& dir) {
   ACCEL_CHECK_ARG(micro_since_sync_ == 0,
                   "save_state between accumulation steps would lose the gradients accumulated "
                   "so far; save after an optimizer step (sync_gradients() returned true)");
 
+  const bool writer = writes_shared_checkpoint_files();  // every rank, before any other step
   before_save_state();
   struct After {
     Accelerator& a;
@@ -279,9 +300,11 @@ void Accelerator::save_state(const std::string& dir) {
     if (!checkpoint_parameters_) break;
     Strategy& strategy = *model->strategy;
     // ZeRO: each rank writes its slice of the flat buffers (stages 1 and 2 replicate the
-    // parameters, but a rank's slice is what it updated and all that stage 3 holds).
-    const bool sharded = strategy.gradients_sharded();
+    // parameters, but a rank's slice is what it updated and all that stage 3 holds). Saved on
+    // each node, stages 1 and 2 write the whole parameters instead, so each machine's copy
+    // holds them without the other machines' slices.
     const bool values_sharded = strategy.parameters_sharded();
+    const bool sharded = strategy.gradients_sharded() && !(save_on_each_node_ && !values_sharded);
     // GPU values are copied to host memory first (CPU ones are written from where they are);
     // under stage 3 the parameters' buffers are not current, its slices (segments) are.
     const std::string who = "save_state: rank " + std::to_string(process_index()) +
@@ -291,7 +314,7 @@ void Accelerator::save_state(const std::string& dir) {
                         compute_context(comm()), who));
     const ParameterLayout layout = describe_parameters(
         model->params, model->buffers, std::string(strategy.name()), num_processes(), sharded);
-    if (is_main_process()) {
+    if (writer) {
       contents.shared.push_back({model_blob(kParameters, model->index),
                                  blob_pieces(layout, kParameters, host.params, host.buffers)});
       owned.push_back(format_layout(layout));
@@ -309,7 +332,7 @@ void Accelerator::save_state(const std::string& dir) {
   }
   for (const RegisteredState& s : states_) {
     const bool mine = s.scope == StateScope::per_rank;
-    if (!mine && !is_main_process()) continue;  // rank 0's copy is the one kept
+    if (!mine && !writer) continue;  // rank 0's copy is the one kept (each machine's first's)
     owned.push_back(s.save());
     (mine ? contents.per_rank : contents.shared)
         .push_back({state_blob(s.name), {bytes_of(owned.back())}});
@@ -317,7 +340,7 @@ void Accelerator::save_state(const std::string& dir) {
   for (const auto& model : models_) {
     if (!model->save_optimizer) continue;
     const bool sharded = model->strategy->gradients_sharded();
-    if (!sharded && !is_main_process()) continue;
+    if (!sharded && !writer) continue;
     owned.push_back(pack_optimizer_state(model->save_optimizer(), model->strategy->segments()));
     (sharded ? contents.per_rank : contents.shared)
         .push_back({model_blob(kOptimizer, model->index), {bytes_of(owned.back())}});
@@ -327,11 +350,11 @@ void Accelerator::save_state(const std::string& dir) {
   owned.push_back(rng_text.str());
   contents.per_rank.push_back({kRng, {bytes_of(owned.back())}});
 
-  save_checkpoint(comm(), dir, contents);
+  save_checkpoint(comm(), dir, contents, checkpoint_placement());
 }
 
 void Accelerator::load_state(const std::string& dir) {
-  const LoadedCheckpoint ck = load_checkpoint(comm(), dir);
+  const LoadedCheckpoint ck = load_checkpoint(comm(), dir, checkpoint_placement());
   const CheckpointMeta& meta = ck.meta;
   const bool same_world = ck.per_rank_loaded;
 

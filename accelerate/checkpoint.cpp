@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -259,9 +260,17 @@ void check_names(const CheckpointContents& contents) {
   for (const BlobView& b : contents.per_rank) check_blob_name(b.name);
 }
 
-// Step 2 on every rank: the blobs, each synced, and the index rank 0 builds MANIFEST from.
-void write_rank_blobs(const fs::path& tmp, int rank, const CheckpointContents& contents) {
+// Step 2 on every rank: the blobs, each synced (the shared ones by the writer of this
+// directory), and the index the writer builds MANIFEST from.
+void write_rank_blobs(const fs::path& tmp, int rank, bool writer,
+                      const CheckpointContents& contents) {
   check_names(contents);
+  std::error_code ec;
+  if (!fs::is_directory(tmp, ec))
+    throw CheckpointError(tmp.string() + ": rank " + std::to_string(rank) +
+                          " does not see the directory its writer made: every rank must see "
+                          "the checkpoint directory (a shared filesystem), or save with "
+                          "save_on_each_node (a copy on each machine)");
   std::string index;
   auto put = [&](const std::string& name, const std::vector<std::span<const char>>& pieces) {
     write_file_synced(tmp / name, pieces);
@@ -273,25 +282,26 @@ void write_rank_blobs(const fs::path& tmp, int rank, const CheckpointContents& c
     }
     index += name + " " + std::to_string(size) + " " + std::to_string(crc) + "\n";
   };
-  if (rank == 0)
+  if (writer)
     for (const BlobView& b : contents.shared) put(b.name, b.pieces);
   for (const BlobView& b : contents.per_rank) put(b.name + rank_suffix(rank), b.pieces);
   write_file_synced(tmp / (kIndexPrefix + std::to_string(rank)), index);
 }
 
-// Step 3 on rank 0: every rank's index merged into MANIFEST.
-Manifest merge_indexes(const fs::path& tmp, const CheckpointContents& contents, int world) {
+// Step 3 on the writer: the indexes of the ranks whose blobs are here merged into MANIFEST.
+Manifest merge_indexes(const fs::path& tmp, const CheckpointContents& contents, int world,
+                       const std::vector<int>& ranks) {
   Manifest m;
   m.meta = contents.meta;
   m.meta.world_size = world;
   m.meta.rank_files = world;
   std::set<std::string> names;
-  for (int r = 0; r < world; ++r) {
+  for (const int r : ranks) {
     const fs::path index_path = tmp / (kIndexPrefix + std::to_string(r));
     const std::string index = read_file(
         index_path, " (rank " + std::to_string(r) +
                         " wrote it; every rank must see the checkpoint directory, e.g. on a "
-                        "shared filesystem)");
+                        "shared filesystem, or save with save_on_each_node)");
     std::size_t pos = 0;
     while (pos < index.size()) {
       const std::size_t nl = index.find('\n', pos);
@@ -345,56 +355,99 @@ int first_failed_rank(Communicator& comm, bool ok) {
 
 namespace {
 
-// Step 1: rank 0 prepares DIR.tmp-<id> and tells everyone the id (and whether it worked).
-fs::path agree_on_tmp_dir(Communicator& comm, const fs::path& dir) {
+bool is_writer(const CheckpointPlacement& placement, int rank) {
+  return placement.node_ranks.empty() ? rank == 0 : placement.node_ranks.front() == rank;
+}
+
+// A writer's mark in its DIR.tmp-<id> (save_on_each_node): finding another machine's there, or
+// not its own, means the machines share DIR's filesystem.
+std::string writer_mark(int rank) { return ".writer.rank" + std::to_string(rank); }
+
+// Step 1: rank 0 draws the id; each directory's writer prepares DIR.tmp-<id>. Saved on each
+// node, the writers then check that no two of them share a directory.
+fs::path agree_on_tmp_dir(Communicator& comm, const fs::path& dir,
+                          const CheckpointPlacement& placement, std::string& save_id) {
+  std::int64_t id = comm.rank() == 0 ? std::int64_t(fresh_id_value()) : 0;
+  broadcast_values(comm, buffer_of(std::span(&id, 1)), 0);
+  save_id = id_text(std::uint64_t(id));
+  const fs::path tmp = sibling(dir, kTmpMarker, save_id);
+  const bool writer = is_writer(placement, comm.rank());
+  const bool on_each_node = !placement.node_ranks.empty();
+  // Every rank throws when one failed, the writers after removing what they made.
+  auto fail_together = [&](const std::string& error) {
+    const int failed = first_failed_rank(comm, error.empty());
+    if (failed < 0) return;
+    if (writer) remove_quietly(tmp);
+    if (!error.empty()) throw CheckpointError(error);
+    throw CheckpointError(dir.string() + ": rank " + std::to_string(failed) +
+                          " could not prepare the checkpoint (see its error)");
+  };
+  const std::string shared_dir =
+      dir.string() + ": the machines share this directory (another machine wrote " + tmp.string() +
+      " too): save_on_each_node is for machines without a shared filesystem; turn it off";
   std::string error;
-  std::int64_t prepared[2] = {0, 0};  // worked, id
-  if (comm.rank() == 0) {
-    const std::uint64_t id = fresh_id_value();
-    try {
-      prepare_tmp_dir(dir, sibling(dir, kTmpMarker, id_text(id)));
-      prepared[0] = 1;
-      prepared[1] = std::int64_t(id);
-    } catch (const std::exception& e) {
-      error = e.what();
+  bool made = false;
+  try {
+    // The id is fresh: DIR.tmp-<id> there already is another writer's.
+    if (writer && on_each_node && fs::exists(tmp)) throw CheckpointError(shared_dir);
+    if (writer) prepare_tmp_dir(dir, tmp);
+    made = writer;
+    if (writer && on_each_node) write_file_synced(tmp / writer_mark(comm.rank()), std::string());
+  } catch (const std::exception& e) {
+    error = on_each_node && !made && fs::exists(tmp) ? shared_dir : e.what();
+  }
+  fail_together(error);
+  if (!on_each_node) return tmp;
+  if (writer) {  // every writer's mark is in place now
+    std::error_code ec;
+    bool mine = false, others = false;
+    for (fs::directory_iterator it(tmp, ec), end; !ec && it != end; it.increment(ec)) {
+      const std::string name = it->path().filename().string();
+      mine = mine || name == writer_mark(comm.rank());
+      others = others || (name.rfind(".writer.rank", 0) == 0 && name != writer_mark(comm.rank()));
     }
+    if (!mine || others) error = shared_dir;
+    remove_quietly(tmp / writer_mark(comm.rank()));
   }
-  broadcast_values(comm, buffer_of(std::span<std::int64_t>(prepared)), 0);
-  if (!prepared[0]) {
-    if (comm.rank() == 0) throw CheckpointError(error);
-    throw CheckpointError(dir.string() +
-                          ": rank 0 could not prepare the checkpoint (see its error)");
-  }
-  return sibling(dir, kTmpMarker, id_text(std::uint64_t(prepared[1])));
+  fail_together(error);
+  return tmp;
 }
 
 // Step 2: every rank's blobs; a failure on any rank fails the save on all.
-void write_all_blobs(Communicator& comm, const fs::path& dir, const fs::path& tmp,
+void write_all_blobs(Communicator& comm, const fs::path& dir, const fs::path& tmp, bool writer,
                      const CheckpointContents& contents) {
   std::string error;
   try {
-    write_rank_blobs(tmp, comm.rank(), contents);
+    write_rank_blobs(tmp, comm.rank(), writer, contents);
   } catch (const std::exception& e) {
     error = e.what();
   }
   const int failed = first_failed_rank(comm, error.empty());
   if (failed < 0) return;
-  if (comm.rank() == 0) remove_quietly(tmp);
+  if (writer) remove_quietly(tmp);
   if (!error.empty()) throw CheckpointError(error);
   throw CheckpointError(dir.string() + ": rank " + std::to_string(failed) +
                         " could not write its part of the checkpoint (see its error)");
 }
 
-// Step 3: rank 0 writes MANIFEST and swaps the directories; step 4: everyone hears how it went.
-void finish_on_rank0(Communicator& comm, const fs::path& dir, const fs::path& tmp,
-                     const CheckpointContents& contents) {
+// Step 3: each writer writes MANIFEST and swaps the directories; step 4: everyone hears how
+// it went.
+void finish_on_writers(Communicator& comm, const fs::path& dir, const fs::path& tmp,
+                       const CheckpointContents& contents, const CheckpointPlacement& placement,
+                       const std::string& save_id) {
   std::string error;
-  std::int64_t ok = 1;
-  if (comm.rank() == 0) {
+  if (is_writer(placement, comm.rank())) {
     bool installed = false;
     try {
       at_stage("blobs_written");
-      const Manifest manifest = merge_indexes(tmp, contents, comm.world_size());
+      std::vector<int> ranks = placement.node_ranks;
+      if (ranks.empty())
+        for (int r = 0; r < comm.world_size(); ++r) ranks.push_back(r);
+      Manifest manifest = merge_indexes(tmp, contents, comm.world_size(), ranks);
+      if (!placement.node_ranks.empty()) {
+        manifest.node_ranks = placement.node_ranks;
+        manifest.save_id = save_id;
+      }
       write_file_synced(tmp / kManifestName, format_manifest(manifest));
       sync_dir(tmp);
       at_stage("manifest_written");
@@ -402,25 +455,25 @@ void finish_on_rank0(Communicator& comm, const fs::path& dir, const fs::path& tm
       installed = true;
     } catch (const std::exception& e) {
       error = e.what();
-      ok = 0;
       if (!installed) remove_quietly(tmp);
     }
   }
-  broadcast_values(comm, buffer_of(std::span(&ok, 1)), 0);
-  if (ok) return;
-  if (comm.rank() == 0) throw CheckpointError(error);
-  throw CheckpointError(dir.string() +
-                        ": rank 0 could not complete the checkpoint (see its error)");
+  const int failed = first_failed_rank(comm, error.empty());
+  if (failed < 0) return;
+  if (!error.empty()) throw CheckpointError(error);
+  throw CheckpointError(dir.string() + ": rank " + std::to_string(failed) +
+                        " could not complete the checkpoint (see its error)");
 }
 
 }  // namespace
 
 void save_checkpoint(Communicator& comm, const std::string& dir_name,
-                     const CheckpointContents& contents) {
+                     const CheckpointContents& contents, const CheckpointPlacement& placement) {
   const fs::path dir = normalized(dir_name);
-  const fs::path tmp = agree_on_tmp_dir(comm, dir);
-  write_all_blobs(comm, dir, tmp, contents);
-  finish_on_rank0(comm, dir, tmp, contents);
+  std::string save_id;
+  const fs::path tmp = agree_on_tmp_dir(comm, dir, placement, save_id);
+  write_all_blobs(comm, dir, tmp, is_writer(placement, comm.rank()), contents);
+  finish_on_writers(comm, dir, tmp, contents, placement, save_id);
 }
 
 std::string resolve_checkpoint_dir(const std::string& dir_name) {
@@ -453,9 +506,25 @@ const std::string& LoadedCheckpoint::shared_blob(const std::string& name) const 
   return it->second;
 }
 
+namespace {
+// "0, 1" (the ranks a machine's copy holds).
+std::string rank_list(const std::vector<int>& ranks) {
+  std::string out;
+  for (const int r : ranks) out += (out.empty() ? "" : ", ") + std::to_string(r);
+  return out;
+}
+}  // namespace
+
 std::string read_blob(const LoadedCheckpoint& ck, const std::string& file) {
   for (const BlobEntry& b : ck.blobs)
     if (b.name == file) return read_verified(fs::path(ck.dir), b);
+  if (!ck.node_ranks.empty())
+    throw CheckpointError((fs::path(ck.dir) / file).string() +
+                          ": not in this machine's copy (saved with save_on_each_node, it holds "
+                          "the blobs of ranks " +
+                          rank_list(ck.node_ranks) +
+                          " only): resume with the same ranks on each machine, or put every "
+                          "machine's files into one directory first");
   throw CheckpointError((fs::path(ck.dir) / file).string() + ": missing (not in MANIFEST)");
 }
 
@@ -472,6 +541,16 @@ LoadedCheckpoint read_checkpoint(const std::string& dir_name, int rank, int worl
       manifest_path.string());
   out.meta = manifest.meta;
   out.per_rank_loaded = manifest.meta.world_size == world_size;
+  out.node_ranks = manifest.node_ranks;
+  out.save_id = manifest.save_id;
+  if (out.per_rank_loaded && !out.node_ranks.empty() &&
+      std::find(out.node_ranks.begin(), out.node_ranks.end(), rank) == out.node_ranks.end())
+    throw CheckpointError(out.dir + ": rank " + std::to_string(rank) +
+                          "'s blobs are not in this machine's copy (saved with "
+                          "save_on_each_node, it holds ranks " +
+                          rank_list(out.node_ranks) +
+                          "): resume with the same ranks on each machine, or put every "
+                          "machine's files into one directory first");
 
   out.blobs = manifest.blobs;
   for (const BlobEntry& b : manifest.blobs) {
@@ -486,7 +565,8 @@ LoadedCheckpoint read_checkpoint(const std::string& dir_name, int rank, int worl
   return out;
 }
 
-LoadedCheckpoint load_checkpoint(Communicator& comm, const std::string& dir) {
+LoadedCheckpoint load_checkpoint(Communicator& comm, const std::string& dir,
+                                 const CheckpointPlacement& placement) {
   LoadedCheckpoint out;
   std::string error;
   try {
@@ -501,10 +581,22 @@ LoadedCheckpoint load_checkpoint(Communicator& comm, const std::string& dir) {
     throw CheckpointError(normalized(dir).string() + ": rank " + std::to_string(failed) +
                           " could not read the checkpoint (see its error)");
   }
+  if (!placement.node_ranks.empty()) {
+    // Each machine read its own copy: all must be of one save (a save that failed on one
+    // machine after another installed its copy leaves them apart).
+    const std::uint64_t id = out.save_id.empty() ? 0 : std::stoull(out.save_id, nullptr, 16);
+    std::int64_t range[2] = {std::int64_t(id >> 1), -std::int64_t(id >> 1)};
+    all_reduce_values(comm, buffer_of(std::span<std::int64_t>(range)), ReduceOp::min);
+    if (range[0] != -range[1])
+      throw CheckpointError(normalized(dir).string() +
+                            ": the machines' copies are of different saves (save_id " +
+                            (out.save_id.empty() ? "none" : out.save_id) +
+                            " here): a save failed on some machine; load an older checkpoint");
+  }
   // A removal a crash interrupted is finished here, so a job that resumes and ends without
   // saving again leaves nothing half-deleted. (DIR.tmp-* and DIR.old-* wait for the next save:
   // another process may be saving to DIR right now.)
-  if (comm.rank() == 0) discard(normalized(dir), {});
+  if (is_writer(placement, comm.rank())) discard(normalized(dir), {});
   return out;
 }
 

@@ -21,6 +21,8 @@
 //   4. rank 0 broadcasts the outcome (every rank returns, or throws, together).
 // So DIR is only ever absent or complete. All ranks must see the same filesystem at DIR (a
 // shared one across machines): rank 0 reads the other ranks' indexes and says so if it cannot.
+// Machines without one save on each node instead (CheckpointPlacement): the same steps, with
+// each machine's first rank in rank 0's place for its own copy.
 // Each <id> is 16 random hex digits, so no later run (a restarted container's rank 0 has the
 // same pid) reuses a name an earlier one left. A directory is removed by renaming it to
 // DIR.trash-<id> first, then deleting that: a crash mid-removal leaves nothing partial under
@@ -60,12 +62,24 @@ struct BlobView {
 
 struct CheckpointContents {
   CheckpointMeta meta;             // rank 0's is written; world_size and rank_files are filled in
-  std::vector<BlobView> shared;    // rank 0's are written, other ranks' are ignored
+  std::vector<BlobView> shared;    // the writer's (rank 0's; see CheckpointPlacement) are written
   std::vector<BlobView> per_rank;  // every rank's, as NAME.rankR
 };
 
-void save_checkpoint(Communicator& comm, const std::string& dir,
-                     const CheckpointContents& contents);
+// Where the files go. By default DIR is one directory every rank sees (a shared filesystem):
+// rank 0 writes the shared blobs and MANIFEST. With node_ranks (Accelerate's
+// save_on_each_node), each machine has a DIR of its own: the first rank of each machine
+// (node_ranks.front()) plays rank 0's part there, for the shared blobs (so every rank's
+// CheckpointContents holds them) and a MANIFEST of its machine's ranks' blobs; a save id in
+// every copy lets load_checkpoint check that all machines read the same save. Writers that
+// find each other's marks in DIR.tmp-<id> (a shared filesystem after all) fail the save,
+// saying so.
+struct CheckpointPlacement {
+  std::vector<int> node_ranks;  // this rank's machine's ranks, ascending; empty: shared DIR
+};
+
+void save_checkpoint(Communicator& comm, const std::string& dir, const CheckpointContents& contents,
+                     const CheckpointPlacement& placement = {});
 
 // One rank's view of a verified checkpoint.
 struct LoadedCheckpoint {
@@ -77,6 +91,8 @@ struct LoadedCheckpoint {
   // blobs belong to whom is then undefined, and the caller decides whether that matters.
   bool per_rank_loaded = false;
   std::vector<BlobEntry> blobs;  // every blob the MANIFEST lists, loaded here or not
+  std::vector<int> node_ranks;   // saved on each node: the ranks whose blobs this copy holds
+  std::string save_id;           // ...and the save, the same in every machine's copy
 
   const std::string& shared_blob(const std::string& name) const;
 };
@@ -88,7 +104,9 @@ std::string read_blob(const LoadedCheckpoint& ck, const std::string& file);
 
 // Reads and verifies on every rank, then agrees: returns on all ranks or throws on all. Rank 0
 // then deletes any DIR.trash-* a crash left.
-LoadedCheckpoint load_checkpoint(Communicator& comm, const std::string& dir);
+// With node_ranks, each machine reads its own copy, and all must be of one save.
+LoadedCheckpoint load_checkpoint(Communicator& comm, const std::string& dir,
+                                 const CheckpointPlacement& placement = {});
 
 // Every rank says whether its part of a save or load worked; all learn the lowest failing
 // rank, or -1 (an all-reduce through host_collectives, so NCCL jobs stage it on the GPU).

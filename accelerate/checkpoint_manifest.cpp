@@ -1,5 +1,6 @@
 #include "accelerate/checkpoint_manifest.hpp"
 
+#include <algorithm>
 #include <array>
 #include <charconv>
 #include <cstdio>
@@ -91,6 +92,12 @@ std::string format_manifest(const Manifest& m) {
   out += "\nepoch: " + std::to_string(m.meta.epoch);
   out += "\nbatch: " + std::to_string(m.meta.batch);
   out += "\nseed: " + std::to_string(m.meta.seed);
+  if (!m.node_ranks.empty()) {
+    out += "\nnode_ranks: ";
+    for (std::size_t i = 0; i < m.node_ranks.size(); ++i)
+      out += (i ? "," : "") + std::to_string(m.node_ranks[i]);
+    out += "\nsave_id: " + m.save_id;
+  }
   out += "\n";
   for (const BlobEntry& b : m.blobs)
     out += "blob: " + b.name + " " + std::to_string(b.size) + " " + hex32(b.crc32) + "\n";
@@ -173,6 +180,17 @@ Manifest parse_manifest(std::string_view text, const std::string& path) {
       number(m.meta.batch);
     } else if (key == "seed") {
       number(m.meta.seed);
+    } else if (key == "node_ranks") {
+      for (std::size_t at = 0; at <= value.size();) {
+        const std::size_t comma = std::min(value.find(',', at), value.size());
+        int r = -1;
+        if (!parse_number(value.substr(at, comma - at), r) || r < 0)
+          throw fail(line_no, "node_ranks: not a list of ranks: '" + std::string(value) + "'");
+        m.node_ranks.push_back(r);
+        at = comma + 1;
+      }
+    } else if (key == "save_id") {
+      m.save_id = std::string(value);
     } else if (key == "blob") {
       const auto words = split_words(value);
       BlobEntry b;

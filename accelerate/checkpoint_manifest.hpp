@@ -14,6 +14,9 @@
 //   blob: rng.rank0 6980 0a9b7e21
 //   end: 3f0a11d2
 //
+// A copy saved on one machine of several (save_on_each_node) adds, after seed:
+//   node_ranks: 2,3            the ranks whose per-rank blobs this copy holds
+//   save_id: 9f86d081884c7d65  the save it belongs to, the same in every machine's copy
 // Each blob line is "NAME SIZE CRC32" (size in bytes, CRC-32 in hex). The end line carries the
 // CRC-32 of every byte before it: a truncated manifest lacks it, a flipped byte breaks it.
 // Unknown keys are an error rather than ignored: a manifest from a newer format must not be
@@ -57,6 +60,8 @@ struct BlobEntry {
 struct Manifest {
   int format_version = kCheckpointFormatVersion;
   CheckpointMeta meta;
+  std::vector<int> node_ranks;  // empty: every rank's blobs are here (one shared directory)
+  std::string save_id;          // with node_ranks
   std::vector<BlobEntry> blobs;
 };
 

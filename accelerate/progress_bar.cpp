@@ -84,7 +84,8 @@ std::string ProgressBar::text() const {
 void ProgressBar::draw(bool final) {
   last_draw_ = Clock::now();
   // One write() per line, so ranks or threads sharing the stream do not split it.
-  const std::string line = terminal_ ? "\r" + text() + "\x1b[K" + (final ? "\n" : "") : text() + "\n";
+  const std::string line =
+      terminal_ ? "\r" + text() + "\x1b[K" + (final ? "\n" : "") : text() + "\n";
   for (std::size_t at = 0; at < line.size();) {
     const ssize_t n = ::write(options_.fd, line.data() + at, line.size() - at);
     if (n < 0 && errno == EINTR) continue;

@@ -13,8 +13,8 @@
 namespace accel {
 
 struct ProgressBarOptions {
-  bool enabled = true;  // false: prints nothing (another rank, disable_progress_bar)
-  int fd = 2;           // stderr, as tqdm
+  bool enabled = true;           // false: prints nothing (another rank, disable_progress_bar)
+  int fd = 2;                    // stderr, as tqdm
   std::optional<bool> terminal;  // redraw one line; unset: whether fd is a terminal
   std::chrono::milliseconds redraw_interval{100};
   std::chrono::milliseconds line_interval{5000};

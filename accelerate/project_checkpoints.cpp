@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <filesystem>
+#include <limits>
 #include <set>
 #include <span>
 #include <string>
@@ -61,10 +62,12 @@ std::string Accelerator::checkpoints_dir(const char* call) const {
 
 std::string Accelerator::save_state() {
   const std::string root = checkpoints_dir("save_state()");
-  // Rank 0 picks the index (one past the newest) and tells the others.
+  // Rank 0 (each machine's first rank, saved on each node) looks; the index is one past the
+  // newest anyone saw.
+  const bool writer = writes_shared_checkpoint_files();
   std::int64_t next = 0;
   std::string error;
-  if (is_main_process()) {
+  if (writer) {
     std::error_code ec;
     fs::create_directories(root, ec);
     if (ec) error = "save_state(): cannot create " + root + ": " + ec.message();
@@ -73,12 +76,14 @@ std::string Accelerator::save_state() {
   }
   const int failed = first_failed_rank(comm(), error.empty());
   if (failed >= 0)
-    throw CheckpointError(error.empty() ? "save_state(): rank 0 cannot create " + root : error);
-  broadcast_values(comm(), buffer_of(std::span(&next, 1)), 0);
+    throw CheckpointError(error.empty() ? "save_state(): rank " + std::to_string(failed) +
+                                              " cannot create " + root
+                                        : error);
+  all_reduce_values(comm(), buffer_of(std::span(&next, 1)), ReduceOp::max);
   const std::string dir = (fs::path(root) / (std::string(kPrefix) + std::to_string(next))).string();
   save_state(dir);
   // Only now, with the new one complete: the oldest beyond total_limit go.
-  if (total_limit_ > 0 && is_main_process()) {
+  if (total_limit_ > 0 && writer) {
     auto existing = named_checkpoints(root);
     for (std::size_t k = 0; k + std::size_t(total_limit_) < existing.size(); ++k)
       remove_checkpoint(existing[k].second);
@@ -88,12 +93,13 @@ std::string Accelerator::save_state() {
 
 std::string Accelerator::latest_checkpoint() {
   const std::string root = checkpoints_dir("latest_checkpoint()");
-  std::int64_t newest = -1;
-  if (is_main_process()) {
+  // The newest every writer has (a save that failed on one machine is not it).
+  std::int64_t newest = std::numeric_limits<std::int64_t>::max();
+  if (writes_shared_checkpoint_files()) {
     const auto existing = named_checkpoints(root);
-    if (!existing.empty()) newest = std::int64_t(existing.back().first);
+    newest = existing.empty() ? -1 : std::int64_t(existing.back().first);
   }
-  broadcast_values(comm(), buffer_of(std::span(&newest, 1)), 0);
+  all_reduce_values(comm(), buffer_of(std::span(&newest, 1)), ReduceOp::min);
   if (newest < 0) return "";
   return (fs::path(root) / (std::string(kPrefix) + std::to_string(newest))).string();
 }

@@ -477,6 +477,20 @@ std::vector<KeySpec> make_schema() {
                 "checkpoints)";
        },
        .related = {"automatic_checkpoint_naming"}},
+      {.name = "save_on_each_node",
+       .kind = K::boolean,
+       .field = &Config::save_on_each_node,
+       .help = "machines without a shared filesystem: save_state writes a whole checkpoint "
+               "directory on each machine (the shared files from its first process, and its "
+               "processes' own); load_state then needs the same ranks on each machine",
+       .applies = [](const Config& c) { return c.save_on_each_node; },
+       .check = [](const Config& c) -> std::optional<std::string> {
+         if (!c.save_on_each_node || !is_zero3(c)) return std::nullopt;
+         return "save_on_each_node with zero_stage 3 is not supported yet (a rank loading "
+                "its parameters reads every rank's slices, which would be on other machines); "
+                "save to a shared filesystem";
+       },
+       .related = {"zero_stage", "distributed_type"}},
       {.name = "disable_progress_bar",
        .kind = K::boolean,
        .field = &Config::disable_progress_bar,

@@ -63,6 +63,9 @@ struct Config {
   // writes project_dir/checkpoints/checkpoint_<i>; total_limit keeps the newest N (0: all).
   bool automatic_checkpoint_naming = false;
   int total_limit = 0;
+  // Each machine keeps its own copy of every checkpoint (no shared filesystem): the shared
+  // files from its first process, its processes' own files (Accelerate's save_on_each_node).
+  bool save_on_each_node = false;
   // Progress bars (Accelerator::progress, the accel commands) off on every process.
   bool disable_progress_bar = false;
   // "auto" (shm on one machine, hierarchical across machines), "gloo", "mpi", "shm" or

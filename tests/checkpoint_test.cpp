@@ -925,3 +925,33 @@ TEST_CASE("project checkpoints: without automatic naming or a checkpoint, the er
           std::string::npos);
   }
 }
+
+TEST_CASE("save_on_each_node where the machines share the directory: refused, naming it") {
+  // Two "machines" (NODE_RANK 0 and 1) on this host, so one filesystem: each machine's first
+  // rank would write the same DIR. The writers find each other's marks and the save fails on
+  // every rank, leaving nothing.
+  TempDir dir;
+  const std::string ck = (dir / "ck").string();
+  RanksOptions options;
+  options.nodes = 2;
+  options.env = {{"ACCEL_COMM_BACKEND", "gloo"}, {"ACCEL_SAVE_ON_EACH_NODE", "true"}};
+  const auto r = run_ranks(2, "checkpoint_worker",
+                           {"--epochs", "1", "--checkpoint", ck, "--save_at", "1"}, options);
+  INFO(describe(r));
+  CHECK(r.exit_code() != 0);
+  CHECK(output_of(r).find(ck + ": the machines share this directory") != std::string::npos);
+  CHECK(output_of(r).find("save_on_each_node is for machines without a shared filesystem") !=
+        std::string::npos);
+  for (const auto& e : std::filesystem::directory_iterator(dir / ""))
+    CHECK_MESSAGE(e.path().filename().string().rfind("ck", 0) != 0, e.path().string());
+}
+
+TEST_CASE("save_on_each_node with zero_stage 3 is refused as a config error") {
+  AcceleratorOptions options;
+  options.communicator = "local";
+  options.distributed_type = "ZERO";
+  options.zero_stage = 3;
+  options.save_on_each_node = true;
+  CHECK_THROWS_WITH(Accelerator{options},
+                    doctest::Contains("save_on_each_node with zero_stage 3 is not supported yet"));
+}

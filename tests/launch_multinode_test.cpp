@@ -16,6 +16,8 @@
 #include <filesystem>
 #include <functional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "tests/support/files.hpp"
 #include "tests/support/ranks.hpp"
@@ -117,26 +119,27 @@ class TwoMachines {
   }
   const std::string& why_not() const { return why_not_; }
 
-  // `accel launch` on machine `k` of 2, with `extra` flags and the program.
-  launch::WorkerSpec machine(int k, const std::vector<std::string>& args) const {
+  // `accel launch` on machine `k` of 2, with `extra` flags and the program. With `disk`, the
+  // machine has a filesystem of its own at disk.second: disk.first bind-mounted there in a
+  // mount namespace of its own (unshare), which the other machine does not see.
+  launch::WorkerSpec machine(int k, const std::vector<std::string>& args,
+                             const std::pair<std::string, std::string>& disk = {}) const {
     launch::WorkerSpec spec;
-    spec.argv = {ip_,
-                 "netns",
-                 "exec",
-                 ns_[k],
-                 bin_path("accel"),
-                 "launch",
-                 "--num_machines",
-                 "2",
-                 "--machine_rank",
-                 std::to_string(k),
-                 "--main_process_ip",
-                 kMachine0,
-                 "--main_process_port",
-                 "29533",
-                 "--multi_cpu",
-                 "--monitor_interval",
-                 "0.05"};
+    if (!disk.first.empty())
+      spec.argv = {"unshare",
+                   "--mount",
+                   "--propagation",
+                   "private",
+                   "sh",
+                   "-c",
+                   "mount --bind \"$1\" \"$2\" && shift 2 && exec \"$@\"",
+                   "sh",
+                   disk.first,
+                   disk.second};
+    spec.argv.insert(spec.argv.end(),
+                     {ip_, "netns", "exec", ns_[k], bin_path("accel"), "launch", "--num_machines",
+                      "2", "--machine_rank", std::to_string(k), "--main_process_ip", kMachine0,
+                      "--main_process_port", "29533", "--multi_cpu", "--monitor_interval", "0.05"});
     spec.argv.insert(spec.argv.end(), args.begin(), args.end());
     spec.label = "machine " + std::to_string(k);
     spec.unset_env = {"ACCEL_CONFIG_FILE",   "ACCEL_COMM_BACKEND", "ACCEL_GLOO_HOSTNAME",
@@ -158,9 +161,17 @@ class TwoMachines {
   std::string why_not_;
 };
 
+// Whether this process may make a mount namespace and bind-mount in it (root, no seccomp
+// filter against unshare).
+bool can_bind_mount() {
+  return run("unshare --mount --propagation private sh -c 'mount --bind / /mnt'");
+}
+
 // `during` is called every 50 ms while both launchers run (e.g. to cut the link mid-run).
+// `disks`: each machine's own filesystem (TwoMachines::machine), or none.
 launch::GroupResult run_both(const TwoMachines& machines, const std::vector<std::string>& args,
-                             std::function<void()> during = {}) {
+                             std::function<void()> during = {},
+                             const std::vector<std::pair<std::string, std::string>>& disks = {}) {
   launch::WorkerGroupOptions options;
   options.monitor_interval = std::chrono::milliseconds(50);
   if (during)
@@ -173,7 +184,11 @@ launch::GroupResult run_both(const TwoMachines& machines, const std::vector<std:
   options.timeout = std::chrono::seconds(120);  // anti-hang only
   // A failed machine must not take the other down before it reports: we judge both.
   options.stop_on_failure = false;
-  return launch::run_worker_group({machines.machine(0, args), machines.machine(1, args)}, options);
+  const auto disk = [&](int k) {
+    return disks.empty() ? std::pair<std::string, std::string>{} : disks.at(std::size_t(k));
+  };
+  return launch::run_worker_group(
+      {machines.machine(0, args, disk(0)), machines.machine(1, args, disk(1))}, options);
 }
 
 }  // namespace
@@ -274,4 +289,94 @@ TEST_CASE("a machine cut off mid-run is noticed by the heartbeat: both launchers
                  "stopped: machine 1's launcher stopped responding (no heartbeat for 2 s)"));
   CHECK(contains(result.workers.at(1).output,
                  "stopped: machine 0 is lost: its rendezvous store did not answer"));
+}
+
+TEST_CASE(
+    "save_on_each_node: two machines without a shared filesystem each keep a copy of their own "
+    "ranks and resume from it exactly (ZeRO-2)") {
+  TwoMachines machines;
+  if (skip_unless(machines.ready(), machines.why_not())) return;
+  if (skip_unless(can_bind_mount(), "cannot make a mount namespace (unshare --mount) here")) return;
+  // Each machine sees its own disk (dir/machineK) at dir/disk; neither sees the other's.
+  TempDir dir;
+  const std::string view = dir.file("disk");
+  for (const char* d : {"disk", "machine0", "machine1"})
+    std::filesystem::create_directories(dir.file(d));
+  const std::vector<std::pair<std::string, std::string>> disks = {{dir.file("machine0"), view},
+                                                                  {dir.file("machine1"), view}};
+  auto job = [&](const std::vector<std::string>& worker_args, bool on_each_node,
+                 const std::vector<std::string>& launcher = {}) {
+    std::vector<std::string> args = {"--num_processes",    "4",    "--grace_period", "1",
+                                     "--distributed_type", "ZERO", "--zero_stage",   "2"};
+    if (on_each_node) args.push_back("--save_on_each_node");
+    args.insert(args.end(), launcher.begin(), launcher.end());
+    args.push_back(bin_path("zero_resume_worker"));
+    args.insert(args.end(), worker_args.begin(), worker_args.end());
+    const auto result = run_both(machines, args, {}, disks);
+    INFO(describe(result));
+    REQUIRE_FALSE(result.timed_out);
+    return result;
+  };
+  // 20 steps straight; then 10, saved on each machine; then resumed to 20.
+  CHECK(job({"--phase", "whole", "--out", view + "/whole.bin"}, false).exit_code() == 0);
+  CHECK(job({"--phase", "save", "--dir", view + "/ck"}, true).exit_code() == 0);
+  for (int k = 0; k < 2; ++k) {
+    const std::string ck = dir.file("machine" + std::to_string(k) + "/ck");
+    INFO("machine " << k << "'s copy " << ck);
+    const std::string manifest = read_file(ck + "/MANIFEST");
+    CHECK(contains(manifest, k == 0 ? "node_ranks: 0,1\n" : "node_ranks: 2,3\n"));
+    // The shared files on both machines; each rank's own only on its machine.
+    CHECK(std::filesystem::exists(ck + "/parameters.layout"));
+    for (int r = 0; r < 4; ++r) {
+      const bool here = r / 2 == k;
+      CHECK(std::filesystem::exists(ck + "/optimizer.rank" + std::to_string(r)) == here);
+      CHECK(std::filesystem::exists(ck + "/rng.rank" + std::to_string(r)) == here);
+    }
+  }
+  // The same save in both copies.
+  const auto save_id = [&](int k) {
+    const std::string m = read_file(dir.file("machine" + std::to_string(k) + "/ck/MANIFEST"));
+    const std::size_t at = m.find("save_id: ");
+    return at == std::string::npos ? std::string() : m.substr(at, m.find('\n', at) - at);
+  };
+  CHECK(!save_id(0).empty());
+  CHECK(save_id(0) == save_id(1));
+  const auto resumed =
+      job({"--phase", "resume", "--dir", view + "/ck", "--out", view + "/resumed.bin"}, true);
+  INFO(describe(resumed));
+  CHECK(resumed.exit_code() == 0);
+  // Rank 0 (machine 0) wrote both results: the resumed run is the uninterrupted one, bit for bit
+  // (the same ranks, data and arithmetic after the restore).
+  const std::string whole = read_file(dir.file("machine0/whole.bin"));
+  CHECK(!whole.empty());
+  CHECK(read_file(dir.file("machine0/resumed.bin")) == whole);
+
+  // The project's named checkpoints, saved twice on each machine (total_limit 1 keeps the
+  // newest), then load_state() without a directory: the newest both machines have.
+  const std::vector<std::string> project = {"--project_dir", view + "/project",
+                                            "--automatic_checkpoint_naming", "--total_limit", "1"};
+  for (int i = 0; i < 2; ++i)
+    CHECK(job({"--phase", "save", "--dir", "project"}, true, project).exit_code() == 0);
+  for (int k = 0; k < 2; ++k) {
+    const std::string root = dir.file("machine" + std::to_string(k) + "/project/checkpoints");
+    CHECK_FALSE(std::filesystem::exists(root + "/checkpoint_0"));  // total_limit 1
+    CHECK(std::filesystem::exists(root + "/checkpoint_1/MANIFEST"));
+  }
+  const auto named =
+      job({"--phase", "resume", "--dir", "project", "--out", view + "/named.bin"}, true, project);
+  INFO(describe(named));
+  CHECK(named.exit_code() == 0);
+  CHECK(read_file(dir.file("machine0/named.bin")) == whole);
+
+  // Without save_on_each_node the checkpoint needs one directory all ranks see: machine 1's
+  // ranks do not see the one rank 0 made, say so, and the save fails on every rank.
+  const auto shared = job({"--phase", "save", "--dir", view + "/ck2"}, false);
+  INFO(describe(shared));
+  CHECK(shared.exit_code() != 0);
+  CHECK(contains(shared.workers.at(1).output,
+                 "does not see the directory its writer made: every rank must see the "
+                 "checkpoint directory (a shared filesystem), or save with save_on_each_node"));
+  CHECK(contains(shared.workers.at(0).output, "could not write its part of the checkpoint"));
+  CHECK_FALSE(std::filesystem::exists(dir.file("machine0/ck2")));  // nothing half-written
+  CHECK_FALSE(std::filesystem::exists(dir.file("machine1/ck2")));
 }

@@ -63,11 +63,12 @@ TEST_CASE("the line: count of total, percentage, rate, ETA; done: the time it to
   ProgressBar bar("epoch 1", 4, off);
   CHECK(bar.text() == "epoch 1 0/4   0%");
   bar.update(1);
-  CHECK(std::regex_match(bar.text(), std::regex(R"(epoch 1 1/4  25% [0-9.]+ (it/s|s/it) ETA \d+:\d\d)")));
+  CHECK(std::regex_match(bar.text(),
+                         std::regex(R"(epoch 1 1/4  25% [0-9.]+ (it/s|s/it) ETA \d+:\d\d)")));
   bar.set_postfix("loss 0.25");
   bar.update(3);
-  CHECK(std::regex_match(bar.text(),
-                         std::regex(R"(epoch 1 4/4 100% [0-9.]+ (it/s|s/it) in \d+:\d\d loss 0.25)")));
+  CHECK(std::regex_match(
+      bar.text(), std::regex(R"(epoch 1 4/4 100% [0-9.]+ (it/s|s/it) in \d+:\d\d loss 0.25)")));
   ProgressBar unknown("", 0, off);  // no total: no percentage, no ETA
   unknown.update(7);
   CHECK(std::regex_match(unknown.text(), std::regex(R"(7 [0-9.]+ (it/s|s/it))")));

@@ -5,6 +5,8 @@
 //   zero_resume_worker --phase save --dir DIR [--save_at K]          train K steps, save_state
 //   zero_resume_worker --phase resume --dir DIR --out FILE [--steps N]
 //                                                                    load_state, train to N
+// --dir project: save_state() / load_state() without a directory (the project's named
+// checkpoints: automatic_checkpoint_naming, project_dir from the config).
 // FILE gets rank 0's final parameters (doubles), for comparing runs. --predict FILE: rank 0
 // writes a fixed input (kPredictRows x 13 floats) and the model's logits for it (x 10 floats),
 // so a test can check a LibTorch model loaded from `accel merge-weights` against them.
@@ -89,7 +91,10 @@ int main(int argc, char** argv) {
     AdamW optimizer(std::vector<AdamWOptions>{{.lr = 3e-3, .weight_decay = 1e-2},
                                               {.lr = 1e-3, .beta1 = 0.8, .weight_decay = 0}});
     acc.prepare(params, optimizer);
-    if (phase == "resume") acc.load_state(dir);
+    if (phase == "resume" && dir == "project")
+      acc.load_state();
+    else if (phase == "resume")
+      acc.load_state(dir);
     const std::uint64_t until = phase == "save" ? save_at : steps;
     std::vector<float> x;
     std::vector<int> y;
@@ -109,7 +114,10 @@ int main(int argc, char** argv) {
         model.zero_grad();
       }
     }
-    if (phase == "save") acc.save_state(dir);
+    if (phase == "save" && dir == "project")
+      acc.save_state();
+    else if (phase == "save")
+      acc.save_state(dir);
     units.gather_all();  // the model's buffers hold the current values (ZeRO-3)
     if (!out.empty() && acc.is_main_process()) {
       std::FILE* f = std::fopen(out.c_str(), "wb");

@@ -377,11 +377,11 @@ void TorchAccelerator::for_each_gathered(
 }
 
 void TorchAccelerator::before_save_state() {
-  // Rank 0 writes the model as a LibTorch archive ("model"): its parameters get whole copies,
-  // gathered unit by unit on every rank.
+  // Rank 0 (each machine's first rank, saved on each node) writes the model as a LibTorch
+  // archive ("model"): its parameters get whole copies, gathered unit by unit on every rank.
+  const bool keep = writes_shared_checkpoint_files();
   for (const auto& model : prepared_) {
     if (!model->units.active) continue;
-    const bool keep = is_main_process();
     for_each_gathered(*model, [&](std::size_t i, const Buffer& view) {
       if (keep) own_storage(model->params[i], &view);
     });
