@@ -24,28 +24,36 @@ namespace {
 
 constexpr std::string_view kPrefix = "checkpoint_";
 
-// The complete named checkpoints under `root`, oldest first, as (index, directory). A save
-// that crashed between its two renames left its predecessor as checkpoint_<i>.old-<id> only:
-// checkpoint_exists finds that through the plain name (the recovery rule), so both spellings
-// propose the index.
-std::vector<std::pair<std::uint64_t, std::string>> named_checkpoints(const std::string& root) {
+std::string named_dir(const std::string& root, std::uint64_t i) {
+  return (fs::path(root) / (std::string(kPrefix) + std::to_string(i))).string();
+}
+
+// The index every entry checkpoint_<i>[.<marker>-<id>] under `root` names (complete or a
+// leftover of a crash: DIR.tmp-*, DIR.old-*, DIR.trash-*).
+std::set<std::uint64_t> named_indices(const std::string& root) {
   std::set<std::uint64_t> indices;
   std::error_code ec;
   for (fs::directory_iterator it(root, ec), end; !ec && it != end; it.increment(ec)) {
     const std::string name = it->path().filename().string();
     if (name.rfind(kPrefix, 0) != 0) continue;
     const std::string rest = name.substr(kPrefix.size());
-    const std::string digits = rest.substr(0, rest.find(".old-"));
+    const std::string digits = rest.substr(0, rest.find('.'));
     if (digits.empty() || digits.size() > 18 ||
         digits.find_first_not_of("0123456789") != std::string::npos)
-      continue;  // checkpoint_3.tmp-<id> and the like are never read
+      continue;
     indices.insert(std::stoull(digits));
   }
+  return indices;
+}
+
+// The complete named checkpoints under `root`, oldest first, as (index, directory). A save
+// that crashed between its two renames left its predecessor as checkpoint_<i>.old-<id> only:
+// checkpoint_exists finds that through the plain name (the recovery rule); checkpoint_3.tmp-*
+// and the like are never read.
+std::vector<std::pair<std::uint64_t, std::string>> named_checkpoints(const std::string& root) {
   std::vector<std::pair<std::uint64_t, std::string>> out;
-  for (const std::uint64_t i : indices) {
-    const std::string dir = (fs::path(root) / (std::string(kPrefix) + std::to_string(i))).string();
-    if (checkpoint_exists(dir)) out.emplace_back(i, dir);
-  }
+  for (const std::uint64_t i : named_indices(root))
+    if (checkpoint_exists(named_dir(root, i))) out.emplace_back(i, named_dir(root, i));
   return out;
 }
 
@@ -80,7 +88,7 @@ std::string Accelerator::save_state() {
                                               " cannot create " + root
                                         : error);
   all_reduce_values(comm(), buffer_of(std::span(&next, 1)), ReduceOp::max);
-  const std::string dir = (fs::path(root) / (std::string(kPrefix) + std::to_string(next))).string();
+  const std::string dir = named_dir(root, std::uint64_t(next));
   save_state(dir);
   // Only now, with the new one complete: the oldest beyond total_limit go.
   if (total_limit_ > 0 && writer) {
@@ -88,6 +96,11 @@ std::string Accelerator::save_state() {
     for (std::size_t k = 0; k + std::size_t(total_limit_) < existing.size(); ++k)
       remove_checkpoint(existing[k].second);
   }
+  // What crashes left of other indices (a save never installed, a removal cut short): none
+  // of it is read, and it would pile up.
+  if (writer)
+    for (const std::uint64_t i : named_indices(root))
+      if (!checkpoint_exists(named_dir(root, i))) remove_checkpoint(named_dir(root, i));
   return dir;
 }
 
@@ -101,7 +114,7 @@ std::string Accelerator::latest_checkpoint() {
   }
   all_reduce_values(comm(), buffer_of(std::span(&newest, 1)), ReduceOp::min);
   if (newest < 0) return "";
-  return (fs::path(root) / (std::string(kPrefix) + std::to_string(newest))).string();
+  return named_dir(root, std::uint64_t(newest));
 }
 
 void Accelerator::load_state() {

@@ -889,6 +889,106 @@ TEST_CASE(
   CHECK(resumed.resume_epoch() == 6);
 }
 
+namespace {
+// The named checkpoints under root that load (checkpoint_exists by the recovery rule).
+std::vector<int> complete_named(const fs::path& root, int up_to) {
+  std::vector<int> out;
+  for (int i = 0; i <= up_to; ++i)
+    if (checkpoint_exists((root / ("checkpoint_" + std::to_string(i))).string())) out.push_back(i);
+  return out;
+}
+
+// save_state() three times with total_limit 2 (local, one process); the third save's
+// filesystem changes are listed in `ops`, or with `kill_at` the process SIGKILLs itself before
+// change number kill_at of that save. Returns whether it was killed.
+bool three_named_saves(const AcceleratorOptions& options, std::vector<std::string>* ops,
+                       std::size_t kill_at) {
+  auto saves = [&] {
+    raw_mlp::Mlp model({6, 8, 3}, 1);
+    Accelerator acc(options);
+    acc.prepare_parameters(mlp_params(model));
+    acc.save_state();
+    acc.save_state();
+    std::size_t n = 0;
+    checkpoint_testing::set_stage_hook([&](std::string_view stage) {
+      if (!stage.starts_with("fs:")) return;
+      if (ops) ops->emplace_back(stage);
+      if (n++ == kill_at) ::kill(::getpid(), SIGKILL);
+    });
+    acc.save_state();
+    checkpoint_testing::set_stage_hook(nullptr);
+  };
+  if (ops) {
+    saves();
+    return false;
+  }
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    try {
+      saves();
+    } catch (...) {
+      ::_exit(3);
+    }
+    ::_exit(0);
+  }
+  int status = 0;
+  REQUIRE(::waitpid(child, &status, 0) == child);
+  if (WIFSIGNALED(status)) return WTERMSIG(status) == SIGKILL;
+  REQUIRE(WIFEXITED(status));
+  REQUIRE(WEXITSTATUS(status) == 0);
+  return false;
+}
+}  // namespace
+
+TEST_CASE(
+    "total_limit 2, a process killed before each filesystem change of the third save: the "
+    "newest two complete checkpoints always stay, and the next save leaves exactly two") {
+  const fs::path base =
+      fs::is_directory("/dev/shm") ? fs::path("/dev/shm") : fs::temp_directory_path();
+  AcceleratorOptions options;
+  options.communicator = "local";
+  options.automatic_checkpoint_naming = true;
+  options.total_limit = 2;
+  std::vector<std::string> ops;
+  {
+    TempDir probe(base);
+    options.project_dir = (probe / "project").string();
+    three_named_saves(options, &ops, std::size_t(-1));
+  }
+  REQUIRE(ops.size() > 10);
+  std::size_t kills = 0;
+  for (std::size_t k = 0; k <= ops.size(); ++k) {
+    CAPTURE(k);
+    CAPTURE(k < ops.size() ? ops[k] : std::string("(none: the save completes)"));
+    TempDir tmp(base);
+    options.project_dir = (tmp / "project").string();
+    const fs::path root = tmp / "project" / "checkpoints";
+    kills += three_named_saves(options, nullptr, k);
+    // Before checkpoint_2 is in place, 0 and 1 are complete; after, 1 and 2 (and 0 until its
+    // removal finished): never fewer than the newest two.
+    const std::vector<int> complete = complete_named(root, 3);
+    CAPTURE(complete.size());
+    const bool new_one = std::count(complete.begin(), complete.end(), 2) == 1;
+    CHECK(std::count(complete.begin(), complete.end(), 1) == 1);
+    CHECK(std::count(complete.begin(), complete.end(), new_one ? 2 : 0) == 1);
+    // A restarted job resumes from the newest, and its next save leaves exactly two, nothing
+    // else beside them.
+    raw_mlp::Mlp model({6, 8, 3}, 1);
+    Accelerator acc(options);
+    acc.prepare_parameters(mlp_params(model));
+    CHECK(acc.latest_checkpoint() == (root / (new_one ? "checkpoint_2" : "checkpoint_1")).string());
+    acc.load_state();
+    acc.save_state();
+    const std::string next = new_one ? "checkpoint_3" : "checkpoint_2";
+    const std::string before = new_one ? "checkpoint_2" : "checkpoint_1";
+    CAPTURE(entries_of(root));
+    CHECK(entries_of(root) == std::vector<std::string>{before, next});
+  }
+  CHECK(kills == ops.size());
+  MESSAGE(kills << " kill points in the third save, one before each filesystem change");
+}
+
 TEST_CASE("project checkpoints: without automatic naming or a checkpoint, the error says why") {
   TempDir tmp;
   AcceleratorOptions options;
