@@ -44,8 +44,12 @@ def comm(log_path, png):
     ops = sorted({op for op, _ in series})
     if not ops:
         sys.exit("plot_bench: %s holds no comm_bench rows" % log_path)
-    fig, axes = plt.subplots(1, len(ops), figsize=(5 * len(ops), 4), squeeze=False)
-    for ax, op in zip(axes[0], ops):
+    cols = min(2, len(ops))
+    rows = (len(ops) + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(6 * cols, 4 * rows), squeeze=False)
+    for ax in axes.flat[len(ops):]:
+        ax.set_visible(False)
+    for ax, op in zip(axes.flat, ops):
         for (o, backend), rows in sorted(series.items()):
             if o == op:
                 ax.plot([r[0] for r in rows], [r[1] for r in rows], marker="o", ms=3,
@@ -95,7 +99,8 @@ def step(table_path, png):
     groups = [l[0] for l in lines[1:]]
     values = [[number(v) for v in l[1:]] for l in lines[1:]]
     bars(groups, columns, values, "ms per step (median)",
-         "training step: plain LibTorch, world 1, DDP at world 2 per communicator, PyTorch", png)
+         "training step: plain LibTorch, ours at world 1, DDP at world 2 per communicator, "
+         "PyTorch where installed", png)
 
 
 def transformer(md_path, png):
