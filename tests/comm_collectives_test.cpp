@@ -104,6 +104,25 @@ TEST_CASE("mpi collectives match the reference with 2, 3 and 4 ranks") {
   }
 }
 
+TEST_CASE("mpi: a rank that never joins a small (inline) all_reduce ends it with a timeout") {
+  if (skip_unless(communicator_available("mpi"), "mpi communicator not built (no libopenmpi-dev)"))
+    return;
+  if (skip_unless(!find_mpirun().empty(), "mpirun not found (openmpi-bin not installed)")) return;
+  // A 4 KiB all_reduce runs on the caller's thread (MpiCommunicator::kInlineBytes); its wait
+  // has the same deadline as the worker's (2 s here).
+  const auto started = std::chrono::steady_clock::now();
+  const auto result =
+      run_under_mpirun(2, "comm_collectives_worker", {"--backend", "mpi", "--absent_rank", "1"});
+  INFO(describe(result));
+  const std::string& out = result.workers.at(0).output;
+  CHECK(out.find("timeout error: ") != std::string::npos);
+  CHECK(out.find("never joined") == std::string::npos);
+  CHECK(result.exit_code() != 0);
+  MESSAGE("ended after "
+          << std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count()
+          << " s");
+}
+
 TEST_CASE("the world of one runs the same collectives") {
   expect_all_ranks_pass(run_ranks(1, "comm_collectives_worker", {"--backend", "local"}), 1);
 }

@@ -318,21 +318,46 @@ int kill_mid_collective(Communicator& comm, int victim) {
   return 1;
 }
 
+// --absent_rank R: rank R never joins a small all_reduce (it waits past the others' timeout,
+// then leaves). The others must end with a timeout, not wait forever: each prints
+// "timeout error: ..." and exits 3. Small enough to run on the caller's thread where the
+// communicator runs small operations inline (shm, mpi).
+int absent_from_collective(Communicator& comm, int absent) {
+  comm.barrier()->wait();
+  if (comm.rank() == absent) {
+    std::this_thread::sleep_for(std::chrono::seconds(6));
+    return 0;
+  }
+  std::vector<float> small(1024, 1.0f);
+  try {
+    comm.all_reduce(buffer_of(std::span(small)), ReduceOp::sum)->wait();
+  } catch (const TimeoutError& e) {
+    std::printf("timeout error: %s\n", e.what());
+    std::fflush(stdout);
+    return 3;
+  }
+  std::printf("rank %d: the all_reduce ended although rank %d never joined\n", comm.rank(), absent);
+  return 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   ProcessGroupOptions options;
-  int kill_rank = -1;
+  int kill_rank = -1, absent_rank = -1;
   for (int i = 1; i + 1 < argc; ++i) {
     if (std::strcmp(argv[i], "--backend") == 0) options.backend = argv[i + 1];
     if (std::strcmp(argv[i], "--kill_rank") == 0) kill_rank = std::atoi(argv[i + 1]);
+    if (std::strcmp(argv[i], "--absent_rank") == 0) absent_rank = std::atoi(argv[i + 1]);
     // --fake_hosts H: one machine looks like H hosts to the hierarchical communicator.
     if (std::strcmp(argv[i], "--fake_hosts") == 0) test::claim_fake_host(std::atoi(argv[i + 1]));
   }
+  if (absent_rank >= 0) options.timeout = std::chrono::seconds(2);
   try {
     auto group = init_process_group(options);
     Communicator& comm = group->comm();
     if (kill_rank >= 0) return kill_mid_collective(comm, kill_rank);
+    if (absent_rank >= 0) return absent_from_collective(comm, absent_rank);
     const int world = comm.world_size();
     // Odd sizes, sizes smaller than the world, 0 and 1, and one past Gloo's 1 MiB segment.
     const std::vector<std::size_t> counts = {0, 1, 2, 3, 7, 1023, std::size_t(262144 + 3)};

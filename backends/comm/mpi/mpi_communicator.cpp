@@ -449,6 +449,9 @@ MpiCommunicator::MpiCommunicator(const CommOptions& options, World world)
     throw;
   }
   state_->comm = comm;
+  const char* inline_bytes = std::getenv("ACCEL_MPI_INLINE_BYTES");
+  set_inline_max_bytes(inline_bytes && *inline_bytes ? std::strtoull(inline_bytes, nullptr, 10)
+                                                     : kInlineBytes);
 }
 
 std::unique_ptr<MpiCommunicator> MpiCommunicator::from_world(Milliseconds timeout) {

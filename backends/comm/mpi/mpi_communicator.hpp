@@ -17,6 +17,12 @@
 // turns up later, so keep them alive or end the process (the communicator refuses further
 // operations either way, and MPI_Finalize is then skipped at exit so exit cannot hang).
 //
+// Operations of at most kInlineBytes run on the caller's thread (communicator.hpp's inline
+// execution; the process-wide lock makes that safe): handing a small all-reduce to the worker
+// thread cost more than the all-reduce. Measured with comm_bench at world 2 (bench/README):
+// a 4 KiB all-reduce 16.6 us queued, 8.2 us inline; inline was faster at every size up to
+// 256 KiB. ACCEL_MPI_INLINE_BYTES overrides the limit (0: only barriers), for experiments.
+//
 // Counts above INT_MAX (MPI counts are int) are not rejected: all_reduce and broadcast run
 // as several MPI calls of at most INT_MAX elements; all_gather and reduce_scatter fall back
 // to one broadcast / reduce per rank's part, chunked alike; send and recv stay one message,
@@ -43,6 +49,7 @@ class MpiCommunicator final : public Communicator {
   ~MpiCommunicator() override;
 
   std::string_view backend_name() const override { return "mpi"; }
+  static constexpr std::size_t kInlineBytes = 256 * 1024;
 
  protected:
   void run_all_reduce(Buffer data, ReduceOp op, Milliseconds timeout) override;
