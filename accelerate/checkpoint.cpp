@@ -355,6 +355,18 @@ int first_failed_rank(Communicator& comm, bool ok) {
 
 namespace {
 
+// Every rank throws when one failed: its own error there, "DIR: rank R could not WHAT (see its
+// error)" on the others; `remove` (a writer's DIR.tmp-<id>, or nothing) goes first.
+void agree_or_throw(Communicator& comm, const fs::path& dir, const std::string& error,
+                    const char* what, const fs::path& remove = {}) {
+  const int failed = first_failed_rank(comm, error.empty());
+  if (failed < 0) return;
+  if (!remove.empty()) remove_quietly(remove);
+  if (!error.empty()) throw CheckpointError(error);
+  throw CheckpointError(dir.string() + ": rank " + std::to_string(failed) + " could not " + what +
+                        " (see its error)");
+}
+
 bool is_writer(const CheckpointPlacement& placement, int rank) {
   return placement.node_ranks.empty() ? rank == 0 : placement.node_ranks.front() == rank;
 }
@@ -375,12 +387,7 @@ fs::path agree_on_tmp_dir(Communicator& comm, const fs::path& dir,
   const bool on_each_node = !placement.node_ranks.empty();
   // Every rank throws when one failed, the writers after removing what they made.
   auto fail_together = [&](const std::string& error) {
-    const int failed = first_failed_rank(comm, error.empty());
-    if (failed < 0) return;
-    if (writer) remove_quietly(tmp);
-    if (!error.empty()) throw CheckpointError(error);
-    throw CheckpointError(dir.string() + ": rank " + std::to_string(failed) +
-                          " could not prepare the checkpoint (see its error)");
+    agree_or_throw(comm, dir, error, "prepare the checkpoint", writer ? tmp : fs::path());
   };
   const std::string shared_dir =
       dir.string() + ": the machines share this directory (another machine wrote " + tmp.string() +
@@ -422,12 +429,7 @@ void write_all_blobs(Communicator& comm, const fs::path& dir, const fs::path& tm
   } catch (const std::exception& e) {
     error = e.what();
   }
-  const int failed = first_failed_rank(comm, error.empty());
-  if (failed < 0) return;
-  if (writer) remove_quietly(tmp);
-  if (!error.empty()) throw CheckpointError(error);
-  throw CheckpointError(dir.string() + ": rank " + std::to_string(failed) +
-                        " could not write its part of the checkpoint (see its error)");
+  agree_or_throw(comm, dir, error, "write its part of the checkpoint", writer ? tmp : fs::path());
 }
 
 // Step 3: each writer writes MANIFEST and swaps the directories; step 4: everyone hears how
@@ -458,11 +460,7 @@ void finish_on_writers(Communicator& comm, const fs::path& dir, const fs::path& 
       if (!installed) remove_quietly(tmp);
     }
   }
-  const int failed = first_failed_rank(comm, error.empty());
-  if (failed < 0) return;
-  if (!error.empty()) throw CheckpointError(error);
-  throw CheckpointError(dir.string() + ": rank " + std::to_string(failed) +
-                        " could not complete the checkpoint (see its error)");
+  agree_or_throw(comm, dir, error, "complete the checkpoint");
 }
 
 }  // namespace
@@ -575,12 +573,7 @@ LoadedCheckpoint load_checkpoint(Communicator& comm, const std::string& dir,
     error = e.what();
   }
   // Nobody applies a checkpoint another rank could not read.
-  const int failed = first_failed_rank(comm, error.empty());
-  if (failed >= 0) {
-    if (!error.empty()) throw CheckpointError(error);
-    throw CheckpointError(normalized(dir).string() + ": rank " + std::to_string(failed) +
-                          " could not read the checkpoint (see its error)");
-  }
+  agree_or_throw(comm, normalized(dir), error, "read the checkpoint");
   if (!placement.node_ranks.empty()) {
     // Each machine read its own copy: all must be of one save (a save that failed on one
     // machine after another installed its copy leaves them apart).
