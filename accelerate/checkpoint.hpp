@@ -11,14 +11,15 @@
 //   NAME.rankR            a per-rank blob, written by rank R (e.g. its RNG state)
 //
 // Writing (save_checkpoint, every rank calls it):
-//   1. rank 0 removes stale DIR.tmp-* and creates DIR.tmp-<id>; the name is broadcast;
+//   1. rank 0 draws <id> and broadcasts it, then removes stale DIR.tmp-* and creates
+//      DIR.tmp-<id>; the ranks agree that it worked;
 //   2. every rank writes its blobs there, each fsync'ed, plus a small index of their sizes
 //      and checksums; the ranks agree that every rank succeeded (an all-reduce, so a failure
 //      on one rank fails the save on all instead of leaving the others waiting);
 //   3. rank 0 merges the indexes into MANIFEST, fsyncs it and the directory, renames DIR to
 //      DIR.old-<id>, renames DIR.tmp-<id> to DIR, fsyncs the parent, and only then removes
 //      every DIR.old-*;
-//   4. rank 0 broadcasts the outcome (every rank returns, or throws, together).
+//   4. the ranks agree on the outcome (every rank returns, or throws, together).
 // So DIR is only ever absent or complete. All ranks must see the same filesystem at DIR (a
 // shared one across machines): rank 0 reads the other ranks' indexes and says so if it cannot.
 // Machines without one save on each node instead (CheckpointPlacement): the same steps, with
