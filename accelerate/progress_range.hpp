@@ -39,7 +39,9 @@ class ProgressRange {
 
   ProgressRange(Range& range, std::shared_ptr<ProgressBar> bar)
       : range_(range), bar_(std::move(bar)) {}
-  ~ProgressRange() { bar_->close(); }
+  ~ProgressRange() {
+    if (bar_) bar_->close();  // a moved-from range has none
+  }
   ProgressRange(ProgressRange&&) = default;
 
   Iterator begin() { return Iterator(std::begin(range_), bar_.get()); }
