@@ -44,6 +44,8 @@ config::ResolvedConfig resolve_settings(const AcceleratorOptions& options) {
   if (options.automatic_checkpoint_naming)
     from_code["automatic_checkpoint_naming"] = flag(*options.automatic_checkpoint_naming);
   if (options.total_limit) from_code["total_limit"] = std::to_string(*options.total_limit);
+  if (options.global_batch_size)
+    from_code["global_batch_size"] = std::to_string(*options.global_batch_size);
   if (options.save_on_each_node) from_code["save_on_each_node"] = flag(*options.save_on_each_node);
   if (options.disable_progress_bar)
     from_code["disable_progress_bar"] = flag(*options.disable_progress_bar);
@@ -203,6 +205,13 @@ Accelerator::Accelerator(AcceleratorOptions options) : options_(std::move(option
   group_ = init_process_group(pg);
   env_ = group_->env();
   rng_ = rank_rng(seed_, env_.rank);
+  global_batch_size_ = std::size_t(settings.config.global_batch_size);
+  if (global_batch_size_ % std::size_t(env_.world_size) != 0)
+    throw ConfigError(settings.origins.at("global_batch_size") + ": global_batch_size " +
+                      std::to_string(global_batch_size_) + " does not divide over " +
+                      std::to_string(env_.world_size) +
+                      " processes (each would draw a fraction of a sample per step); choose a "
+                      "multiple of every number of processes the job may run at");
   if (mixed_precision_ == config::MixedPrecision::fp16) {
     scaler_ = std::make_unique<DynamicLossScaler>(options_.loss_scaler);
     register_state(
@@ -533,6 +542,7 @@ double Accelerator::clip_grad_norm(std::size_t model, double max_norm) {
 
 ShardedSampler Accelerator::make_sampler(std::size_t size, SamplerOptions options) {
   if (options.seed == 0) options.seed = seed_;
+  options.batch_size = batch_size_for(options.batch_size);
   // Ranks that disagree here would deal overlapping shards or different batch counts (and
   // wait in a collective for a batch another rank lacks).
   check_ranks_agree(comm(),

@@ -103,6 +103,7 @@ struct AcceleratorOptions {
   std::optional<int> total_limit;                   // the newest N named checkpoints (0: all)
   std::optional<bool> disable_progress_bar;         // progress() draws nothing
   std::optional<bool> save_on_each_node;            // a checkpoint copy on every machine
+  std::optional<int> global_batch_size;             // samplers' batch = this / processes
   // The loop's own sinks (Accelerate's GeneralTracker instances in log_with), started with the
   // named ones by init_trackers.
   std::vector<std::shared_ptr<GeneralTracker>> trackers;
@@ -323,7 +324,14 @@ class Accelerator {
   // This rank's share of a dataset of `size` samples (see ShardedSampler). Every rank calls
   // it: the dataset size, batch size, seed, shuffle, drop_last and even_batches must agree
   // across ranks (else every rank throws RankMismatchError naming a rank and the value).
+  // With the config's global_batch_size G the batch is G / num_processes() whatever
+  // options.batch_size says, so every world size draws the same global batches.
   ShardedSampler make_sampler(std::size_t size, SamplerOptions options = {});
+  // The per-process batch a sampler or data loader asked for `requested` gets:
+  // global_batch_size / num_processes() when the config sets it, else `requested`.
+  std::size_t batch_size_for(std::size_t requested) const {
+    return global_batch_size_ > 0 ? global_batch_size_ / std::size_t(num_processes()) : requested;
+  }
 
   // ---- collectives on the loop's own values (blocking)
   void reduce(Buffer data, ReduceOp op);  // in place: sum, avg, min, max
@@ -549,6 +557,7 @@ class Accelerator {
   int total_limit_ = 0;
   bool disable_progress_bar_ = false;
   bool save_on_each_node_ = false;
+  std::size_t global_batch_size_ = 0;             // the config's; 0: each sampler's own batch_size
   std::optional<CheckpointPlacement> placement_;  // save_on_each_node's machines, found once
   std::weak_ptr<ProgressBar> progress_;  // the newest progress(): log() shows its loss there
   // The named checkpoints' directory (project_dir/checkpoints), checked for the no-dir calls.

@@ -477,6 +477,18 @@ std::vector<KeySpec> make_schema() {
                 "checkpoints)";
        },
        .related = {"automatic_checkpoint_naming"}},
+      {.name = "global_batch_size",
+       .kind = K::integer,
+       .field = &Config::global_batch_size,
+       .min_value = 0,
+       .max_value = 1 << 30,
+       .range_text = "a sample count (0: the loop's batch size per process)",
+       .help = "samples per step over all processes: every sampler's batch becomes "
+               "global_batch_size / num_processes (refused when it does not divide), so the "
+               "same global batches are drawn at any number of processes (0: the loop's own "
+               "batch size, per process)",
+       .flag_value = "N",
+       .applies = [](const Config& c) { return c.global_batch_size != 0; }},
       {.name = "save_on_each_node",
        .kind = K::boolean,
        .field = &Config::save_on_each_node,

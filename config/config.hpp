@@ -63,6 +63,9 @@ struct Config {
   // writes project_dir/checkpoints/checkpoint_<i>; total_limit keeps the newest N (0: all).
   bool automatic_checkpoint_naming = false;
   int total_limit = 0;
+  // The samples of one step over all processes, whatever their number (elastic jobs): every
+  // sampler's per-process batch becomes global_batch_size / num_processes (0: the loop's).
+  int global_batch_size = 0;
   // Each machine keeps its own copy of every checkpoint (no shared filesystem): the shared
   // files from its first process, its processes' own files (Accelerate's save_on_each_node).
   bool save_on_each_node = false;

@@ -162,6 +162,24 @@ TEST_CASE("world 1: epochs count themselves, skipped batches are never read, the
   CHECK(loader.epoch() == 7);
 }
 
+TEST_CASE("global_batch_size sets the batch of both loader forms, whatever the loop asked") {
+  // At world 1 the whole global batch is the process's: 6, not the 4 the loop asks for.
+  const Samples samples(10);
+  AcceleratorOptions options = local_options();
+  options.global_batch_size = 6;
+  TorchAccelerator acc(options);
+  auto loader = acc.prepare_data_loader<samplers::SequentialSampler>(
+      normalised(samples.dataset(std::make_shared<ReadLog>())), torch::data::DataLoaderOptions(4));
+  CHECK(loader.size() == 2);
+  std::vector<std::int64_t> rows;
+  for (auto& batch : *loader) rows.push_back(batch.data.size(0));
+  CHECK(rows == std::vector<std::int64_t>{6, 4});
+  auto tensors = acc.prepare_data_loader(torch::zeros({10, 3}), torch::zeros({10}),
+                                         {.batch_size = 4, .shuffle = false});
+  CHECK(tensors.size() == 2);
+  CHECK(tensors.sampler().options().batch_size == 6);
+}
+
 TEST_CASE("a dataset without a size is refused, naming size()") {
   TorchAccelerator acc(local_options());
   CHECK_THROWS_WITH_AS(

@@ -201,6 +201,7 @@ DatasetLoader<Dataset> make_dataset_loader(Accelerator& accelerator, Dataset dat
   std::size_t own_samples = 0;
   if constexpr (kind == detail::SamplerKind::distributed)
     own_samples = detail::DistributedShare::samples(sampler);
+  options.batch_size(accelerator.batch_size_for(options.batch_size()));  // global_batch_size
   auto [plan, batches] = detail::plan_loader(accelerator, dataset.size(), options, config,
                                              {kind, c10::demangle_type<Sampler>(), own_samples},
                                              std::make_unique<Sampler>(std::move(sampler)));
