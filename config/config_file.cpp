@@ -33,10 +33,15 @@ bool is_deepspeed_mapped(const std::string& key) {
          key == "gradient_accumulation_steps";
 }
 
-// FSDP's sharding strategies as ZeRO stages (fsdp_sharding_strategy, by name or number).
-std::optional<int> zero_stage_of_sharding(const std::string& value) {
+std::string upper_case(const std::string& value) {
   std::string v;
   for (char c : value) v += char(std::toupper(static_cast<unsigned char>(c)));
+  return v;
+}
+
+// FSDP's sharding strategies as ZeRO stages (fsdp_sharding_strategy, by name or number).
+std::optional<int> zero_stage_of_sharding(const std::string& value) {
+  const std::string v = upper_case(value);
   if (v == "FULL_SHARD" || v == "1") return 3;
   if (v == "SHARD_GRAD_OP" || v == "2") return 2;
   if (v == "NO_SHARD" || v == "3") return 0;  // DDP
@@ -226,10 +231,15 @@ class FileReader {
       const std::string where = at(it->first) + ": key '" + shown + "': ";
       const std::string value = it->second.IsScalar() ? it->second.Scalar() : "";
       const auto refuse = [&](const std::string& why) { throw ConfigError(where + why); };
+      // Older Accelerate writes the strategy's name under fsdp_reshard_after_forward too; a
+      // number there is FSDP2's boolean (1: true), never a strategy's number.
+      const bool named_strategy =
+          !value.empty() && !std::isdigit(static_cast<unsigned char>(value[0]));
       if (key == "fsdp_sharding_strategy" ||
-          (key == "fsdp_reshard_after_forward" && zero_stage_of_sharding(value))) {
-        // Older Accelerate writes the strategy's name under fsdp_reshard_after_forward too.
-        const std::string v = value;
+          (key == "fsdp_reshard_after_forward" && named_strategy &&
+           (zero_stage_of_sharding(value) ||
+            upper_case(value).find("HYBRID") != std::string::npos))) {
+        const std::string v = upper_case(value);
         if (v == "HYBRID_SHARD" || v == "4" || v == "_HYBRID_SHARD_ZERO2" || v == "5")
           refuse(v +
                  " (sharded within each machine, replicated across machines) is not "

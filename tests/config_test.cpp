@@ -154,6 +154,9 @@ TEST_CASE("each bad config exits 2 naming the file, the line and the key") {
       {"distributed_type: FSDP\nfsdp_config:\n  fsdp_sharding_strategy: HYBRID_SHARD\n", 3,
        "fsdp_config.fsdp_sharding_strategy",
        "HYBRID_SHARD (sharded within each machine, replicated across machines) is not available"},
+      {"distributed_type: FSDP\nfsdp_config:\n  fsdp_sharding_strategy: hybrid_shard\n", 3,
+       "fsdp_config.fsdp_sharding_strategy",
+       "HYBRID_SHARD (sharded within each machine, replicated across machines) is not available"},
       {"distributed_type: FSDP\nfsdp_config:\n  fsdp_offload_params: true\n", 3,
        "fsdp_config.fsdp_offload_params", "offloading parameters is not available"},
       {"distributed_type: FSDP\nfsdp_config:\n  fsdp_sharding: true\n", 3,
@@ -252,6 +255,15 @@ TEST_CASE("Accelerate's FSDP config maps onto ZERO: the sharding strategy is the
   CHECK(kept.origins.at("reshard_after_forward") == path + ":10");
   // Newer Accelerate writes the strategy's name under fsdp_reshard_after_forward.
   CHECK(fsdp("  fsdp_reshard_after_forward: SHARD_GRAD_OP\n").config.zero_stage == 2);
+  CHECK(fsdp("  fsdp_reshard_after_forward: full_shard\n").config.zero_stage == 3);
+  // A number there is FSDP2's boolean, not a strategy's number (1 would be FULL_SHARD).
+  const auto numeric =
+      fsdp("  fsdp_sharding_strategy: SHARD_GRAD_OP\n  fsdp_reshard_after_forward: 1\n");
+  CHECK(numeric.config.zero_stage == 2);
+  const auto zero3_kept =
+      fsdp("  fsdp_sharding_strategy: FULL_SHARD\n  fsdp_reshard_after_forward: 0\n");
+  CHECK(zero3_kept.config.zero_stage == 3);
+  CHECK_FALSE(zero3_kept.config.reshard_after_forward);
   CHECK(fsdp("  fsdp_activation_checkpointing: true\n").config.activation_checkpointing);
   CHECK_FALSE(full.config.activation_checkpointing);
   const auto ddp = fsdp("  fsdp_sharding_strategy: NO_SHARD\n");

@@ -18,8 +18,8 @@ int main() {
     const std::vector<std::size_t> indices = sampler.indices();
     for (std::size_t b = 0; b < 3; ++b) {
       const auto [begin, end] = sampler.batch_bounds(b);
-      std::string line = "batch " + std::to_string(b) + " rank " +
-                         std::to_string(acc.process_index()) + ":";
+      std::string line =
+          "batch " + std::to_string(b) + " rank " + std::to_string(acc.process_index()) + ":";
       for (std::size_t i = begin; i < end; ++i) line += " " + std::to_string(indices[i]);
       std::printf("%s\n", line.c_str());
     }
