@@ -29,7 +29,9 @@ struct LaunchOptions {
   // source num_machines comes from.
   std::optional<int> nproc_per_node;
 
-  int max_restarts = 0;                             // whole-group restarts after a failure
+  int max_restarts = 0;         // whole-group restarts after a failure
+  std::string run_id = "none";  // torchrun's --rdzv_id, TORCHELASTIC_RUN_ID in the workers
+  bool standalone = false;      // torchrun's --standalone: one machine, a free local port
   std::chrono::milliseconds monitor_interval{100};  // how often workers are checked
   std::chrono::milliseconds grace{5000};            // SIGTERM -> SIGKILL
   std::chrono::milliseconds rdzv_timeout{std::chrono::seconds(300)};  // machines joining

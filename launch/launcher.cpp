@@ -298,7 +298,7 @@ int launch(const LaunchOptions& options) {
   plan.workers = [&](int restart) {
     std::vector<WorkerSpec> specs;
     EnvList common = env.common;
-    const EnvList restarts = restart_env(restart, options.max_restarts);
+    const EnvList restarts = restart_env(restart, options.max_restarts, options.run_id);
     common.insert(common.end(), restarts.begin(), restarts.end());
     if (options.use_mpi) {
       MpirunPlan mp;

@@ -87,6 +87,30 @@ TEST_CASE("every worker gets its own rank and the shared job environment") {
   CHECK(contains(out.output, "command line --num_processes"));
 }
 
+TEST_CASE("torchrun's rendezvous flags: --standalone, --rdzv_endpoint, --rdzv_id, --rdzv_conf") {
+  // --standalone: one machine, its store on a free local port; --rdzv_id reaches the workers
+  // as TORCHELASTIC_RUN_ID, beside torchrun's other names.
+  const auto standalone = accel_command(
+      {"launch", "--standalone", "--nproc_per_node", "2", "--multi_cpu", "--rdzv_id", "job7",
+       "--rdzv_backend", "static", "--rdzv_conf", "join_timeout=30,last_call_timeout=5", "sh", "-c",
+       "echo RUN=$TORCHELASTIC_RUN_ID MAX=$TORCHELASTIC_MAX_RESTARTS GROUP=$GROUP_RANK "
+       "ADDR=$MASTER_ADDR WORLD=$WORLD_SIZE PORT=$MASTER_PORT"});
+  INFO(standalone.output);
+  CHECK(standalone.exit_code == 0);
+  for (int r = 0; r < 2; ++r)
+    CHECK(contains(standalone.output, "[rank " + std::to_string(r) +
+                                          "] RUN=job7 MAX=0 GROUP=0 ADDR=127.0.0.1 WORLD=2 PORT="));
+  CHECK_FALSE(contains(standalone.output, "PORT=29500\n"));  // a free port, not the default
+  // --rdzv_endpoint HOST:PORT is main_process_ip and main_process_port; --nnodes 1:1 is 1.
+  const auto endpoint = accel_command({"launch", "--nnodes", "1:1", "--rdzv_endpoint",
+                                       "127.0.0.1:0", "--num_processes", "1", "--multi_cpu", "sh",
+                                       "-c", "echo ADDR=$MASTER_ADDR RUN=$TORCHELASTIC_RUN_ID"});
+  INFO(endpoint.output);
+  CHECK(endpoint.exit_code == 0);
+  CHECK(contains(endpoint.output, "[rank 0] ADDR=127.0.0.1 RUN=none"));
+  CHECK(contains(endpoint.output, "command line --main_process_ip"));
+}
+
 TEST_CASE(
     "worker environment defaults are printed, yield to the user's values and can be switched off") {
   const std::vector<std::string> show = {

@@ -118,6 +118,23 @@ TEST_CASE("launcher flags that cannot work are refused before any worker starts"
   CHECK(contains(ok.output, "[rank 1] worker-started"));
 }
 
+TEST_CASE("torchrun's rendezvous flags this launcher cannot honour are refused, saying why") {
+  check_refused(run_accel_command(launch_args({"--nnodes", "2:3"})),
+                {"--nnodes 2:3", "an elastic range", "not available yet", "--nnodes 3"});
+  check_refused(run_accel_command(launch_args({"--rdzv_backend", "c10d"})),
+                {"--rdzv_backend c10d", "not available yet", "static is"});
+  check_refused(run_accel_command(launch_args({"--rdzv-backend", "etcd"})),
+                {"--rdzv_backend expects static or c10d, got 'etcd'"});
+  check_refused(run_accel_command(launch_args({"--standalone", "--nnodes", "2"})),
+                {"--standalone runs one machine", "--nnodes/--num_machines"});
+  check_refused(run_accel_command(launch_args({"--standalone", "--rdzv_endpoint", "h:1"})),
+                {"--standalone", "cannot be combined with --main_process_ip"});
+  check_refused(run_accel_command(launch_args({"--rdzv_conf", "join_timeout=5,foo=1"})),
+                {"--rdzv_conf: unknown key 'foo'", "join_timeout, last_call_timeout"});
+  check_refused(run_accel_command(launch_args({"--rdzv_conf", "join_timeout=soon"})),
+                {"--rdzv_conf join_timeout expects a number of seconds, got 'soon'"});
+}
+
 TEST_CASE("more workers than the descriptor limit allows are refused naming ulimit -n") {
   // 40 workers need about 4 descriptors each in the launcher; 100 are allowed (soft = hard).
   const auto out = run_accel_command(

@@ -43,6 +43,15 @@ Supervision:
   --rdzv_timeout SECONDS      how long machines wait for each other to join (300)
   --heartbeat_interval SECONDS  how often the machines' launchers check in (5)
   --heartbeat_misses N        check-ins a machine may miss before the job stops on it (3)
+torchrun's rendezvous flags (its static rendezvous: every machine gives --machine_rank):
+  --nnodes N                  --num_machines N (N:N too; an elastic MIN:MAX is refused)
+  --standalone                one machine, its store on a free local port
+  --rdzv_endpoint HOST[:PORT] --main_process_ip HOST [--main_process_port PORT]
+  --rdzv_backend static       the only backend (c10d is refused)
+  --rdzv_id ID                the workers' TORCHELASTIC_RUN_ID (default: none)
+  --rdzv_conf K=V,...         join_timeout (--rdzv_timeout), keep_alive_interval
+                              (--heartbeat_interval), keep_alive_max_attempt
+                              (--heartbeat_misses), last_call_timeout (checked, unused)
 Output:
   --log_dir DIR               every rank's output also in DIR/rank_<R>.log
   --tee 0|1|2|3               with --log_dir: which streams also reach the console
@@ -170,6 +179,84 @@ struct Flag {
   std::function<void(const std::string& flag, const std::string& value)> apply;
 };
 
+// torchrun's rendezvous flags, for the rendezvous this launcher runs (torchrun's "static"):
+// machine 0 hosts the store at main_process_ip:main_process_port and every machine gives its
+// --machine_rank. Elastic ranges and the c10d backend (ranks by join order) are refused,
+// saying so.
+void add_rendezvous_flags(launch::LaunchOptions& o, std::map<std::string, Flag>& t) {
+  t["nnodes"] = {true, [&o](const std::string& f, const std::string& v) {
+                   const std::size_t colon = v.find(':');
+                   if (colon == std::string::npos) {
+                     o.overrides["num_machines"] = v;
+                     return;
+                   }
+                   const int lo = parse_int(f, v.substr(0, colon), 1);
+                   const int hi = parse_int(f, v.substr(colon + 1), 1);
+                   if (lo != hi)
+                     throw ConfigError("accel launch: " + f + " " + v +
+                                       ": an elastic range (machines joining and leaving) is "
+                                       "not available yet; give a fixed number of machines, "
+                                       "e.g. " +
+                                       f + " " + std::to_string(hi));
+                   o.overrides["num_machines"] = std::to_string(lo);
+                 }};
+  t["rdzv_backend"] = {
+      true, [](const std::string& f, const std::string& v) {
+        if (v == "static") return;
+        if (v == "c10d")
+          throw ConfigError("accel launch: " + f +
+                            " c10d (ranks given out as machines join, for elastic jobs) is "
+                            "not available yet; static is (each machine's --machine_rank)");
+        throw ConfigError("accel launch: " + f + " expects static or c10d, got '" + v + "'");
+      }};
+  // HOST, HOST:PORT, [IPV6]:PORT, or a bare IPv6 address.
+  t["rdzv_endpoint"] = {
+      true, [&o](const std::string& f, const std::string& v) {
+        std::string host = v, port;
+        if (v.starts_with('[') && v.find(']') != std::string::npos) {
+          host = v.substr(1, v.find(']') - 1);
+          const std::string rest = v.substr(v.find(']') + 1);
+          if (rest.starts_with(':')) port = rest.substr(1);
+        } else if (v.find(':') != std::string::npos && v.find(':') == v.rfind(':')) {
+          host = v.substr(0, v.find(':'));
+          port = v.substr(v.find(':') + 1);
+        }
+        if (host.empty())
+          throw ConfigError("accel launch: " + f + " expects HOST[:PORT], got '" + v + "'");
+        o.overrides["main_process_ip"] = host;
+        if (!port.empty()) o.overrides["main_process_port"] = port;
+      }};
+  t["rdzv_id"] = {true, [&o](const std::string&, const std::string& v) { o.run_id = v; }};
+  t["rdzv_conf"] = {
+      true, [&o](const std::string& f, const std::string& v) {
+        for (std::size_t at = 0; at < v.size();) {
+          const std::size_t comma = std::min(v.find(',', at), v.size());
+          const std::string item = v.substr(at, comma - at);
+          at = comma + 1;
+          const std::size_t eq = item.find('=');
+          const std::string key = item.substr(0, eq),
+                            value = eq == std::string::npos ? "" : item.substr(eq + 1);
+          const std::string what = f + " " + key;
+          if (key == "join_timeout")
+            o.rdzv_timeout = seconds(what, value);
+          else if (key == "keep_alive_interval")
+            o.heartbeat_interval = std::max(seconds(what, value), std::chrono::milliseconds(10));
+          else if (key == "keep_alive_max_attempt")
+            o.heartbeat_misses = parse_int(what, value, 1);
+          else if (key == "last_call_timeout")
+            seconds(what, value);  // checked; a fixed number of machines has no last call
+          else
+            throw ConfigError("accel launch: " + f + ": unknown key '" + key +
+                              "' (known: join_timeout, last_call_timeout, keep_alive_interval, "
+                              "keep_alive_max_attempt)");
+        }
+      }};
+  t["standalone"] = {false, [&o](const std::string& f, const std::string& v) {
+                       if (!v.empty() && !parse_bool(f, v)) return;
+                       o.standalone = true;
+                     }};
+}
+
 // The launcher's own flags, and aliases of config keys in Accelerate's and torchrun's words.
 std::map<std::string, Flag> flag_table(launch::LaunchOptions& o) {
   auto set_key = [&o](std::string key) {
@@ -231,6 +318,7 @@ std::map<std::string, Flag> flag_table(launch::LaunchOptions& o) {
         t[spec.name] = {true, set_key(spec.name)};
     }
   }
+  add_rendezvous_flags(o, t);
   return t;
 }
 
@@ -307,6 +395,20 @@ launch::LaunchOptions parse_launch_options(int argc, char** argv, bool* help) {
   }
   for (; i < argc; ++i) options.program.emplace_back(argv[i]);
   options.nproc_per_node = nproc_per_node;
+  if (options.standalone) {
+    // torchrun's --standalone: this machine alone, its store on a free local port.
+    for (const char* key : {"num_machines", "main_process_ip", "main_process_port"})
+      if (options.overrides.count(key) &&
+          !(std::string(key) == "num_machines" && options.overrides.at(key) == "1"))
+        throw ConfigError(std::string("accel launch: --standalone runs one machine on a free "
+                                      "local port; it cannot be combined with --") +
+                          (std::string(key) == "num_machines" ? "nnodes/--num_machines" : key) +
+                          " (or --rdzv_endpoint)");
+    options.overrides["num_machines"] = "1";
+    options.overrides["machine_rank"] = "0";
+    options.overrides["main_process_ip"] = "127.0.0.1";
+    options.overrides["main_process_port"] = "0";
+  }
   return options;
 }
 
