@@ -48,6 +48,10 @@ std::size_t batches_of(std::size_t samples, std::size_t batch, bool drop_last) {
 
 }  // namespace
 
+std::size_t loader_batch_size(const Accelerator& accelerator, std::size_t requested) {
+  return accelerator.batch_size_for(requested);
+}
+
 std::pair<std::shared_ptr<RankSampler::Plan>, std::size_t> plan_loader(
     Accelerator& accelerator, c10::optional<std::size_t> dataset_size,
     const torch::data::DataLoaderOptions& options, const DataLoaderConfiguration& config,

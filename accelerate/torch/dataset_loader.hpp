@@ -183,6 +183,9 @@ struct SamplerChoice {
 };
 
 // The plan for this rank and its batch count; checks what the ranks must agree on.
+// Accelerator::batch_size_for (the config's global_batch_size), where Accelerator is complete.
+std::size_t loader_batch_size(const Accelerator& accelerator, std::size_t requested);
+
 std::pair<std::shared_ptr<RankSampler::Plan>, std::size_t> plan_loader(
     Accelerator& accelerator, c10::optional<std::size_t> dataset_size,
     const torch::data::DataLoaderOptions& options, const DataLoaderConfiguration& config,
@@ -201,7 +204,7 @@ DatasetLoader<Dataset> make_dataset_loader(Accelerator& accelerator, Dataset dat
   std::size_t own_samples = 0;
   if constexpr (kind == detail::SamplerKind::distributed)
     own_samples = detail::DistributedShare::samples(sampler);
-  options.batch_size(accelerator.batch_size_for(options.batch_size()));  // global_batch_size
+  options.batch_size(detail::loader_batch_size(accelerator, options.batch_size()));
   auto [plan, batches] = detail::plan_loader(accelerator, dataset.size(), options, config,
                                              {kind, c10::demangle_type<Sampler>(), own_samples},
                                              std::make_unique<Sampler>(std::move(sampler)));
