@@ -417,8 +417,11 @@ class Accelerator {
   // ACCEL_DISABLE_PROGRESS_BAR); closed when the loop ends.
   template <typename Range>
   ProgressRange<Range> progress(Range& range, std::string description = "") {
-    std::size_t total = 0;
-    if constexpr (requires { std::size(range); }) total = std::size(range);
+    std::size_t total = 0;  // what the loop will walk: a resumed epoch's batches left
+    if constexpr (requires { range.batches_left(); })
+      total = range.batches_left();
+    else if constexpr (requires { std::size(range); })
+      total = std::size(range);
     auto bar = std::make_shared<ProgressBar>(std::move(description), total, progress_bar_options());
     progress_ = bar;
     return ProgressRange<Range>(range, std::move(bar));

@@ -24,7 +24,7 @@ class ProgressRange {
   class Iterator {
    public:
     Iterator(Inner it, ProgressBar* bar) : it_(std::move(it)), bar_(bar) {}
-    decltype(auto) operator*() const { return *it_; }
+    decltype(auto) operator*() { return *it_; }  // some loaders' iterators are not const
     Iterator& operator++() {
       ++it_;
       bar_->update();

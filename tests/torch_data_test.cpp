@@ -147,14 +147,18 @@ TEST_CASE("world 1: epochs count themselves, skipped batches are never read, the
   CHECK(loader.epoch() == 0);
   log->reads.clear();
   loader.skip_first_batches(2);  // resume at batch 2 of the next epoch
+  CHECK(loader.batches_left() == 1);
   std::vector<std::size_t> indices;
-  for (auto& batch : *loader) {
+  auto resumed = acc.progress(*loader, "resumed");  // its bar counts the 1 batch left
+  for (auto& batch : resumed) {
     indices.push_back(loader.batch_index());
     CHECK(batch.data.size(0) == 2);
   }
   CHECK(loader.epoch() == 1);  // the finished pass moved it on
   CHECK(indices == std::vector<std::size_t>{2});
   CHECK(log->reads == std::vector<std::size_t>{8, 9});  // batches 0 and 1 were not read
+  CHECK(resumed.bar().text().find("resumed 1/1 100%") == 0);
+  CHECK(loader.batches_left() == 3);
   loader.set_epoch(7);
   std::size_t batches = 0;
   for (auto& batch : *loader) batches += batch.data.size(0) > 0;

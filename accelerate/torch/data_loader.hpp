@@ -14,6 +14,7 @@
 // (begin_batch(index, size)): the last batch of an epoch always ends in a gradient sync and
 // gradient accumulation restarts its count with each epoch (Accelerate's sync_with_dataloader).
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <iterator>
@@ -86,6 +87,8 @@ class TorchDataLoader {
   // The next iteration only starts at batch n of its epoch (resuming mid-epoch, Accelerate's
   // skip_first_batches); batch indices keep their position in the epoch.
   void skip_first_batches(std::size_t n) { skip_ = n; }
+  // The batches the next iteration yields: size() less what skip_first_batches skips.
+  std::size_t batches_left() const { return size() - std::min(skip_, size()); }
 
  private:
   Accelerator* accelerator_;

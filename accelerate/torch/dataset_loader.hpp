@@ -23,6 +23,7 @@
 // at world 1 draws from LibTorch's generator, as in the plain loop). Before each batch is
 // yielded the accelerator hears begin_batch(index, size()), as with the tensor loader.
 
+#include <algorithm>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
@@ -69,6 +70,8 @@ class DatasetLoaderBase {
   // The next pass only starts at batch n of its epoch (resuming mid-epoch, Accelerate's
   // skip_first_batches): the batches before it are never read; indices keep their position.
   void skip_first_batches(std::size_t n) { skip_ = n; }
+  // The batches the next iteration yields: size() less what skip_first_batches skips.
+  std::size_t batches_left() const { return size() - std::min(skip_, size()); }
   // The batch last yielded (0-based position in its epoch).
   std::size_t batch_index() const { return current_; }
   // Samples of the whole epoch (all ranks) that repeat earlier ones in its last global batch.
