@@ -14,13 +14,14 @@
 #include "core/error.hpp"
 
 namespace accel::config {
-namespace {
 
 std::string upper(std::string_view s) {
   std::string out(s);
   for (auto& c : out) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
   return out;
 }
+
+namespace {
 
 std::string lower(std::string_view s) {
   std::string out(s);

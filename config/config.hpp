@@ -166,6 +166,7 @@ std::string value_hint(std::string_view key);
 // The default as help texts show it: the rule, or Config{}'s value ("29500").
 std::string default_text(const KeySpec&);
 std::string env_var_for(std::string_view key);  // "ACCEL_NUM_PROCESSES"
+std::string upper(std::string_view s);          // ASCII upper case: "full_shard" -> "FULL_SHARD"
 std::string flag_for(std::string_view key);     // "--num_processes"
 
 // Parses `text` as a value of `key` (case-insensitive choices, DEEPSPEED as ZERO, yes/no

@@ -33,15 +33,9 @@ bool is_deepspeed_mapped(const std::string& key) {
          key == "gradient_accumulation_steps";
 }
 
-std::string upper_case(const std::string& value) {
-  std::string v;
-  for (char c : value) v += char(std::toupper(static_cast<unsigned char>(c)));
-  return v;
-}
-
 // FSDP's sharding strategies as ZeRO stages (fsdp_sharding_strategy, by name or number).
 std::optional<int> zero_stage_of_sharding(const std::string& value) {
-  const std::string v = upper_case(value);
+  const std::string v = upper(value);
   if (v == "FULL_SHARD" || v == "1") return 3;
   if (v == "SHARD_GRAD_OP" || v == "2") return 2;
   if (v == "NO_SHARD" || v == "3") return 0;  // DDP
@@ -237,9 +231,8 @@ class FileReader {
           !value.empty() && !std::isdigit(static_cast<unsigned char>(value[0]));
       if (key == "fsdp_sharding_strategy" ||
           (key == "fsdp_reshard_after_forward" && named_strategy &&
-           (zero_stage_of_sharding(value) ||
-            upper_case(value).find("HYBRID") != std::string::npos))) {
-        const std::string v = upper_case(value);
+           (zero_stage_of_sharding(value) || upper(value).find("HYBRID") != std::string::npos))) {
+        const std::string v = upper(value);
         if (v == "HYBRID_SHARD" || v == "4" || v == "_HYBRID_SHARD_ZERO2" || v == "5")
           refuse(v +
                  " (sharded within each machine, replicated across machines) is not "

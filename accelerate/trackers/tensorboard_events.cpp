@@ -114,16 +114,26 @@ class Fields {
   std::string what_;
 };
 
+// The next length-delimited field numbered `want` of `fields` (others skipped), or false at
+// the message's end.
+bool next_message(Fields& fields, std::uint32_t want, std::string_view& bytes) {
+  std::uint32_t field = 0, wire = 0;
+  while (fields.next(field, wire)) {
+    if (field == want && wire == kLength) {
+      bytes = fields.bytes();
+      return true;
+    }
+    fields.skip(wire);
+  }
+  return false;
+}
+
 // Summary.Value {tag = 1, simple_value = 2}: the scalars; other values are skipped.
 // The first string_val of a TensorProto (field 8), or nothing.
 std::string tensor_string(std::string_view tensor, const std::string& where) {
   Fields fields(tensor, where + ": TensorProto");
-  std::uint32_t field = 0, wire = 0;
-  while (fields.next(field, wire)) {
-    if (field == 8 && wire == kLength) return std::string(fields.bytes());
-    fields.skip(wire);
-  }
-  return "";
+  std::string_view bytes;
+  return next_message(fields, 8, bytes) ? std::string(bytes) : std::string();
 }
 
 struct PluginData {
@@ -136,12 +146,8 @@ PluginData plugin_data(std::string_view metadata, const std::string& where) {
   Fields fields(metadata, where + ": SummaryMetadata");
   PluginData out;
   std::uint32_t field = 0, wire = 0;
-  while (fields.next(field, wire)) {
-    if (field != 1 || wire != kLength) {
-      fields.skip(wire);
-      continue;
-    }
-    Fields plugin(fields.bytes(), where + ": PluginData");
+  for (std::string_view bytes; next_message(fields, 1, bytes);) {
+    Fields plugin(bytes, where + ": PluginData");
     while (plugin.next(field, wire)) {
       if (field == 1 && wire == kLength)
         out.name = std::string(plugin.bytes());
@@ -212,12 +218,8 @@ void read_summary(std::string_view summary, double wall_time, std::int64_t step,
                   const std::string& where, EventFileContents& out) {
   Fields fields(summary, where + ": Summary");
   std::uint32_t field = 0, wire = 0;
-  while (fields.next(field, wire)) {
-    if (field != 1 || wire != kLength) {
-      fields.skip(wire);
-      continue;
-    }
-    Fields value(fields.bytes(), where + ": Summary.Value");
+  for (std::string_view bytes; next_message(fields, 1, bytes);) {
+    Fields value(bytes, where + ": Summary.Value");
     ScalarRecord record{wall_time, step, {}, 0};
     bool scalar = false;
     PluginData plugin;
