@@ -373,10 +373,13 @@ TEST_CASE(
   const auto shared = job({"--phase", "save", "--dir", view + "/ck2"}, false);
   INFO(describe(shared));
   CHECK(shared.exit_code() != 0);
-  CHECK(contains(shared.workers.at(1).output,
-                 "does not see the directory its writer made: every rank must see the "
-                 "checkpoint directory (a shared filesystem), or save with save_on_each_node"));
-  CHECK(contains(shared.workers.at(0).output, "could not write its part of the checkpoint"));
+  // Whichever machine's ranks exit first stop the other's, which may then not get to print:
+  // machine 1's ranks name the cause, machine 0's name rank 2; at least one of them is there.
+  const std::string all = shared.workers.at(0).output + shared.workers.at(1).output;
+  CHECK((contains(all,
+                  "does not see the directory its writer made: every rank must see the "
+                  "checkpoint directory (a shared filesystem), or save with save_on_each_node") ||
+         contains(all, "rank 2 could not write its part of the checkpoint")));
   CHECK_FALSE(std::filesystem::exists(dir.file("machine0/ck2")));  // nothing half-written
   CHECK_FALSE(std::filesystem::exists(dir.file("machine1/ck2")));
 }
