@@ -38,6 +38,8 @@ config::ResolvedConfig resolve_settings(const AcceleratorOptions& options) {
     from_code["reshard_after_forward"] = flag(*options.reshard_after_forward);
   if (options.activation_checkpointing)
     from_code["activation_checkpointing"] = flag(*options.activation_checkpointing);
+  if (options.auto_wrap_policy) from_code["auto_wrap_policy"] = *options.auto_wrap_policy;
+  if (options.state_dict_type) from_code["state_dict_type"] = *options.state_dict_type;
   if (options.log_with) from_code["log_with"] = *options.log_with;
   if (options.project_dir) from_code["project_dir"] = *options.project_dir;
   if (options.logging_dir) from_code["logging_dir"] = *options.logging_dir;
@@ -188,6 +190,8 @@ Accelerator::Accelerator(AcceleratorOptions options) : options_(std::move(option
   accumulation_steps_ = settings.config.gradient_accumulation_steps;
   mixed_precision_ = settings.config.mixed_precision;
   activation_checkpointing_ = settings.config.activation_checkpointing;
+  auto_wrap_policy_ = settings.config.auto_wrap_policy;
+  state_dict_type_ = settings.config.state_dict_type;
   log_with_ = settings.config.log_with;
   project_dir_ = settings.config.project_dir;
   logging_dir_ = settings.config.logging_dir.empty() ? project_dir_ : settings.config.logging_dir;

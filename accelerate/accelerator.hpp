@@ -69,6 +69,7 @@ namespace accel {
 
 class ProcessGroup;
 struct FullParameters;      // accelerate/parameter_layout.hpp
+struct TensorNames;         // accelerate/parameter_layout.hpp
 struct PreparedParameters;  // accelerate/prepared_parameters.hpp: one prepared model
 
 // A checkpoint name of the model prepared `model`-th (0-based), as Accelerate numbers its
@@ -97,6 +98,8 @@ struct AcceleratorOptions {
   std::optional<int> zero3_param_persistence_threshold;  // zero_stage 3
   std::optional<bool> reshard_after_forward;             // zero_stage 3
   std::optional<bool> activation_checkpointing;          // LibTorch: Sequential children
+  std::optional<std::string> auto_wrap_policy;           // zero_stage 3, LibTorch: units
+  std::optional<std::string> state_dict_type;  // LibTorch checkpoints: FULL_ or SHARDED_STATE_DICT
   std::optional<std::string> log_with;                   // "tensorboard,csv", "all", ...
   std::optional<std::string> project_dir, logging_dir;
   std::optional<bool> automatic_checkpoint_naming;  // save_state() / load_state() without a dir
@@ -143,6 +146,10 @@ class Accelerator {
   // The config's activation_checkpointing (LibTorch: a prepared Sequential's children and
   // ShardedUnit blocks).
   bool activation_checkpointing() const { return activation_checkpointing_; }
+  // The config's auto_wrap_policy (LibTorch under zero_stage 3: TRANSFORMER_BASED_WRAP, NO_WRAP).
+  const std::string& auto_wrap_policy() const { return auto_wrap_policy_; }
+  // The config's state_dict_type (LibTorch checkpoints: FULL_STATE_DICT, SHARDED_STATE_DICT).
+  const std::string& state_dict_type() const { return state_dict_type_; }
   Communicator& comm();
   // The CUDA stream (a cudaStream_t) the loop computes on, when its buffers live on a GPU
   // (NCCL); default: the legacy default stream. The strategies copy gradients and order the
@@ -520,6 +527,13 @@ class Accelerator {
   // unit by unit). The second runs also when the save fails.
   virtual void before_save_state() {}
   virtual void after_save_state() {}
+  // load_state's last step for the parameter blob: the checked bytes into the prepared
+  // parameters and buffers (copy_parameters_in); a front end whose parameters are not where
+  // their ParamRefs were (the LibTorch adapter under ZeRO-3) hands them to the strategy.
+  virtual void load_parameter_values(const PreparedParameters& model,
+                                     const FullParameters& values) {
+    copy_parameters_in(model, values);
+  }
   // Where save_state's files go (checkpoint.hpp): one directory every rank sees, or with
   // save_on_each_node one per machine (its ranks found once, by an all-gather of NODE_RANK).
   // The writer of a directory writes the shared files: rank 0, or each machine's first rank.
@@ -555,6 +569,8 @@ class Accelerator {
   int accumulation_steps_ = 1;
   bool uses_gpu_ = false;  // the config's choice (use_cpu false, or MULTI_GPU)
   bool activation_checkpointing_ = false;
+  std::string auto_wrap_policy_;
+  std::string state_dict_type_;
   std::string log_with_, project_dir_, logging_dir_;
   bool automatic_checkpoint_naming_ = false;
   int total_limit_ = 0;
@@ -601,6 +617,14 @@ class Accelerator {
   void check_registered_states(const LoadedCheckpoint& ck) const;
   void load_registered_states(const LoadedCheckpoint& ck);
   void copy_parameters_in(const PreparedParameters& model, const FullParameters& values);
+
+ protected:
+  void copy_buffers_in(const PreparedParameters& model, const FullParameters& values);
+  // A front end with a module tree names the model's buffers and tied parameters' other names
+  // for the checkpoint layout (accel merge-weights writes them).
+  void name_tensors(std::size_t model, TensorNames names);
+
+ private:
   // The raw API's models: which one `model` (an object given to prepare) is; its copies.
   std::size_t model_index_of(const void* model) const;
   ReplicatedModel* replicas_of(std::size_t model) const;

@@ -313,7 +313,8 @@ void Accelerator::save_state(const std::string& dir) {
         host_parameters(values_sharded ? std::vector<ParamRef>{} : model->params, model->buffers,
                         compute_context(comm()), who));
     const ParameterLayout layout = describe_parameters(
-        model->params, model->buffers, std::string(strategy.name()), num_processes(), sharded);
+        model->params, model->buffers, std::string(strategy.name()), num_processes(), sharded,
+        model->names);
     if (writer) {
       contents.shared.push_back({model_blob(kParameters, model->index),
                                  blob_pieces(layout, kParameters, host.params, host.buffers)});
@@ -396,7 +397,7 @@ void Accelerator::load_state(const std::string& dir) {
   // Apply: registered states first (user code that may throw), then what cannot fail.
   load_registered_states(ck);
   for (std::size_t m = 0; m < values.size(); ++m)
-    copy_parameters_in(*models_[m], values[m]);  // sizes checked above
+    load_parameter_values(*models_[m], values[m]);  // sizes checked above
   // Parameters changed from outside (the blob above, or a front end's registered model
   // state): ZeRO's flat copy follows.
   for (const auto& model : models_) model->strategy->reload_parameters();
@@ -462,8 +463,20 @@ void Accelerator::copy_parameters_in(const PreparedParameters& model,
   };
   for (std::size_t i = 0; i < model.params.size(); ++i)
     copy_buffer(model.params[i].data, host(values.params[i], model.params[i].data), stream);
-  for (std::size_t i = 0; i < model.buffers.size(); ++i)
-    copy_buffer(model.buffers[i], host(values.buffers[i], model.buffers[i]), stream);
+  copy_buffers_in(model, values);
+}
+
+void Accelerator::name_tensors(std::size_t model, TensorNames names) {
+  models_.at(model)->names = std::move(names);
+}
+
+void Accelerator::copy_buffers_in(const PreparedParameters& model, const FullParameters& values) {
+  for (std::size_t i = 0; i < model.buffers.size(); ++i) {
+    const Buffer& b = model.buffers[i];
+    const Buffer saved{const_cast<char*>(values.buffers[i].data()), b.count, b.dtype,
+                       DeviceKind::cpu};
+    copy_buffer(b, saved, comm().compute_stream());
+  }
 }
 
 }  // namespace accel

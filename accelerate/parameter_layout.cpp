@@ -66,7 +66,7 @@ std::string format_shape(const std::vector<std::int64_t>& shape) {
 
 ParameterLayout describe_parameters(const std::vector<ParamRef>& params,
                                     const std::vector<Buffer>& buffers, std::string strategy,
-                                    int world_size, bool sharded) {
+                                    int world_size, bool sharded, const TensorNames& names) {
   ParameterLayout out;
   out.strategy = std::move(strategy);
   out.world_size = world_size;
@@ -80,7 +80,18 @@ ParameterLayout describe_parameters(const std::vector<ParamRef>& params,
     out.params.push_back({p.data.dtype, p.data.count, p.group, flat.flat_of(i), flat.offset_of(i),
                           shape_of(p), p.name});
   }
-  for (const Buffer& b : buffers) out.buffers.push_back({b.dtype, b.count});
+  for (std::size_t i = 0; i < buffers.size(); ++i) {
+    SavedBuffer b{buffers[i].dtype, buffers[i].count, {}, {}};
+    if (i < names.buffers.size()) {
+      b.shape = names.buffers[i].shape;
+      b.name = names.buffers[i].name;
+      ACCEL_CHECK_ARG(shape_count(b.shape) == b.count,
+                      "buffer '" + b.name + "': shape " + format_shape(b.shape) +
+                          " does not hold its " + std::to_string(b.count) + " elements");
+    }
+    out.buffers.push_back(std::move(b));
+  }
+  out.aliases = names.aliases;
   if (!sharded) {
     for (std::size_t f = 0; f < out.flats.size(); ++f)
       if (out.flats[f].count > 0) out.slices.push_back({kParametersBlob, f, 0, out.flats[f].count});
@@ -107,9 +118,12 @@ std::string format_layout(const ParameterLayout& layout) {
     out << "param " << i << " " << dtype_name(p.dtype) << " " << p.count << " " << p.group << " "
         << p.flat << " " << p.offset << " " << format_shape(p.shape) << " " << p.name << "\n";
   }
-  for (std::size_t i = 0; i < layout.buffers.size(); ++i)
-    out << "buffer " << i << " " << dtype_name(layout.buffers[i].dtype) << " "
-        << layout.buffers[i].count << "\n";
+  for (std::size_t i = 0; i < layout.buffers.size(); ++i) {
+    const SavedBuffer& b = layout.buffers[i];
+    out << "buffer " << i << " " << dtype_name(b.dtype) << " " << b.count
+        << (b.name.empty() ? "" : " " + format_shape(b.shape) + " " + b.name) << "\n";
+  }
+  for (const SavedAlias& a : layout.aliases) out << "alias " << a.param << " " << a.name << "\n";
   for (const SavedSlice& s : layout.slices)
     out << "slice " << s.blob << " " << s.flat << " " << s.offset << " " << s.count << "\n";
   return out.str();
@@ -191,7 +205,21 @@ ParameterLayout parse_layout(std::string_view text, const std::string& where) {
       if (!(in >> index >> dtype >> b.count) || index != out.buffers.size())
         fail("expected 'buffer I DTYPE COUNT', in order");
       b.dtype = dtype_of(dtype);
+      std::string shape;
+      if (in >> shape) {
+        if (!parse_shape(shape, b.shape) || shape_count(b.shape) != b.count)
+          fail("expected 'buffer I DTYPE COUNT SHAPE NAME', the shape holding the count");
+        b.name = rest(in);
+        if (b.name.empty()) fail("a buffer shape without a name");
+      }
       out.buffers.push_back(b);
+    } else if (!legacy && kind == "alias") {
+      SavedAlias a;
+      if (!(in >> a.param) || a.param >= out.params.size())
+        fail("expected 'alias I NAME' after parameter I");
+      a.name = rest(in);
+      if (a.name.empty()) fail("an alias without a name");
+      out.aliases.push_back(std::move(a));
     } else if (!legacy && kind == "slice") {
       SavedSlice s;
       if (!(in >> s.blob >> s.flat >> s.offset >> s.count))

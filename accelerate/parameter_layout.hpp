@@ -18,7 +18,8 @@
 //   world_size 4
 //   flat F GROUP DTYPE COUNT       flat buffer F: its param group, dtype, elements
 //   param I DTYPE COUNT GROUP F OFFSET SHAPE NAME     e.g. shape [37,13]; [] for a scalar
-//   buffer I DTYPE COUNT
+//   buffer I DTYPE COUNT [SHAPE NAME]   shape and name where the front end knows them (LibTorch)
+//   alias I NAME                   another name of parameter I (a tied weight, LibTorch)
 //   slice BLOB F OFFSET COUNT      the next COUNT elements of BLOB are F[OFFSET, OFFSET+COUNT)
 // A layout without the "layout 2" line is the first format (lines "param I DTYPE COUNT NAME"
 // and "buffer I DTYPE COUNT", values in "parameters" in that order); it still loads.
@@ -53,6 +54,24 @@ struct SavedParam {
 struct SavedBuffer {
   DType dtype = DType::f32;
   std::size_t count = 0;
+  std::vector<std::int64_t> shape;  // with a name only
+  std::string name;                 // "" under the raw API
+};
+
+struct SavedAlias {
+  std::size_t param = 0;  // index into ParameterLayout::params
+  std::string name;
+};
+
+// What only a front end with a module tree knows (LibTorch): its buffers' names and the other
+// names of tied parameters, so accel merge-weights writes an archive the module loads.
+struct NamedBuffer {
+  std::string name;
+  std::vector<std::int64_t> shape;
+};
+struct TensorNames {
+  std::vector<NamedBuffer> buffers;  // empty, or one per buffer
+  std::vector<SavedAlias> aliases;
 };
 
 struct SavedSlice {
@@ -67,6 +86,7 @@ struct ParameterLayout {
   std::vector<SavedFlat> flats;
   std::vector<SavedParam> params;
   std::vector<SavedBuffer> buffers;
+  std::vector<SavedAlias> aliases;
   std::vector<SavedSlice> slices;
 };
 
@@ -77,7 +97,7 @@ inline constexpr const char* kParametersLayoutBlob = "parameters.layout";
 // world_size slices (shard_of of the padded size, as FlatLayout), one blob per rank.
 ParameterLayout describe_parameters(const std::vector<ParamRef>& params,
                                     const std::vector<Buffer>& buffers, std::string strategy,
-                                    int world_size, bool sharded);
+                                    int world_size, bool sharded, const TensorNames& names = {});
 
 std::string format_layout(const ParameterLayout& layout);
 // Throws CheckpointError "WHERE: line N: ..." on a line that does not parse or does not fit.

@@ -431,6 +431,27 @@ std::vector<KeySpec> make_schema() {
        .applies = is_zero3,
        .check = check_reshard_after_forward,
        .related = {"zero_stage", "distributed_type"}},
+      {.name = "auto_wrap_policy",
+       .kind = K::choice,
+       .field = &Config::auto_wrap_policy,
+       .aliases = {"fsdp_auto_wrap_policy"},
+       .choices = {"TRANSFORMER_BASED_WRAP", "NO_WRAP"},
+       .help = "zero_stage 3, LibTorch: each child of the model's ModuleLists and Sequentials is "
+               "a unit (TRANSFORMER_BASED_WRAP), or only the root and ShardedUnit blocks are "
+               "(NO_WRAP)",
+       .question = "Which modules should be gathered as units of their own?",
+       .options = {{"TRANSFORMER_BASED_WRAP", "each ModuleList or Sequential child", 0},
+                   {"NO_WRAP", "the whole model (and ShardedUnit blocks)", 1}},
+       .applies = is_zero3,
+       .related = {"zero_stage", "distributed_type"}},
+      {.name = "state_dict_type",
+       .kind = K::choice,
+       .field = &Config::state_dict_type,
+       .aliases = {"fsdp_state_dict_type"},
+       .choices = {"FULL_STATE_DICT", "SHARDED_STATE_DICT"},
+       .help = "LibTorch checkpoints: the model as one LibTorch archive from rank 0 "
+               "(FULL_STATE_DICT), or each rank's own slices, merged by accel merge-weights "
+               "(SHARDED_STATE_DICT)"},
       {.name = "activation_checkpointing",
        .kind = K::boolean,
        .field = &Config::activation_checkpointing,
@@ -837,8 +858,7 @@ std::optional<std::string> ignored_key_note(std::string_view section, std::strin
   }
   if (section == "deepspeed_config" && deepspeed.count(key) != 0)
     return "DeepSpeed setting accelerate-cpp's ZeRO does not use; ignored";
-  static const std::set<std::string, std::less<>> fsdp = {"fsdp_auto_wrap_policy",
-                                                          "fsdp_transformer_layer_cls_to_wrap",
+  static const std::set<std::string, std::less<>> fsdp = {"fsdp_transformer_layer_cls_to_wrap",
                                                           "fsdp_min_num_params",
                                                           "fsdp_backward_prefetch",
                                                           "fsdp_forward_prefetch",
@@ -849,9 +869,6 @@ std::optional<std::string> ignored_key_note(std::string_view section, std::strin
   if (section == "fsdp_config" && fsdp.count(key) != 0)
     return "FSDP setting with no meaning here (units come from the model's structure, prefetch "
            "is always on, every rank starts from rank 0's parameters); ignored";
-  if (section == "fsdp_config" && key == "fsdp_state_dict_type")
-    return "checkpoints are always each rank's own slices, loadable at any world size and merged "
-           "by accel merge-weights; ignored";
   return std::nullopt;
 }
 

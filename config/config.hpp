@@ -53,6 +53,14 @@ struct Config {
   // LibTorch: a prepared torch::nn::Sequential runs each child, and each ShardedUnit block
   // runs, through activation checkpointing (recomputed in backward).
   bool activation_checkpointing = false;
+  // zero_stage 3, LibTorch: TRANSFORMER_BASED_WRAP makes each child of the model's ModuleLists
+  // and Sequentials a unit (gathered when first used); NO_WRAP keeps the root (and any
+  // ShardedUnit blocks) the only units (FSDP's auto_wrap_policy).
+  std::string auto_wrap_policy = "TRANSFORMER_BASED_WRAP";
+  // LibTorch checkpoints: the model as one LibTorch archive written by rank 0
+  // (FULL_STATE_DICT), or each rank's own slices and the layout that reshards them, merged by
+  // accel merge-weights (SHARDED_STATE_DICT: nothing gathered at save). FSDP's state_dict_type.
+  std::string state_dict_type = "FULL_STATE_DICT";
   // Experiment tracking (Accelerate's names): the trackers init_trackers starts (none;
   // tensorboard, csv, jsonl, mlflow, or all, comma-separated), the project's directory and where
   // the trackers write (project_dir when empty).

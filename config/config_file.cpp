@@ -246,6 +246,14 @@ class FileReader {
         add("reshard_after_forward", shown, it->first, it->second);
       } else if (key == "fsdp_activation_checkpointing") {
         add("activation_checkpointing", shown, it->first, it->second);
+      } else if (key == "fsdp_state_dict_type") {
+        add("state_dict_type", shown, it->first, it->second);
+      } else if (key == "fsdp_auto_wrap_policy") {
+        if (upper(value) == "SIZE_BASED_WRAP")
+          refuse(
+              "SIZE_BASED_WRAP is not available: units are the children of the model's "
+              "ModuleLists and Sequentials (TRANSFORMER_BASED_WRAP) or the whole model (NO_WRAP)");
+        add("auto_wrap_policy", shown, it->first, it->second);
       } else if (key == "fsdp_offload_params") {
         const auto on = parse_value("reshard_after_forward", value);  // a boolean
         if (!on.value) refuse(on.problem);

@@ -147,6 +147,7 @@ class Wizard {
       if (current().zero_stage == 3) {
         ask("zero3_param_persistence_threshold");
         ask("reshard_after_forward");
+        ask("auto_wrap_policy");
       }
     }
     if (multi_process) ask("num_processes");

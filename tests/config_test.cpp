@@ -159,6 +159,11 @@ TEST_CASE("each bad config exits 2 naming the file, the line and the key") {
        "HYBRID_SHARD (sharded within each machine, replicated across machines) is not available"},
       {"distributed_type: FSDP\nfsdp_config:\n  fsdp_offload_params: true\n", 3,
        "fsdp_config.fsdp_offload_params", "offloading parameters is not available"},
+      {"distributed_type: FSDP\nfsdp_config:\n  fsdp_auto_wrap_policy: SIZE_BASED_WRAP\n", 3,
+       "fsdp_config.fsdp_auto_wrap_policy", "SIZE_BASED_WRAP is not available"},
+      {"distributed_type: FSDP\nfsdp_config:\n  fsdp_state_dict_type: LOCAL_STATE_DICT\n", 3,
+       "fsdp_config.fsdp_state_dict_type",
+       "'LOCAL_STATE_DICT' is not one of FULL_STATE_DICT, SHARDED_STATE_DICT"},
       {"distributed_type: FSDP\nfsdp_config:\n  fsdp_sharding: true\n", 3,
        "fsdp_config.fsdp_sharding", "unknown key"},
       {"distributed_type: FSDP\nzero_stage: 2\nfsdp_config:\n  fsdp_sharding_strategy: 1\n", 2,
@@ -246,7 +251,11 @@ TEST_CASE("Accelerate's FSDP config maps onto ZERO: the sharding strategy is the
   CHECK(full.config.zero_stage == 3);
   CHECK(full.config.reshard_after_forward);
   CHECK(full.origins.at("zero_stage") == path + ":9");
-  CHECK(full.notes.size() == 4);           // wrap policy, prefetch, state dict type, version
+  CHECK(full.notes.size() == 2);  // prefetch, version
+  CHECK(full.config.auto_wrap_policy == "TRANSFORMER_BASED_WRAP");
+  CHECK(full.origins.at("auto_wrap_policy") == path + ":4");
+  CHECK(full.config.state_dict_type == "SHARDED_STATE_DICT");
+  CHECK(full.origins.at("state_dict_type") == path + ":7");
   CHECK(fsdp("").config.zero_stage == 3);  // FULL_SHARD is FSDP's default
   CHECK(fsdp("  fsdp_sharding_strategy: SHARD_GRAD_OP\n").config.zero_stage == 2);
   const auto kept = fsdp("  fsdp_sharding_strategy: 1\n  fsdp_reshard_after_forward: false\n");

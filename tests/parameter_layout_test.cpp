@@ -124,3 +124,33 @@ TEST_CASE("a layout or blob that does not fit is reported by name") {
           "DIR/parameters.layout: the slices cover 3 of the 4 elements of flat buffer 0"),
       CheckpointError);
 }
+
+TEST_CASE("a front end's buffer names and shapes and tied parameters' other names round-trip") {
+  Model m;
+  TensorNames names;
+  names.buffers = {{"bn.running_mean", {3}}};
+  names.aliases = {{0, "head.weight"}};
+  const ParameterLayout layout =
+      describe_parameters(m.params(), m.buffers(), "zero3", 2, true, names);
+  const std::string text = format_layout(layout);
+  CHECK(text.find("buffer 0 f32 3 [3] bn.running_mean\n") != std::string::npos);
+  CHECK(text.find("alias 0 head.weight\n") != std::string::npos);
+  const ParameterLayout read = parse_layout(text, "L");
+  REQUIRE(read.buffers.size() == 1);
+  CHECK(read.buffers[0].name == "bn.running_mean");
+  CHECK(read.buffers[0].shape == std::vector<std::int64_t>{3});
+  REQUIRE(read.aliases.size() == 1);
+  CHECK(read.aliases[0].param == 0);
+  CHECK(read.aliases[0].name == "head.weight");
+  CHECK(format_layout(read) == text);
+  // Without names (the raw API) the records are as before.
+  CHECK(format_layout(describe_parameters(m.params(), m.buffers(), "zero3", 2, true))
+            .find("buffer 0 f32 3\n") != std::string::npos);
+  names.buffers = {{"bn.running_mean", {2}}};
+  CHECK_THROWS_WITH_AS(describe_parameters(m.params(), m.buffers(), "zero3", 2, true, names),
+                       doctest::Contains("buffer 'bn.running_mean': shape [2]"), InvalidArgument);
+  CHECK_THROWS_WITH_AS(parse_layout("layout 2\nflat 0 0 f32 4\nalias 0 x\n", "L"),
+                       doctest::Contains("L: line 3"), CheckpointError);
+  CHECK_THROWS_WITH_AS(parse_layout("layout 2\nbuffer 0 f32 3 [2] b\n", "L"),
+                       doctest::Contains("the shape holding the count"), CheckpointError);
+}

@@ -9,14 +9,14 @@
 //  - under ZeRO-3, between steps the model's tensors hold only the persistent parameters, the
 //    optimizer state is twice this rank's slices, and at most two units besides the root
 //    were gathered at once (the strategy's slots).
-//   torch_zero3_worker --units root|wrapper|sequential [--steps N] [--dropout P]
+//   torch_zero3_worker --units root|automatic|wrapper|sequential [--steps N] [--dropout P]
 //                      [--dump FILE] [--limit L] [--misuse order|outside|direct] [--float]
 //                      [--checkpoint DIR --save_at STEP] [--resume DIR]
 // The strategy is the config's (ACCEL_DISTRIBUTED_TYPE, ACCEL_ZERO_STAGE ...). --dump writes
 // rank 0's final parameters (doubles, module order). --misuse order: rank 1 runs the blocks
 // in another order (every rank must fail naming both units); outside: a block called outside
-// the prepared model's call; direct: the model's own forward (LibTorch's error on released
-// storage). --float trains in fp32 (the optimizer state of a checkpoint reshards as float);
+// the prepared model's call; direct: the model's own forward (refused, naming the first
+// parameter it uses). --float trains in fp32 (the optimizer state of a checkpoint reshards as float);
 // --checkpoint saves after optimizer step STEP, --resume loads and goes on from there (the
 // reference trains from the start); DIR "project" is save_state() / load_state() without one
 // (automatic_checkpoint_naming). A failure prints "error: ..." and exits 3.
@@ -162,6 +162,7 @@ int main(int argc, char** argv) {
   options.zero.bucket_cap_bytes = 2048;  // several reduce-scatter buckets
   options.ddp.first_bucket_bytes = 1024;
   options.ddp.bucket_cap_bytes = 4096;
+  if (units == Units::root) options.auto_wrap_policy = "NO_WRAP";  // the model is one unit
   try {
     TorchAccelerator acc(options);
     const int world = acc.num_processes(), rank = acc.process_index();

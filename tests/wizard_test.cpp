@@ -434,13 +434,16 @@ TEST_CASE("on a pseudo-terminal: Ctrl-C in a menu restores the terminal and writ
 
 TEST_CASE("the ZeRO stage menu offers only the stages the schema accepts") {
   // compute env, type, machines, use_cpu, stage 4 (refused), then stage 3, offload, stage 3's
-  // persistence threshold and resharding, processes, communicator... the rest by default.
+  // persistence threshold, resharding and units, processes, communicator... the rest by
+  // default.
   const auto [c, out] = wizard_in_process(
-      lines({"", "ZERO", "1", "yes", "4", "3", "", "", "no", "2", "", "", ""}), Hardware{8, 0});
+      lines({"", "ZERO", "1", "yes", "4", "3", "", "", "no", "NO_WRAP", "2", "", "", ""}),
+      Hardware{8, 0});
   INFO(out);
   CHECK(c.zero_stage == 3);
   CHECK(c.zero3_param_persistence_threshold == 100000);
   CHECK_FALSE(c.reshard_after_forward);
+  CHECK(c.auto_wrap_policy == "NO_WRAP");
   CHECK(c.num_processes == 2);
   CHECK(contains(out, "stage 3: shard optimizer state, gradients and parameters"));
   CHECK(contains(out, "'4' is not a choice: type 1-3"));

@@ -116,13 +116,27 @@ std::string archive_from_parameters(const LoadedCheckpoint& ck, ProgressBarOptio
     const SavedParam& p = layout.params[i];
     at::Tensor t = at::empty(p.shape, at::TensorOptions().dtype(scalar_type(p.dtype)));
     std::memcpy(t.data_ptr(), values.params[i].data(), values.params[i].size());
-    add(root, p.name, std::move(t), layout_path);
+    add(root, p.name, t, layout_path);
+    // A tied weight under each of its names, as torch::nn::Module::save writes it.
+    for (const SavedAlias& a : layout.aliases)
+      if (a.param == i) add(root, a.name, t, layout_path);
   }
-  if (!layout.buffers.empty())
+  std::size_t unnamed = 0;
+  for (std::size_t i = 0; i < layout.buffers.size(); ++i) {
+    const SavedBuffer& b = layout.buffers[i];
+    if (b.name.empty()) {
+      ++unnamed;
+      continue;
+    }
+    at::Tensor t = at::empty(b.shape, at::dtype(scalar_type(b.dtype)));
+    std::memcpy(t.data_ptr(), values.buffers[i].data(), values.buffers[i].size());
+    add(root, b.name, std::move(t), layout_path);
+  }
+  if (unnamed > 0)
     std::fprintf(stderr,
                  "accel merge-weights: %s: %zu buffer(s) left out (the raw API saves buffers "
                  "without names); a model with buffers will not load from the output\n",
-                 layout_path.c_str(), layout.buffers.size());
+                 layout_path.c_str(), unnamed);
   torch::serialize::OutputArchive archive;
   write(root, archive);
   std::ostringstream out;

@@ -2,8 +2,12 @@
 // ZeRO-3 units for LibTorch models (FSDP's wrapping). Under zero_stage 3 each rank keeps only
 // its slices of the parameters; a unit's are gathered while it runs. What a unit is:
 //  (1) any model: the root, gathered by the prepared call, model(x), from the forward to the
-//      end of its backward (always works; the step's memory is then ZeRO-2's);
+//      end of its backward (always works; the step's memory is then ZeRO-2's; alone under
+//      auto_wrap_policy NO_WRAP);
 //  (2) a torch::nn::Sequential model: each child is a unit (the prepared call runs them);
+//      in any other model (auto_wrap_policy TRANSFORMER_BASED_WRAP, the default), each child
+//      of its outermost ModuleLists and Sequentials, gathered when one of its parameters is
+//      first used (sharded_parameter_access.hpp) and released when the next unit's is;
 //  (3) ShardedUnit<BlockImpl>, the loop's own block type wrapped where the model defines it
 //      (one changed line per block); its forward gathers the block, and is the block's
 //      forward everywhere else (not prepared; another strategy, where activation_checkpointing
@@ -16,7 +20,7 @@
 // another unit (a tied embedding): the recomputes' backwards would each report it.
 // How it works (sharded_units.cpp): the parameters keep their tensors, whose storage points
 // into the strategy's gathered slot while their unit is gathered and is empty otherwise (a
-// read then fails); an autograd function on the unit's output gathers it again before its
+// use then gathers an automatic unit, or fails naming the parameter); an autograd function on the unit's output gathers it again before its
 // backward, and the unit is released once its gradients are accumulated.
 
 #include <array>

@@ -10,18 +10,26 @@
 //    gradients are computed, as does the last of its gradients to be accumulated (a unit whose
 //    inputs need no gradient), and the end of backward() whatever is left;
 //  - the root is gathered by the prepared call and stays gathered to the end of backward()
-//    (without grad mode, to the end of the call): parameters tied across units belong to it.
+//    (without grad mode, to the end of the call): parameters tied across units belong to it;
+//  - every sharded parameter is watched (sharded_parameter_access.hpp): an automatic unit (a
+//    ModuleList's or Sequential's child) is gathered when one of its parameters is first used
+//    in the forward or the backward, and the one gathered before it released; any other use
+//    of a released parameter is refused, naming it.
 
 #include <c10/core/Allocator.h>
 #include <c10/core/StorageImpl.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/autograd/grad_mode.h>
+#include <torch/nn/modules/container/modulelist.h>
 #include <torch/nn/modules/container/sequential.h>
 
 #include <map>
 #include <unordered_map>
 
+#include "accelerate/parameter_layout.hpp"
+#include "accelerate/prepared_parameters.hpp"
 #include "accelerate/torch/prepared_tensors.hpp"
+#include "accelerate/torch/sharded_parameter_access.hpp"
 #include "accelerate/torch/sharded_unit.hpp"
 #include "accelerate/torch/tensor_buffer.hpp"
 #include "accelerate/torch/torch_accelerator.hpp"
@@ -144,10 +152,26 @@ void TorchAccelerator::assign_units(PreparedTensors& model, const ModuleTensors&
       units.emplace_back(item.key(), item.value().get());
       model.units.wrappers.emplace_back(item.value(), wrapped);
     }
+  const auto is_container = [](const torch::nn::Module& m) {
+    return dynamic_cast<const torch::nn::SequentialImpl*>(&m) != nullptr ||
+           dynamic_cast<const torch::nn::ModuleListImpl*>(&m) != nullptr;
+  };
   if (stage3 && units.empty() && dynamic_cast<torch::nn::SequentialImpl*>(&root) != nullptr) {
     for (const auto& item : root.named_children())
       units.emplace_back(item.key(), item.value().get());
     model.units.sequential = true;
+  } else if (stage3 && units.empty() && auto_wrap_policy() != "NO_WRAP") {
+    // The children of each outermost ModuleList or Sequential (a transformer's layers).
+    for (const auto& item : root.named_modules("", /*include_self=*/false)) {
+      if (!is_container(*item.value())) continue;
+      bool inside = false;
+      for (const auto& [outer, module] : units)
+        inside = inside || item.key().rfind(outer + ".", 0) == 0;
+      if (inside) continue;
+      for (const auto& child : item.value()->named_children())
+        units.emplace_back(item.key() + "." + child.key(), child.value().get());
+    }
+    model.units.automatic = !units.empty();
   }
   const auto unit_of_name = [&](const std::string& name) -> std::size_t {
     for (std::size_t k = 0; k < units.size(); ++k)
@@ -206,7 +230,45 @@ void TorchAccelerator::shard_parameters(PreparedTensors& model) {
     if (view.data == nullptr && view.count > 0) {
       units.sharded[i] = true;
       units.params[units.unit_of[i]].push_back(i);
+      watch_sharded_parameter(model.params[i], *this, model.index, i);
     }
+  }
+}
+
+void TorchAccelerator::sharded_parameter_used(std::size_t index, std::size_t i, bool released) {
+  PreparedTensors& model = *prepared_.at(index);
+  ShardedUnits& units = model.units;
+  const std::size_t u = units.unit_of.at(i);
+  if (!released) {
+    // Kept since its forward: its backward holds it, and releases it once its gradients are in.
+    if (units.automatic && u != 0 && units.state[u] == State::kept && in_backward_.load()) {
+      gather_unit_for(model, u, UnitPass::backward);
+      units.pending[u] = units.params[u].size();
+    }
+    return;
+  }
+  const std::string& name = strategy(index).params()[i].name;
+  // The root is gathered from the prepared call's start to the end of backward().
+  ACCEL_CHECK_ARG(units.state[0] != State::released,
+                  "ZeRO-3: parameter '" + name +
+                      "' was used outside the prepared model's call, where this rank holds only "
+                      "its slice: call the model prepare returned, model(x), not "
+                      "model->forward(x) (acc.get_state_dict(model) gives the whole values)");
+  ACCEL_CHECK_ARG(units.automatic && u != 0,
+                  "ZeRO-3: parameter '" + name + "' of unit '" + units.names[u] +
+                      "' was used while that unit is not gathered (outside its forward and "
+                      "backward)");
+  // At most one automatic unit in use: the one used before this one is done with.
+  const bool backward = in_backward_.load();
+  const State in_use = backward ? State::backward : State::forward;
+  for (std::size_t v = 1; v < units.state.size(); ++v)
+    if (v != u && units.state[v] == in_use)
+      release_unit_for(model, v, backward ? UnitPass::backward : UnitPass::forward);
+  if (backward) {
+    gather_unit_for(model, u, UnitPass::backward);
+    units.pending[u] = units.params[u].size();
+  } else {
+    gather_unit_for(model, u, UnitPass::forward);
   }
 }
 
@@ -261,6 +323,9 @@ TorchAccelerator::RootForward TorchAccelerator::root_forward(const torch::nn::Mo
 
 void TorchAccelerator::finish_root_forward(std::size_t index) {
   PreparedTensors& model = *prepared_[index];
+  // The last automatic unit the forward used (the others were released as it went on).
+  for (std::size_t u = 1; model.units.automatic && u < model.units.state.size(); ++u)
+    if (model.units.state[u] == State::forward) release_unit_for(model, u, UnitPass::forward);
   // With grad mode the root stays gathered for its backward (released at backward()'s end).
   if (!torch::GradMode::is_enabled() && model.units.state[0] == State::forward)
     release_unit_for(model, 0, UnitPass::forward);
@@ -343,13 +408,15 @@ void TorchAccelerator::unit_gradient_accumulated(PreparedTensors& model, std::si
 }
 
 void TorchAccelerator::end_backward_units() {
-  for (const auto& model : prepared_) {
-    ShardedUnits& units = model->units;
-    if (!units.active) continue;
-    for (std::size_t u = 0; u < units.state.size(); ++u)
-      if (units.state[u] == State::forward || units.state[u] == State::backward)
-        release_unit_for(*model, u, UnitPass::backward);
-  }
+  for (const auto& model : prepared_)
+    if (model->units.active) release_units_in_use(*model);
+}
+
+void TorchAccelerator::release_units_in_use(PreparedTensors& model) {
+  ShardedUnits& units = model.units;
+  for (std::size_t u = 0; u < units.state.size(); ++u)
+    if (units.state[u] == State::forward || units.state[u] == State::backward)
+      release_unit_for(model, u, UnitPass::backward);
 }
 
 void TorchAccelerator::settle_all(PreparedTensors& model) {
@@ -379,6 +446,8 @@ void TorchAccelerator::for_each_gathered(
 void TorchAccelerator::before_save_state() {
   // Rank 0 (each machine's first rank, saved on each node) writes the model as a LibTorch
   // archive ("model"): its parameters get whole copies, gathered unit by unit on every rank.
+  // SHARDED_STATE_DICT: each rank writes its slices, nothing is gathered.
+  if (state_dict_type() == "SHARDED_STATE_DICT") return;
   const bool keep = writes_shared_checkpoint_files();
   for (const auto& model : prepared_) {
     if (!model->units.active) continue;
@@ -393,13 +462,29 @@ void TorchAccelerator::after_save_state() {
     if (model->units.active) settle_all(*model);  // the copies freed
 }
 
+void TorchAccelerator::load_parameter_values(const PreparedParameters& prepared,
+                                             const FullParameters& values) {
+  PreparedTensors& model = *prepared_.at(prepared.index);
+  if (!model.units.active) return Accelerator::load_parameter_values(prepared, values);
+  // ZeRO-3 (SHARDED_STATE_DICT): the parameters' storage is the strategy's, which keeps each
+  // rank's parts of the whole values.
+  release_units_in_use(model);
+  std::vector<Buffer> whole;
+  for (std::size_t i = 0; i < prepared.params.size(); ++i) {
+    const Buffer& like = prepared.params[i].data;
+    whole.push_back({const_cast<char*>(values.params[i].data()), like.count, like.dtype,
+                     DeviceKind::cpu});
+  }
+  strategy(model.index).load_parameters(whole);
+  settle_all(model);
+  copy_buffers_in(prepared, values);
+}
+
 void TorchAccelerator::load_sharded_model(PreparedTensors& model, const ModuleTensors& tensors,
                                           const std::string& bytes) {
   // The archive is read into whole (uninitialised) storage, each rank keeps its parts.
   ShardedUnits& units = model.units;
-  for (std::size_t u = 0; u < units.state.size(); ++u)
-    if (units.state[u] == State::forward || units.state[u] == State::backward)
-      release_unit_for(model, u, UnitPass::backward);
+  release_units_in_use(model);
   for (std::size_t i = 0; i < model.params.size(); ++i)
     if (units.sharded[i]) own_storage(model.params[i], nullptr);
   struct Free {
@@ -440,9 +525,12 @@ void TorchAccelerator::detach_units(PreparedTensors& model) {
 void TorchAccelerator::detach_sharded(PreparedTensors& model) {
   ShardedUnits& units = model.units;
   // The persistent parameters' views die with the strategy: copies of their own; the others
-  // stay empty (their values are spread over the ranks).
+  // stay empty (their values are spread over the ranks) and are no longer watched.
   for (std::size_t i = 0; i < model.params.size(); ++i) {
-    if (units.sharded[i]) continue;
+    if (units.sharded[i]) {
+      unwatch_sharded_parameter(model.params[i]);
+      continue;
+    }
     const Buffer view = strategy(model.index).gathered_view(i);
     own_storage(model.params[i], &view);
   }

@@ -22,6 +22,10 @@ struct ShardedUnits {
   enum class State { released, forward, kept, backward };
   bool active = false;      // ZeRO-3 (Strategy::parameters_sharded)
   bool sequential = false;  // the units are a root Sequential's children, run by the call
+  // The units are the children of the model's ModuleLists and Sequentials (auto_wrap_policy
+  // TRANSFORMER_BASED_WRAP): each is gathered when one of its parameters is first used
+  // (sharded_parameter_access.hpp), forward or backward, and released when another is.
+  bool automatic = false;
   // Unit k + 1 is wrappers[k] (if any); the model may go before the accelerator.
   std::vector<std::pair<std::weak_ptr<torch::nn::Module>, ShardedUnitBase*>> wrappers;
   std::vector<std::string> names;                // per unit: its module's name ("" the root)

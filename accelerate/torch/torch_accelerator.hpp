@@ -66,6 +66,7 @@
 #include "accelerate/torch/module_tensors.hpp"
 #include "accelerate/torch/prepared_model.hpp"
 #include "accelerate/torch/prepared_script.hpp"
+#include "accelerate/torch/sharded_parameter_access.hpp"
 #include "accelerate/torch/sharded_unit.hpp"
 
 namespace torch::autograd {
@@ -82,7 +83,7 @@ template <typename Model>
 concept TorchModel =
     std::derived_from<std::remove_cvref_t<decltype(*std::declval<Model&>())>, torch::nn::Module>;
 
-class TorchAccelerator : public Accelerator {
+class TorchAccelerator : public Accelerator, private ShardedParameterOwner {
  public:
   using Batch = TorchBatch;
   using DataLoader = TorchDataLoader;
@@ -376,6 +377,9 @@ class TorchAccelerator : public Accelerator {
   // ZeRO-3: the model's whole parameters on rank 0 for its archive, freed after the save.
   void before_save_state() override;
   void after_save_state() override;
+  // ZeRO-3 under SHARDED_STATE_DICT: the loaded values go to the strategy (load_parameters).
+  void load_parameter_values(const PreparedParameters& model,
+                             const FullParameters& values) override;
   // What the optimizer of `model` steps on: the full gradients (DDP), this rank's slices
   // (ZeRO).
   std::vector<at::Tensor> optimizer_gradients(const PreparedTensors& model) const;
@@ -473,6 +477,9 @@ class TorchAccelerator : public Accelerator {
   void assign_units(PreparedTensors& model, const ModuleTensors& tensors,
                     std::vector<ParamRef>& refs);
   void shard_parameters(PreparedTensors& model);
+  // A sharded parameter used: released, its automatic unit gathered (or an error naming it); a
+  // unit kept from its forward (reshard_after_forward false) starts its backward.
+  void sharded_parameter_used(std::size_t model, std::size_t param, bool released) override;
   void attach_units(PreparedTensors& model);  // the ShardedUnits' forwards call run_unit
   void detach_units(PreparedTensors& model);
   void point_unit(PreparedTensors& model, std::size_t unit);
@@ -483,6 +490,7 @@ class TorchAccelerator : public Accelerator {
   void finish_root_forward(std::size_t model);
   void unit_gradient_accumulated(PreparedTensors& model, std::size_t i);
   void end_backward_units();
+  void release_units_in_use(PreparedTensors& model);  // those in a forward or backward
   void for_each_gathered(PreparedTensors& model,
                          const std::function<void(std::size_t, const Buffer&)>& use);
   void load_sharded_model(PreparedTensors& model, const ModuleTensors& tensors,

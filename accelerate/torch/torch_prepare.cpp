@@ -17,6 +17,7 @@
 #include <c10/cuda/CUDAStream.h>
 #endif
 
+#include "accelerate/parameter_layout.hpp"
 #include "accelerate/torch/prepared_tensors.hpp"
 #include "accelerate/torch/tensor_buffer.hpp"
 #include "accelerate/torch/torch_accelerator.hpp"
@@ -27,6 +28,23 @@
 
 namespace accel {
 namespace {
+
+// The buffers' names and shapes, and each tied parameter's other names (a module lists it
+// under each; the trainable parameters once), for the checkpoint layout.
+TensorNames names_of(const ModuleTensors& tensors) {
+  TensorNames out;
+  for (const auto& [name, t] : tensors.buffers) out.buffers.push_back({name, t.sizes().vec()});
+  if (tensors.module == nullptr) return out;
+  std::unordered_map<const void*, std::size_t> index;
+  for (std::size_t i = 0; i < tensors.trainable.size(); ++i)
+    index.emplace(tensors.trainable[i].second.unsafeGetTensorImpl(), i);
+  for (const auto& item : tensors.module->named_parameters(/*recurse=*/true)) {
+    const auto it = index.find(item.value().unsafeGetTensorImpl());
+    if (it != index.end() && tensors.trainable[it->second].first != item.key())
+      out.aliases.push_back({it->second, item.key()});
+  }
+  return out;
+}
 
 // A param group's hyperparameters by name, for the check that every rank has the same: all of
 // them for the optimizers whose options the checkpoints know, the learning rate for others.
@@ -129,7 +147,9 @@ AcceleratedOptimizer& TorchAccelerator::prepare_tensors(const ModuleTensors& ten
   std::vector<std::string> names;
   for (const ParamRef& r : refs) names.push_back(r.group == ungrouped ? r.name : std::string());
   assign_units(model, tensors, refs);                                     // ZeRO-3
+  TensorNames tensor_names = names_of(tensors);
   model.index = prepare_parameters(std::move(refs), std::move(buffers));  // broadcasts
+  name_tensors(model.index, std::move(tensor_names));
   prepared_.push_back(std::move(owned));
   Strategy& strategy = this->strategy(model.index);
   const bool sharded = strategy.gradients_sharded();
@@ -252,16 +272,20 @@ void TorchAccelerator::register_checkpoint_states(PreparedTensors& model,
                                                   const ModuleTensors& tensors,
                                                   torch::optim::Optimizer& optimizer,
                                                   bool flat_state, bool sharded) {
-  // Checkpoints hold the model as a LibTorch archive (loadable without accelerate-cpp)
-  // instead of the Accelerator's raw parameter blob: "model", "model_1" ...
-  set_checkpoint_parameters(false);
   PreparedTensors* m = &model;
-  std::function<void(const std::string&)> load_model = tensors.load;
-  if (model.units.active)  // ZeRO-3: read whole, each rank keeps its slices
-    load_model = [this, m, tensors](const std::string& bytes) {
-      load_sharded_model(*m, tensors, bytes);
-    };
-  register_state(prepared_name("model", model.index), tensors.save, load_model);
+  // state_dict_type FULL_STATE_DICT: the model as a LibTorch archive (loadable without
+  // accelerate-cpp) instead of the Accelerator's raw parameter blob: "model", "model_1" ...
+  // SHARDED_STATE_DICT keeps the blob: each rank's slices under ZeRO (nothing gathered) and
+  // the layout that reshards them; accel merge-weights makes the archive.
+  if (state_dict_type() != "SHARDED_STATE_DICT") {
+    set_checkpoint_parameters(false);
+    std::function<void(const std::string&)> load_model = tensors.load;
+    if (model.units.active)  // ZeRO-3: read whole, each rank keeps its slices
+      load_model = [this, m, tensors](const std::string& bytes) {
+        load_sharded_model(*m, tensors, bytes);
+      };
+    register_state(prepared_name("model", model.index), tensors.save, load_model);
+  }
   // Without flat state: the whole LibTorch archive (under ZeRO each rank's own, its slices, so
   // such a checkpoint resumes with the same number of processes only). With it: the param
   // groups' options (learning rates ...) from rank 0 as a LibTorch archive, and below the

@@ -3,7 +3,10 @@
 // units in (accelerate/torch/sharded_unit.hpp): token embedding plus learned positions,
 // pre-LayerNorm blocks (attention written with matmul and softmax, causal; a GELU MLP),
 // a final LayerNorm and the output projection tied to the embedding.
-//  - Units::root: the blocks in a ModuleList, plain (the root is the one unit);
+//  - Units::root: the blocks in a ModuleList, plain, under auto_wrap_policy NO_WRAP (the root
+//    is the one unit);
+//  - Units::automatic: the same model under TRANSFORMER_BASED_WRAP (the ModuleList's children
+//    units, gathered when their parameters are first used);
 //  - Units::wrapper: the same with each block a ShardedUnit (the ModuleList's children units);
 //  - Units::sequential: a torch::nn::Sequential of embedding, blocks and head (the children
 //    units; the tied weight, in two of them, is the root's).
@@ -19,9 +22,10 @@
 
 namespace accel::test {
 
-enum class Units { root, wrapper, sequential };
+enum class Units { root, automatic, wrapper, sequential };
 
 inline Units units_named(const std::string& name) {
+  if (name == "automatic") return Units::automatic;
   if (name == "wrapper") return Units::wrapper;
   if (name == "sequential") return Units::sequential;
   return Units::root;
