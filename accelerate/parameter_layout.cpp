@@ -92,6 +92,7 @@ ParameterLayout describe_parameters(const std::vector<ParamRef>& params,
     out.buffers.push_back(std::move(b));
   }
   out.aliases = names.aliases;
+  out.modules = names.modules;
   if (!sharded) {
     for (std::size_t f = 0; f < out.flats.size(); ++f)
       if (out.flats[f].count > 0) out.slices.push_back({kParametersBlob, f, 0, out.flats[f].count});
@@ -124,6 +125,7 @@ std::string format_layout(const ParameterLayout& layout) {
         << (b.name.empty() ? "" : " " + format_shape(b.shape) + " " + b.name) << "\n";
   }
   for (const SavedAlias& a : layout.aliases) out << "alias " << a.param << " " << a.name << "\n";
+  for (const std::string& m : layout.modules) out << "module " << m << "\n";
   for (const SavedSlice& s : layout.slices)
     out << "slice " << s.blob << " " << s.flat << " " << s.offset << " " << s.count << "\n";
   return out.str();
@@ -220,6 +222,10 @@ ParameterLayout parse_layout(std::string_view text, const std::string& where) {
       a.name = rest(in);
       if (a.name.empty()) fail("an alias without a name");
       out.aliases.push_back(std::move(a));
+    } else if (!legacy && kind == "module") {
+      std::string name = rest(in);
+      if (name.empty()) fail("a module without a name");
+      out.modules.push_back(std::move(name));
     } else if (!legacy && kind == "slice") {
       SavedSlice s;
       if (!(in >> s.blob >> s.flat >> s.offset >> s.count))

@@ -20,6 +20,7 @@
 //   param I DTYPE COUNT GROUP F OFFSET SHAPE NAME     e.g. shape [37,13]; [] for a scalar
 //   buffer I DTYPE COUNT [SHAPE NAME]   shape and name where the front end knows them (LibTorch)
 //   alias I NAME                   another name of parameter I (a tied weight, LibTorch)
+//   module NAME                    a submodule (LibTorch: loading wants one even without tensors)
 //   slice BLOB F OFFSET COUNT      the next COUNT elements of BLOB are F[OFFSET, OFFSET+COUNT)
 // A layout without the "layout 2" line is the first format (lines "param I DTYPE COUNT NAME"
 // and "buffer I DTYPE COUNT", values in "parameters" in that order); it still loads.
@@ -72,6 +73,7 @@ struct NamedBuffer {
 struct TensorNames {
   std::vector<NamedBuffer> buffers;  // empty, or one per buffer
   std::vector<SavedAlias> aliases;
+  std::vector<std::string> modules;  // every submodule's dotted name
 };
 
 struct SavedSlice {
@@ -87,6 +89,7 @@ struct ParameterLayout {
   std::vector<SavedParam> params;
   std::vector<SavedBuffer> buffers;
   std::vector<SavedAlias> aliases;
+  std::vector<std::string> modules;
   std::vector<SavedSlice> slices;
 };
 

@@ -130,11 +130,13 @@ TEST_CASE("a front end's buffer names and shapes and tied parameters' other name
   TensorNames names;
   names.buffers = {{"bn.running_mean", {3}}};
   names.aliases = {{0, "head.weight"}};
+  names.modules = {"fc", "drop"};
   const ParameterLayout layout =
       describe_parameters(m.params(), m.buffers(), "zero3", 2, true, names);
   const std::string text = format_layout(layout);
   CHECK(text.find("buffer 0 f32 3 [3] bn.running_mean\n") != std::string::npos);
   CHECK(text.find("alias 0 head.weight\n") != std::string::npos);
+  CHECK(text.find("module drop\n") != std::string::npos);
   const ParameterLayout read = parse_layout(text, "L");
   REQUIRE(read.buffers.size() == 1);
   CHECK(read.buffers[0].name == "bn.running_mean");
@@ -142,6 +144,7 @@ TEST_CASE("a front end's buffer names and shapes and tied parameters' other name
   REQUIRE(read.aliases.size() == 1);
   CHECK(read.aliases[0].param == 0);
   CHECK(read.aliases[0].name == "head.weight");
+  CHECK(read.modules == std::vector<std::string>{"fc", "drop"});
   CHECK(format_layout(read) == text);
   // Without names (the raw API) the records are as before.
   CHECK(format_layout(describe_parameters(m.params(), m.buffers(), "zero3", 2, true))

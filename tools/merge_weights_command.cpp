@@ -83,6 +83,17 @@ void add(Node& root, const std::string& name, at::Tensor tensor, const std::stri
     throw CheckpointError(where + ": parameter name '" + name + "' is empty or appears twice");
 }
 
+// The node of module `name` (dotted), made with its parents when absent.
+Node& module_node(Node& root, const std::string& name) {
+  Node* node = &root;
+  std::size_t start = 0;
+  for (std::size_t dot = 0; dot != std::string::npos; start = dot + 1) {
+    dot = name.find('.', start);
+    node = &node->children[name.substr(start, dot == std::string::npos ? dot : dot - start)];
+  }
+  return *node;
+}
+
 void write(const Node& node, torch::serialize::OutputArchive& archive) {
   for (const auto& [key, tensor] : node.tensors) archive.write(key, tensor);
   for (const auto& [key, child] : node.children) {
@@ -121,6 +132,8 @@ std::string archive_from_parameters(const LoadedCheckpoint& ck, ProgressBarOptio
     for (const SavedAlias& a : layout.aliases)
       if (a.param == i) add(root, a.name, t, layout_path);
   }
+  // Submodules without tensors (a Dropout): torch::nn::Module::load reads an archive for each.
+  for (const std::string& m : layout.modules) module_node(root, m);
   std::size_t unnamed = 0;
   for (std::size_t i = 0; i < layout.buffers.size(); ++i) {
     const SavedBuffer& b = layout.buffers[i];

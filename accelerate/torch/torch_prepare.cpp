@@ -29,12 +29,14 @@
 namespace accel {
 namespace {
 
-// The buffers' names and shapes, and each tied parameter's other names (a module lists it
-// under each; the trainable parameters once), for the checkpoint layout.
+// The buffers' names and shapes, each tied parameter's other names (a module lists it under
+// each; the trainable parameters once) and the submodules, for the checkpoint layout.
 TensorNames names_of(const ModuleTensors& tensors) {
   TensorNames out;
   for (const auto& [name, t] : tensors.buffers) out.buffers.push_back({name, t.sizes().vec()});
   if (tensors.module == nullptr) return out;
+  for (const auto& item : tensors.module->named_modules("", /*include_self=*/false))
+    out.modules.push_back(item.key());
   std::unordered_map<const void*, std::size_t> index;
   for (std::size_t i = 0; i < tensors.trainable.size(); ++i)
     index.emplace(tensors.trainable[i].second.unsafeGetTensorImpl(), i);
