@@ -248,8 +248,15 @@ void TorchAccelerator::sharded_parameter_used(std::size_t index, std::size_t i, 
     return;
   }
   const std::string& name = strategy(index).params()[i].name;
+  const bool backward = in_backward_.load();
+  if (backward && u == 0) {
+    // A graph from an earlier forward, whose root an earlier backward() released (a GAN's
+    // generator, reached again through the discriminator): gathered for this backward.
+    gather_unit_for(model, 0, UnitPass::backward);
+    return;
+  }
   // The root is gathered from the prepared call's start to the end of backward().
-  ACCEL_CHECK_ARG(units.state[0] != State::released,
+  ACCEL_CHECK_ARG(backward || units.state[0] != State::released,
                   "ZeRO-3: parameter '" + name +
                       "' was used outside the prepared model's call, where this rank holds only "
                       "its slice: call the model prepare returned, model(x), not "
@@ -259,7 +266,6 @@ void TorchAccelerator::sharded_parameter_used(std::size_t index, std::size_t i, 
                       "' was used while that unit is not gathered (outside its forward and "
                       "backward)");
   // At most one automatic unit in use: the one used before this one is done with.
-  const bool backward = in_backward_.load();
   const State in_use = backward ? State::backward : State::forward;
   for (std::size_t v = 1; v < units.state.size(); ++v)
     if (v != u && units.state[v] == in_use)

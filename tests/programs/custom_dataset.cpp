@@ -73,5 +73,5 @@ int main(int argc, char** argv) {
       if (++step == flags.steps) break;
     }
   }
-  dump_parameters(model->parameters(), flags.dump);
+  dump_parameters(acc.get_state_dict(model), flags.dump);  // whole under ZeRO-3 too
 }

@@ -47,5 +47,5 @@ int main(int argc, char** argv) {
     }
   }
   std::printf("stopped after %d steps\n", step);
-  dump_parameters(model->parameters(), flags.dump);
+  dump_parameters(acc.get_state_dict(model), flags.dump);  // whole under ZeRO-3 too
 }

@@ -69,7 +69,7 @@ int main(int argc, char** argv) {
       if (++step == flags.steps) break;
     }
   }
-  std::vector<torch::Tensor> parameters = generator->parameters();
-  for (const auto& p : discriminator->parameters()) parameters.push_back(p);
+  auto parameters = acc.get_state_dict(generator);  // whole under ZeRO-3 too
+  for (auto& named : acc.get_state_dict(discriminator)) parameters.push_back(named);
   dump_parameters(parameters, flags.dump);
 }

@@ -65,5 +65,5 @@ int main(int argc, char** argv) {
       print_loss(step++, loss);
     }
   }
-  dump_parameters(model->parameters(), flags.dump);
+  dump_parameters(acc.get_state_dict(model), flags.dump);  // whole under ZeRO-3 too
 }

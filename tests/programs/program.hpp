@@ -89,6 +89,15 @@ inline void dump_parameters(const std::vector<torch::Tensor>& parameters, const 
   std::filesystem::rename(aside, path);
 }
 
+// The same from a converted program's acc.get_state_dict(model) (the model's parameters in
+// order, whole under ZeRO-3 too; these models have no buffers).
+inline void dump_parameters(const std::vector<std::pair<std::string, torch::Tensor>>& state,
+                            const std::string& path) {
+  std::vector<torch::Tensor> tensors;
+  for (const auto& [name, t] : state) tensors.push_back(t);
+  dump_parameters(tensors, path);
+}
+
 inline void print_loss(int step, const torch::Tensor& loss) {
   std::printf("step %d loss %.17g\n", step, loss.item<double>());
   std::fflush(stdout);

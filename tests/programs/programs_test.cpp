@@ -108,6 +108,9 @@ struct Shape {
   std::vector<std::string> args;
   // The bound on |parameters - plain's| at `world` processes (fp64).
   std::function<double(int world)> bound;
+  // Also checked under ZeRO-3 (sharded parameters): not for a TorchScript model, nor for a
+  // loop that calls the model's own forward (refused, naming the parameter).
+  bool zero3 = true;
 };
 
 void check_changed_lines(const Shape& shape) {
@@ -120,6 +123,14 @@ void check_changed_lines(const Shape& shape) {
 std::vector<std::string> with(std::vector<std::string> args, std::vector<std::string> more) {
   args.insert(args.end(), more.begin(), more.end());
   return args;
+}
+
+// Stage 3 with every parameter of these small models sharded (the default threshold would
+// keep them all gathered).
+std::vector<std::pair<std::string, std::string>> zero3_env() {
+  auto env = zero_env(3);
+  env.emplace_back("ACCEL_ZERO3_PARAM_PERSISTENCE_THRESHOLD", "0");
+  return env;
 }
 
 // World 1 bitwise, then every strategy against the plain program on the global batch.
@@ -135,9 +146,11 @@ void check_equivalence(const Shape& shape) {
     int world;
     std::vector<std::pair<std::string, std::string>> env;
   };
-  for (const Strategy& s :
-       {Strategy{"DDP", 2, {}}, Strategy{"DDP", 4, {}}, Strategy{"ZeRO-1", 2, zero_env(1)},
-        Strategy{"ZeRO-2", 2, zero_env(2)}}) {
+  std::vector<Strategy> strategies = {Strategy{"DDP", 2, {}}, Strategy{"DDP", 4, {}},
+                                      Strategy{"ZeRO-1", 2, zero_env(1)},
+                                      Strategy{"ZeRO-2", 2, zero_env(2)}};
+  if (shape.zero3) strategies.push_back({"ZeRO-3", 2, zero3_env()});
+  for (const Strategy& s : strategies) {
     CAPTURE(s.name);
     CAPTURE(s.world);
     const Run r = run(converted, s.world,
@@ -190,7 +203,7 @@ TEST_CASE("custom Dataset (files read in get(), Normalize, random noise, Stack, 
   // SGD lr 0.1, momentum 0.9. The longest sum: the conv weight's gradient, 16 positions of each
   // row. Terms: softmax errors below 2, normalised pixels in [-2, 2], conv outputs below 20
   // (9 weights below 1 each), weights below 1: a gradient element's |terms| sum well under 100.
-  const Shape shape{"custom_dataset", 7, {"--data", data.path.string()}, [](int world) {
+  const Shape shape{"custom_dataset", 8, {"--data", data.path.string()}, [](int world) {
                       return reordering_bound({.lr = 0.1,
                                                .momentum = 0.9,
                                                .steps = kSteps,
@@ -219,9 +232,9 @@ TEST_CASE("custom Dataset (files read in get(), Normalize, random noise, Stack, 
 
 TEST_CASE("LSTM language model: BPTT windows of a token stream, clipping, StepLR") {
   if (gloo_missing()) return;
-  // 9 lines: the stream's split is two (cut to whole global columns, then this process's
-  // share), the clip one, besides the recipe's.
-  const Shape shape{"lstm_lm", 9, {}, [](int world) {
+  // 10 lines: the stream's split is two (cut to whole global columns, then this process's
+  // share), the clip one, the dump through get_state_dict one, besides the recipe's.
+  const Shape shape{"lstm_lm", 10, {}, [](int world) {
                       // SGD lr 1 (StepLR only lowers it), clipped to 0.5. The longest sum: the
                       // embedding's and LSTM weights' gradients over a window's 6 steps of the
                       // global batch's 16 columns (forward inner products: 16 + 1 terms). Terms:
@@ -251,7 +264,8 @@ TEST_CASE("transfer learning: a frozen TorchScript backbone and a trained nn hea
                                                     .steps = kSteps,
                                                     .longest_sum = longest_sum(1, 17, world),
                                                     .magnitude = 2});
-                    }};
+                    },
+                    /*zero3=*/false};
   check_program(shape);
 }
 
@@ -266,17 +280,18 @@ TEST_CASE("a plain module object trained through train(..., torch::optim::Optimi
                                                .steps = kSteps,
                                                .longest_sum = longest_sum(1, 33, world),
                                                .magnitude = 100});
-                    }};
+                    },
+                    /*zero3=*/false};
   check_program(shape);
 }
 
 TEST_CASE("a GAN: two models, two Adams, the generator's loss through the discriminator") {
   if (gloo_missing()) return;
-  // 12 lines: the models and optimizers are the user's objects renamed (4 lines), then prepared
+  // 14 lines: the models and optimizers are the user's objects renamed (4 lines), then prepared
   // in one call (C++ cannot rebind a name as Python's `G, D, opt_g, opt_d =
   // accelerator.prepare(G, D, opt_g, opt_d)` does); the noise is the global batch's, drawn
-  // alike on every process, and this process's share.
-  const Shape shape{"gan", 12, {}, [](int world) {
+  // alike on every process, and this process's share; the dump reads get_state_dict (2).
+  const Shape shape{"gan", 14, {}, [](int world) {
                       // Adam lr 0.01, betas (0.5, 0.999) for both models (fp64). The longest
                       // sum: the discriminator's gradient, two backwards (real, fake) of the
                       // global batch's rows, each averaged over `world` partials (forward inner
@@ -309,8 +324,9 @@ TEST_CASE("a GAN: two models, two Adams, the generator's loss through the discri
 TEST_CASE("early stopping on each process's own loss: set_trigger / check_trigger") {
   if (gloo_missing()) return;
   constexpr int kMaxSteps = 48;
-  // 9 lines: the condition is set where the plain program decided and checked on its own line.
-  const Shape shape{"early_stop", 9, {}, [](int world) {
+  // 10 lines: the condition is set where the plain program decided and checked on its own line;
+  // the dump reads get_state_dict.
+  const Shape shape{"early_stop", 10, {}, [](int world) {
                       // SGD lr 0.5, plain_object's tanh MLP and argument: well under 100.
                       return reordering_bound({.lr = 0.5,
                                                .steps = kMaxSteps,
@@ -332,7 +348,7 @@ TEST_CASE("early stopping on each process's own loss: set_trigger / check_trigge
   };
   for (const Strategy& s :
        {Strategy{"DDP", 2, {}}, Strategy{"DDP", 4, {}}, Strategy{"ZeRO-1", 2, zero_env(1)},
-        Strategy{"ZeRO-2", 2, zero_env(2)}}) {
+        Strategy{"ZeRO-2", 2, zero_env(2)}, Strategy{"ZeRO-3", 2, zero3_env()}}) {
     CAPTURE(s.name);
     CAPTURE(s.world);
     const Run r = run("program_early_stop", s.world,
