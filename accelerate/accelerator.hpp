@@ -100,7 +100,7 @@ struct AcceleratorOptions {
   std::optional<bool> activation_checkpointing;          // LibTorch: Sequential children
   std::optional<std::string> auto_wrap_policy;           // zero_stage 3, LibTorch: units
   std::optional<std::string> state_dict_type;  // LibTorch checkpoints: FULL_ or SHARDED_STATE_DICT
-  std::optional<std::string> log_with;                   // "tensorboard,csv", "all", ...
+  std::optional<std::string> log_with;         // "tensorboard,csv", "all", ...
   std::optional<std::string> project_dir, logging_dir;
   std::optional<bool> automatic_checkpoint_naming;  // save_state() / load_state() without a dir
   std::optional<int> total_limit;                   // the newest N named checkpoints (0: all)

@@ -312,9 +312,9 @@ void Accelerator::save_state(const std::string& dir) {
     HostParameters& host = staged.emplace_back(
         host_parameters(values_sharded ? std::vector<ParamRef>{} : model->params, model->buffers,
                         compute_context(comm()), who));
-    const ParameterLayout layout = describe_parameters(
-        model->params, model->buffers, std::string(strategy.name()), num_processes(), sharded,
-        model->names);
+    const ParameterLayout layout =
+        describe_parameters(model->params, model->buffers, std::string(strategy.name()),
+                            num_processes(), sharded, model->names);
     if (writer) {
       contents.shared.push_back({model_blob(kParameters, model->index),
                                  blob_pieces(layout, kParameters, host.params, host.buffers)});

@@ -21,7 +21,7 @@ struct PreparedParameters {
   std::unique_ptr<Strategy> strategy;
   std::vector<ParamRef> params;  // as prepared, for checkpoints
   std::vector<Buffer> buffers;
-  TensorNames names;  // the front end's (name_tensors), for checkpoints' layout
+  TensorNames names;               // the front end's (name_tensors), for checkpoints' layout
   Optimizer* optimizer = nullptr;  // prepare()'s built-in optimizer
   // Its state (or a front end's optimizer's, register_optimizer_state) for checkpoints.
   std::function<std::string()> save_optimizer;

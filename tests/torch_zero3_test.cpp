@@ -146,6 +146,28 @@ std::vector<double> ddp_parameters(int world, const TempDir& dir) {
   return read_doubles(dump);
 }
 
+std::vector<std::string> joined(std::vector<std::string> first,
+                                const std::vector<std::string>& more) {
+  first.insert(first.end(), more.begin(), more.end());
+  return first;
+}
+
+// accel merge-weights of checkpoint `ck` into `out`, loaded by a plain model (no accelerator):
+// its parameters as doubles, in parameter order (the tied weight under both names).
+std::vector<double> merged_parameters(const std::string& ck, const std::string& out, bool wrapped) {
+  const auto merged = run_accel({"merge-weights", ck, out});
+  INFO(describe(merged));
+  REQUIRE(merged.exit_code() == 0);
+  Transformer plain(TransformerShape{}, wrapped);
+  torch::load(plain, out);
+  std::vector<double> loaded;
+  for (const auto& p : plain->parameters()) {
+    const torch::Tensor d = p.detach().to(torch::kDouble).flatten().contiguous();
+    loaded.insert(loaded.end(), d.data_ptr<double>(), d.data_ptr<double>() + d.numel());
+  }
+  return loaded;
+}
+
 }  // namespace
 
 TEST_CASE("the bounds the equivalence checks use are within the issue's 1e-6 of DDP") {
@@ -217,18 +239,14 @@ TEST_CASE(
   TempDir dir("accel_torch_zero3_resume");
   // fp32: the adapter reshards float optimizer state. The uninterrupted runs save at step 10.
   const std::vector<std::string> common = {"--units", "wrapper", "--float"};
-  auto args = [&](std::vector<std::string> more) {
-    more.insert(more.begin(), common.begin(), common.end());
-    return more;
-  };
-  expect_ok(run_ranks(
-      4, "torch_zero3_worker",
-      args({"--checkpoint", dir / "ck_zero3", "--save_at", "10", "--dump", dir / "straight_zero3"}),
-      with_env(stage3_env("gloo"))));
-  expect_ok(run_ranks(
-      2, "torch_zero3_worker",
-      args({"--checkpoint", dir / "ck_ddp", "--save_at", "10", "--dump", dir / "straight_ddp"}),
-      with_env(ddp_env("gloo"))));
+  expect_ok(run_ranks(4, "torch_zero3_worker",
+                      joined(common, {"--checkpoint", dir / "ck_zero3", "--save_at", "10", "--dump",
+                                      dir / "straight_zero3"}),
+                      with_env(stage3_env("gloo"))));
+  expect_ok(run_ranks(2, "torch_zero3_worker",
+                      joined(common, {"--checkpoint", dir / "ck_ddp", "--save_at", "10", "--dump",
+                                      dir / "straight_ddp"}),
+                      with_env(ddp_env("gloo"))));
   struct Resume {
     std::string name;
     int world;
@@ -244,7 +262,7 @@ TEST_CASE(
   for (const Resume& r : resumes) {
     CAPTURE(r.name);
     expect_ok(run_ranks(r.world, "torch_zero3_worker",
-                        args({"--resume", dir / r.from, "--dump", dir / "resumed"}),
+                        joined(common, {"--resume", dir / r.from, "--dump", dir / "resumed"}),
                         with_env(r.env)));
     // fp32 AdamW has no derived bound (tolerance.hpp: 1 / eps times fp32 rounding exceeds a
     // step); 1e-5 is the issue's, for steps 11-20 over other splits of the global batch.
@@ -254,16 +272,7 @@ TEST_CASE(
   }
   // merge-weights: the plain model (no accelerator) loads the archive and holds the values the
   // uninterrupted run had at step 10, when it saved (get_state_dict then, bitwise).
-  const auto merged = run_accel({"merge-weights", dir / "ck_zero3", dir / "model.pt"});
-  INFO(describe(merged));
-  REQUIRE(merged.exit_code() == 0);
-  Transformer plain(TransformerShape{}, /*wrapped=*/true);
-  torch::load(plain, dir / "model.pt");
-  std::vector<double> loaded;
-  for (const auto& p : plain->parameters()) {
-    const torch::Tensor d = p.detach().to(torch::kDouble).flatten().contiguous();
-    loaded.insert(loaded.end(), d.data_ptr<double>(), d.data_ptr<double>() + d.numel());
-  }
+  const std::vector<double> loaded = merged_parameters(dir / "ck_zero3", dir / "model.pt", true);
   CHECK(loaded.size() == kParameters + 32 * 16);  // the tied weight under both names
   CHECK(loaded == read_doubles(dir / "straight_zero3.at_save"));
 }
@@ -274,18 +283,14 @@ TEST_CASE(
   if (skip_unless(communicator_available("gloo"), "gloo communicator not built")) return;
   TempDir dir("accel_torch_zero3_sharded");
   const std::vector<std::string> common = {"--units", "automatic", "--float"};
-  auto args = [&](std::vector<std::string> more) {
-    more.insert(more.begin(), common.begin(), common.end());
-    return more;
-  };
   auto sharded = [](std::vector<std::pair<std::string, std::string>> env) {
     env.emplace_back("ACCEL_STATE_DICT_TYPE", "SHARDED_STATE_DICT");
     return env;
   };
-  expect_ok(run_ranks(4, "torch_zero3_worker",
-                      args({"--checkpoint", dir / "ck", "--save_at", "10", "--dump",
-                            dir / "straight"}),
-                      with_env(sharded(stage3_env("gloo")))));
+  expect_ok(run_ranks(
+      4, "torch_zero3_worker",
+      joined(common, {"--checkpoint", dir / "ck", "--save_at", "10", "--dump", dir / "straight"}),
+      with_env(sharded(stage3_env("gloo")))));
   // Each rank's slices (a quarter of the parameters each), the layout, no whole-model archive.
   const std::string ck = dir / "ck";
   CHECK_FALSE(std::filesystem::exists(ck + "/state.model"));
@@ -313,21 +318,13 @@ TEST_CASE(
   for (const Resume& r : resumes) {
     CAPTURE(r.name);
     expect_ok(run_ranks(r.world, "torch_zero3_worker",
-                        args({"--resume", ck, "--dump", dir / "resumed"}), with_env(sharded(r.env))));
+                        joined(common, {"--resume", ck, "--dump", dir / "resumed"}),
+                        with_env(sharded(r.env))));
     const double d = max_difference(read_doubles(dir / "resumed"), read_doubles(dir / "straight"));
     MESSAGE("SHARDED_STATE_DICT resume, " << r.name << ": max |resumed - uninterrupted| " << d);
     CHECK(d <= 1e-5);  // as the FULL_STATE_DICT resumes above
   }
-  const auto merged = run_accel({"merge-weights", ck, dir / "model.pt"});
-  INFO(describe(merged));
-  REQUIRE(merged.exit_code() == 0);
-  Transformer plain(TransformerShape{}, /*wrapped=*/false);
-  torch::load(plain, dir / "model.pt");
-  std::vector<double> loaded;
-  for (const auto& p : plain->parameters()) {
-    const torch::Tensor d = p.detach().to(torch::kDouble).flatten().contiguous();
-    loaded.insert(loaded.end(), d.data_ptr<double>(), d.data_ptr<double>() + d.numel());
-  }
+  const std::vector<double> loaded = merged_parameters(ck, dir / "model.pt", false);
   CHECK(loaded == read_doubles(dir / "straight.at_save"));
 }
 
@@ -341,19 +338,16 @@ TEST_CASE(
                          {"ACCEL_TOTAL_LIMIT", "1"},
                          {"ACCEL_PROJECT_DIR", dir / "project"}});
   const std::vector<std::string> common = {"--units", "wrapper", "--float"};
-  auto args = [&](std::vector<std::string> more) {
-    more.insert(more.begin(), common.begin(), common.end());
-    return more;
-  };
-  const auto straight =
-      run_ranks(2, "torch_zero3_worker",
-                args({"--checkpoint", "project", "--save_at", "10", "--dump", dir / "straight"}),
-                with_env(env));
+  const auto straight = run_ranks(
+      2, "torch_zero3_worker",
+      joined(common, {"--checkpoint", "project", "--save_at", "10", "--dump", dir / "straight"}),
+      with_env(env));
   expect_ok(straight);
   CHECK(output_of(straight).find("saved " + dir / "project/checkpoints/checkpoint_0") !=
         std::string::npos);
   expect_ok(run_ranks(3, "torch_zero3_worker",
-                      args({"--resume", "project", "--dump", dir / "resumed"}), with_env(env)));
+                      joined(common, {"--resume", "project", "--dump", dir / "resumed"}),
+                      with_env(env)));
   const double d = max_difference(read_doubles(dir / "resumed"), read_doubles(dir / "straight"));
   MESSAGE("project checkpoint of world 2 resumed at 3: max |resumed - uninterrupted| " << d);
   CHECK(d <= 1e-5);

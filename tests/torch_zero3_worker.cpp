@@ -16,7 +16,8 @@
 // rank 0's final parameters (doubles, module order). --misuse order: rank 1 runs the blocks
 // in another order (every rank must fail naming both units); outside: a block called outside
 // the prepared model's call; direct: the model's own forward (refused, naming the first
-// parameter it uses). --float trains in fp32 (the optimizer state of a checkpoint reshards as float);
+// parameter it uses). --float trains in fp32 (the optimizer state of a checkpoint reshards as
+// float);
 // --checkpoint saves after optimizer step STEP, --resume loads and goes on from there (the
 // reference trains from the start); DIR "project" is save_state() / load_state() without one
 // (automatic_checkpoint_naming). A failure prints "error: ..." and exits 3.

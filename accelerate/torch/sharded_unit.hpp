@@ -20,8 +20,9 @@
 // another unit (a tied embedding): the recomputes' backwards would each report it.
 // How it works (sharded_units.cpp): the parameters keep their tensors, whose storage points
 // into the strategy's gathered slot while their unit is gathered and is empty otherwise (a
-// use then gathers an automatic unit, or fails naming the parameter); an autograd function on the unit's output gathers it again before its
-// backward, and the unit is released once its gradients are accumulated.
+// use then gathers an automatic unit, or fails naming the parameter); an autograd function on the
+// unit's output gathers it again before its backward, and the unit is released once its gradients
+// are accumulated.
 
 #include <array>
 #include <cstddef>

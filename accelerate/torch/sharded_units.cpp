@@ -478,8 +478,8 @@ void TorchAccelerator::load_parameter_values(const PreparedParameters& prepared,
   std::vector<Buffer> whole;
   for (std::size_t i = 0; i < prepared.params.size(); ++i) {
     const Buffer& like = prepared.params[i].data;
-    whole.push_back({const_cast<char*>(values.params[i].data()), like.count, like.dtype,
-                     DeviceKind::cpu});
+    whole.push_back(
+        {const_cast<char*>(values.params[i].data()), like.count, like.dtype, DeviceKind::cpu});
   }
   strategy(model.index).load_parameters(whole);
   settle_all(model);

@@ -148,7 +148,7 @@ AcceleratedOptimizer& TorchAccelerator::prepare_tensors(const ModuleTensors& ten
   const std::size_t ungrouped = optimizer.param_groups().size();
   std::vector<std::string> names;
   for (const ParamRef& r : refs) names.push_back(r.group == ungrouped ? r.name : std::string());
-  assign_units(model, tensors, refs);                                     // ZeRO-3
+  assign_units(model, tensors, refs);  // ZeRO-3
   TensorNames tensor_names = names_of(tensors);
   model.index = prepare_parameters(std::move(refs), std::move(buffers));  // broadcasts
   name_tensors(model.index, std::move(tensor_names));

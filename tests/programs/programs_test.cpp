@@ -256,7 +256,10 @@ TEST_CASE("LSTM language model: BPTT windows of a token stream, clipping, StepLR
 
 TEST_CASE("transfer learning: a frozen TorchScript backbone and a trained nn head (Adam)") {
   if (gloo_missing()) return;
-  const Shape shape{"transfer", 7, {}, [](int world) {
+  const Shape shape{"transfer",
+                    7,
+                    {},
+                    [](int world) {
                       // Adam lr 0.01 (fp64: tolerance.hpp's Adam bound). Only the head
                       // trains: its gradient terms are softmax errors (below 2) times tanh
                       // features (below 1): S below 2; forward inner products of 8 + 1 and 16 + 1.
@@ -271,7 +274,10 @@ TEST_CASE("transfer learning: a frozen TorchScript backbone and a trained nn hea
 
 TEST_CASE("a plain module object trained through train(..., torch::optim::Optimizer&)") {
   if (gloo_missing()) return;
-  const Shape shape{"plain_object", 8, {}, [](int world) {
+  const Shape shape{"plain_object",
+                    8,
+                    {},
+                    [](int world) {
                       // SGD lr 0.2, momentum 0.5. A tanh MLP 10-32-4: terms are softmax errors
                       // (below 2) times tanh outputs (below 1) or, for fc1, times randn inputs
                       // (below 6) and fc2 weights (below 1, 4 of them): well under 100.
