@@ -4,7 +4,8 @@
 // of every rank (getrusage). bench/run_transformer_bench.sh runs the table in bench/README.md
 // and the ZeRO-3 demonstration (a model DDP cannot hold at world 4 on this machine).
 //   transformer_bench [--width W] [--hidden H] [--blocks B] [--vocab V] [--context T]
-//                     [--batch ROWS] [--steps N] [--units root|wrapper]
+//                     [--batch ROWS] [--steps N] [--units root|automatic|wrapper]
+// (root: auto_wrap_policy NO_WRAP; automatic: the blocks' ModuleList children as units)
 // Memory that runs out (a process limit, `ulimit -v`) ends the run with "out of memory on rank
 // R: ..." and exit code 2 instead of a crash or swapping.
 
@@ -69,7 +70,9 @@ int main(int argc, char** argv) {
   }
   int rank = -1;
   try {
-    TorchAccelerator acc;
+    AcceleratorOptions options;
+    if (units == Units::root) options.auto_wrap_policy = "NO_WRAP";
+    TorchAccelerator acc(options);
     rank = acc.process_index();
     torch::manual_seed(1);
     Transformer model(shape, units == Units::wrapper);
@@ -102,7 +105,10 @@ int main(int argc, char** argv) {
     for (std::int64_t r = 0; r < rss.size(0); ++r)
       per_rank += (r ? ", " : "") + std::to_string(rss[r].item<double>()).substr(0, 5);
     const std::string strategy(acc.strategy().name());
-    const char* unit_form = strategy != "zero3" ? "-" : units == Units::wrapper ? "blocks" : "root";
+    const char* unit_form = strategy != "zero3"         ? "-"
+                            : units == Units::wrapper   ? "blocks"
+                            : units == Units::automatic ? "automatic"
+                                                        : "root";
     char line[400];
     std::snprintf(line, sizeof line, "| %d | %s | %s | %.1fM | %.3f s | %s GiB |",
                   acc.num_processes(), strategy.c_str(), unit_form, double(parameters) / 1e6,
