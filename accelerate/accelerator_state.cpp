@@ -306,12 +306,14 @@ void Accelerator::save_state(const std::string& dir) {
     const bool values_sharded = strategy.parameters_sharded();
     const bool sharded = strategy.gradients_sharded() && !(save_on_each_node_ && !values_sharded);
     // GPU values are copied to host memory first (CPU ones are written from where they are);
-    // under stage 3 the parameters' buffers are not current, its slices (segments) are.
+    // under stage 3 the parameters' buffers are not current, its slices (segments) are. The
+    // strategy's ParamRefs say where the values live now (a front end may have moved them
+    // into its flat buffers: use_param_slots).
     const std::string who = "save_state: rank " + std::to_string(process_index()) +
                             " copying the parameters from the GPU";
     HostParameters& host = staged.emplace_back(
-        host_parameters(values_sharded ? std::vector<ParamRef>{} : model->params, model->buffers,
-                        compute_context(comm()), who));
+        host_parameters(values_sharded ? std::vector<ParamRef>{} : strategy.params(),
+                        model->buffers, compute_context(comm()), who));
     const ParameterLayout layout =
         describe_parameters(model->params, model->buffers, std::string(strategy.name()),
                             num_processes(), sharded, model->names);
@@ -461,8 +463,10 @@ void Accelerator::copy_parameters_in(const PreparedParameters& model,
   auto host = [](const std::string& bytes, const Buffer& like) {
     return Buffer{const_cast<char*>(bytes.data()), like.count, like.dtype, DeviceKind::cpu};
   };
-  for (std::size_t i = 0; i < model.params.size(); ++i)
-    copy_buffer(model.params[i].data, host(values.params[i], model.params[i].data), stream);
+  // Where the values live now (the strategy's ParamRefs: a front end may have moved them).
+  const std::vector<ParamRef>& params = model.strategy->params();
+  for (std::size_t i = 0; i < params.size(); ++i)
+    copy_buffer(params[i].data, host(values.params[i], params[i].data), stream);
   copy_buffers_in(model, values);
 }
 

@@ -218,3 +218,30 @@ TEST_CASE(
   CHECK(merged.workers.front().output.find("from state.model") != std::string::npos);
   CHECK(read_file(tmp / "model.pt") == read_file(tmp / "ck/state.model"));
 }
+
+TEST_CASE(
+    "merge-weights of a SHARDED_STATE_DICT LibTorch checkpoint (ZeRO-2, 2 ranks): parameters "
+    "and named BatchNorm buffers load into the plain model") {
+  if (skip_unless(communicator_available("gloo"), "gloo communicator not built")) return;
+  TempDir tmp("merge_weights_test");
+  RanksOptions options;
+  options.env = zero_env(2);
+  options.env.emplace_back("ACCEL_STATE_DICT_TYPE", "SHARDED_STATE_DICT");
+  const auto trained = run_ranks(
+      2, "torch_resume_worker",
+      {"--epochs", "1", "--checkpoint", tmp / "ck", "--out", tmp / "trained.bin"}, options);
+  INFO(describe(trained));
+  REQUIRE(trained.exit_code() == 0);
+  CHECK_FALSE(fs::exists(tmp / "ck/state.model"));  // each rank's slices instead
+  CHECK(fs::exists(tmp / "ck/parameters.rank1"));
+  CHECK(read_file(tmp / "ck/parameters.layout").find("running_mean") != std::string::npos);
+  const auto merged = run_accel({"merge-weights", tmp / "ck", tmp / "model.pt"});
+  INFO(describe(merged));
+  REQUIRE(merged.exit_code() == 0);
+  CHECK(merged.workers.front().output.find("left out") == std::string::npos);
+  const auto loaded = run_ranks(1, "torch_resume_worker",
+                                {"--load_archive", tmp / "model.pt", "--out", tmp / "merged.bin"});
+  INFO(describe(loaded));
+  REQUIRE(loaded.exit_code() == 0);
+  CHECK(read_file(tmp / "merged.bin") == read_file(tmp / "trained.bin"));
+}

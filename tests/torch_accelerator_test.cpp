@@ -947,8 +947,10 @@ TEST_CASE("DDP over mpi equals one process") {
 
 namespace {
 
-launch::GroupResult run_resume_worker(int world, const std::vector<std::string>& args) {
-  return run_ranks(world, "torch_resume_worker", args, {.stop_on_failure = false});
+launch::GroupResult run_resume_worker(int world, const std::vector<std::string>& args,
+                                      std::vector<std::pair<std::string, std::string>> env = {}) {
+  return run_ranks(world, "torch_resume_worker", args,
+                   {.env = std::move(env), .stop_on_failure = false});
 }
 
 bool killed(const launch::GroupResult& r) {
@@ -999,6 +1001,31 @@ TEST_CASE("model, optimizer, scheduler and RNG resume bitwise after the process 
     CHECK(a.size() == b.size());
     CHECK(a == b);  // bitwise: parameters and BatchNorm buffers
   }
+}
+
+TEST_CASE(
+    "SHARDED_STATE_DICT under ZeRO-2: each rank's slices and the named buffers resume bitwise") {
+  TempDir dir("accel_torch_resume_sharded");
+  auto env = zero_env(2);
+  env.emplace_back("ACCEL_STATE_DICT_TYPE", "SHARDED_STATE_DICT");
+  const std::vector<std::string> common = {"--epochs", "2", "--seed_per_rank"};
+  const auto with = [&](std::vector<std::string> more) {
+    more.insert(more.begin(), common.begin(), common.end());
+    return more;
+  };
+  const auto straight = run_resume_worker(2, with({"--out", dir / "straight"}), env);
+  INFO(describe(straight));
+  REQUIRE(straight.exit_code() == 0);
+  REQUIRE(killed(
+      run_resume_worker(2, with({"--checkpoint", dir / "ck", "--die_after_epoch", "1"}), env)));
+  CHECK_FALSE(std::filesystem::exists(dir / "ck/state.model"));
+  CHECK(std::filesystem::exists(dir / "ck/parameters.rank1"));
+  const auto resumed =
+      run_resume_worker(2, with({"--checkpoint", dir / "ck", "--out", dir / "resumed"}), env);
+  INFO(describe(resumed));
+  REQUIRE(resumed.exit_code() == 0);
+  CHECK(resumed.workers[0].output.find("resumed at epoch 2") != std::string::npos);
+  CHECK(read_file(dir / "straight") == read_file(dir / "resumed"));
 }
 
 TEST_CASE("a LibTorch checkpoint from 2 processes loads into 1, the generators reseeded") {

@@ -8,8 +8,11 @@
 // --die_after_epoch K: SIGKILL itself right after the save at the end of epoch K (1-based).
 // --out FILE: rank 0 writes the final parameters and buffers, raw bytes, for comparison.
 // --seed_per_rank: LibTorch's generator seeded differently per rank (dropout masks differ).
-// With --checkpoint, rank 0 also checks at the end that the checkpoint's state.model loads into
-// a fresh plain LibTorch model (torch::load) with exactly the prepared model's values.
+// With --checkpoint, rank 0 also checks at the end that the checkpoint's state.model (when
+// there: state_dict_type FULL_STATE_DICT) loads into a fresh plain LibTorch model
+// (torch::load) with exactly the prepared model's values.
+//   torch_resume_worker --load_archive FILE --out OUT: no training; a plain model loads FILE
+//   (an accel merge-weights output) and writes its values to OUT.
 
 #include <signal.h>
 #include <unistd.h>
@@ -51,6 +54,7 @@ int main(int argc, char** argv) {
   int epochs = 2, die_after_epoch = 0;
   std::string checkpoint, out;
   bool seed_per_rank = false;
+  std::string load_archive;
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
     const std::string value = i + 1 < argc ? argv[i + 1] : "";
@@ -62,10 +66,18 @@ int main(int argc, char** argv) {
       die_after_epoch = std::stoi(value), ++i;
     else if (flag == "--out")
       out = value, ++i;
+    else if (flag == "--load_archive")
+      load_archive = value, ++i;
     else if (flag == "--seed_per_rank")
       seed_per_rank = true;
   }
   torch::set_num_threads(1);
+  if (!load_archive.empty()) {
+    auto plain = make_net();
+    torch::load(plain, load_archive);
+    std::ofstream(out, std::ios::binary | std::ios::trunc) << raw_values(*plain);
+    return 0;
+  }
   try {
     AcceleratorOptions options;
     options.gradient_accumulation_steps = 2;
@@ -118,7 +130,8 @@ int main(int argc, char** argv) {
 
     if (acc.is_main_process() && !out.empty())
       std::ofstream(out, std::ios::binary | std::ios::trunc) << raw_values(*model);
-    if (acc.is_main_process() && !checkpoint.empty()) {
+    if (acc.is_main_process() && !checkpoint.empty() &&
+        acc.state_dict_type() == "FULL_STATE_DICT") {
       auto plain = make_net();
       torch::load(plain, checkpoint + "/state.model");
       const bool same = raw_values(*plain) == raw_values(*model);
