@@ -39,6 +39,7 @@ config::ResolvedConfig resolve_settings(const AcceleratorOptions& options) {
   if (options.activation_checkpointing)
     from_code["activation_checkpointing"] = flag(*options.activation_checkpointing);
   if (options.auto_wrap_policy) from_code["auto_wrap_policy"] = *options.auto_wrap_policy;
+  if (options.hybrid_shard) from_code["hybrid_shard"] = flag(*options.hybrid_shard);
   if (options.state_dict_type) from_code["state_dict_type"] = *options.state_dict_type;
   if (options.log_with) from_code["log_with"] = *options.log_with;
   if (options.project_dir) from_code["project_dir"] = *options.project_dir;
@@ -181,6 +182,33 @@ std::vector<AgreedValue> optimizer_agreement(const Optimizer& optimizer) {
 
 }  // namespace
 
+void Accelerator::make_hybrid_groups(const std::string& origin) {
+  if (env_.world_size == 1) return;  // one shard group of one
+  const int per_machine = env_.local_world_size, machines = env_.world_size / per_machine;
+  const std::string where = origin + ": hybrid_shard: rank " + std::to_string(env_.rank) + ": ";
+  if (env_.world_size % per_machine != 0 ||
+      env_.rank != env_.node_rank * per_machine + env_.local_rank)
+    throw ConfigError(where + "the ranks must be numbered machine by machine (RANK = NODE_RANK x " +
+                      "LOCAL_WORLD_SIZE + LOCAL_RANK, as accel launch and torchrun do); here " +
+                      "NODE_RANK " + std::to_string(env_.node_rank) + ", LOCAL_RANK " +
+                      std::to_string(env_.local_rank) + ", LOCAL_WORLD_SIZE " +
+                      std::to_string(per_machine) + ", WORLD_SIZE " +
+                      std::to_string(env_.world_size));
+  const std::string backend(comm().backend_name());
+  if (backend == "nccl" || backend == "mpi")
+    throw ConfigError(where + "runs over the CPU communicators with a rendezvous store (gloo, " +
+                      "shm, hierarchical) for now, not " + backend);
+  // Inside a machine shared memory where the world uses it; between machines Gloo.
+  const std::string inside = backend == "hierarchical" ? "shm" : backend;
+  const std::string across = backend == "hierarchical" ? "gloo" : backend;
+  hybrid_shard_group_ = group_->subgroup(inside, env_.local_rank, per_machine,
+                                         "hybrid_shard_machine" + std::to_string(env_.node_rank));
+  hybrid_replica_group_ = group_->subgroup(
+      across, env_.node_rank, machines, "hybrid_replicate_local" + std::to_string(env_.local_rank));
+  strategy_options_.zero.shard_group = hybrid_shard_group_.get();
+  strategy_options_.zero.replica_group = hybrid_replica_group_.get();
+}
+
 std::string prepared_name(const std::string& base, std::size_t model) {
   return model == 0 ? base : base + "_" + std::to_string(model);
 }
@@ -209,6 +237,7 @@ Accelerator::Accelerator(AcceleratorOptions options) : options_(std::move(option
   group_ = init_process_group(pg);
   env_ = group_->env();
   rng_ = rank_rng(seed_, env_.rank);
+  if (settings.config.hybrid_shard) make_hybrid_groups(settings.origins.at("hybrid_shard"));
   global_batch_size_ = std::size_t(settings.config.global_batch_size);
   if (global_batch_size_ % std::size_t(env_.world_size) != 0)
     throw ConfigError(settings.origins.at("global_batch_size") + ": global_batch_size " +

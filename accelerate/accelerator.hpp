@@ -99,6 +99,7 @@ struct AcceleratorOptions {
   std::optional<bool> reshard_after_forward;             // zero_stage 3
   std::optional<bool> activation_checkpointing;          // LibTorch: Sequential children
   std::optional<std::string> auto_wrap_policy;           // zero_stage 3, LibTorch: units
+  std::optional<bool> hybrid_shard;                      // ZERO within each machine
   std::optional<std::string> state_dict_type;  // LibTorch checkpoints: FULL_ or SHARDED_STATE_DICT
   std::optional<std::string> log_with;         // "tensorboard,csv", "all", ...
   std::optional<std::string> project_dir, logging_dir;
@@ -563,6 +564,10 @@ class Accelerator {
   AcceleratorOptions options_;
   std::unique_ptr<ProcessGroup> group_;
   StrategyOptions strategy_options_;
+  // hybrid_shard: this machine's ranks, and this local index's rank on every machine (before
+  // models_: the strategies use them until they are gone).
+  CommunicatorPtr hybrid_shard_group_, hybrid_replica_group_;
+  void make_hybrid_groups(const std::string& origin);
   // The prepared models in preparation order: each one's strategy, parameters, optimizer.
   std::vector<std::unique_ptr<PreparedParameters>> models_;
   std::vector<AgreedValue> prepare_agreement_;  // the optimizer's, for prepare_parameters

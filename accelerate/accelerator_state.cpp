@@ -314,9 +314,12 @@ void Accelerator::save_state(const std::string& dir) {
     HostParameters& host = staged.emplace_back(
         host_parameters(values_sharded ? std::vector<ParamRef>{} : strategy.params(),
                         model->buffers, compute_context(comm()), who));
+    // HYBRID_SHARD: the slices are 1/shard_world each, the same on every machine; the layout
+    // names the first machine's ranks' blobs (ranks 0 .. shard_world - 1) and only they write.
+    const int shard_world = num_processes() / strategy.gradient_replicas();
     const ParameterLayout layout =
         describe_parameters(model->params, model->buffers, std::string(strategy.name()),
-                            num_processes(), sharded, model->names);
+                            shard_world, sharded, model->names);
     if (writer) {
       contents.shared.push_back({model_blob(kParameters, model->index),
                                  blob_pieces(layout, kParameters, host.params, host.buffers)});
@@ -325,6 +328,7 @@ void Accelerator::save_state(const std::string& dir) {
     }
     const std::string own_blob =
         std::string(kParameters) + ".rank" + std::to_string(process_index());
+    if (process_index() >= shard_world) continue;  // another machine's copy of the slices
     if (values_sharded)
       contents.per_rank.push_back({model_blob(kParameters, model->index),
                                    slice_pieces(layout, own_blob, strategy.segments(), host,

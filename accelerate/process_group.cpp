@@ -135,8 +135,23 @@ std::unique_ptr<ProcessGroup> init_process_group(const ProcessGroupOptions& opti
   comm_options.hostname = env_string("ACCEL_GLOO_HOSTNAME", loopback ? "127.0.0.1" : "");
   CommunicatorPtr comm = create_communicator(backend, comm_options);
   if (counted) ++live_groups;
-  return std::make_unique<ProcessGroup>(std::move(env), std::move(server), std::move(store),
-                                        std::move(comm), counted);
+  auto group = std::make_unique<ProcessGroup>(std::move(env), std::move(server), std::move(store),
+                                              std::move(comm), counted);
+  group->comm_options = comm_options;
+  return group;
+}
+
+CommunicatorPtr ProcessGroup::subgroup(std::string_view backend, int rank, int world_size,
+                                       const std::string& name) const {
+  ACCEL_CHECK_ARG(store_ != nullptr, "rank " + std::to_string(env_.rank) + ": a group of some " +
+                                         "ranks needs the rendezvous store, which the " +
+                                         std::string(comm_->backend_name()) +
+                                         " communicator does not use");
+  CommOptions options = comm_options;
+  options.rank = rank;
+  options.world_size = world_size;
+  options.group_name = name;
+  return create_communicator(backend, options);
 }
 
 }  // namespace accel

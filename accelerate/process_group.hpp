@@ -40,6 +40,13 @@ class ProcessGroup {
   int world_size() const { return env_.world_size; }
   Communicator& comm() { return *comm_; }
   const StorePtr& store() const { return store_; }  // null for backends without one (mpi)
+  // A communicator of `backend` over some of the world's ranks (this one as `rank` of
+  // `world_size`), rendezvousing on this group's store under `name`: collective among them.
+  // Refused for a backend without a store (mpi).
+  CommunicatorPtr subgroup(std::string_view backend, int rank, int world_size,
+                           const std::string& name) const;
+  // The settings the world's communicator was made with (the template of subgroup's).
+  CommOptions comm_options;
 
  private:
   ProcessEnv env_;

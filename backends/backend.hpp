@@ -125,6 +125,13 @@ struct ZeroOptions {
   // child unit), gathered from the model's forward to the end of its backward around the
   // others: a slot of its own beside the two the child units share.
   bool root_unit = false;
+  // HYBRID_SHARD (FSDP's): shard over `shard_group` (this machine's ranks) and replicate over
+  // `replica_group` (the ranks of this local index on every machine), both the caller's and
+  // alive as long as the strategy: the slices are 1/shard_group's size, gradients are
+  // reduce-scattered within the machine and their slices averaged across machines. Null: the
+  // whole communicator is one shard group.
+  Communicator* shard_group = nullptr;
+  Communicator* replica_group = nullptr;
 };
 
 struct DataParallelOptions {
@@ -202,6 +209,9 @@ class Strategy {
   // Whether segments() hold only this rank's part of the gradients, so a global quantity (the
   // gradient norm) needs a sum over ranks.
   virtual bool gradients_sharded() const = 0;
+  // How many ranks hold each gradient slice (ZeRO's HYBRID_SHARD: one per machine); a sum over
+  // all ranks counts each that many times.
+  virtual int gradient_replicas() const { return 1; }
   // After the optimizer updated segments(): ZeRO all-gathers the updated parameters into
   // every rank's full copy; DDP has nothing to do.
   virtual void after_optimizer_step() = 0;

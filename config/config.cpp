@@ -227,6 +227,11 @@ std::optional<std::string> check_zero3_threshold(const Config& c) {
   return "zero3_param_persistence_threshold needs zero_stage 3 (distributed_type ZERO)";
 }
 
+std::optional<std::string> check_hybrid_shard(const Config& c) {
+  if (!c.hybrid_shard || is_zero(c)) return std::nullopt;
+  return "hybrid_shard needs distributed_type ZERO";
+}
+
 std::optional<std::string> check_reshard_after_forward(const Config& c) {
   if (is_zero3(c) || c.reshard_after_forward == Config{}.reshard_after_forward) return std::nullopt;
   return "reshard_after_forward needs zero_stage 3 (distributed_type ZERO)";
@@ -431,6 +436,16 @@ std::vector<KeySpec> make_schema() {
        .applies = is_zero3,
        .check = check_reshard_after_forward,
        .related = {"zero_stage", "distributed_type"}},
+      {.name = "hybrid_shard",
+       .kind = K::boolean,
+       .field = &Config::hybrid_shard,
+       .help = "ZERO only: shard over each machine's processes and replicate across machines "
+               "(FSDP's HYBRID_SHARD; the sharding's collectives stay inside each machine)",
+       .question = "Should the sharding stay within each machine (replicated across machines)?",
+       .options = {{"false", "no", 0}, {"true", "yes", 1}},
+       .applies = is_zero,
+       .check = check_hybrid_shard,
+       .related = {"distributed_type", "num_machines"}},
       {.name = "auto_wrap_policy",
        .kind = K::choice,
        .field = &Config::auto_wrap_policy,

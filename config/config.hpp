@@ -50,6 +50,9 @@ struct Config {
   // (FSDP's reshard_after_forward).
   int zero3_param_persistence_threshold = 100000;
   bool reshard_after_forward = true;
+  // ZERO: shard over each machine's processes and replicate across machines (FSDP's
+  // HYBRID_SHARD): the collectives of the sharding stay inside the machine.
+  bool hybrid_shard = false;
   // LibTorch: a prepared torch::nn::Sequential runs each child, and each ShardedUnit block
   // runs, through activation checkpointing (recomputed in backward).
   bool activation_checkpointing = false;

@@ -38,7 +38,9 @@ std::optional<int> zero_stage_of_sharding(const std::string& value) {
   const std::string v = upper(value);
   if (v == "FULL_SHARD" || v == "1") return 3;
   if (v == "SHARD_GRAD_OP" || v == "2") return 2;
-  if (v == "NO_SHARD" || v == "3") return 0;  // DDP
+  if (v == "NO_SHARD" || v == "3") return 0;      // DDP
+  if (v == "HYBRID_SHARD" || v == "4") return 3;  // within each machine (hybrid_shard)
+  if (v == "_HYBRID_SHARD_ZERO2" || v == "5") return 2;
   return std::nullopt;
 }
 
@@ -233,10 +235,9 @@ class FileReader {
           (key == "fsdp_reshard_after_forward" && named_strategy &&
            (zero_stage_of_sharding(value) || upper(value).find("HYBRID") != std::string::npos))) {
         const std::string v = upper(value);
-        if (v == "HYBRID_SHARD" || v == "4" || v == "_HYBRID_SHARD_ZERO2" || v == "5")
-          refuse(v +
-                 " (sharded within each machine, replicated across machines) is not "
-                 "available; use FULL_SHARD (ZeRO-3) or SHARD_GRAD_OP (ZeRO-2)");
+        // Sharded within each machine, replicated across machines.
+        if (v.find("HYBRID") != std::string::npos || v == "4" || v == "5")
+          add("hybrid_shard", shown, it->first, YAML::Node("true"));
         const auto stage = zero_stage_of_sharding(v);
         if (!stage)
           refuse("'" + v + "' is not one of FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD");

@@ -151,12 +151,8 @@ TEST_CASE("each bad config exits 2 naming the file, the line and the key") {
        "offload_optimizer_device", "needs distributed_type ZERO"},
       {"distributed_type: FSDMP\n", 1, "distributed_type",
        "'FSDMP' is not one of NO, DATA_PARALLEL"},
-      {"distributed_type: FSDP\nfsdp_config:\n  fsdp_sharding_strategy: HYBRID_SHARD\n", 3,
-       "fsdp_config.fsdp_sharding_strategy",
-       "HYBRID_SHARD (sharded within each machine, replicated across machines) is not available"},
-      {"distributed_type: FSDP\nfsdp_config:\n  fsdp_sharding_strategy: hybrid_shard\n", 3,
-       "fsdp_config.fsdp_sharding_strategy",
-       "HYBRID_SHARD (sharded within each machine, replicated across machines) is not available"},
+      {"distributed_type: MULTI_CPU\nhybrid_shard: true\n", 2, "hybrid_shard",
+       "hybrid_shard needs distributed_type ZERO"},
       {"distributed_type: FSDP\nfsdp_config:\n  fsdp_offload_params: true\n", 3,
        "fsdp_config.fsdp_offload_params", "offloading parameters is not available"},
       {"distributed_type: FSDP\nfsdp_config:\n  fsdp_auto_wrap_policy: SIZE_BASED_WRAP\n", 3,
@@ -255,6 +251,17 @@ TEST_CASE("Accelerate's FSDP config maps onto ZERO: the sharding strategy is the
   CHECK(full.config.auto_wrap_policy == "TRANSFORMER_BASED_WRAP");
   CHECK(full.origins.at("auto_wrap_policy") == path + ":4");
   CHECK(full.config.state_dict_type == "SHARDED_STATE_DICT");
+  CHECK_FALSE(full.config.hybrid_shard);
+  // HYBRID_SHARD: stage 3 within each machine, replicated across; its ZeRO-2 form stage 2.
+  for (const char* hybrid : {"HYBRID_SHARD", "hybrid_shard", "4"}) {
+    const auto h = fsdp(std::string("  fsdp_sharding_strategy: ") + hybrid + "\n");
+    CHECK(h.config.zero_stage == 3);
+    CHECK(h.config.hybrid_shard);
+    CHECK(h.origins.at("hybrid_shard") == path + ":9");
+  }
+  const auto hybrid2 = fsdp("  fsdp_sharding_strategy: _HYBRID_SHARD_ZERO2\n");
+  CHECK(hybrid2.config.zero_stage == 2);
+  CHECK(hybrid2.config.hybrid_shard);
   CHECK(full.origins.at("state_dict_type") == path + ":7");
   CHECK(fsdp("").config.zero_stage == 3);  // FULL_SHARD is FSDP's default
   CHECK(fsdp("  fsdp_sharding_strategy: SHARD_GRAD_OP\n").config.zero_stage == 2);

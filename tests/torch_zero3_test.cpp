@@ -195,6 +195,60 @@ TEST_CASE(
   }
 }
 
+TEST_CASE(
+    "HYBRID_SHARD: ZeRO-3 within each of 2 machines of 2 ranks, replicated across them, equals "
+    "DDP and one process; slices of half the parameters") {
+  if (skip_unless(communicator_available("gloo"), "gloo communicator not built")) return;
+  TempDir dir("accel_torch_zero3_hybrid");
+  const std::vector<double> ddp = ddp_parameters(4, dir);
+  for (const std::string units : {"automatic", "sequential"}) {
+    CAPTURE(units);
+    auto env = stage3_env("gloo");
+    env.emplace_back("ACCEL_HYBRID_SHARD", "true");
+    RanksOptions options = with_env(env);
+    options.nodes = 2;  // RANK = NODE_RANK x 2 + LOCAL_RANK, as the launcher numbers them
+    const std::string dump = dir / ("hybrid_" + units);
+    const auto r = run_ranks(
+        4, "torch_zero3_worker",
+        {"--units", units, "--limit", std::to_string(one_process_limit(4)), "--dump", dump},
+        options);
+    expect_ok(r);
+    // Rank 0's slices: 1/2 of the parameters (its machine's 2 ranks), not 1/4.
+    const std::string memory = line_with(r, "ok ZeRO-3 memory of rank 0");
+    CHECK(memory.find("slices of 3656 of 7312 elements") != std::string::npos);
+    const double d = max_difference(read_doubles(dump), ddp);
+    MESSAGE("HYBRID_SHARD 2 x 2, units "
+            << units << ": " << line_with(r, "training equals one process")
+            << "; max |hybrid - ddp| " << d << " (limit " << ddp_limit(4) << "); " << memory);
+    CHECK(d <= ddp_limit(4));
+  }
+  // Its checkpoints (the LibTorch archive, or each first-machine rank's slices) resume as
+  // plain ZeRO-3 at 2 from step 10 (fp32: the adapter reshards float optimizer state).
+  for (const std::string type : {"FULL_STATE_DICT", "SHARDED_STATE_DICT"}) {
+    CAPTURE(type);
+    auto env = stage3_env("gloo");
+    env.emplace_back("ACCEL_STATE_DICT_TYPE", type);
+    auto hybrid_env = env;
+    hybrid_env.emplace_back("ACCEL_HYBRID_SHARD", "true");
+    RanksOptions options = with_env(hybrid_env);
+    options.nodes = 2;
+    const std::string ck = dir / ("ck_" + type);
+    expect_ok(run_ranks(4, "torch_zero3_worker",
+                        {"--units", "automatic", "--float", "--checkpoint", ck, "--save_at", "10",
+                         "--dump", dir / "hybrid_straight"},
+                        options));
+    expect_ok(run_ranks(
+        2, "torch_zero3_worker",
+        {"--units", "automatic", "--float", "--resume", ck, "--dump", dir / "hybrid_resumed"},
+        with_env(env)));
+    const double d =
+        max_difference(read_doubles(dir / "hybrid_resumed"), read_doubles(dir / "hybrid_straight"));
+    MESSAGE("HYBRID_SHARD 2 x 2 checkpoint (" << type << ") resumed as ZeRO-3 at 2: max "
+                                              << "|resumed - uninterrupted| " << d);
+    CHECK(d <= 1e-5);
+  }
+}
+
 TEST_CASE("ZeRO-3 LibTorch is bitwise ZeRO-2 (fp64, and bf16 autocast)") {
   if (skip_unless(communicator_available("gloo"), "gloo communicator not built")) return;
   TempDir dir("accel_torch_zero3_vs_2");

@@ -26,10 +26,12 @@ Buffer view_as(const DeviceBuffer& storage, std::size_t count, DType dtype) {
 ZeroStrategy::ZeroStrategy(Communicator& comm, std::vector<ParamRef> params,
                            std::vector<Buffer> buffers, ZeroOptions options)
     : comm_(comm),
+      shard_(options.shard_group != nullptr ? *options.shard_group : comm),
+      replicas_(options.replica_group),
       params_(std::move(params)),
       buffers_(std::move(buffers)),
       options_(std::move(options)),
-      layout_(params_, comm.world_size(), comm.rank()),
+      layout_(params_, shard_.world_size(), shard_.rank()),
       buckets_of_(params_.size()),
       release_in_(params_.size()),
       ready_(params_.size(), false) {
@@ -37,6 +39,11 @@ ZeroStrategy::ZeroStrategy(Communicator& comm, std::vector<ParamRef> params,
       options_.stage >= 1 && options_.stage <= 3,
       "ZeRO stage " + std::to_string(options_.stage) + " does not exist (stages 1, 2 and 3 do)");
   ACCEL_CHECK_ARG(options_.bucket_cap_bytes > 0, "ZeRO bucket size must be positive");
+  ACCEL_CHECK_ARG((replicas_ == nullptr) == (options_.shard_group == nullptr) &&
+                      (replicas_ == nullptr ||
+                       shard_.world_size() * replicas_->world_size() == comm_.world_size()),
+                  "ZeRO HYBRID_SHARD: the shard and replica groups must both be given and "
+                  "together hold every rank once");
   check_replica_params("ZeRO", comm_, params_);
   // Offloading only means something when the parameters are on a GPU (see the header).
   offload_ = options_.offload_optimizer == OffloadDevice::cpu && comm_.device() == DeviceKind::cuda;
@@ -82,7 +89,7 @@ ZeroStrategy::ZeroStrategy(Communicator& comm, std::vector<ParamRef> params,
         lent_ = true;
     }
   if (options_.stage == 3)
-    gatherer_ = std::make_unique<UnitGatherer>(comm_, layout_, params_, param_store_, options_);
+    gatherer_ = std::make_unique<UnitGatherer>(shard_, layout_, params_, param_store_, options_);
 }
 
 std::string_view ZeroStrategy::name() const {
@@ -292,7 +299,7 @@ void ZeroStrategy::launch_ready_buckets() {
 }
 
 Buffer ZeroStrategy::own_part(const Bucket& b, Buffer bucket_data) const {
-  const std::size_t mine = b.counts[std::size_t(comm_.rank())];
+  const std::size_t mine = b.counts[std::size_t(shard_.rank())];
   if (mine == 0) return Buffer{bucket_data.data, 0, bucket_data.dtype, bucket_data.device};
   const Shard own = layout_.owned(b.range.flat);
   return bucket_data.slice(std::max(b.range.begin, own.offset) - b.range.begin, mine);
@@ -300,7 +307,7 @@ Buffer ZeroStrategy::own_part(const Bucket& b, Buffer bucket_data) const {
 
 Buffer ZeroStrategy::own_slice_part(const Bucket& b) const {
   const Buffer slice = grad_slice(b.range.flat);
-  const std::size_t mine = b.counts[std::size_t(comm_.rank())];
+  const std::size_t mine = b.counts[std::size_t(shard_.rank())];
   if (mine == 0) return Buffer{slice.data, 0, slice.dtype, slice.device};
   const Shard own = layout_.owned(b.range.flat);
   return slice.slice(std::max(b.range.begin, own.offset) - own.offset, mine);
@@ -344,7 +351,7 @@ void ZeroStrategy::launch(Bucket& b) {
   // Stage 1: straight into the slice, so the flat gradients keep what the loop accumulated
   // (a later backward of the same step adds to it); stage 2: in place in the staging bucket.
   const Buffer out = options_.stage == 1 ? own_slice_part(b) : own_part(b, data);
-  b.work = comm_.reduce_scatter(data, out, ReduceOp::avg, b.counts);
+  b.work = shard_.reduce_scatter(data, out, ReduceOp::avg, b.counts);
 }
 
 void ZeroStrategy::finish(Bucket& b) {
@@ -410,6 +417,7 @@ void ZeroStrategy::sync_gradients() {
     finish_all();
     first_sync_of_step_ = false;
   }
+  average_across_replicas();
   if (!offload_) return;
   // The optimizer reads the reduced slices in host memory: the one place the host waits.
   const DeviceStream stream = comm_.compute_stream();
@@ -418,6 +426,18 @@ void ZeroStrategy::sync_gradients() {
   synchronize_stream(stream, comm_.cuda_device(), comm_.timeout(),
                      "ZeRO offload: rank " + std::to_string(comm_.rank()) +
                          " copying its reduced gradient slices to host memory");
+}
+
+void ZeroStrategy::average_across_replicas() {
+  // HYBRID_SHARD: each machine's slices hold its own average; the same slice on every machine
+  // then becomes the global one. Linear, so a slice that already holds an earlier sync's
+  // (equal) average keeps it.
+  if (replicas_ == nullptr || replicas_->world_size() == 1) return;
+  std::vector<WorkPtr> works;
+  for (std::size_t f = 0; f < layout_.groups().size(); ++f)
+    if (grad_slice(f).count > 0)
+      works.push_back(replicas_->all_reduce(grad_slice(f), ReduceOp::avg));
+  for (auto& w : works) w->wait_stream(comm_.compute_stream(), comm_.timeout());
 }
 
 void ZeroStrategy::after_optimizer_step() {
@@ -439,7 +459,7 @@ void ZeroStrategy::after_optimizer_step() {
     // after this copy on the compute stream. The host copy is not written again before the
     // next step, after sync_gradients() waited for this stream.
     if (offload_) copy_buffer(full.slice(own.offset, own.count), host_params_[f].view(), stream);
-    works.push_back(comm_.all_gather(full.slice(own.offset, own.count), full));
+    works.push_back(shard_.all_gather(full.slice(own.offset, own.count), full));
   }
   for (auto& w : works) w->wait_stream(stream, comm_.timeout());
   if (flat_parameters_) return;

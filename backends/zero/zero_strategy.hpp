@@ -59,6 +59,7 @@ class ZeroStrategy final : public Strategy {
   // One segment per flat buffer: this rank's slice of the parameters and its gradient.
   std::vector<ParamSegment> segments() const override;
   bool gradients_sharded() const override { return true; }
+  int gradient_replicas() const override { return replicas_ ? replicas_->world_size() : 1; }
   void after_optimizer_step() override;
   void reload_parameters() override;
   std::size_t gradient_bytes() const override;
@@ -110,6 +111,7 @@ class ZeroStrategy final : public Strategy {
   void launch(Bucket& b);
   void finish(Bucket& b);  // waits; stage 2: copies this rank's part to its slice
   void finish_all();
+  void average_across_replicas();  // HYBRID_SHARD's second step of a sync
   // Stage 3: this rank's parts of each parameter's full values (index for index).
   void copy_owned_parts_in(const std::vector<Buffer>& values);
   void copy_owned_to_host();
@@ -119,7 +121,9 @@ class ZeroStrategy final : public Strategy {
   Buffer owned_params(std::size_t f) const;  // this rank's slice (all stage 3 keeps)
   Buffer grad_slice(std::size_t f) const;
 
-  Communicator& comm_;
+  Communicator& comm_;   // every rank: the start from rank 0's values, the buffers
+  Communicator& shard_;  // the ranks sharing the slices (comm_, or HYBRID_SHARD's machine)
+  Communicator* replicas_ = nullptr;  // HYBRID_SHARD: the same slice on every machine
   std::vector<ParamRef> params_;
   std::vector<Buffer> buffers_;
   ZeroOptions options_;
