@@ -3,7 +3,8 @@
 // draws the same masks), for parameters and for an input that requires grad; inputs that do
 // not require grad still give the parameters their gradients; nested use works; the memory
 // the forward leaves allocated for backward (malloc's counters) is at least halved; and the
-// config's activation_checkpointing does the same to a prepared Sequential's children.
+// config's activation_checkpointing does the same to a prepared Sequential's children, and is
+// refused, naming the ModuleList, on a model where it could do nothing.
 
 #include <torch/torch.h>
 
@@ -211,4 +212,39 @@ TEST_CASE("acc.checkpoint under DATA_PARALLEL: bitwise the gradients of the plai
     grads[on ? 1 : 0] = torch::cat(all);
   }
   CHECK(torch::equal(grads[0], grads[1]));
+}
+
+namespace {
+// Blocks in a ModuleList, called by the model's own forward: nothing the switch can reach.
+struct ListedImpl : torch::nn::Module {
+  ListedImpl() {
+    for (int b = 0; b < 2; ++b) layers->push_back(Block(16));
+    register_module("layers", layers);
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    for (const auto& layer : *layers) x = layer->as<BlockImpl>()->forward(x);
+    return x;
+  }
+  torch::nn::ModuleList layers;
+};
+TORCH_MODULE(Listed);
+}  // namespace
+
+TEST_CASE("activation_checkpointing on a model it cannot reach is refused at prepare, naming it") {
+  accel::AcceleratorOptions options;
+  options.communicator = "local";
+  options.activation_checkpointing = true;
+  accel::TorchAccelerator acc(options);
+  Listed net;
+  torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1));
+  std::string error;
+  try {
+    acc.prepare(net, sgd);
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  CAPTURE(error);
+  CHECK(error.find("activation_checkpointing") != std::string::npos);
+  CHECK(error.find("ModuleList 'layers'") != std::string::npos);
+  CHECK(error.find("accel::ShardedUnit") != std::string::npos);
 }

@@ -173,6 +173,7 @@ void TorchAccelerator::assign_units(PreparedTensors& model, const ModuleTensors&
     }
     model.units.automatic = !units.empty();
   }
+  check_checkpointable(root, !model.units.wrappers.empty());
   const auto unit_of_name = [&](const std::string& name) -> std::size_t {
     for (std::size_t k = 0; k < units.size(); ++k)
       if (name.rfind(units[k].first + ".", 0) == 0) return k + 1;
@@ -201,6 +202,27 @@ void TorchAccelerator::assign_units(PreparedTensors& model, const ModuleTensors&
   model.units.state.assign(units.size() + 1, State::released);
   model.units.pending.assign(units.size() + 1, 0);
   for (const ParamRef& r : refs) model.units.unit_of.push_back(r.unit);
+}
+
+// activation_checkpointing recomputes a root Sequential's children and the ShardedUnits: in
+// any other model the switch could do nothing (LibTorch C++ modules have no forward hooks,
+// so a ModuleList's children run where the model's forward calls them), which is refused.
+void TorchAccelerator::check_checkpointable(const torch::nn::Module& root, bool wrapped) const {
+  if (!activation_checkpointing() || wrapped ||
+      dynamic_cast<const torch::nn::SequentialImpl*>(&root) != nullptr)
+    return;
+  std::string lists;
+  for (const auto& item : root.named_modules("", /*include_self=*/false))
+    if (dynamic_cast<const torch::nn::ModuleListImpl*>(item.value().get()) != nullptr)
+      lists += (lists.empty() ? " (its ModuleList '" : "', '") + item.key();
+  if (!lists.empty()) lists += "')";
+  ACCEL_CHECK_ARG(false, "activation_checkpointing: nothing in the model " + root.name() + lists +
+                             " can be recomputed: LibTorch C++ modules have no forward hooks, so "
+                             "only a prepared Sequential's children and accel::ShardedUnit "
+                             "blocks are checkpointed by the switch; wrap the block type in "
+                             "accel::ShardedUnit<BlockImpl> (one line per block), call "
+                             "accel::checkpoint(fn, x) in the forward, or set "
+                             "activation_checkpointing false");
 }
 
 void TorchAccelerator::attach_units(PreparedTensors& model) {

@@ -480,6 +480,7 @@ class TorchAccelerator : public Accelerator, private ShardedParameterOwner {
   // A sharded parameter used: released, its automatic unit gathered (or an error naming it); a
   // unit kept from its forward (reshard_after_forward false) starts its backward.
   void sharded_parameter_used(std::size_t model, std::size_t param, bool released) override;
+  void check_checkpointable(const torch::nn::Module& root, bool wrapped) const;
   void attach_units(PreparedTensors& model);  // the ShardedUnits' forwards call run_unit
   void detach_units(PreparedTensors& model);
   void point_unit(PreparedTensors& model, std::size_t unit);
