@@ -304,6 +304,12 @@ int main(int argc, char** argv) {
                                                    " optimizer steps of " + std::to_string(K) +
                                                    " micro-batches");
 
+    if (zero != nullptr) {
+      std::size_t owned = 0;
+      for (const ParamSegment& s : zero->segments()) owned += s.values.count;
+      std::printf("ZeRO: gradient replicas %d, this rank steps %zu elements\n",
+                  zero->gradient_replicas(), owned);
+    }
     if (stage3) {
       // Between steps the model's tensors hold the persistent parameters only (fewer elements
       // than the threshold), the optimizer state is twice this rank's slices.
