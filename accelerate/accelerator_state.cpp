@@ -290,6 +290,7 @@ void Accelerator::save_state(const std::string& dir) {
   contents.meta.step = optimizer_steps_;
   contents.meta.epoch = epoch_;
   contents.meta.batch = next_batch_;
+  contents.meta.global_batch_size = global_batch_size_;
   contents.meta.seed = seed_;
 
   // Strings the blob views point into; a deque would do too, but the count is known.
@@ -382,13 +383,17 @@ void Accelerator::load_state(const std::string& dir) {
     if (checkpoint_parameters_ && models_.empty() && ck.shared.count(kParameters))
       fail(ck, "has parameters but none were prepared: call prepare_parameters before load_state");
     check_registered_states(ck);
-    if (!same_world && meta.batch != 0)
+    // With the same global_batch_size, batch b holds the same samples at any world size.
+    const bool same_batches =
+        meta.global_batch_size != 0 && meta.global_batch_size == global_batch_size_;
+    if (!same_world && meta.batch != 0 && !same_batches)
       fail(ck, "saved mid-epoch (epoch " + std::to_string(meta.epoch) + ", batch " +
                    std::to_string(meta.batch) + ") by " + std::to_string(meta.world_size) +
                    " processes; with " + std::to_string(num_processes()) +
                    " the batches hold other samples: resume with " +
                    std::to_string(meta.world_size) +
-                   " processes or from an end-of-epoch checkpoint");
+                   " processes, from an end-of-epoch checkpoint, or with the same "
+                   "global_batch_size at both sizes");
     restored_rng = read_rng(ck, process_index());
   } catch (const std::exception& e) {
     error = e.what();

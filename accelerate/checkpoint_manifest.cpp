@@ -92,6 +92,8 @@ std::string format_manifest(const Manifest& m) {
   out += "\nepoch: " + std::to_string(m.meta.epoch);
   out += "\nbatch: " + std::to_string(m.meta.batch);
   out += "\nseed: " + std::to_string(m.meta.seed);
+  if (m.meta.global_batch_size != 0)
+    out += "\nglobal_batch_size: " + std::to_string(m.meta.global_batch_size);
   if (!m.node_ranks.empty()) {
     out += "\nnode_ranks: ";
     for (std::size_t i = 0; i < m.node_ranks.size(); ++i)
@@ -180,6 +182,8 @@ Manifest parse_manifest(std::string_view text, const std::string& path) {
       number(m.meta.batch);
     } else if (key == "seed") {
       number(m.meta.seed);
+    } else if (key == "global_batch_size") {
+      number(m.meta.global_batch_size);
     } else if (key == "node_ranks") {
       for (std::size_t at = 0; at <= value.size();) {
         const std::size_t comma = std::min(value.find(',', at), value.size());

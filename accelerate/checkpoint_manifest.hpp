@@ -49,6 +49,9 @@ struct CheckpointMeta {
   std::uint64_t epoch = 0;  // the epoch to continue in...
   std::uint64_t batch = 0;  // ...at this batch (batches already done in it)
   std::uint64_t seed = 0;   // the job's seed (set_seed)
+  // global_batch_size of the job that saved it (0: none): batch b is then the same samples
+  // at any world size, so a mid-epoch checkpoint resumes at another size.
+  std::uint64_t global_batch_size = 0;
 };
 
 struct BlobEntry {

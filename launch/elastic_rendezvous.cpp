@@ -1,5 +1,6 @@
 #include "launch/elastic_rendezvous.hpp"
 
+#include <algorithm>
 #include <optional>
 #include <thread>
 
@@ -21,6 +22,7 @@ ElasticRendezvous::ElasticRendezvous(StorePtr store, ElasticRendezvousOptions op
   if (opt_.min_nodes < 1 || opt_.max_nodes < opt_.min_nodes)
     throw ConfigError("elastic rendezvous: --nnodes " + std::to_string(opt_.min_nodes) + ":" +
                       std::to_string(opt_.max_nodes) + " needs 1 <= MIN <= MAX");
+  if (opt_.hosts_store) store_->set("elastic/host", opt_.node_name);
 }
 
 std::string ElasticRendezvous::key(int round, const std::string& what) const {
@@ -84,10 +86,17 @@ ElasticRound ElasticRendezvous::next_round(int after) {
     if (order > closed) continue;  // came too late (or beyond MAX): wait in the next round
     ElasticRound out;
     out.round = round;
-    out.node_rank = order - 1;
     out.num_nodes = closed;
     for (int i = 0; i < closed; ++i)
       out.nodes.push_back(store_->get(key(round, "node/" + std::to_string(i)), opt_.join_timeout));
+    // Join order, the store's host first.
+    const std::string host =
+        store_->check({"elastic/host"}) ? store_->get("elastic/host", opt_.join_timeout) : "";
+    const auto at_host = std::find(out.nodes.begin(), out.nodes.end(), host);
+    if (!host.empty() && at_host != out.nodes.end())
+      std::rotate(out.nodes.begin(), at_host, at_host + 1);
+    out.node_rank =
+        int(std::find(out.nodes.begin(), out.nodes.end(), opt_.node_name) - out.nodes.begin());
     return out;
   }
 }

@@ -11,6 +11,7 @@
 //   elastic/<r>/node/<i>         the i-th joiner's name (host:pid), for reports
 //   elastic/<r>/closed           how many of them take part (the first closer wins)
 //   elastic/<r>/ended            an agent of round r left it (to restart): round r+1 may close
+//   elastic/host                 the name of the agent hosting the store (node rank 0)
 //
 // Round r+1 closes only after round r ended, so an agent that arrives while a round runs
 // waits for it (the running agents see it and restart bigger, below MAX) instead of starting
@@ -32,7 +33,10 @@ struct ElasticRendezvousOptions {
   std::chrono::milliseconds join_timeout{std::chrono::seconds(600)};  // torchrun's defaults
   std::chrono::milliseconds last_call_timeout{std::chrono::seconds(30)};
   std::chrono::milliseconds poll_interval{100};
-  std::string node_name;              // this agent, as reports name it
+  std::string node_name;  // this agent, as reports name it (unique: host:pid)
+  // The agent hosting the store takes node rank 0 of every round it is in: the rank that
+  // decides each round's outcome, which only the store's own loss can take away.
+  bool hosts_store = false;
   std::function<bool()> interrupted;  // gives up the wait when true
 };
 

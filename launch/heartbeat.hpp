@@ -24,6 +24,8 @@ struct HeartbeatOptions {
   int machine_rank = 0;
   std::chrono::milliseconds interval{std::chrono::seconds(5)};
   int misses = 3;  // beats a machine may miss before it is lost
+  // Where the counters live: one set per elastic round, whose machine numbers are its own.
+  std::string key_prefix = "launcher/alive/";
 };
 
 class Heartbeat {
@@ -43,7 +45,7 @@ class Heartbeat {
   // Why our own beats stopped reaching the store, once they did not for limit().
   std::optional<std::string> store_lost() const;
 
-  static std::string alive_key(int machine) { return "launcher/alive/" + std::to_string(machine); }
+  std::string alive_key(int machine) const { return opt_.key_prefix + std::to_string(machine); }
 
  private:
   void run();

@@ -32,6 +32,11 @@ struct LaunchOptions {
   int max_restarts = 0;         // whole-group restarts after a failure
   std::string run_id = "none";  // torchrun's --rdzv_id, TORCHELASTIC_RUN_ID in the workers
   bool standalone = false;      // torchrun's --standalone: one machine, a free local port
+  // torchrun's --nnodes MIN:MAX or --rdzv_backend c10d (elastic_agent.hpp): machines join
+  // rounds, ranks by join order; num_machines is then MAX.
+  bool elastic = false;
+  int min_nodes = 1, max_nodes = 1;
+  std::chrono::milliseconds last_call_timeout{std::chrono::seconds(30)};
   std::chrono::milliseconds monitor_interval{100};  // how often workers are checked
   std::chrono::milliseconds grace{5000};            // SIGTERM -> SIGKILL
   std::chrono::milliseconds rdzv_timeout{std::chrono::seconds(300)};  // machines joining

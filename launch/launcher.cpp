@@ -14,6 +14,7 @@
 #include "config/resolve.hpp"
 #include "core/error.hpp"
 #include "core/tcp_store.hpp"
+#include "launch/elastic_agent.hpp"
 #include "launch/mpirun.hpp"
 #include "launch/node_rendezvous.hpp"
 #include "launch/reaper.hpp"
@@ -86,7 +87,17 @@ Rendezvous open_rendezvous(const config::Config& cfg, const LaunchOptions& optio
   r.token = getenv_or("ACCEL_STORE_TOKEN", one_machine ? random_token() : "");
   r.port = cfg.main_process_port;
   std::string connect_host = cfg.main_process_ip;
-  if (cfg.machine_rank == 0) {
+  if (options.elastic) {
+    // torchrun's c10d: the agent on the endpoint's machine hosts the store; binding the
+    // endpoint's own address fails on every other machine (or when another agent there holds
+    // it), which then connects to it.
+    try {
+      r.server =
+          std::make_unique<TcpStoreServer>(cfg.main_process_ip, cfg.main_process_port, r.token);
+      r.port = r.server->port();
+    } catch (const Error&) {
+    }
+  } else if (cfg.machine_rank == 0) {
     // One machine: listen only where the workers look (loopback by default). Several: on
     // every interface, as torchrun does, since main_process_ip may be an address that is
     // not this machine's own (NAT, a load balancer) while the others still reach us.
@@ -112,13 +123,15 @@ Rendezvous open_rendezvous(const config::Config& cfg, const LaunchOptions& optio
       options.heartbeat_interval * options.heartbeat_misses - std::chrono::seconds(5));
   try {
     r.store = std::make_shared<TcpStore>(connect_host, r.port, client);
-    if (!one_machine) {
+    if (!one_machine || options.elastic) {
       TcpStoreOptions beat = client;
       beat.connect_timeout = options.heartbeat_interval * options.heartbeat_misses;
       r.heartbeat_store = std::make_shared<TcpStore>(connect_host, r.port, beat);
     }
   } catch (const Error& e) {
-    throw Error("cannot reach machine 0's rendezvous store: " + std::string(e.what()));
+    throw Error(std::string(options.elastic ? "cannot reach the rendezvous store (--rdzv_endpoint)"
+                                            : "cannot reach machine 0's rendezvous store") +
+                ": " + e.what());
   }
   return r;
 }
@@ -274,11 +287,18 @@ int launch(const LaunchOptions& options) {
           "token; set the same ACCEL_STORE_TOKEN on every machine to keep others out\n";
     if (options.log_dir.empty() && options.tee)
       text += "accel launch: warning: --tee only matters with --log_dir; ignored\n";
-    text += "accel launch: " + plural(layout.world_size, "process") + " on " +
-            plural(cfg.num_machines, "machine") + " (this is machine " +
-            std::to_string(cfg.machine_rank) + ", " + std::to_string(layout.local_world_size) +
-            " here" + (options.use_mpi ? ", started by mpirun" : "") + "); rendezvous store at " +
-            cfg.main_process_ip + ":" + std::to_string(layout.master_port) + "\n";
+    if (options.elastic)
+      text += "accel launch: elastic, " + std::to_string(options.min_nodes) + " to " +
+              plural(options.max_nodes, "machine") + " of " +
+              plural(layout.local_world_size, "process") + "; rendezvous store at " +
+              cfg.main_process_ip + ":" + std::to_string(layout.master_port) +
+              (rdzv_store.server ? " (hosted here)" : "") + "\n";
+    else
+      text += "accel launch: " + plural(layout.world_size, "process") + " on " +
+              plural(cfg.num_machines, "machine") + " (this is machine " +
+              std::to_string(cfg.machine_rank) + ", " + std::to_string(layout.local_world_size) +
+              " here" + (options.use_mpi ? ", started by mpirun" : "") + "); rendezvous store at " +
+              cfg.main_process_ip + ":" + std::to_string(layout.master_port) + "\n";
     std::fputs(text.c_str(), stderr);
     std::fflush(stderr);
   }
@@ -290,15 +310,23 @@ int launch(const LaunchOptions& options) {
   };
   AttemptPlan plan;
   plan.options = &options;
-  plan.machine_rank = cfg.machine_rank;
-  plan.num_machines = cfg.num_machines;
   plan.stop_fd = g_signal_pipe[0];
   plan.interrupt_signal = [] { return g_signal.load(); };
   plan.prefix_output = !options.use_mpi;  // mpirun --tag-output names the rank itself
-  plan.workers = [&](int restart) {
+  plan.workers = [&](const Attempt& attempt) {
+    // An elastic round's size and node rank (a static job's are the config's).
+    config::Config round = cfg;
+    round.num_machines = attempt.num_machines;
+    round.machine_rank = attempt.machine_rank;
+    round.num_processes = attempt.num_machines * layout.local_world_size;
+    JobLayout at = layout;
+    at.world_size = round.num_processes;
+    at.node_rank = attempt.machine_rank;
+    const JobLayout& layout = at;
     std::vector<WorkerSpec> specs;
-    EnvList common = env.common;
-    const EnvList restarts = restart_env(restart, options.max_restarts, options.run_id);
+    EnvList common = plan_worker_env(round, options, layout).common;
+    const EnvList restarts =
+        restart_env(attempt.number, attempt.restarts, options.max_restarts, options.run_id);
     common.insert(common.end(), restarts.begin(), restarts.end());
     if (options.use_mpi) {
       MpirunPlan mp;
@@ -338,9 +366,22 @@ int launch(const LaunchOptions& options) {
   nro.heartbeat_interval = options.heartbeat_interval;
   nro.heartbeat_misses = options.heartbeat_misses;
   nro.interrupt_signal = [] { return g_signal.load(); };
-  NodeRendezvous node_rdzv(rdzv_store.store, rdzv_store.heartbeat_store, nro);
-  plan.rendezvous = &node_rdzv;
   plan.store = rdzv_store.store;
+  if (options.elastic)
+    return run_elastic(plan, nro,
+                       {rdzv_store.store, rdzv_store.heartbeat_store, rdzv_store.server != nullptr,
+                        cfg.main_process_ip + ":" + std::to_string(rdzv_store.port)});
+  NodeRendezvous node_rdzv(rdzv_store.store, rdzv_store.heartbeat_store, nro);
+  plan.join = [&](const Attempt* previous, int restarts) {
+    Attempt a;
+    a.number = previous ? previous->number + 1 : 0;
+    a.restarts = restarts;
+    a.machine_rank = cfg.machine_rank;
+    a.num_machines = cfg.num_machines;
+    a.rendezvous = &node_rdzv;
+    node_rdzv.join(a.number);
+    return a;
+  };
   return run_attempts(plan);
 }
 

@@ -23,7 +23,7 @@ std::string machines_text(const std::vector<int>& machines) {
 
 std::string Failure::encode() const {
   return std::to_string(machine) + "|" + std::to_string(exit_code) + "|" +
-         (restartable ? "1" : "0") + "|" + what;
+         (restartable ? (counts ? "1" : "g") : "0") + "|" + what;
 }
 
 Failure Failure::decode(const std::string& text) {
@@ -38,7 +38,9 @@ Failure Failure::decode(const std::string& text) {
     f.exit_code = std::stoi(text.substr(a + 1, b - a - 1));
   } catch (const std::exception&) {
   }
-  f.restartable = text.substr(b + 1, c - b - 1) == "1";
+  const std::string restart = text.substr(b + 1, c - b - 1);
+  f.restartable = restart == "1" || restart == "g";
+  f.counts = restart != "g";
   f.what = text.substr(c + 1);
   return f;
 }
@@ -49,7 +51,7 @@ NodeRendezvous::NodeRendezvous(StorePtr store, StorePtr heartbeat_store,
       opt_(std::move(options)),
       heartbeat_(heartbeat_store ? std::move(heartbeat_store) : store_,
                  HeartbeatOptions{opt_.num_machines, opt_.machine_rank, opt_.heartbeat_interval,
-                                  opt_.heartbeat_misses}) {}
+                                  opt_.heartbeat_misses, opt_.alive_prefix}) {}
 
 std::string NodeRendezvous::key(int attempt, const std::string& what) const {
   return "launcher/" + std::to_string(attempt) + "/" + what;
@@ -62,16 +64,20 @@ std::string NodeRendezvous::key(int attempt, const std::string& what, int machin
 Failure NodeRendezvous::lost_failure(int machine) const {
   Failure f;
   f.machine = machine;
-  f.restartable = false;
+  f.restartable = opt_.lost_restartable;
   f.what = "machine " + std::to_string(machine) +
            "'s launcher stopped responding (no heartbeat for " + heartbeat_.limit_text() + ")";
   return f;
 }
 
+std::string NodeRendezvous::store_lost_text() const {
+  return opt_.store_name.empty() ? "machine 0 is lost: its rendezvous store" : opt_.store_name;
+}
+
 void NodeRendezvous::throw_if_store_lost() const {
   if (auto why = heartbeat_.store_lost())
-    throw MachineLost("machine 0 is lost: its rendezvous store did not answer for " +
-                      heartbeat_.limit_text() + " (" + *why + ")");
+    throw MachineLost(store_lost_text() + " did not answer for " + heartbeat_.limit_text() + " (" +
+                      *why + ")");
 }
 
 int NodeRendezvous::interrupted() const {
@@ -120,8 +126,7 @@ bool NodeRendezvous::failure_reported(int attempt) {
     return store_->check({key(attempt, "failure")});
   } catch (const Error& e) {
     // Our request may give up before the heartbeat does: the same verdict.
-    throw MachineLost("machine 0 is lost: its rendezvous store did not answer (" +
-                      std::string(e.what()) + ")");
+    throw MachineLost(store_lost_text() + " did not answer (" + std::string(e.what()) + ")");
   }
 }
 
@@ -174,7 +179,8 @@ Outcome NodeRendezvous::finish(int attempt, int local_exit, int restarts_left) {
   for (;;) {
     if (auto f = read_failure()) {
       out.failure = f;
-      out.decision = (f->restartable && restarts_left > 0) ? Decision::restart : Decision::stop;
+      out.decision = (f->restartable && (restarts_left > 0 || !f->counts)) ? Decision::restart
+                                                                           : Decision::stop;
       break;
     }
     std::vector<int> pending;

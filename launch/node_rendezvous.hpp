@@ -30,7 +30,10 @@ struct Failure {
   int machine = 0;
   int exit_code = 1;        // what every launcher exits with when the job stops on it
   bool restartable = true;  // false: the user interrupted, or a launcher was lost
-  std::string what;         // "rank 3 exited with code 3"
+  // false: a restart this failure causes is not counted against --max_restarts (an elastic
+  // job restarting bigger because a machine joined).
+  bool counts = true;
+  std::string what;  // "rank 3 exited with code 3"
 
   std::string encode() const;
   static Failure decode(const std::string& text);
@@ -54,6 +57,12 @@ struct NodeRendezvousOptions {
   // The signal (SIGINT/SIGTERM) that interrupted this launcher, 0 while none did. Waits give
   // up on it, and the job then stops without a restart.
   std::function<int()> interrupt_signal;
+  // Elastic jobs: a lost machine is a failure to restart from (without it), and each round
+  // has its own heartbeat counters.
+  bool lost_restartable = false;
+  std::string alive_prefix = "launcher/alive/";
+  // How errors name the store when it is lost ("" = machine 0's).
+  std::string store_name;
 };
 
 class NodeRendezvous {
@@ -86,6 +95,7 @@ class NodeRendezvous {
   // The failure that stops the job when machine m is lost.
   Failure lost_failure(int machine) const;
   void throw_if_store_lost() const;
+  std::string store_lost_text() const;  // "machine 0 is lost: its rendezvous store"
   int interrupted() const;
 
   StorePtr store_;

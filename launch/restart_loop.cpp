@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 
 #include "core/error.hpp"
 
@@ -28,11 +29,11 @@ std::string signal_name(int sig) {
 
 int run_attempts(const AttemptPlan& plan) {
   const LaunchOptions& options = *plan.options;
-  NodeRendezvous& rdzv = *plan.rendezvous;
-  const int me = plan.machine_rank;
-  for (int attempt = 0;; ++attempt) {
+  std::optional<Attempt> previous;
+  for (int restarts = 0;;) {
+    Attempt current;
     try {
-      rdzv.join(attempt);
+      current = plan.join(previous ? &*previous : nullptr, restarts);
     } catch (const NodeRendezvous::Interrupted&) {
       say("interrupted by " + signal_name(plan.interrupt_signal()) +
           " while waiting for the other machines");
@@ -41,16 +42,22 @@ int run_attempts(const AttemptPlan& plan) {
       say(e.what());
       return 1;
     }
+    previous = current;
+    restarts = current.restarts;
+    const int attempt = current.number;
+    const int me = current.machine_rank;
+    NodeRendezvous& rdzv = *current.rendezvous;
 
-    const std::vector<WorkerSpec> specs = plan.workers(attempt);
+    const std::vector<WorkerSpec> specs = plan.workers(current);
     WorkerGroupOptions group;
     group.grace = options.grace;
     group.monitor_interval = options.monitor_interval;
     group.prefix_output = plan.prefix_output;
     group.log_append = attempt > 0;  // a restart continues each rank's log, marked
     if (attempt > 0)
-      group.log_header = "=== accel launch: restart " + std::to_string(attempt) + " of " +
-                         std::to_string(options.max_restarts) + " ===";
+      group.log_header = "=== accel launch: attempt " + std::to_string(attempt) + ", restart " +
+                         std::to_string(restarts) + " of " + std::to_string(options.max_restarts) +
+                         " ===";
     if (!options.log_dir.empty() && options.tee) group.echo_streams = *options.tee;
     group.stop_fd = plan.stop_fd;
     group.stop_signal = plan.interrupt_signal;
@@ -74,6 +81,15 @@ int run_attempts(const AttemptPlan& plan) {
     group.should_stop = [&] {
       try {
         if (rdzv.failure_reported(attempt)) return true;
+        if (plan.newcomer_waiting && plan.newcomer_waiting(current)) {
+          Failure grow;
+          grow.machine = me;
+          grow.counts = false;
+          grow.what = "a machine joined the job (" + std::to_string(current.num_machines) +
+                      " were running): restarting at the new size";
+          rdzv.report_failure(attempt, grow);
+          return true;
+        }
         const std::optional<std::string> stranded = members.stranded();
         if (!stranded) return false;
         Failure f;
@@ -90,7 +106,7 @@ int run_attempts(const AttemptPlan& plan) {
       Failure f;
       f.machine = me;
       f.exit_code = failure.signal ? 128 + failure.signal : failure.exit_code;
-      f.what = (plan.num_machines > 1 ? "machine " + std::to_string(me) + ": " : std::string()) +
+      f.what = (current.num_machines > 1 ? "machine " + std::to_string(me) + ": " : std::string()) +
                describe_failure(failure);
       try {
         rdzv.report_failure(attempt, f);
@@ -127,7 +143,7 @@ int run_attempts(const AttemptPlan& plan) {
 
     Outcome outcome;
     try {
-      outcome = rdzv.finish(attempt, result.exit_code(), options.max_restarts - attempt);
+      outcome = rdzv.finish(attempt, result.exit_code(), options.max_restarts - restarts);
     } catch (const std::exception& e) {
       say("lost the other machines: " + std::string(e.what()));
       return result.exit_code() ? result.exit_code() : 1;
@@ -136,7 +152,12 @@ int run_attempts(const AttemptPlan& plan) {
       case Decision::success:
         return 0;
       case Decision::restart:
-        say("restarting every worker (restart " + std::to_string(attempt + 1) + " of " +
+        if (!outcome.failure->counts) {
+          say(outcome.failure->what + " (not counted as a restart)");
+          continue;
+        }
+        ++restarts;
+        say("restarting every worker (restart " + std::to_string(restarts) + " of " +
             std::to_string(options.max_restarts) + ") after " + outcome.failure->what);
         continue;
       case Decision::stop:

@@ -16,13 +16,25 @@
 
 namespace accel::launch {
 
-struct AttemptPlan {
-  const LaunchOptions* options = nullptr;
+// One attempt as this machine takes part in it. A static job's machines are the same in
+// every attempt; an elastic job's (elastic_agent.hpp) are whoever joined its round.
+struct Attempt {
+  int number = 0;    // the workers' namespace in the store (attempt/N/), ACCEL_RESTART_COUNT
+  int restarts = 0;  // restarts counted against --max_restarts before this attempt
   int machine_rank = 0;
   int num_machines = 1;
-  // The workers of attempt `restart` on this machine (their environment already complete).
-  std::function<std::vector<WorkerSpec>(int restart)> workers;
-  NodeRendezvous* rendezvous = nullptr;
+  NodeRendezvous* rendezvous = nullptr;  // the machines' agreement on this attempt
+};
+
+struct AttemptPlan {
+  const LaunchOptions* options = nullptr;
+  // Returns once every machine of the next attempt is ready (previous: null for the first;
+  // restarts: counted so far). Throws TimeoutError, or NodeRendezvous::Interrupted.
+  std::function<Attempt(const Attempt* previous, int restarts)> join;
+  // Elastic jobs: whether a machine waits to join (the attempt then restarts bigger).
+  std::function<bool(const Attempt&)> newcomer_waiting;
+  // The workers of an attempt on this machine (their environment already complete).
+  std::function<std::vector<WorkerSpec>(const Attempt&)> workers;
   StorePtr store;                         // the launchers' client of the rendezvous store
   int stop_fd = -1;                       // readable once the launcher was interrupted
   std::function<int()> interrupt_signal;  // which signal, 0 = none

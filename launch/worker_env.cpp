@@ -164,10 +164,10 @@ EnvList rank_env(const JobLayout& layout, int local_rank) {
           {"LOCAL_RANK", std::to_string(local_rank)}};
 }
 
-EnvList restart_env(int restart, int max_restarts, const std::string& run_id) {
-  return {{"ACCEL_RESTART_COUNT", std::to_string(restart)},
+EnvList restart_env(int attempt, int restarts, int max_restarts, const std::string& run_id) {
+  return {{"ACCEL_RESTART_COUNT", std::to_string(attempt)},
           {"ACCEL_MAX_RESTARTS", std::to_string(max_restarts)},
-          {"TORCHELASTIC_RESTART_COUNT", std::to_string(restart)},
+          {"TORCHELASTIC_RESTART_COUNT", std::to_string(restarts)},
           {"TORCHELASTIC_MAX_RESTARTS", std::to_string(max_restarts)},
           {"TORCHELASTIC_RUN_ID", run_id}};
 }

@@ -55,9 +55,10 @@ EnvList job_env(const JobLayout& layout);
 // RANK and LOCAL_RANK of this machine's local_rank-th worker.
 EnvList rank_env(const JobLayout& layout, int local_rank);
 
-// ACCEL_RESTART_COUNT and its torchrun spelling, for attempt `restart` (0 = the first run),
-// the restarts allowed, and torchrun's TORCHELASTIC_RUN_ID (--rdzv_id).
-EnvList restart_env(int restart, int max_restarts, const std::string& run_id);
+// ACCEL_RESTART_COUNT, the attempt's number (0 = the first run; the namespace of its keys in
+// the store), TORCHELASTIC_RESTART_COUNT, the restarts counted against the limit (the same,
+// but for an elastic job growing), the restarts allowed, and TORCHELASTIC_RUN_ID (--rdzv_id).
+EnvList restart_env(int attempt, int restarts, int max_restarts, const std::string& run_id);
 
 // CPUs this process may run on (its affinity mask; the whole machine without one).
 int usable_cpu_count();

@@ -13,12 +13,20 @@
 //                     [--crash_count N]       ...at the Nth time it reaches STAGE (default 1)
 //                     [--per_rank_state]      register a per-rank state too
 //                     [--out FILE]            rank 0 writes the final parameters' bytes
+//   For elastic jobs (launch_elastic_test), the same global batches at any world size:
+//                     [--samples N]           the dataset's size (default 90)
+//                     [--no_noise]            no per-rank input noise
+//                     [--save_every K]        save after every K-th batch of an epoch
+//                     [--sleep_ms MS]         after each batch (a job that runs a while)
+//                     [--progress DIR]        touch DIR/attempt<A>_world<W> when training
+//                                             (A: ACCEL_RESTART_COUNT)
 // It prints its pid first. Exit 0 on success, 2 with the error on stderr.
 
 #include <signal.h>
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <random>
 #include <set>
@@ -34,7 +42,7 @@ using namespace accel;
 namespace {
 
 const std::vector<int> kSizes = {12, 24, 5};
-constexpr std::size_t kDatasetSize = 90;  // 4 per rank: padded at world 1 and 2
+std::size_t g_dataset_size = 90;  // 4 per rank: padded at world 1 and 2
 constexpr std::size_t kPerRank = 4;
 
 struct Dataset {
@@ -46,9 +54,9 @@ Dataset make_dataset() {
   std::mt19937 rng(5);
   std::normal_distribution<float> g;
   Dataset d;
-  d.x.resize(kDatasetSize * kSizes.front());
+  d.x.resize(g_dataset_size * kSizes.front());
   for (float& v : d.x) v = g(rng);
-  for (std::size_t i = 0; i < kDatasetSize; ++i) d.labels.push_back(int(rng() % kSizes.back()));
+  for (std::size_t i = 0; i < g_dataset_size; ++i) d.labels.push_back(int(rng() % kSizes.back()));
   return d;
 }
 
@@ -61,9 +69,10 @@ Dataset make_dataset() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int epochs = 2, crash_count = 1;
-  std::string checkpoint, out_file, crash_stage;
+  int epochs = 2, crash_count = 1, save_every = 0, sleep_ms = 0;
+  std::string checkpoint, out_file, crash_stage, progress;
   bool resume = false, save_epochs = false, die_after_save = false, per_rank_state = false;
+  bool noise_on = true;
   std::set<std::size_t> save_at;
   AcceleratorOptions options;
   for (int i = 1; i < argc; ++i) {
@@ -89,6 +98,16 @@ int main(int argc, char** argv) {
       per_rank_state = true;
     else if (flag == "--out")
       out_file = value();
+    else if (flag == "--samples")
+      g_dataset_size = std::stoul(value());
+    else if (flag == "--no_noise")
+      noise_on = false;
+    else if (flag == "--save_every")
+      save_every = std::stoi(value());
+    else if (flag == "--sleep_ms")
+      sleep_ms = std::stoi(value());
+    else if (flag == "--progress")
+      progress = value();
     else if (flag == "--save_at") {
       const std::string list = value();
       for (std::size_t p = 0; p < list.size();) {
@@ -128,7 +147,12 @@ int main(int argc, char** argv) {
                   static_cast<unsigned long long>(acc.step()));
     }
 
-    ShardedSampler sampler = acc.make_sampler(kDatasetSize, {kPerRank, true, 0, false});
+    ShardedSampler sampler = acc.make_sampler(g_dataset_size, {kPerRank, true, 0, false});
+    if (!progress.empty()) {
+      const char* attempt = std::getenv("ACCEL_RESTART_COUNT");
+      std::ofstream(progress + "/attempt" + (attempt ? attempt : "0") + "_world" +
+                    std::to_string(acc.num_processes()));
+    }
     const std::size_t last_save = save_at.empty() ? 0 : *save_at.rbegin();
     std::size_t batches_run = 0;
     std::vector<float> x;
@@ -146,7 +170,7 @@ int main(int argc, char** argv) {
           const std::size_t i = idx[k];
           for (int f = 0; f < kSizes.front(); ++f)
             x.push_back(data.x[i * std::size_t(kSizes.front()) + std::size_t(f)] +
-                        noise(acc.rng()));
+                        (noise_on ? noise(acc.rng()) : 0.0f));
           labels.push_back(data.labels[i]);
         }
         acc.begin_batch(b, sampler.num_batches());
@@ -161,6 +185,12 @@ int main(int argc, char** argv) {
           model.zero_grad();
         }
         ++batches_run;
+        if (sleep_ms > 0) ::usleep(useconds_t(sleep_ms) * 1000);
+        if (save_every > 0 && (b + 1) % std::size_t(save_every) == 0) {
+          acc.save_state(checkpoint);
+          std::printf("saved after batch %zu of epoch %llu at world %d\n", b + 1,
+                      static_cast<unsigned long long>(epoch), acc.num_processes());
+        }
         if (save_at.count(batches_run)) {
           const bool last = batches_run == last_save;
           if (last && !crash_stage.empty() && acc.is_main_process())

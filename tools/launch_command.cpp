@@ -43,15 +43,20 @@ Supervision:
   --rdzv_timeout SECONDS      how long machines wait for each other to join (300)
   --heartbeat_interval SECONDS  how often the machines' launchers check in (5)
   --heartbeat_misses N        check-ins a machine may miss before the job stops on it (3)
-torchrun's rendezvous flags (its static rendezvous: every machine gives --machine_rank):
-  --nnodes N                  --num_machines N (N:N too; an elastic MIN:MAX is refused)
+torchrun's rendezvous flags:
+  --nnodes N                  --num_machines N (N:N too); every machine gives --machine_rank
+  --nnodes MIN:MAX            elastic: machines join rounds (ranks by join order, the store's
+                              host first); a lost machine or failure restarts whoever is left
+                              (at least MIN; counted by --max_restarts), a machine joining
+                              restarts the job bigger (not counted)
   --standalone                one machine, its store on a free local port
-  --rdzv_endpoint HOST[:PORT] --main_process_ip HOST [--main_process_port PORT]
-  --rdzv_backend static       the only backend (c10d is refused)
+  --rdzv_endpoint HOST[:PORT] --main_process_ip HOST [--main_process_port PORT]; elastic:
+                              the agent whose address HOST is hosts the store
+  --rdzv_backend static|c10d  static: --machine_rank; c10d: elastic rounds at any --nnodes
   --rdzv_id ID                the workers' TORCHELASTIC_RUN_ID (default: none)
   --rdzv_conf K=V,...         join_timeout (--rdzv_timeout), keep_alive_interval
                               (--heartbeat_interval), keep_alive_max_attempt
-                              (--heartbeat_misses), last_call_timeout (checked, unused)
+                              (--heartbeat_misses), last_call_timeout (elastic; 30)
 Output:
   --log_dir DIR               every rank's output also in DIR/rank_<R>.log
   --tee 0|1|2|3               with --log_dir: which streams also reach the console
@@ -187,26 +192,29 @@ void add_rendezvous_flags(launch::LaunchOptions& o, std::map<std::string, Flag>&
   t["nnodes"] = {true, [&o](const std::string& f, const std::string& v) {
                    const std::size_t colon = v.find(':');
                    if (colon == std::string::npos) {
+                     o.min_nodes = o.max_nodes = parse_int(f, v, 1);
                      o.overrides["num_machines"] = v;
                      return;
                    }
                    const int lo = parse_int(f, v.substr(0, colon), 1);
                    const int hi = parse_int(f, v.substr(colon + 1), 1);
-                   if (lo != hi)
+                   if (lo > hi)
                      throw ConfigError("accel launch: " + f + " " + v +
-                                       ": an elastic range (machines joining and leaving) is "
-                                       "not available yet; give a fixed number of machines, "
-                                       "e.g. " +
-                                       f + " " + std::to_string(hi));
-                   o.overrides["num_machines"] = std::to_string(lo);
+                                       ": MIN is above MAX (expected MIN:MAX, MIN <= MAX)");
+                   // A range is elastic (machines join and leave); N:N is a fixed count.
+                   o.min_nodes = lo;
+                   o.max_nodes = hi;
+                   if (lo != hi) o.elastic = true;
+                   o.overrides["num_machines"] = std::to_string(hi);
                  }};
   t["rdzv_backend"] = {
-      true, [](const std::string& f, const std::string& v) {
+      true, [&o](const std::string& f, const std::string& v) {
         if (v == "static") return;
-        if (v == "c10d")
-          throw ConfigError("accel launch: " + f +
-                            " c10d (ranks given out as machines join, for elastic jobs) is "
-                            "not available yet; static is (each machine's --machine_rank)");
+        // c10d: ranks given out as machines join (elastic_agent.hpp), at any --nnodes.
+        if (v == "c10d") {
+          o.elastic = true;
+          return;
+        }
         throw ConfigError("accel launch: " + f + " expects static or c10d, got '" + v + "'");
       }};
   // HOST, HOST:PORT, [IPV6]:PORT, or a bare IPv6 address.
@@ -244,7 +252,7 @@ void add_rendezvous_flags(launch::LaunchOptions& o, std::map<std::string, Flag>&
           else if (key == "keep_alive_max_attempt")
             o.heartbeat_misses = parse_int(what, value, 1);
           else if (key == "last_call_timeout")
-            seconds(what, value);  // checked; a fixed number of machines has no last call
+            o.last_call_timeout = seconds(what, value);
           else
             throw ConfigError("accel launch: " + f + ": unknown key '" + key +
                               "' (known: join_timeout, last_call_timeout, keep_alive_interval, "
@@ -395,6 +403,10 @@ launch::LaunchOptions parse_launch_options(int argc, char** argv, bool* help) {
   }
   for (; i < argc; ++i) options.program.emplace_back(argv[i]);
   options.nproc_per_node = nproc_per_node;
+  if (options.elastic && options.use_mpi)
+    throw ConfigError(
+        "accel launch: --use_mpi starts every process from machine 0, which an elastic job "
+        "(--nnodes MIN:MAX or --rdzv_backend c10d) has not: choose one");
   if (options.standalone) {
     // torchrun's --standalone: this machine alone, its store on a free local port.
     for (const char* key : {"num_machines", "main_process_ip", "main_process_port"})
