@@ -188,64 +188,62 @@ class Machines {
   std::vector<std::string> ns_, port_;
 };
 
-std::vector<float> read_floats(const fs::path& file) {
+template <typename T>
+std::vector<T> read_values(const fs::path& file) {
   std::ifstream in(file, std::ios::binary);
-  std::vector<float> out;
-  float v = 0;
+  std::vector<T> out;
+  T v{};
   while (in.read(reinterpret_cast<char*>(&v), sizeof v)) out.push_back(v);
   return out;
 }
 
-bool any_file_like(const fs::path& dir, const std::string& suffix) {
+template <typename T>
+double max_difference(const std::vector<T>& a, const std::vector<T>& b) {
+  REQUIRE(a.size() == b.size());
+  REQUIRE(!a.empty());
+  double diff = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) diff = std::max(diff, std::fabs(double(a[i] - b[i])));
+  return diff;
+}
+
+bool any_file_like(const fs::path& dir, const std::string& suffix, const std::string& but = "") {
   for (const auto& e : fs::directory_iterator(dir))
-    if (e.path().filename().string().ends_with(suffix)) return true;
+    if (e.path().filename() != but && e.path().filename().string().ends_with(suffix)) return true;
   return false;
 }
 
-}  // namespace
+// Whether the checkpoint in `ck` was last written by `world` processes (its MANIFEST says so).
+bool saved_by(const fs::path& ck, int world) {
+  std::ifstream manifest(ck / "MANIFEST");
+  const std::string text((std::istreambuf_iterator<char>(manifest)),
+                         std::istreambuf_iterator<char>());
+  return contains(text, "\nworld_size: " + std::to_string(world) + "\n");
+}
 
-TEST_CASE(
-    "--nnodes 2:3: a machine killed mid-epoch, the other two go on at world 2 from the last "
-    "checkpoint, it comes back and the job grows to 3; the parameters are one process's") {
-  Machines machines;
-  if (skip_unless(machines.ready(), machines.why_not())) return;
-  TempDir dir("accel_elastic");
-  const fs::path progress = dir / "progress", back = dir / "machine2_back";
+// The scenario of the issue, on the three machines at --nnodes 2:3: machine 2 is killed once
+// world 3 trains and saved; once the other two train at world 2 and saved, it comes back. The
+// program (`train`) touches progress/attempt<A>_world<W> when it trains and saves to `ck`.
+struct ElasticRun {
+  launch::GroupResult result;
+  int phase = 0;                          // 4: every step of the scenario happened
+  double to_world2 = -1, to_world3 = -1;  // seconds from the kill
+};
+
+ElasticRun run_scenario(const Machines& machines, const TempDir& dir,
+                        const std::vector<std::string>& launch_flags,
+                        const std::vector<std::string>& train) {
+  const fs::path progress = dir / "progress", back = dir / "machine2_back", ck = dir / "ck";
   fs::create_directories(progress);
-  // 6 epochs of 8 global batches of 12 samples: 4 per rank at world 3, 6 at world 2.
-  const std::vector<std::string> train = {bin_path("checkpoint_worker"),
-                                          "--epochs",
-                                          "6",
-                                          "--samples",
-                                          "96",
-                                          "--no_noise",
-                                          "--save_every",
-                                          "2",
-                                          "--sleep_ms",
-                                          "150",
-                                          "--resume",
-                                          "--checkpoint",
-                                          dir / "ck",
-                                          "--progress",
-                                          progress.string(),
-                                          "--out",
-                                          dir / "elastic.bin"};
-  std::vector<std::string> args = {"--max_restarts",      "3",
-                                   "--global_batch_size", "12",
-                                   "--rdzv_conf",         "join_timeout=60,last_call_timeout=1"};
+  std::vector<std::string> args = {"--max_restarts", "3", "--rdzv_conf",
+                                   "join_timeout=60,last_call_timeout=1"};
+  args.insert(args.end(), launch_flags.begin(), launch_flags.end());
   args.insert(args.end(), train.begin(), train.end());
-
-  // Whether the checkpoint was last written by `world` processes (its MANIFEST says so).
-  const auto saved_by = [&](int world) {
-    std::ifstream manifest(fs::path(dir / "ck") / "MANIFEST");
-    const std::string text((std::istreambuf_iterator<char>(manifest)),
-                           std::istreambuf_iterator<char>());
-    return contains(text, "\nworld_size: " + std::to_string(world) + "\n");
-  };
   using Clock = std::chrono::steady_clock;
-  int phase = 0;
+  ElasticRun run;
   Clock::time_point killed_at;
-  double to_world2 = -1, to_world3 = -1;
+  const auto since_kill = [&] {
+    return std::chrono::duration<double>(Clock::now() - killed_at).count();
+  };
   launch::WorkerGroupOptions options;
   options.monitor_interval = std::chrono::milliseconds(50);
   options.capture = true;
@@ -253,65 +251,132 @@ TEST_CASE(
   options.timeout = std::chrono::seconds(240);  // anti-hang only
   options.stop_on_failure = false;
   options.should_stop = [&] {
-    if (phase == 0 && fs::exists(progress / "attempt0_world3") && fs::exists(dir / "ck")) {
+    if (run.phase == 0 && fs::exists(progress / "attempt0_world3") && saved_by(ck, 3)) {
       machines.kill_machine(2);  // mid-epoch: after a save, with batches still to run
       killed_at = Clock::now();
-      phase = 1;
-    } else if (phase == 1 && any_file_like(progress, "_world2")) {
-      to_world2 = std::chrono::duration<double>(Clock::now() - killed_at).count();
-      phase = 2;
-    } else if (phase == 2 && saved_by(2)) {
-      std::ofstream{back};  // once world 2 saved its own checkpoint, the machine comes back
-      phase = 3;
-    } else if (phase == 3 && [&] {
-                 for (const auto& e : fs::directory_iterator(progress))
-                   if (e.path().filename() != "attempt0_world3" &&
-                       e.path().filename().string().ends_with("_world3"))
-                     return true;
-                 return false;
-               }()) {
-      to_world3 = std::chrono::duration<double>(Clock::now() - killed_at).count();
-      phase = 4;
+      run.phase = 1;
+    } else if (run.phase == 1 && any_file_like(progress, "_world2")) {
+      run.to_world2 = since_kill();
+      run.phase = 2;
+    } else if (run.phase == 2 && saved_by(ck, 2)) {
+      std::ofstream{back};  // the machine comes back
+      run.phase = 3;
+    } else if (run.phase == 3 && any_file_like(progress, "_world3", "attempt0_world3")) {
+      run.to_world3 = since_kill();
+      run.phase = 4;
     }
     return false;
   };
-  const auto result = launch::run_worker_group(
+  run.result = launch::run_worker_group(
       {machines.machine(0, args), machines.machine(1, args), machines.machine(2, args, back)},
       options);
-  INFO(describe(result));
-  REQUIRE_FALSE(result.timed_out);
-  REQUIRE(phase == 4);
-  for (int k = 0; k < kMachines; ++k) CHECK(result.workers.at(std::size_t(k)).exit_code == 0);
-  const std::string& m0 = result.workers.at(0).output;
+  return run;
+}
+
+void check_scenario(const Machines& machines, const ElasticRun& run) {
+  INFO(describe(run.result));
+  REQUIRE_FALSE(run.result.timed_out);
+  REQUIRE(run.phase == 4);
+  for (int k = 0; k < kMachines; ++k) CHECK(run.result.workers.at(std::size_t(k)).exit_code == 0);
+  const std::string& m0 = run.result.workers.at(0).output;
   CHECK(contains(m0, "round 0: 3 machines"));
   CHECK(contains(m0, "round 1: 2 machines"));
   CHECK(contains(m0, "restarting every worker (restart 1 of 3)"));
-  CHECK(contains(m0, "(not counted as a restart)"));
+  CHECK(contains(m0,
+                 "a machine joined the job (2 were running): restarting at the new size "
+                 "(not counted as a restart)"));
   CHECK(contains(m0, "round 2: 3 machines"));
-  CHECK(contains(m0, "global_batch_size"));
-  CHECK(contains(result.workers.at(2).output, "machine is back"));
-  MESSAGE("from the kill to training at world 2: "
-          << to_world2 << " s; from the kill to world 3 again (after world 2 saved): " << to_world3
-          << " s");
+  CHECK(contains(run.result.workers.at(2).output, "machine is back"));
   // No process left on any machine.
   for (int k = 0; k < kMachines; ++k) CHECK(machines.processes(k).empty());
+}
+
+// fp32 parameters: a gradient element (its norm clipped to 2 or less) averaged over the ranks
+// in another order differs by a few ulps, 2 x 4 x 2^-24 ~ 5e-7; times the learning rate (0.05
+// at most) and up to 10x through momentum: 2.4e-7 per step. Over the 48 steps of these runs:
+// 1.2e-5 if every error had the same sign, 1.7e-6 as a random walk. The issue's bound, 1e-5,
+// lies between. (A checkpoint holds the values exactly.)
+constexpr double kLimit = 1e-5;
+
+}  // namespace
+
+TEST_CASE(
+    "--nnodes 2:3, DDP: a machine killed mid-epoch, the other two go on at world 2 from the "
+    "last checkpoint, it comes back and the job grows to 3; the parameters are one process's") {
+  Machines machines;
+  if (skip_unless(machines.ready(), machines.why_not())) return;
+  TempDir dir("accel_elastic_ddp");
+  // 6 epochs of 8 global batches of 12 samples: 4 per rank at world 3, 6 at world 2; a save
+  // every 2 batches, so the kill comes mid-epoch.
+  const std::vector<std::string> common = {"--epochs", "6", "--samples", "96", "--no_noise"};
+  std::vector<std::string> train = {bin_path("checkpoint_worker"),
+                                    "--save_every",
+                                    "2",
+                                    "--sleep_ms",
+                                    "150",
+                                    "--resume",
+                                    "--checkpoint",
+                                    dir / "ck",
+                                    "--progress",
+                                    dir / "progress",
+                                    "--out",
+                                    dir / "elastic.bin"};
+  train.insert(train.end(), common.begin(), common.end());
+  const ElasticRun run = run_scenario(machines, dir, {"--global_batch_size", "12"}, train);
+  check_scenario(machines, run);
+  MESSAGE("DDP: from the kill to training at world 2: "
+          << run.to_world2 << " s; to world 3 again (after world 2 saved): " << run.to_world3
+          << " s");
 
   // The same 48 global batches in one process, without a launcher.
   RanksOptions one;
   one.env = {{"ACCEL_GLOBAL_BATCH_SIZE", "12"}};
-  const auto reference =
-      run_ranks(1, "checkpoint_worker",
-                {"--epochs", "6", "--samples", "96", "--no_noise", "--out", dir / "one.bin"}, one);
-  REQUIRE(reference.exit_code() == 0);
-  const std::vector<float> a = read_floats(dir / "elastic.bin"), b = read_floats(dir / "one.bin");
-  REQUIRE(a.size() == b.size());
-  REQUIRE(!a.empty());
-  double diff = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) diff = std::max(diff, double(std::fabs(a[i] - b[i])));
-  // fp32: a gradient element (norm clipped to 2) averaged in another order differs by a few
-  // ulps, 2 x 4 x 2^-24 ~ 5e-7; times lr 0.05, and up to 10x through momentum 0.9: 2.4e-7 per
-  // step. Over 48 steps: 1.2e-5 if every error had the same sign, 1.7e-6 as a random walk.
-  // The issue's bound, 1e-5, between the two. (A checkpoint holds the values exactly.)
-  MESSAGE("max |elastic - one process| " << diff << " over " << a.size() << " parameters");
-  CHECK(diff <= 1e-5);
+  std::vector<std::string> plain = {"--out", dir / "one.bin"};
+  plain.insert(plain.end(), common.begin(), common.end());
+  REQUIRE(run_ranks(1, "checkpoint_worker", plain, one).exit_code() == 0);
+  const double diff =
+      max_difference(read_values<float>(dir / "elastic.bin"), read_values<float>(dir / "one.bin"));
+  MESSAGE("DDP: max |elastic - one process| " << diff << " (limit " << kLimit << ")");
+  CHECK(diff <= kLimit);
+}
+
+TEST_CASE("--nnodes 2:3, ZeRO-2: the same scenario reshards the optimizer state 3 -> 2 -> 3") {
+  Machines machines;
+  if (skip_unless(machines.ready(), machines.why_not())) return;
+  TempDir dir("accel_elastic_zero2");
+  // AdamW, two groups, clipping; global batches of 24 (8 per rank at 3, 12 at 2), 48 steps.
+  const std::vector<std::string> train = {bin_path("zero_resume_worker"),
+                                          "--phase",
+                                          "elastic",
+                                          "--steps",
+                                          "48",
+                                          "--save_every",
+                                          "2",
+                                          "--sleep_ms",
+                                          "150",
+                                          "--dir",
+                                          dir / "ck",
+                                          "--progress",
+                                          dir / "progress",
+                                          "--out",
+                                          dir / "elastic.bin"};
+  const ElasticRun run = run_scenario(machines, dir, {"--use_zero", "--zero_stage", "2"}, train);
+  check_scenario(machines, run);
+  MESSAGE("ZeRO-2: from the kill to training at world 2: "
+          << run.to_world2 << " s; to world 3 again (after world 2 saved): " << run.to_world3
+          << " s");
+
+  // Uninterrupted at a fixed size: ZeRO-2 at world 2 (the test's own ranks, no machines).
+  RanksOptions two;
+  two.env = {{"ACCEL_DISTRIBUTED_TYPE", "ZERO"}, {"ACCEL_ZERO_STAGE", "2"}};
+  REQUIRE(run_ranks(2, "zero_resume_worker",
+                    {"--phase", "whole", "--steps", "48", "--out", dir / "fixed.bin"}, two)
+              .exit_code() == 0);
+  // AdamW's update lr x m / sqrt(v) is scale-free in the gradient: gradients a few ulps apart
+  // (relative 5e-7) change it by about as much, 5e-7 x lr 3e-3 = 1.5e-9 per step, 7e-8 over
+  // 48 steps; the issue's bound is 1e-5.
+  const double diff = max_difference(read_values<double>(dir / "elastic.bin"),
+                                     read_values<double>(dir / "fixed.bin"));
+  MESSAGE("ZeRO-2: max |elastic - uninterrupted world 2| " << diff << " (limit " << kLimit << ")");
+  CHECK(diff <= kLimit);
 }

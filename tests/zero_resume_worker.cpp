@@ -5,6 +5,11 @@
 //   zero_resume_worker --phase save --dir DIR [--save_at K]          train K steps, save_state
 //   zero_resume_worker --phase resume --dir DIR --out FILE [--steps N]
 //                                                                    load_state, train to N
+//   zero_resume_worker --phase elastic --dir DIR --out FILE [--steps N] [--save_every K]
+//                      [--sleep_ms MS] [--progress PDIR]
+//                                  resume from DIR when it has a checkpoint, train to N saving
+//                                  every K steps, sleeping MS after each; touches
+//                                  PDIR/attempt<ACCEL_RESTART_COUNT>_world<W> (launch_elastic_test)
 // --dir project: save_state() / load_state() without a directory (the project's named
 // checkpoints: automatic_checkpoint_naming, project_dir from the config).
 // FILE gets rank 0's final parameters (doubles), for comparing runs. --predict FILE: rank 0
@@ -14,8 +19,12 @@
 // layers would name them ("layers.0.weight" [37, 13]). Each layer is a unit, gathered around
 // its forward and its backward with acc.gather_parameters (ZeRO-3; nothing elsewhere).
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
+#include <fstream>
 #include <random>
 #include <string>
 
@@ -67,8 +76,8 @@ void batch_for(std::uint64_t step, int rank, int world, std::vector<float>& x,
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string phase, dir, out, predict;
-  std::uint64_t steps = 20, save_at = 10;
+  std::string phase, dir, out, predict, progress;
+  std::uint64_t steps = 20, save_at = 10, save_every = 0, sleep_ms = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i], value = argv[i + 1];
     if (flag == "--phase")
@@ -83,6 +92,12 @@ int main(int argc, char** argv) {
       steps = std::stoull(value);
     else if (flag == "--save_at")
       save_at = std::stoull(value);
+    else if (flag == "--save_every")
+      save_every = std::stoull(value);
+    else if (flag == "--sleep_ms")
+      sleep_ms = std::stoull(value);
+    else if (flag == "--progress")
+      progress = value;
   }
   try {
     Accelerator acc;
@@ -93,8 +108,13 @@ int main(int argc, char** argv) {
     acc.prepare(params, optimizer);
     if (phase == "resume" && dir == "project")
       acc.load_state();
-    else if (phase == "resume")
+    else if (phase == "resume" || (phase == "elastic" && checkpoint_exists(dir)))
       acc.load_state(dir);
+    if (!progress.empty()) {
+      const char* attempt = std::getenv("ACCEL_RESTART_COUNT");
+      std::ofstream(progress + "/attempt" + (attempt ? attempt : "0") + "_world" +
+                    std::to_string(acc.num_processes()));
+    }
     const std::uint64_t until = phase == "save" ? save_at : steps;
     std::vector<float> x;
     std::vector<int> y;
@@ -112,6 +132,8 @@ int main(int argc, char** argv) {
         acc.clip_grad_norm(0.5);
         acc.optimizer_step();
         model.zero_grad();
+        if (sleep_ms > 0) ::usleep(useconds_t(sleep_ms * 1000));
+        if (save_every > 0 && acc.step() % save_every == 0) acc.save_state(dir);
       }
     }
     if (phase == "save" && dir == "project")
