@@ -57,6 +57,7 @@ int run_elastic(AttemptPlan plan, NodeRendezvousOptions round, const ElasticStor
     o.lost_restartable = true;
     o.alive_prefix = "elastic/" + std::to_string(r.round) + "/alive/";
     o.store_name = "the rendezvous store at " + store.endpoint;
+    o.machine_names = r.nodes;
     current = std::make_unique<NodeRendezvous>(store.store, store.heartbeat_store, o);
     current->join(r.round);
     Attempt a;
@@ -64,6 +65,7 @@ int run_elastic(AttemptPlan plan, NodeRendezvousOptions round, const ElasticStor
     a.restarts = std::stoi(store.store->compare_set("elastic/restarts", "", "0"));
     a.machine_rank = r.node_rank;
     a.num_machines = r.num_nodes;
+    a.label = "machine " + std::to_string(r.node_rank) + " (" + eo.node_name + ")";
     a.rendezvous = current.get();
     return a;
   };

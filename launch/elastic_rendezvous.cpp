@@ -11,6 +11,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// How long the store's host waits for the others to read why the rendezvous gave up.
+constexpr std::chrono::seconds kFarewell{5};
+
 std::string seconds_text(std::chrono::milliseconds d) {
   return std::to_string(d.count() / 1000) + " s";
 }
@@ -54,6 +57,7 @@ ElasticRound ElasticRendezvous::next_round(int after) {
         closed = std::stoi(store_->get(key(round, "closed"), opt_.join_timeout));
         break;
       }
+      if (store_->check({key(round, "timed_out")})) give_up(round, "");
       const int joined = int(store_->add(key(round, "joined"), 0));
       // While the round before runs, its agents may still come: this one waits for them.
       const bool previous_over = round == 0 || store_->check({key(round - 1, "ended")});
@@ -72,7 +76,7 @@ ElasticRound ElasticRendezvous::next_round(int after) {
       }
       if (opt_.interrupted && opt_.interrupted()) throw Interrupted{};
       if (Clock::now() > deadline)
-        throw TimeoutError("elastic rendezvous: round " + std::to_string(round) + " has " +
+        give_up(round, "elastic rendezvous: round " + std::to_string(round) + " has " +
                            std::to_string(joined) + " of at least " +
                            std::to_string(opt_.min_nodes) + " nodes (--nnodes " +
                            std::to_string(opt_.min_nodes) + ":" + std::to_string(opt_.max_nodes) +
@@ -99,6 +103,22 @@ ElasticRound ElasticRendezvous::next_round(int after) {
         int(std::find(out.nodes.begin(), out.nodes.end(), opt_.node_name) - out.nodes.begin());
     return out;
   }
+}
+
+void ElasticRendezvous::give_up(int round, const std::string& why) {
+  // The first agent's reason is everyone's; the store's host, whose exit takes the store
+  // away, waits a moment for the others in the round to read it.
+  const std::string reason = store_->compare_set(key(round, "timed_out"), "", why);
+  const std::int64_t seen = store_->add(key(round, "timed_out_seen"), 1);
+  if (opt_.hosts_store) {
+    const auto until = Clock::now() + kFarewell;
+    std::int64_t now_seen = seen;
+    while (now_seen < store_->add(key(round, "joined"), 0) && Clock::now() < until) {
+      std::this_thread::sleep_for(opt_.poll_interval);
+      now_seen = store_->add(key(round, "timed_out_seen"), 0);
+    }
+  }
+  throw TimeoutError(reason);
 }
 
 bool ElasticRendezvous::newcomer_waiting(const ElasticRound& round) {

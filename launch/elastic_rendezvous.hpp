@@ -12,6 +12,7 @@
 //   elastic/<r>/closed           how many of them take part (the first closer wins)
 //   elastic/<r>/ended            an agent of round r left it (to restart): round r+1 may close
 //   elastic/host                 the name of the agent hosting the store (node rank 0)
+//   elastic/<r>/timed_out        why the wait for round r ended (every agent in it says so)
 //
 // Round r+1 closes only after round r ended, so an agent that arrives while a round runs
 // waits for it (the running agents see it and restart bigger, below MAX) instead of starting
@@ -69,6 +70,9 @@ class ElasticRendezvous {
   // Closes round r with `count` agents unless another agent closed it first; returns the
   // count that stands.
   int close(int round, int count);
+  // Ends the wait for round r on every agent in it with one reason (the first agent's; `why`
+  // is ours, "" when another gave up first): throws TimeoutError.
+  [[noreturn]] void give_up(int round, const std::string& why);
 
   StorePtr store_;
   ElasticRendezvousOptions opt_;

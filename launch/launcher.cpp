@@ -378,6 +378,7 @@ int launch(const LaunchOptions& options) {
     a.restarts = restarts;
     a.machine_rank = cfg.machine_rank;
     a.num_machines = cfg.num_machines;
+    a.label = "machine " + std::to_string(cfg.machine_rank);
     a.rendezvous = &node_rdzv;
     node_rdzv.join(a.number);
     return a;

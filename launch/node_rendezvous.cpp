@@ -65,7 +65,9 @@ Failure NodeRendezvous::lost_failure(int machine) const {
   Failure f;
   f.machine = machine;
   f.restartable = opt_.lost_restartable;
+  const bool named = std::size_t(machine) < opt_.machine_names.size();
   f.what = "machine " + std::to_string(machine) +
+           (named ? " (" + opt_.machine_names[std::size_t(machine)] + ")" : std::string()) +
            "'s launcher stopped responding (no heartbeat for " + heartbeat_.limit_text() + ")";
   return f;
 }

@@ -19,6 +19,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "core/error.hpp"
 #include "core/store.hpp"
@@ -63,6 +64,8 @@ struct NodeRendezvousOptions {
   std::string alive_prefix = "launcher/alive/";
   // How errors name the store when it is lost ("" = machine 0's).
   std::string store_name;
+  // The machines' names, by rank, for reports (elastic rounds: host:pid); may be empty.
+  std::vector<std::string> machine_names;
 };
 
 class NodeRendezvous {

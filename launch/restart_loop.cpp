@@ -55,9 +55,11 @@ int run_attempts(const AttemptPlan& plan) {
     group.prefix_output = plan.prefix_output;
     group.log_append = attempt > 0;  // a restart continues each rank's log, marked
     if (attempt > 0)
-      group.log_header = "=== accel launch: attempt " + std::to_string(attempt) + ", restart " +
-                         std::to_string(restarts) + " of " + std::to_string(options.max_restarts) +
-                         " ===";
+      group.log_header =
+          "=== accel launch: " +
+          (attempt == restarts ? std::string() : "attempt " + std::to_string(attempt) + ", ") +
+          "restart " + std::to_string(restarts) + " of " + std::to_string(options.max_restarts) +
+          " ===";
     if (!options.log_dir.empty() && options.tee) group.echo_streams = *options.tee;
     group.stop_fd = plan.stop_fd;
     group.stop_signal = plan.interrupt_signal;
@@ -106,7 +108,7 @@ int run_attempts(const AttemptPlan& plan) {
       Failure f;
       f.machine = me;
       f.exit_code = failure.signal ? 128 + failure.signal : failure.exit_code;
-      f.what = (current.num_machines > 1 ? "machine " + std::to_string(me) + ": " : std::string()) +
+      f.what = (current.num_machines > 1 ? current.label + ": " : std::string()) +
                describe_failure(failure);
       try {
         rdzv.report_failure(attempt, f);

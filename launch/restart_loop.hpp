@@ -23,6 +23,7 @@ struct Attempt {
   int restarts = 0;  // restarts counted against --max_restarts before this attempt
   int machine_rank = 0;
   int num_machines = 1;
+  std::string label;                     // how reports name this machine: "machine 1 (host:pid)"
   NodeRendezvous* rendezvous = nullptr;  // the machines' agreement on this attempt
 };
 

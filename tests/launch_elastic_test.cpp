@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <string>
 #include <vector>
@@ -111,6 +112,10 @@ class Machines {
   // Every process of machine k, killed at once: the machine dies.
   void kill_machine(int k) const {
     run(ip_ + " netns pids " + ns_[std::size_t(k)] + " | xargs -r kill -9");
+  }
+  // Pulls machine k's cable: its switch port goes down, and every packet to and from it stops.
+  bool cut_link(int k) const {
+    return run(ip_ + " -n " + switch_ + " link set " + port_[std::size_t(k)] + " down");
   }
   // Processes still running on machine k (none once the job ended: no orphans).
   std::string processes(int k) const {
@@ -379,4 +384,124 @@ TEST_CASE("--nnodes 2:3, ZeRO-2: the same scenario reshards the optimizer state 
                                      read_values<double>(dir / "fixed.bin"));
   MESSAGE("ZeRO-2: max |elastic - uninterrupted world 2| " << diff << " (limit " << kLimit << ")");
   CHECK(diff <= kLimit);
+}
+
+namespace {
+
+// Three machines train (DDP, checkpoint_worker) until world 3 saved; then `fault` strikes
+// machine 2 and the job runs to its end. Returns the machines' results and the seconds from
+// the fault to training at world 2 (-1: never).
+struct FaultRun {
+  launch::GroupResult result;
+  bool struck = false;
+  double to_world2 = -1;
+};
+
+FaultRun run_fault(const Machines& machines, const TempDir& dir,
+                   const std::vector<std::string>& launch_flags,
+                   const std::function<bool()>& fault) {
+  const fs::path progress = dir / "progress", ck = dir / "ck";
+  fs::create_directories(progress);
+  std::vector<std::string> args = {"--global_batch_size", "12"};
+  args.insert(args.end(), launch_flags.begin(), launch_flags.end());
+  args.insert(args.end(), {bin_path("checkpoint_worker"), "--epochs", "3", "--samples", "96",
+                           "--no_noise", "--save_every", "2", "--sleep_ms", "150", "--resume",
+                           "--checkpoint", ck, "--progress", progress});
+  using Clock = std::chrono::steady_clock;
+  FaultRun run;
+  Clock::time_point struck_at;
+  launch::WorkerGroupOptions options;
+  options.monitor_interval = std::chrono::milliseconds(50);
+  options.capture = true;
+  options.echo = false;
+  options.timeout = std::chrono::seconds(240);  // anti-hang only
+  options.stop_on_failure = false;
+  options.should_stop = [&] {
+    if (!run.struck && fs::exists(progress / "attempt0_world3") && saved_by(ck, 3)) {
+      run.struck = fault();
+      struck_at = Clock::now();
+    } else if (run.struck && run.to_world2 < 0 && any_file_like(progress, "_world2")) {
+      run.to_world2 = std::chrono::duration<double>(Clock::now() - struck_at).count();
+    }
+    return false;
+  };
+  run.result = launch::run_worker_group(
+      {machines.machine(0, args), machines.machine(1, args), machines.machine(2, args)}, options);
+  return run;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "--nnodes 2:3: a cut link is noticed within the heartbeat window; the other two finish at "
+    "world 2 and the cut-off machine stops naming the store's endpoint") {
+  Machines machines;
+  if (skip_unless(machines.ready(), machines.why_not())) return;
+  TempDir dir("accel_elastic_cut");
+  // Heartbeat 0.5 s x 4 misses: a silent machine is lost after 2 s.
+  const FaultRun run = run_fault(
+      machines, dir, {"--max_restarts", "1", "--rdzv_conf", "join_timeout=30,last_call_timeout=1"},
+      [&] { return machines.cut_link(2); });
+  INFO(describe(run.result));
+  REQUIRE(run.struck);
+  REQUIRE_FALSE(run.result.timed_out);
+  CHECK(run.result.workers.at(0).exit_code == 0);
+  CHECK(run.result.workers.at(1).exit_code == 0);
+  CHECK(run.result.workers.at(2).exit_code != 0);
+  CHECK(contains(run.result.workers.at(0).output, "round 1: 2 machines"));
+  CHECK(contains(run.result.workers.at(2).output,
+                 "the rendezvous store at 169.254.78.1:29544 did not answer"));
+  // Whichever came first: a survivor's worker losing its connection, or the heartbeat.
+  MESSAGE("from the cut to training at world 2: " << run.to_world2
+                                                  << " s (heartbeat window 2 s, last call 1 s)");
+  CHECK(run.to_world2 > 0);
+  for (int k = 0; k < kMachines; ++k) CHECK(machines.processes(k).empty());
+}
+
+TEST_CASE(
+    "--nnodes 2:3 with no restarts left, and --nnodes 3:3 with a machine gone: every agent "
+    "exits non-zero with a summary naming what failed") {
+  Machines machines;
+  if (skip_unless(machines.ready(), machines.why_not())) return;
+  {
+    TempDir dir("accel_elastic_norestart");
+    const FaultRun run = run_fault(
+        machines, dir, {"--max_restarts", "0", "--rdzv_conf", "last_call_timeout=1"}, [&] {
+          machines.kill_machine(2);
+          return true;
+        });
+    INFO(describe(run.result));
+    REQUIRE(run.struck);
+    REQUIRE_FALSE(run.result.timed_out);
+    for (int k = 0; k < 2; ++k) {
+      const std::string& out = run.result.workers.at(std::size_t(k)).output;
+      CHECK(run.result.workers.at(std::size_t(k)).exit_code != 0);
+      // The root cause, named by machine and host:pid: a rank and its exit code (a survivor's
+      // rank losing its peer), or the killed machine's silence.
+      CHECK((contains(out, "exited with code 2") || contains(out, "stopped responding")));
+    }
+    CHECK(run.to_world2 < 0);
+    for (int k = 0; k < kMachines; ++k) CHECK(machines.processes(k).empty());
+  }
+  {
+    TempDir dir("accel_elastic_below_min");
+    const FaultRun run =
+        run_fault(machines, dir,
+                  {"--nnodes", "3:3", "--max_restarts", "2", "--rdzv_conf", "join_timeout=3"}, [&] {
+                    machines.kill_machine(2);
+                    return true;
+                  });
+    INFO(describe(run.result));
+    REQUIRE(run.struck);
+    REQUIRE_FALSE(run.result.timed_out);
+    for (int k = 0; k < 2; ++k) {
+      const std::string& out = run.result.workers.at(std::size_t(k)).output;
+      CHECK(run.result.workers.at(std::size_t(k)).exit_code != 0);
+      CHECK(contains(out, "restarting every worker (restart 1 of 2)"));
+      CHECK(contains(out,
+                     "round 1 has 2 of at least 3 nodes (--nnodes 3:3) after the join "
+                     "timeout of 3 s"));
+    }
+    for (int k = 0; k < kMachines; ++k) CHECK(machines.processes(k).empty());
+  }
 }
