@@ -339,6 +339,31 @@ std::vector<KeySpec> make_schema() {
        .question = "What is the rank of this machine (0 .. {last_machine})?",
        .check = check_machine_rank,
        .related = {"num_machines"}},
+      {.name = "min_machines",
+       .kind = K::integer,
+       .field = &Config::min_machines,
+       .min_value = 0,
+       .max_value = 1 << 16,
+       .range_text = "a machine count (0: num_machines)",
+       .help = "elastic jobs: the fewest machines that train (torchrun's --nnodes MIN:MAX sets "
+               "it and num_machines); below num_machines the machines meet in rounds (as "
+               "rdzv_backend c10d)",
+       .flag_value = "M",
+       .applies = [](const Config& c) { return c.min_machines != 0; },
+       .check = [](const Config& c) -> std::optional<std::string> {
+         if (c.min_machines <= c.num_machines) return std::nullopt;
+         return "min_machines " + std::to_string(c.min_machines) + " is above num_machines " +
+                std::to_string(c.num_machines) + " (the most machines)";
+       },
+       .related = {"num_machines"}},
+      {.name = "rdzv_backend",
+       .kind = K::choice,
+       .field = &Config::rdzv_backend,
+       .choices = {"static", "c10d"},
+       .help = "static: every machine gives its machine_rank; c10d: machines join rounds and "
+               "are ranked as they come, the job restarting at each new size (elastic)",
+       .flag_value = "static|c10d",
+       .applies = [](const Config& c) { return c.rdzv_backend != "static"; }},
       {.name = "main_process_ip",
        .kind = K::text,
        .field = &Config::main_process_ip,
@@ -635,6 +660,14 @@ int processes_per_machine(const Config& c) {
   return c.num_machines > 0 ? c.num_processes / c.num_machines : c.num_processes;
 }
 
+bool is_elastic(const Config& c) {
+  return c.rdzv_backend == "c10d" || fewest_machines(c) < c.num_machines;
+}
+
+int fewest_machines(const Config& c) {
+  return c.min_machines != 0 ? c.min_machines : c.num_machines;
+}
+
 bool uses_gpu(const Config& c) {
   switch (c.distributed_type) {
     case DistributedType::MULTI_GPU:
@@ -839,7 +872,6 @@ std::optional<std::string> ignored_key_note(std::string_view section, std::strin
   static const std::set<std::string, std::less<>> top = {"debug",
                                                          "downcast_bf16",
                                                          "main_training_function",
-                                                         "rdzv_backend",
                                                          "same_network",
                                                          "tpu_env",
                                                          "tpu_name",

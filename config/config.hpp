@@ -35,6 +35,10 @@ struct Config {
   int num_processes =
       1;  // over all machines, as in Accelerate: each runs num_processes / num_machines
   int num_machines = 1;
+  // Elastic jobs (torchrun's --nnodes MIN:MAX, --rdzv_backend c10d): rounds of the machines
+  // that come, between min_machines (0: num_machines) and num_machines, ranked as they join.
+  int min_machines = 0;
+  std::string rdzv_backend = "static";  // static: each machine's machine_rank; c10d: elastic
   int machine_rank = 0;
   std::string main_process_ip = "127.0.0.1";
   int main_process_port = 29500;  // 0 = pick a free port
@@ -96,7 +100,10 @@ inline constexpr int kMaxProcessesPerMachine = 1024;
 
 // What a config implies, so every consumer derives it the same way.
 int processes_per_machine(const Config&);  // num_processes / num_machines
-bool uses_gpu(const Config&);              // MULTI_GPU, or NO/ZERO/DATA_PARALLEL without use_cpu
+// An elastic job: rdzv_backend c10d, or min_machines below num_machines.
+bool is_elastic(const Config&);
+int fewest_machines(const Config&);  // min_machines, or num_machines when 0
+bool uses_gpu(const Config&);        // MULTI_GPU, or NO/ZERO/DATA_PARALLEL without use_cpu
 // The communicator the workers use: "nccl" for GPU work across processes, cpu_communicator
 // for CPU work across processes, "local" for one process (NO, DATA_PARALLEL).
 std::string comm_backend(const Config&);

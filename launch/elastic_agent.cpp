@@ -22,12 +22,13 @@ std::string node_name() {
 
 }  // namespace
 
-int run_elastic(AttemptPlan plan, NodeRendezvousOptions round, const ElasticStore& store) {
+int run_elastic(AttemptPlan plan, NodeRendezvousOptions round, int min_machines, int max_machines,
+                const ElasticStore& store) {
   const LaunchOptions& options = *plan.options;
   ElasticRendezvousOptions eo;
-  eo.min_nodes = options.min_nodes;
-  eo.max_nodes = options.max_nodes;
-  eo.join_timeout = options.rdzv_timeout;
+  eo.min_nodes = min_machines;
+  eo.max_nodes = max_machines;
+  eo.join_timeout = round.join_timeout;
   eo.last_call_timeout = options.last_call_timeout;
   eo.poll_interval = round.poll_interval;
   eo.node_name = node_name();

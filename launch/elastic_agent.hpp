@@ -22,6 +22,7 @@ struct ElasticStore {
 
 // `plan` has everything but join and newcomer_waiting; `round` the options each round's
 // NodeRendezvous starts from (heartbeat, timeouts, interrupt).
-int run_elastic(AttemptPlan plan, NodeRendezvousOptions round, const ElasticStore& store);
+int run_elastic(AttemptPlan plan, NodeRendezvousOptions round, int min_machines, int max_machines,
+                const ElasticStore& store);
 
 }  // namespace accel::launch

@@ -81,6 +81,10 @@ ElasticRound ElasticRendezvous::next_round(int after) {
                            std::to_string(opt_.min_nodes) + " nodes (--nnodes " +
                            std::to_string(opt_.min_nodes) + ":" + std::to_string(opt_.max_nodes) +
                            ") after the join timeout of " + seconds_text(opt_.join_timeout) +
+                           (previous_over && joined >= opt_.min_nodes
+                                ? "; its last call (" + seconds_text(opt_.last_call_timeout) +
+                                      ") is longer than the join timeout"
+                                : std::string()) +
                            (previous_over
                                 ? std::string()
                                 : "; round " + std::to_string(round - 1) +

@@ -32,14 +32,13 @@ struct LaunchOptions {
   int max_restarts = 0;         // whole-group restarts after a failure
   std::string run_id = "none";  // torchrun's --rdzv_id, TORCHELASTIC_RUN_ID in the workers
   bool standalone = false;      // torchrun's --standalone: one machine, a free local port
-  // torchrun's --nnodes MIN:MAX or --rdzv_backend c10d (elastic_agent.hpp): machines join
-  // rounds, ranks by join order; num_machines is then MAX.
-  bool elastic = false;
-  int min_nodes = 1, max_nodes = 1;
+  // Elastic jobs (config min_machines / rdzv_backend c10d, elastic_agent.hpp): how long a
+  // round that has its fewest machines waits for more.
   std::chrono::milliseconds last_call_timeout{std::chrono::seconds(30)};
   std::chrono::milliseconds monitor_interval{100};  // how often workers are checked
   std::chrono::milliseconds grace{5000};            // SIGTERM -> SIGKILL
-  std::chrono::milliseconds rdzv_timeout{std::chrono::seconds(300)};  // machines joining
+  // Machines joining: 300 s by default, an elastic job's 600 s (torchrun's join_timeout).
+  std::optional<std::chrono::milliseconds> rdzv_timeout;
   // The launchers' heartbeat (heartbeat.hpp): a machine silent for interval x misses is lost.
   std::chrono::milliseconds heartbeat_interval{std::chrono::seconds(5)};
   int heartbeat_misses = 3;

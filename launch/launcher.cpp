@@ -81,13 +81,18 @@ struct Rendezvous {
   std::string token;
 };
 
+std::chrono::milliseconds join_timeout(const config::Config& cfg, const LaunchOptions& options) {
+  return options.rdzv_timeout.value_or(config::is_elastic(cfg) ? std::chrono::seconds(600)
+                                                               : std::chrono::seconds(300));
+}
+
 Rendezvous open_rendezvous(const config::Config& cfg, const LaunchOptions& options) {
   Rendezvous r;
   const bool one_machine = cfg.num_machines == 1;
   r.token = getenv_or("ACCEL_STORE_TOKEN", one_machine ? random_token() : "");
   r.port = cfg.main_process_port;
   std::string connect_host = cfg.main_process_ip;
-  if (options.elastic) {
+  if (config::is_elastic(cfg)) {
     // torchrun's c10d: the agent on the endpoint's machine hosts the store; binding the
     // endpoint's own address fails on every other machine (or when another agent there holds
     // it), which then connects to it.
@@ -115,7 +120,7 @@ Rendezvous open_rendezvous(const config::Config& cfg, const LaunchOptions& optio
   }
   TcpStoreOptions client;
   client.token = r.token;
-  client.connect_timeout = options.rdzv_timeout;
+  client.connect_timeout = join_timeout(cfg, options);
   // The launchers only make requests the store answers at once: one not answered within the
   // heartbeat's limit means machine 0 is out of reach (the client adds a few seconds).
   client.timeout = std::max<std::chrono::milliseconds>(
@@ -123,14 +128,15 @@ Rendezvous open_rendezvous(const config::Config& cfg, const LaunchOptions& optio
       options.heartbeat_interval * options.heartbeat_misses - std::chrono::seconds(5));
   try {
     r.store = std::make_shared<TcpStore>(connect_host, r.port, client);
-    if (!one_machine || options.elastic) {
+    if (!one_machine || config::is_elastic(cfg)) {
       TcpStoreOptions beat = client;
       beat.connect_timeout = options.heartbeat_interval * options.heartbeat_misses;
       r.heartbeat_store = std::make_shared<TcpStore>(connect_host, r.port, beat);
     }
   } catch (const Error& e) {
-    throw Error(std::string(options.elastic ? "cannot reach the rendezvous store (--rdzv_endpoint)"
-                                            : "cannot reach machine 0's rendezvous store") +
+    throw Error(std::string(config::is_elastic(cfg)
+                                ? "cannot reach the rendezvous store (--rdzv_endpoint)"
+                                : "cannot reach machine 0's rendezvous store") +
                 ": " + e.what());
   }
   return r;
@@ -243,6 +249,10 @@ int launch(const LaunchOptions& options) {
   }
   check_settings(resolved, options);
   const config::Config& cfg = resolved.config;
+  if (options.use_mpi && config::is_elastic(cfg))
+    throw ConfigError(
+        "accel launch: --use_mpi starts every process from machine 0, which an elastic job "
+        "(--nnodes MIN:MAX, min_machines, rdzv_backend c10d) has not: choose one");
   if (options.use_mpi && cfg.machine_rank != 0)
     throw ConfigError(
         "accel launch: with --use_mpi only machine 0 runs accel launch; mpirun "
@@ -287,9 +297,9 @@ int launch(const LaunchOptions& options) {
           "token; set the same ACCEL_STORE_TOKEN on every machine to keep others out\n";
     if (options.log_dir.empty() && options.tee)
       text += "accel launch: warning: --tee only matters with --log_dir; ignored\n";
-    if (options.elastic)
-      text += "accel launch: elastic, " + std::to_string(options.min_nodes) + " to " +
-              plural(options.max_nodes, "machine") + " of " +
+    if (config::is_elastic(cfg))
+      text += "accel launch: elastic, " + std::to_string(config::fewest_machines(cfg)) + " to " +
+              plural(cfg.num_machines, "machine") + " of " +
               plural(layout.local_world_size, "process") + "; rendezvous store at " +
               cfg.main_process_ip + ":" + std::to_string(layout.master_port) +
               (rdzv_store.server ? " (hosted here)" : "") + "\n";
@@ -361,14 +371,14 @@ int launch(const LaunchOptions& options) {
   NodeRendezvousOptions nro;
   nro.num_machines = cfg.num_machines;
   nro.machine_rank = cfg.machine_rank;
-  nro.join_timeout = options.rdzv_timeout;
+  nro.join_timeout = join_timeout(cfg, options);
   nro.poll_interval = std::min(options.monitor_interval, std::chrono::milliseconds(500));
   nro.heartbeat_interval = options.heartbeat_interval;
   nro.heartbeat_misses = options.heartbeat_misses;
   nro.interrupt_signal = [] { return g_signal.load(); };
   plan.store = rdzv_store.store;
-  if (options.elastic)
-    return run_elastic(plan, nro,
+  if (config::is_elastic(cfg))
+    return run_elastic(plan, nro, config::fewest_machines(cfg), cfg.num_machines,
                        {rdzv_store.store, rdzv_store.heartbeat_store, rdzv_store.server != nullptr,
                         cfg.main_process_ip + ":" + std::to_string(rdzv_store.port)});
   NodeRendezvous node_rdzv(rdzv_store.store, rdzv_store.heartbeat_store, nro);

@@ -347,11 +347,12 @@ TEST_CASE(
   CHECK(out.exit_code == 0);
   CHECK(contains(out.output, path + ": valid"));
   CHECK(contains(out.output, "note: " + path + ":2: key 'debug': "));
-  CHECK(contains(out.output, "key 'rdzv_backend'"));
+  CHECK(contains(out.output, "key 'same_network'"));
 
   const auto loaded = load_config_file(path);
   CHECK(loaded.config.distributed_type == DistributedType::MULTI_GPU);
   CHECK(loaded.config.num_processes == 2);
+  CHECK(loaded.config.rdzv_backend == "static");
   CHECK(loaded.config.mixed_precision == MixedPrecision::fp16);
   CHECK(loaded.config.main_process_port == 29500);  // null = not set: the default
   CHECK(loaded.sources.at("main_process_port") == Source::default_value);

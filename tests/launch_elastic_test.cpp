@@ -505,3 +505,24 @@ TEST_CASE(
     for (int k = 0; k < kMachines; ++k) CHECK(machines.processes(k).empty());
   }
 }
+
+TEST_CASE("the agent hosting the store dies: the others stop, naming the store's endpoint") {
+  Machines machines;
+  if (skip_unless(machines.ready(), machines.why_not())) return;
+  TempDir dir("accel_elastic_host");
+  // Machine 0's address is the endpoint: killing it takes the store (no new host is elected).
+  const FaultRun run =
+      run_fault(machines, dir, {"--max_restarts", "3", "--rdzv_conf", "last_call_timeout=1"}, [&] {
+        machines.kill_machine(0);
+        return true;
+      });
+  INFO(describe(run.result));
+  REQUIRE(run.struck);
+  REQUIRE_FALSE(run.result.timed_out);
+  for (int k = 1; k < kMachines; ++k) {
+    CHECK(run.result.workers.at(std::size_t(k)).exit_code != 0);
+    CHECK(contains(run.result.workers.at(std::size_t(k)).output, "169.254.78.1:29544"));
+  }
+  CHECK(run.to_world2 < 0);
+  for (int k = 0; k < kMachines; ++k) CHECK(machines.processes(k).empty());
+}

@@ -40,7 +40,7 @@ Supervision:
   --max_restarts N            restart every worker up to N times after a failure (0)
   --monitor_interval SECONDS  how often workers are checked (0.1; at least 0.01)
   --grace_period SECONDS      SIGTERM -> SIGKILL when stopping workers (5)
-  --rdzv_timeout SECONDS      how long machines wait for each other to join (300)
+  --rdzv_timeout SECONDS      how long machines wait for each other to join (300; elastic 600)
   --heartbeat_interval SECONDS  how often the machines' launchers check in (5)
   --heartbeat_misses N        check-ins a machine may miss before the job stops on it (3)
 torchrun's rendezvous flags:
@@ -191,8 +191,8 @@ struct Flag {
 void add_rendezvous_flags(launch::LaunchOptions& o, std::map<std::string, Flag>& t) {
   t["nnodes"] = {true, [&o](const std::string& f, const std::string& v) {
                    const std::size_t colon = v.find(':');
+                   o.overrides.erase("min_machines");  // the last --nnodes counts
                    if (colon == std::string::npos) {
-                     o.min_nodes = o.max_nodes = parse_int(f, v, 1);
                      o.overrides["num_machines"] = v;
                      return;
                    }
@@ -202,17 +202,14 @@ void add_rendezvous_flags(launch::LaunchOptions& o, std::map<std::string, Flag>&
                      throw ConfigError("accel launch: " + f + " " + v +
                                        ": MIN is above MAX (expected MIN:MAX, MIN <= MAX)");
                    // A range is elastic (machines join and leave); N:N is a fixed count.
-                   o.min_nodes = lo;
-                   o.max_nodes = hi;
-                   if (lo != hi) o.elastic = true;
+                   if (lo != hi) o.overrides["min_machines"] = std::to_string(lo);
                    o.overrides["num_machines"] = std::to_string(hi);
                  }};
   t["rdzv_backend"] = {
       true, [&o](const std::string& f, const std::string& v) {
-        if (v == "static") return;
         // c10d: ranks given out as machines join (elastic_agent.hpp), at any --nnodes.
-        if (v == "c10d") {
-          o.elastic = true;
+        if (v == "static" || v == "c10d") {
+          o.overrides["rdzv_backend"] = v;
           return;
         }
         throw ConfigError("accel launch: " + f + " expects static or c10d, got '" + v + "'");
@@ -403,10 +400,6 @@ launch::LaunchOptions parse_launch_options(int argc, char** argv, bool* help) {
   }
   for (; i < argc; ++i) options.program.emplace_back(argv[i]);
   options.nproc_per_node = nproc_per_node;
-  if (options.elastic && options.use_mpi)
-    throw ConfigError(
-        "accel launch: --use_mpi starts every process from machine 0, which an elastic job "
-        "(--nnodes MIN:MAX or --rdzv_backend c10d) has not: choose one");
   if (options.standalone) {
     // torchrun's --standalone: this machine alone, its store on a free local port.
     for (const char* key : {"num_machines", "main_process_ip", "main_process_port"})
