@@ -171,7 +171,13 @@ Outcome NodeRendezvous::finish(int attempt, int local_exit, int restarts_left) {
         return out;
       }
       note_interrupt();
-      if (heartbeat_.lost({0})) return {Decision::stop, lost_failure(0)};
+      if (heartbeat_.lost({0})) {
+        // Machine 0 decides no more. An elastic job whose store lives elsewhere goes on
+        // without it (every survivor sees the same loss and the same restarts left).
+        const Failure lost = lost_failure(0);
+        const bool restart = lost.restartable && restarts_left > 0;
+        return {restart ? Decision::restart : Decision::stop, lost};
+      }
       std::this_thread::sleep_for(opt_.poll_interval);
     }
   }

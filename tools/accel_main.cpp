@@ -56,7 +56,8 @@ void usage(std::FILE* out) {
       "  test     run a distributed self-check under the config in effect\n"
       "  estimate-memory  per-rank memory of DDP and ZeRO stages 1-3 for a model size\n"
       "  merge-weights    a checkpoint's full weights (any strategy and world size) as a\n"
-      "                   LibTorch archive that torch::load reads\n",
+      "                   LibTorch archive that torch::load reads\n"
+      "  store    serve an elastic job's rendezvous store on a machine of its own\n",
       out);
 }
 
@@ -79,6 +80,8 @@ int main(int argc, char** argv) {
       return run_merge_weights_program(self_path(argv[0]), argv + 2);
     if (std::strcmp(argv[1], "config") == 0)
       return accel::tools::run_config_command(argc - 2, argv + 2);
+    if (std::strcmp(argv[1], "store") == 0)
+      return accel::tools::run_store_command(argc - 2, argv + 2);
     std::fprintf(stderr, "accel: unknown command '%s'\n", argv[1]);
     usage(stderr);
     return kUsageError;

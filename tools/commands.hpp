@@ -10,6 +10,7 @@ int run_config_command(int argc, char** argv);
 int run_env_command(int argc, char** argv);
 int run_estimate_memory_command(int argc, char** argv);
 int run_merge_weights_command(int argc, char** argv);
+int run_store_command(int argc, char** argv);
 // `self` is the path of the running accel executable (accel test launches it again).
 int run_test_command(int argc, char** argv, const char* self);
 
