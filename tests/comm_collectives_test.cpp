@@ -20,6 +20,7 @@
 
 #include "backends/comm/registry.hpp"
 #include "tests/support/ranks.hpp"
+#include "tests/support/shm_segments.hpp"
 #include "tests/support/skip.hpp"
 
 using namespace accel;
@@ -39,39 +40,6 @@ void expect_all_ranks_pass(const launch::GroupResult& result, int world) {
       ++reports;
   }
   CHECK(reports == world);
-}
-
-// Names in /dev/shm that the shared-memory communicator makes.
-std::set<std::string> shm_segments() {
-  std::set<std::string> names;
-  std::error_code ec;
-  for (const auto& e : std::filesystem::directory_iterator("/dev/shm", ec))
-    if (e.path().filename().string().starts_with("accel-shm-"))
-      names.insert(e.path().filename().string());
-  return names;
-}
-
-// Segments whose creator no longer runs (the name holds its pid: accel-shm-<pid
-// namespace>-<pid>-<nonce>): what a job leaks. Live processes' segments are not counted: ctest
-// runs other tests that use the shm communicator at the same time.
-std::set<std::string> leaked_shm_segments() {
-  std::set<std::string> leaked;
-  for (const std::string& name : shm_segments()) {
-    unsigned long long ns = 0;
-    int pid = 0;
-    if (std::sscanf(name.c_str(), "accel-shm-%llu-%d-", &ns, &pid) == 2 && pid > 0 &&
-        kill(pid, 0) != 0 && errno == ESRCH)
-      leaked.insert(name);
-  }
-  return leaked;
-}
-
-// What leaked since `before` (leaked_shm_segments() then).
-std::set<std::string> new_leaks(const std::set<std::string>& before) {
-  std::set<std::string> out;
-  for (const std::string& name : leaked_shm_segments())
-    if (!before.contains(name)) out.insert(name);
-  return out;
 }
 
 }  // namespace
@@ -136,7 +104,7 @@ TEST_CASE("shm collectives match the reference with 2, 3 and 4 ranks; nothing le
     expect_all_ranks_pass(result, world);
     CHECK(result.workers.at(0).output.find("(shm)") != std::string::npos);
   }
-  CHECK(new_leaks(before).empty());
+  CHECK(new_shm_leaks(before).empty());
 }
 
 TEST_CASE("auto picks shm when every rank is on this host") {
@@ -164,7 +132,7 @@ TEST_CASE(
       run_ranks(4, "comm_collectives_worker", {"--backend", "auto", "--fake_hosts", "2"});
   expect_all_ranks_pass(result, 4);
   CHECK(result.workers.at(0).output.find("(hierarchical)") != std::string::npos);
-  CHECK(new_leaks(before).empty());
+  CHECK(new_shm_leaks(before).empty());
 }
 
 TEST_CASE("shm: a rank killed mid-collective is named by the others, who fail fast") {
@@ -195,7 +163,7 @@ TEST_CASE("shm: a rank killed mid-collective is named by the others, who fail fa
       CHECK(w.output.find(") exited while this rank waited") != std::string::npos);
     }
   }
-  CHECK(new_leaks(before).empty());
+  CHECK(new_shm_leaks(before).empty());
 }
 
 TEST_CASE("shm: a segment left by a killed job neither confuses nor outlives a new one") {

@@ -25,7 +25,9 @@
 #include <vector>
 
 #include "tests/support/files.hpp"
+#include "tests/support/netns.hpp"
 #include "tests/support/ranks.hpp"
+#include "tests/support/shm_segments.hpp"
 #include "tests/support/skip.hpp"
 
 using namespace accel;
@@ -42,15 +44,7 @@ bool contains(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
 }
 
-std::string find_ip() {
-  for (const char* p : {"/usr/sbin/ip", "/sbin/ip", "/usr/bin/ip", "/bin/ip"})
-    if (access(p, X_OK) == 0) return p;
-  return "";
-}
-
-bool run(const std::string& command) {
-  return std::system((command + " >/dev/null 2>&1").c_str()) == 0;
-}
+bool run(const std::string& command) { return run_quietly(command); }
 
 std::string output_of(const std::string& command) {
   std::string out;
@@ -68,15 +62,9 @@ class Machines {
  public:
   Machines() {
     ip_ = find_ip();
-    if (ip_.empty()) {
-      why_not_ = "the `ip` command (iproute2) is not installed";
-      return;
-    }
-    if (geteuid() != 0) {
-      why_not_ = "creating network namespaces needs root (CAP_NET_ADMIN)";
-      return;
-    }
-    remove_stale_namespaces();
+    why_not_ = netns_unavailable(ip_);
+    if (!why_not_.empty()) return;
+    remove_stale_namespaces(ip_, "accel_e");
     const std::string tag = std::to_string(getpid());
     switch_ = "accel_e" + tag + "_sw";
     // The switch has an address too (kStoreHost): a machine of its own for an external store.
@@ -116,8 +104,8 @@ class Machines {
   const std::string& why_not() const { return why_not_; }
 
   // Every process of machine k, killed at once: the machine dies.
-  void kill_machine(int k) const {
-    run(ip_ + " netns pids " + ns_[std::size_t(k)] + " | xargs -r kill -9");
+  bool kill_machine(int k) const {
+    return run(ip_ + " netns pids " + ns_[std::size_t(k)] + " | xargs -r kill -9");
   }
   // Pulls machine k's cable: its switch port goes down, and every packet to and from it stops.
   bool cut_link(int k) const {
@@ -198,20 +186,6 @@ class Machines {
   }
 
  private:
-  void remove_stale_namespaces() const {
-    FILE* list = popen((ip_ + " netns list 2>/dev/null").c_str(), "r");
-    if (!list) return;
-    char line[256];
-    while (std::fgets(line, sizeof(line), list)) {
-      int pid = 0;
-      char name[64] = {};
-      if (std::sscanf(line, "%63s", name) == 1 && std::sscanf(name, "accel_e%d_", &pid) == 1 &&
-          pid > 0 && kill(pid, 0) != 0 && errno == ESRCH)
-        run(ip_ + " netns del " + name);
-    }
-    pclose(list);
-  }
-
   std::string ip_, switch_, why_not_;
   std::vector<std::string> ns_, port_;
 };
@@ -232,22 +206,6 @@ double max_difference(const std::vector<T>& a, const std::vector<T>& b) {
   double diff = 0;
   for (std::size_t i = 0; i < a.size(); ++i) diff = std::max(diff, std::fabs(double(a[i] - b[i])));
   return diff;
-}
-
-// Shared-memory segments in /dev/shm whose creator no longer runs (their name holds its pid:
-// accel-shm-<pid namespace>-<pid>-<nonce>): what a killed job could leave.
-std::set<std::string> leaked_shm_segments() {
-  std::set<std::string> leaked;
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator("/dev/shm", ec)) {
-    const std::string name = e.path().filename().string();
-    unsigned long long ns = 0;
-    int pid = 0;
-    if (std::sscanf(name.c_str(), "accel-shm-%llu-%d-", &ns, &pid) == 2 && pid > 0 &&
-        kill(pid, 0) != 0 && errno == ESRCH)
-      leaked.insert(name);
-  }
-  return leaked;
 }
 
 bool any_file_like(const fs::path& dir, const std::string& suffix, const std::string& but = "") {
@@ -375,10 +333,7 @@ TEST_CASE(
   const std::set<std::string> leaked_before = leaked_shm_segments();
   const ElasticRun run = run_scenario(machines, dir, 2, {"--global_batch_size", "12"}, train);
   check_scenario(machines, run);
-  std::set<std::string> leaked;
-  for (const std::string& name : leaked_shm_segments())
-    if (!leaked_before.contains(name)) leaked.insert(name);
-  CHECK(leaked.empty());
+  CHECK(new_shm_leaks(leaked_before).empty());
   MESSAGE("DDP: from the kill to training on 2 machines: "
           << run.to_world2 << " s; to 3 machines again (after 2 saved): " << run.to_world3 << " s");
 
@@ -513,11 +468,9 @@ TEST_CASE(
   if (skip_unless(machines.ready(), machines.why_not())) return;
   {
     TempDir dir("accel_elastic_norestart");
-    const FaultRun run = run_fault(
-        machines, dir, {"--max_restarts", "0", "--rdzv_conf", "last_call_timeout=1"}, [&] {
-          machines.kill_machine(2);
-          return true;
-        });
+    const FaultRun run =
+        run_fault(machines, dir, {"--max_restarts", "0", "--rdzv_conf", "last_call_timeout=1"},
+                  [&] { return machines.kill_machine(2); });
     INFO(describe(run.result));
     REQUIRE(run.struck);
     REQUIRE_FALSE(run.result.timed_out);
@@ -533,12 +486,9 @@ TEST_CASE(
   }
   {
     TempDir dir("accel_elastic_below_min");
-    const FaultRun run =
-        run_fault(machines, dir,
-                  {"--nnodes", "3:3", "--max_restarts", "2", "--rdzv_conf", "join_timeout=3"}, [&] {
-                    machines.kill_machine(2);
-                    return true;
-                  });
+    const FaultRun run = run_fault(
+        machines, dir, {"--nnodes", "3:3", "--max_restarts", "2", "--rdzv_conf", "join_timeout=3"},
+        [&] { return machines.kill_machine(2); });
     INFO(describe(run.result));
     REQUIRE(run.struck);
     REQUIRE_FALSE(run.result.timed_out);
@@ -560,10 +510,8 @@ TEST_CASE("the agent hosting the store dies: the others stop, naming the store's
   TempDir dir("accel_elastic_host");
   // Machine 0's address is the endpoint: killing it takes the store (no new host is elected).
   const FaultRun run =
-      run_fault(machines, dir, {"--max_restarts", "3", "--rdzv_conf", "last_call_timeout=1"}, [&] {
-        machines.kill_machine(0);
-        return true;
-      });
+      run_fault(machines, dir, {"--max_restarts", "3", "--rdzv_conf", "last_call_timeout=1"},
+                [&] { return machines.kill_machine(0); });
   INFO(describe(run.result));
   REQUIRE(run.struck);
   REQUIRE_FALSE(run.result.timed_out);
@@ -590,10 +538,7 @@ TEST_CASE(
       run_fault(machines, dir,
                 {"--rdzv_endpoint", std::string(kStoreHost) + ":29545", "--max_restarts", "2",
                  "--rdzv_conf", "join_timeout=30,last_call_timeout=1"},
-                [&] {
-                  machines.kill_machine(0);
-                  return true;
-                });
+                [&] { return machines.kill_machine(0); });
   kill(store, SIGTERM);
   int status = 0;
   waitpid(store, &status, 0);

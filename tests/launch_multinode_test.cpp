@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "tests/support/files.hpp"
+#include "tests/support/netns.hpp"
 #include "tests/support/ranks.hpp"
 #include "tests/support/skip.hpp"
 
@@ -35,16 +36,7 @@ bool contains(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
 }
 
-std::string find_ip() {
-  for (const char* p : {"/usr/sbin/ip", "/sbin/ip", "/usr/bin/ip", "/bin/ip"})
-    if (access(p, X_OK) == 0) return p;
-  return "";
-}
-
-// Runs a command quietly; true when it exited 0.
-bool run(const std::string& command) {
-  return std::system((command + " >/dev/null 2>&1").c_str()) == 0;
-}
+bool run(const std::string& command) { return run_quietly(command); }
 
 // The two namespaces and their link, for the life of one test case. Names carry our pid, so
 // concurrent test runs do not collide; the destructor removes everything even when a check
@@ -53,15 +45,10 @@ class TwoMachines {
  public:
   TwoMachines() {
     ip_ = find_ip();
-    if (ip_.empty()) {
-      why_not_ = "the `ip` command (iproute2) is not installed";
-      return;
-    }
-    if (geteuid() != 0) {
-      why_not_ = "creating network namespaces needs root (CAP_NET_ADMIN)";
-      return;
-    }
-    remove_stale_namespaces();
+    why_not_ = netns_unavailable(ip_);
+    if (!why_not_.empty()) return;
+    // Namespaces of an earlier run killed before its destructors ran: removed.
+    remove_stale_namespaces(ip_, "accel_t");
     const std::string tag = std::to_string(getpid());
     ns_[0] = "accel_t" + tag + "_0";
     ns_[1] = "accel_t" + tag + "_1";
@@ -101,22 +88,6 @@ class TwoMachines {
   // Pulls the cable: the veth pair goes (both ends), and with it every packet between the two.
   bool cut_link() const { return run(ip_ + " -n " + ns_[0] + " link del " + veth0_); }
 
-  // Namespaces of an earlier run that was killed before its destructors ran (the pid in
-  // their name is gone): removed, so they do not pile up.
-  void remove_stale_namespaces() const {
-    FILE* list = popen((ip_ + " netns list 2>/dev/null").c_str(), "r");
-    if (!list) return;
-    char line[256];
-    while (std::fgets(line, sizeof(line), list)) {
-      int pid = 0, k = 0;
-      char name[64] = {};
-      if (std::sscanf(line, "%63s", name) == 1 &&
-          std::sscanf(name, "accel_t%d_%d", &pid, &k) == 2 && pid > 0 && kill(pid, 0) != 0 &&
-          errno == ESRCH)
-        run(ip_ + " netns del " + name);
-    }
-    pclose(list);
-  }
   const std::string& why_not() const { return why_not_; }
 
   // `accel launch` on machine `k` of 2, with `extra` flags and the program. With `disk`, the
