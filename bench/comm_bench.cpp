@@ -112,8 +112,8 @@ double bus_factor(Op op, int n) {
 }
 
 // Every table the bench can print, in the order it prints them.
-constexpr std::string_view kAllTables[] = {"memcpy",   "shm", "hierarchical", "gloo",
-                                           "raw_gloo", "mpi", "raw_mpi",      "nccl"};
+constexpr std::string_view kAllTables[] = {"memcpy", "shm",     "hierarchical", "gloo", "raw_gloo",
+                                           "mpi",    "raw_mpi", "raw_mpi_nb",   "nccl"};
 
 struct Flags {
   std::size_t min_bytes = 4 << 10;
@@ -141,7 +141,7 @@ const char* kUsage =
     "  --max_iters N     cap on budgeted iterations                 (default 1000)\n"
     "  --warmup N        warm-up operations per row                 (default 2)\n"
     "  --ops LIST        all_reduce,all_gather,reduce_scatter,broadcast (default all)\n"
-    "  --comms LIST      memcpy,shm,hierarchical,gloo,raw_gloo,mpi,raw_mpi,nccl\n"
+    "  --comms LIST      memcpy,shm,hierarchical,gloo,raw_gloo,mpi,raw_mpi,raw_mpi_nb,nccl\n"
     "                    (default all built;\n"
     "                    nccl: one GPU per rank, LOCAL_RANK's, device buffers)\n"
     "  --dtype T         f32 f64 f16 bf16 i32 i64                   (default f32)\n"
@@ -648,13 +648,19 @@ class MpiSession {
   bool owner_ = false;
 };
 
-// Plain blocking MPI collectives on MPI_COMM_WORLD.
+// Plain MPI collectives on MPI_COMM_WORLD: blocking (raw_mpi), or nonblocking and tested
+// until done (raw_mpi_nb), as the mpi communicator issues them so that a timeout can give up
+// on one; the two rows apart show what MPI's nonblocking collectives cost by themselves.
 class RawMpiTarget final : public Target {
  public:
-  std::string name() const override { return "raw_mpi"; }
+  explicit RawMpiTarget(bool nonblocking) : nonblocking_(nonblocking) {}
+  std::string name() const override { return nonblocking_ ? "raw_mpi_nb" : "raw_mpi"; }
   std::string description() const override {
-    return "raw: MPI_Allreduce(MPI_IN_PLACE, MPI_SUM), MPI_Allgather, MPI_Reduce_scatter_block, "
-           "MPI_Bcast root 0 on MPI_COMM_WORLD";
+    return nonblocking_ ? "raw: MPI_Iallreduce(MPI_IN_PLACE, MPI_SUM), MPI_Iallgather, "
+                          "MPI_Ireduce_scatter_block, MPI_Ibcast root 0 on MPI_COMM_WORLD, each "
+                          "then MPI_Test until done"
+                        : "raw: MPI_Allreduce(MPI_IN_PLACE, MPI_SUM), MPI_Allgather, "
+                          "MPI_Reduce_scatter_block, MPI_Bcast root 0 on MPI_COMM_WORLD";
   }
   bool supports(Op, DType dtype) const override { return mpi_type(dtype) != MPI_DATATYPE_NULL; }
 
@@ -662,6 +668,7 @@ class RawMpiTarget final : public Target {
     const MPI_Datatype type = mpi_type(b.full.dtype);
     ACCEL_CHECK_ARG(b.full.count <= std::size_t(INT32_MAX), "raw mpi: count exceeds int");
     const int full = int(b.full.count), part = int(b.part.count);
+    if (nonblocking_) return run_nonblocking(op, b, type, full, part);
     switch (op) {
       case Op::all_reduce:
         return BENCH_MPI(
@@ -685,6 +692,30 @@ class RawMpiTarget final : public Target {
   void barrier() override { BENCH_MPI(MPI_Barrier(MPI_COMM_WORLD)); }
 
  private:
+  void run_nonblocking(Op op, const RowBuffers& b, MPI_Datatype type, int full, int part) {
+    MPI_Request request = MPI_REQUEST_NULL;
+    switch (op) {
+      case Op::all_reduce:
+        BENCH_MPI(MPI_Iallreduce(MPI_IN_PLACE, b.full.data, full, type, MPI_SUM, MPI_COMM_WORLD,
+                                 &request));
+        break;
+      case Op::broadcast:
+        BENCH_MPI(MPI_Ibcast(b.full.data, full, type, 0, MPI_COMM_WORLD, &request));
+        break;
+      case Op::all_gather:
+        BENCH_MPI(MPI_Iallgather(b.part.data, part, type, b.full.data, part, type, MPI_COMM_WORLD,
+                                 &request));
+        break;
+      case Op::reduce_scatter:
+        BENCH_MPI(MPI_Ireduce_scatter_block(b.full.data, b.part.data, part, type, MPI_SUM,
+                                            MPI_COMM_WORLD, &request));
+        break;
+    }
+    for (int done = 0; !done;) BENCH_MPI(MPI_Test(&request, &done, MPI_STATUS_IGNORE));
+  }
+
+  bool nonblocking_;
+
   static MPI_Datatype mpi_type(DType dtype) {
     switch (dtype) {
       case DType::f32:
@@ -920,7 +951,8 @@ int run(int argc, char** argv) {
 #if ACCEL_BENCH_MPI
   // First, so MPI is up before any thread exists and is finalised after every user of it.
   std::unique_ptr<MpiSession> mpi;
-  if (wanted(flags, "mpi") || wanted(flags, "raw_mpi")) mpi = std::make_unique<MpiSession>();
+  if (wanted(flags, "mpi") || wanted(flags, "raw_mpi") || wanted(flags, "raw_mpi_nb"))
+    mpi = std::make_unique<MpiSession>();
   const bool mpi_world_ok = mpi && MpiSession::world_size() == env.world_size;
 #endif
 
@@ -987,13 +1019,14 @@ int run(int argc, char** argv) {
     bench.say("# raw_gloo: skipped (built with ACCEL_WITH_GLOO=OFF)\n");
 #endif
   }
-  if (wanted(flags, "mpi") || wanted(flags, "raw_mpi")) {
+  if (wanted(flags, "mpi") || wanted(flags, "raw_mpi") || wanted(flags, "raw_mpi_nb")) {
 #if ACCEL_BENCH_MPI
     if (!mpi_world_ok) {
       bench.say("# mpi, raw_mpi: skipped (MPI's world is not this job's: run under mpirun)\n");
     } else {
       if (wanted(flags, "mpi")) targets.push_back(own_group("mpi", 0));
-      if (wanted(flags, "raw_mpi")) targets.push_back(std::make_unique<RawMpiTarget>());
+      if (wanted(flags, "raw_mpi")) targets.push_back(std::make_unique<RawMpiTarget>(false));
+      if (wanted(flags, "raw_mpi_nb")) targets.push_back(std::make_unique<RawMpiTarget>(true));
     }
 #else
     bench.say("# mpi, raw_mpi: skipped (built with ACCEL_WITH_MPI=OFF)\n");
@@ -1028,6 +1061,7 @@ int run(int argc, char** argv) {
   bench.summary("shm", "raw_gloo");
   bench.summary("gloo", "raw_gloo");
   bench.summary("mpi", "raw_mpi");
+  bench.summary("mpi", "raw_mpi_nb");
   bench.latency_summary();
   bench.say("# Out of bounds values : %ld %s\n", wrong, wrong ? "FAILED" : "OK");
 
