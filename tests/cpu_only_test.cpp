@@ -102,12 +102,14 @@ TEST_CASE("comm_bench over every CPU communicator reaches no CUDA call") {
     return;
   // Every CPU table in one run, as bench/README runs it (one process group per process: the
   // others are made on the gloo group's store).
-  const std::string out = expect_no_cuda(
-      {"launch", "-q", "--main_process_port", "0", "--use_mpi", "--num_processes", "2",
-       bin_path("comm_bench"), "--comms", "memcpy,shm,hierarchical,gloo,raw_gloo,mpi,raw_mpi",
-       "--min_bytes", "4K", "--max_bytes", "16K", "--iters", "2"},
-      "comm_bench under mpirun");
-  for (const char* table : {"memcpy", "shm", "hierarchical", "gloo", "raw_gloo", "mpi", "raw_mpi"})
+  const std::string out =
+      expect_no_cuda({"launch", "-q", "--main_process_port", "0", "--use_mpi", "--num_processes",
+                      "2", bin_path("comm_bench"), "--comms",
+                      "memcpy,shm,hierarchical,gloo,raw_gloo,mpi,raw_mpi,raw_mpi_nb", "--min_bytes",
+                      "4K", "--max_bytes", "16K", "--iters", "2"},
+                     "comm_bench under mpirun");
+  for (const char* table :
+       {"memcpy", "shm", "hierarchical", "gloo", "raw_gloo", "mpi", "raw_mpi", "raw_mpi_nb"})
     CHECK_MESSAGE(out.find(std::string("# backend ") + table + " ") != std::string::npos, table);
 }
 
