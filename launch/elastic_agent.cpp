@@ -50,8 +50,9 @@ int run_elastic(AttemptPlan plan, NodeRendezvousOptions round, int min_machines,
     }
     std::string nodes;
     for (const std::string& n : r.nodes) nodes += (nodes.empty() ? "" : ", ") + n;
-    say("round " + std::to_string(r.round) + ": " + std::to_string(r.num_nodes) + " machines (" +
-        nodes + "); this is node " + std::to_string(r.node_rank));
+    say("round " + std::to_string(r.round) + ": " + std::to_string(r.num_nodes) +
+        (r.num_nodes == 1 ? " machine (" : " machines (") + nodes + "); this is node " +
+        std::to_string(r.node_rank));
     NodeRendezvousOptions o = round;
     o.num_machines = r.num_nodes;
     o.machine_rank = r.node_rank;
