@@ -349,6 +349,8 @@ std::vector<KeySpec> make_schema() {
                "it and num_machines); below num_machines the machines meet in rounds (as "
                "rdzv_backend c10d)",
        .flag_value = "M",
+       .question = "What is the fewest machines the job may go on with (elastic; "
+                   "num_machines is the most)?",
        .applies = [](const Config& c) { return c.min_machines != 0; },
        .check = [](const Config& c) -> std::optional<std::string> {
          if (c.min_machines <= c.num_machines) return std::nullopt;
@@ -363,6 +365,9 @@ std::vector<KeySpec> make_schema() {
        .help = "static: every machine gives its machine_rank; c10d: machines join rounds and "
                "are ranked as they come, the job restarting at each new size (elastic)",
        .flag_value = "static|c10d",
+       .question = "What rendezvous backend will you use?",
+       .options = {{"static", "static  every machine gives its machine_rank", 0},
+                   {"c10d", "c10d    elastic: machines join rounds, ranked as they come", 1}},
        .applies = [](const Config& c) { return c.rdzv_backend != "static"; }},
       {.name = "main_process_ip",
        .kind = K::text,

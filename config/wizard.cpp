@@ -131,7 +131,11 @@ class Wizard {
     if (multi_process) {
       ask("num_machines");
       if (current().num_machines > 1) {
-        ask("machine_rank");
+        ask("rdzv_backend");
+        if (current().rdzv_backend == "c10d")
+          ask("min_machines");  // ranks go by join order: no machine_rank
+        else
+          ask("machine_rank");
         ask("main_process_ip");
         ask("main_process_port");
       }

@@ -224,9 +224,9 @@ TEST_CASE(
     "choices by number or by name; ZeRO questions only for ZERO; machine questions only for 2+ "
     "machines") {
   const Hardware hw{8, 2};
-  // compute env, type (Accelerate's name), machines, rank, ip, port, use_cpu, stage (by value),
-  // offload, processes, gpu ids, precision (by number), steps.
-  const auto [c, out] = wizard_in_process(lines({"", "deepspeed", "2", "1", "10.0.0.7", "29600",
+  // compute env, type (Accelerate's name), machines, rendezvous (default static), rank, ip,
+  // port, use_cpu, stage (by value), offload, processes, gpu ids, precision (by number), steps.
+  const auto [c, out] = wizard_in_process(lines({"", "deepspeed", "2", "", "1", "10.0.0.7", "29600",
                                                  "no", "1", "cpu", "4", "0,1", "2", "8"}),
                                           hw);
   INFO(out);
@@ -274,8 +274,8 @@ TEST_CASE("DATA_PARALLEL: CPU replicas asked for without GPUs, GPU ids with them
 
 TEST_CASE("a wrong answer is explained and asked again") {
   const Hardware hw{8, 0};
-  const auto [c, out] = wizard_in_process(lines({"", "HOROVOD", "MULTI_CPU", "two", "2", "5", "1",
-                                                 "", "", "0", "3", "6", "", "gloo", ""}),
+  const auto [c, out] = wizard_in_process(lines({"", "HOROVOD", "MULTI_CPU", "two", "2", "", "5",
+                                                 "1", "", "", "0", "3", "6", "", "gloo", ""}),
                                           hw);
   INFO(out);
   CHECK(contains(out,
@@ -303,7 +303,8 @@ TEST_CASE("accel config with piped answers writes the expected YAML") {
   CleanEnvironment clean(dir);
   const std::string path = dir.file("out/cfg.yaml");
   const std::string answers = dir.file("answers.txt");
-  write_file(answers, lines({"", "MULTI_CPU", "2", "1", "10.1.2.3", "29600", "4", "2", "mpi", ""}));
+  write_file(answers, lines({"", "MULTI_CPU", "2", "static", "1", "10.1.2.3", "29600", "4", "2",
+                             "mpi", ""}));
   const auto out = run_wizard_process(answers, {"--config_file", path});
   INFO(out.output);
   REQUIRE(out.exit_code == 0);
@@ -447,4 +448,22 @@ TEST_CASE("the ZeRO stage menu offers only the stages the schema accepts") {
   CHECK(c.num_processes == 2);
   CHECK(contains(out, "stage 3: shard optimizer state, gradients and parameters"));
   CHECK(contains(out, "'4' is not a choice: type 1-3"));
+}
+
+TEST_CASE("an elastic job: rdzv_backend c10d asks for the fewest machines, not a machine rank") {
+  const Hardware hw{8, 0};
+  // compute env, type, machines (the most), rendezvous, fewest machines, ip, port, processes,
+  // precision, communicator, steps.
+  const auto [c, out] = wizard_in_process(
+      lines({"", "MULTI_CPU", "3", "c10d", "2", "10.1.2.3", "29600", "6", "", "gloo", ""}), hw);
+  INFO(out);
+  CHECK(c.num_machines == 3);
+  CHECK(c.rdzv_backend == "c10d");
+  CHECK(c.min_machines == 2);
+  CHECK(c.machine_rank == 0);
+  CHECK(c.num_processes == 6);
+  CHECK(contains(out, "What rendezvous backend will you use?"));
+  CHECK(contains(out, "the fewest machines the job may go on with"));
+  CHECK_FALSE(contains(out, "What is the rank of this machine"));
+  CHECK(is_elastic(c));
 }
