@@ -175,8 +175,7 @@ Outcome NodeRendezvous::finish(int attempt, int local_exit, int restarts_left) {
         // Machine 0 decides no more. An elastic job whose store lives elsewhere goes on
         // without it (every survivor sees the same loss and the same restarts left).
         const Failure lost = lost_failure(0);
-        const bool restart = lost.restartable && restarts_left > 0;
-        return {restart ? Decision::restart : Decision::stop, lost};
+        return {lost.restarts(restarts_left) ? Decision::restart : Decision::stop, lost};
       }
       std::this_thread::sleep_for(opt_.poll_interval);
     }
@@ -187,8 +186,7 @@ Outcome NodeRendezvous::finish(int attempt, int local_exit, int restarts_left) {
   for (;;) {
     if (auto f = read_failure()) {
       out.failure = f;
-      out.decision = (f->restartable && (restarts_left > 0 || !f->counts)) ? Decision::restart
-                                                                           : Decision::stop;
+      out.decision = f->restarts(restarts_left) ? Decision::restart : Decision::stop;
       break;
     }
     std::vector<int> pending;

@@ -36,6 +36,9 @@ struct Failure {
   bool counts = true;
   std::string what;  // "rank 3 exited with code 3"
 
+  // Whether this failure restarts the job with `restarts_left` counted restarts to go.
+  bool restarts(int restarts_left) const { return restartable && (restarts_left > 0 || !counts); }
+
   std::string encode() const;
   static Failure decode(const std::string& text);
 };
