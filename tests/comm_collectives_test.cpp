@@ -84,6 +84,8 @@ TEST_CASE("mpi: a rank that never joins a small (inline) all_reduce ends it with
   INFO(describe(result));
   const std::string& out = result.workers.at(0).output;
   CHECK(out.find("timeout error: ") != std::string::npos);
+  // The meeting before the collective names whom it waited for.
+  CHECK(out.find("waiting for rank 1") != std::string::npos);
   CHECK(out.find("never joined") == std::string::npos);
   CHECK(result.exit_code() != 0);
   MESSAGE("ended after "

@@ -271,12 +271,11 @@ class Backoff {
   Clock::duration pause_{};
 };
 
-// What MPI may still touch while requests are in flight, besides the caller's buffers.
+// What MPI may still touch while requests are in flight, besides the caller's buffers: the
+// communicators MPI_Comm_idup is making.
 struct Scratch {
-  std::vector<int> counts;
-  std::vector<int> displs;
-  std::vector<std::byte> staging;
   MPI_Comm new_comm = MPI_COMM_NULL;
+  MPI_Comm new_internal = MPI_COMM_NULL;
 };
 
 // The requests of one operation, polled to completion against a deadline. If it is given up
@@ -306,10 +305,16 @@ class Pending {
   // TimeoutError naming `what` after `timeout`, CommError when MPI reports an error.
   void wait(const std::string& what, Milliseconds timeout, bool point_to_point = false,
             const OnDone& on_done = {}) {
+    wait_until(what, Clock::now() + timeout, timeout, point_to_point, on_done);
+  }
+
+  // The same against a deadline shared by several steps; `timeout` is the whole operation's,
+  // for the message.
+  void wait_until(const std::string& what, Clock::time_point deadline, Milliseconds timeout,
+                  bool point_to_point = false, const OnDone& on_done = {}) {
     const int n = static_cast<int>(requests_.size());
     std::vector<int> indices(requests_.size());
     std::vector<MPI_Status> statuses(requests_.size());
-    const auto deadline = Clock::now() + timeout;
     Backoff backoff(deadline);
     while (in_flight()) {
       int done = 0;
@@ -375,10 +380,39 @@ class Pending {
   std::unique_ptr<Scratch> scratch_;
 };
 
+// The meetings' messages, on the internal communicator. MPI matches messages between two
+// ranks in the order they were sent, and operations run one at a time, so one tag serves all.
+constexpr int kInternalTag = 1;
+
+// A meeting of every rank over point-to-point messages: a dissemination barrier (in round k
+// each rank tells rank + 2^k and hears from rank - 2^k; after ceil(log2 n) rounds everyone has
+// heard from everyone, directly or not). It carries the timeout for the blocking collective
+// that follows and names the rank waited for. MPI_Ibarrier does the same through Open MPI's
+// nonblocking-collective engine (libnbc), which costs more than the 4 KiB collective after it
+// (bench/README).
+void meet(MPI_Comm comm, int rank, int world, const std::string& what, Milliseconds timeout) {
+  const auto deadline = Clock::now() + timeout;
+  for (int distance = 1; distance < world; distance *= 2) {
+    const int to = (rank + distance) % world;
+    const int from = (rank - distance + world) % world;
+    Pending pending;
+    {
+      MpiLock lock;
+      ACCEL_MPI_CHECK(MPI_Irecv(nullptr, 0, MPI_BYTE, from, kInternalTag, comm, pending.next()));
+      ACCEL_MPI_CHECK(MPI_Isend(nullptr, 0, MPI_BYTE, to, kInternalTag, comm, pending.next()));
+    }
+    pending.wait_until(what + " (waiting for rank " + std::to_string(from) + " to enter)", deadline,
+                       timeout, /*point_to_point=*/true);
+  }
+}
+
 }  // namespace
 
 struct MpiCommunicator::State {
   MPI_Comm comm = MPI_COMM_NULL;
+  // Our own point-to-point traffic (the meetings), apart from the user's
+  // send/recv on `comm`, so a message of ours can never match a receive of theirs.
+  MPI_Comm internal = MPI_COMM_NULL;
   int tag_ub = 32767;  // the least MPI guarantees; replaced by the library's MPI_TAG_UB
 };
 
@@ -425,6 +459,7 @@ MpiCommunicator::MpiCommunicator(const CommOptions& options, World world)
   {
     MpiLock lock;
     ACCEL_MPI_CHECK(MPI_Comm_idup(MPI_COMM_WORLD, &pending.scratch().new_comm, pending.next()));
+    ACCEL_MPI_CHECK(MPI_Comm_idup(MPI_COMM_WORLD, &pending.scratch().new_internal, pending.next()));
   }
   try {
     pending.wait("MPI_Comm_idup(MPI_COMM_WORLD)", timeout());
@@ -434,11 +469,14 @@ MpiCommunicator::MpiCommunicator(const CommOptions& options, World world)
                        "; does every rank construct an MpiCommunicator?");
   }
   MPI_Comm comm = pending.scratch().new_comm;
+  MPI_Comm internal = pending.scratch().new_internal;
   try {
     MpiLock lock;
     // Errors come back as codes (and so as exceptions) instead of aborting the job.
     ACCEL_MPI_CHECK(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN));
+    ACCEL_MPI_CHECK(MPI_Comm_set_errhandler(internal, MPI_ERRORS_RETURN));
     ACCEL_MPI_CHECK(MPI_Comm_set_name(comm, "accel"));
+    ACCEL_MPI_CHECK(MPI_Comm_set_name(internal, "accel-internal"));
     void* value = nullptr;
     int flag = 0;
     ACCEL_MPI_CHECK(MPI_Comm_get_attr(comm, MPI_TAG_UB, &value, &flag));
@@ -446,8 +484,10 @@ MpiCommunicator::MpiCommunicator(const CommOptions& options, World world)
   } catch (...) {
     std::lock_guard lock(process().mutex);
     MPI_Comm_free(&comm);
+    MPI_Comm_free(&internal);
     throw;
   }
+  state_->internal = internal;
   state_->comm = comm;
   const char* inline_bytes = std::getenv("ACCEL_MPI_INLINE_BYTES");
   set_inline_max_bytes(inline_bytes && *inline_bytes ? std::strtoull(inline_bytes, nullptr, 10)
@@ -470,26 +510,26 @@ MpiCommunicator::~MpiCommunicator() {
   int finalized = 1;
   MPI_Finalized(&finalized);
   // After an abandoned operation MPI may still be using this communicator; leave it be.
-  if (!finalized && !p.abandoned) MPI_Comm_free(&state_->comm);
+  if (!finalized && !p.abandoned) {
+    MPI_Comm_free(&state_->comm);
+    MPI_Comm_free(&state_->internal);
+  }
 }
 
-// All-reduce is the one operation where OpenMPI's non-blocking algorithm (libnbc) is far
-// behind its blocking one (measured at 64 MiB, world 2: MPI_Iallreduce 3.1 GB/s busbw against
-// MPI_Allreduce 7.6 GB/s). So the ranks first meet in a non-blocking barrier, which is what
-// carries the timeout (a rank that never arrives is the way a collective fails to finish),
-// and then run the blocking MPI_Allreduce, which cannot hang once every rank is in it (a rank
-// dying inside it makes OpenMPI abort the job).
+// Every collective first meets the other ranks over point-to-point messages (meet), which is
+// what carries the timeout (a rank that never arrives is how a collective fails to finish),
+// and then runs MPI's blocking collective, which cannot hang once every rank is in it (a rank
+// dying inside it makes Open MPI abort the job). The nonblocking collectives (MPI_Iallreduce,
+// ...) would carry the timeout themselves, but Open MPI runs them through libnbc, far behind
+// its blocking algorithms: 3.1 against 7.6 GB/s busbw for a 64 MiB all-reduce, 8-14 against
+// 2-5 us for a 4 KiB one (comm_bench's raw_mpi_nb and raw_mpi, world 2).
+// The meeting costs 1.5-2 us at world 2. Small all-reduces as recursive doubling over the same
+// point-to-point messages, which needs no meeting, measured slower than meeting plus
+// MPI_Allreduce at every size from 1 to 64 KiB (3.8-7.1 against 2.6-3.9 us at 1-4 KiB).
 void MpiCommunicator::run_all_reduce(Buffer data, ReduceOp op, Milliseconds timeout) {
+  meet(state_->internal, rank(), world_size(), "MPI_Allreduce", timeout);
   const MPI_Datatype type = mpi_type(data.dtype);
   const MPI_Op mop = mpi_op(data.dtype, wire_op(op));
-  {
-    Pending entry;
-    {
-      MpiLock lock;
-      ACCEL_MPI_CHECK(MPI_Ibarrier(state_->comm, entry.next()));
-    }
-    entry.wait("MPI_Allreduce (waiting for every rank to enter)", timeout);
-  }
   {
     MpiLock lock;
     for_each_chunk(data.count, [&](std::size_t offset, int n) {
@@ -501,16 +541,12 @@ void MpiCommunicator::run_all_reduce(Buffer data, ReduceOp op, Milliseconds time
 }
 
 void MpiCommunicator::run_broadcast(Buffer data, int root, Milliseconds timeout) {
+  meet(state_->internal, rank(), world_size(), "MPI_Bcast", timeout);
   const MPI_Datatype type = mpi_type(data.dtype);
-  Pending pending;
-  {
-    MpiLock lock;
-    for_each_chunk(data.count, [&](std::size_t offset, int n) {
-      ACCEL_MPI_CHECK(
-          MPI_Ibcast(data.slice(offset, n).data, n, type, root, state_->comm, pending.next()));
-    });
-  }
-  pending.wait("MPI_Ibcast", timeout);
+  MpiLock lock;
+  for_each_chunk(data.count, [&](std::size_t offset, int n) {
+    ACCEL_MPI_CHECK(MPI_Bcast(data.slice(offset, n).data, n, type, root, state_->comm));
+  });
 }
 
 void MpiCommunicator::run_all_gather(Buffer input, Buffer output, const std::vector<Shard>& parts,
@@ -526,35 +562,31 @@ void MpiCommunicator::run_all_gather(Buffer input, Buffer output, const std::vec
     std::memmove(own.data, input.data, input.bytes());
     in_place = true;
   }
-  Pending pending;
+  meet(state_->internal, rank(), world, "MPI_Allgatherv", timeout);
   if (output.count <= kMaxCount) {
-    Scratch& s = pending.scratch();
-    s.counts.resize(static_cast<std::size_t>(world));
-    s.displs.resize(static_cast<std::size_t>(world));
+    std::vector<int> counts(static_cast<std::size_t>(world)), displs(counts.size());
     for (int r = 0; r < world; ++r) {
-      const Shard part = parts[std::size_t(r)];
-      s.counts[r] = static_cast<int>(part.count);
-      s.displs[r] = static_cast<int>(part.offset);
+      counts[r] = static_cast<int>(parts[std::size_t(r)].count);
+      displs[r] = static_cast<int>(parts[std::size_t(r)].offset);
     }
     MpiLock lock;
-    ACCEL_MPI_CHECK(MPI_Iallgatherv(
-        in_place ? MPI_IN_PLACE : input.data, static_cast<int>(input.count), type, output.data,
-        s.counts.data(), s.displs.data(), type, state_->comm, pending.next()));
-  } else {
-    // Offsets past INT_MAX do not fit MPI_Iallgatherv's int displacements: every rank
-    // broadcasts its own part instead, in chunks.
-    if (!in_place) std::memcpy(own.data, input.data, input.bytes());
-    MpiLock lock;
-    for (int r = 0; r < world; ++r) {
-      const Shard part = parts[std::size_t(r)];
-      if (part.count == 0) continue;
-      for_each_chunk(part.count, [&](std::size_t offset, int n) {
-        ACCEL_MPI_CHECK(MPI_Ibcast(output.slice(part.offset + offset, n).data, n, type, r,
-                                   state_->comm, pending.next()));
-      });
-    }
+    ACCEL_MPI_CHECK(MPI_Allgatherv(in_place ? MPI_IN_PLACE : input.data,
+                                   static_cast<int>(input.count), type, output.data, counts.data(),
+                                   displs.data(), type, state_->comm));
+    return;
   }
-  pending.wait("MPI_Iallgatherv", timeout);
+  // Offsets past INT_MAX do not fit MPI_Allgatherv's int displacements: every rank broadcasts
+  // its own part instead, in chunks.
+  if (!in_place) std::memcpy(own.data, input.data, input.bytes());
+  MpiLock lock;
+  for (int r = 0; r < world; ++r) {
+    const Shard part = parts[std::size_t(r)];
+    for_each_chunk(part.count, [&](std::size_t offset, int n) {
+      if (n > 0)
+        ACCEL_MPI_CHECK(
+            MPI_Bcast(output.slice(part.offset + offset, n).data, n, type, r, state_->comm));
+    });
+  }
 }
 
 void MpiCommunicator::run_reduce_scatter(Buffer input, Buffer output, ReduceOp op,
@@ -563,47 +595,41 @@ void MpiCommunicator::run_reduce_scatter(Buffer input, Buffer output, ReduceOp o
   const int me = rank();
   const MPI_Datatype type = mpi_type(input.dtype);
   const MPI_Op mop = mpi_op(input.dtype, wire_op(op));
-  Pending pending;
-  Scratch& s = pending.scratch();
   // MPI forbids the result overlapping the input (an in-place reduce-scatter, say): reduce
   // into staging then, and copy this rank's part over afterwards.
   Buffer result = output;
+  std::vector<std::byte> staging;
   const bool staged = overlaps(input, output);
   if (staged) {
-    s.staging.resize(output.bytes());
-    result.data = s.staging.data();
+    staging.resize(output.bytes());
+    result.data = staging.data();
   }
+  meet(state_->internal, me, world, "MPI_Reduce_scatter", timeout);
   if (input.count <= kMaxCount) {
-    s.counts.resize(static_cast<std::size_t>(world));
-    for (int r = 0; r < world; ++r) s.counts[r] = static_cast<int>(parts[std::size_t(r)].count);
+    std::vector<int> counts(static_cast<std::size_t>(world));
+    for (int r = 0; r < world; ++r) counts[r] = static_cast<int>(parts[std::size_t(r)].count);
     MpiLock lock;
-    ACCEL_MPI_CHECK(MPI_Ireduce_scatter(input.data, result.data, s.counts.data(), type, mop,
-                                        state_->comm, pending.next()));
+    ACCEL_MPI_CHECK(
+        MPI_Reduce_scatter(input.data, result.data, counts.data(), type, mop, state_->comm));
   } else {
     // MPI sums the counts in an int: reduce each rank's part to it instead, in chunks.
     MpiLock lock;
     for (int r = 0; r < world; ++r) {
       const Shard part = parts[std::size_t(r)];
-      if (part.count == 0) continue;
       for_each_chunk(part.count, [&](std::size_t offset, int n) {
+        if (n == 0) return;
         void* out = r == me ? result.slice(offset, n).data : nullptr;
-        ACCEL_MPI_CHECK(MPI_Ireduce(input.slice(part.offset + offset, n).data, out, n, type, mop, r,
-                                    state_->comm, pending.next()));
+        ACCEL_MPI_CHECK(MPI_Reduce(input.slice(part.offset + offset, n).data, out, n, type, mop, r,
+                                   state_->comm));
       });
     }
   }
-  pending.wait("MPI_Ireduce_scatter", timeout);
   if (staged) std::memcpy(output.data, result.data, output.bytes());
   if (op == ReduceOp::avg) finish_average(output);
 }
 
 void MpiCommunicator::run_barrier(Milliseconds timeout) {
-  Pending pending;
-  {
-    MpiLock lock;
-    ACCEL_MPI_CHECK(MPI_Ibarrier(state_->comm, pending.next()));
-  }
-  pending.wait("MPI_Ibarrier", timeout);
+  meet(state_->internal, rank(), world_size(), "barrier", timeout);
 }
 
 void MpiCommunicator::run_send(Buffer data, int dst, std::uint32_t tag, Milliseconds timeout) {

@@ -11,11 +11,12 @@
 // itself, it must have asked for MPI_THREAD_SERIALIZED or MPI_THREAD_MULTIPLE (our calls run
 // on a background thread), and it stays in charge of MPI_Finalize.
 //
-// Every collective is a non-blocking MPI call polled to completion against the deadline, so a
-// rank that never arrives yields TimeoutError instead of a hang. MPI cannot cancel a started
-// collective: after a timeout its buffers may still be written by MPI if the missing rank
-// turns up later, so keep them alive or end the process (the communicator refuses further
-// operations either way, and MPI_Finalize is then skipped at exit so exit cannot hang).
+// Every collective first meets the other ranks over nonblocking point-to-point messages,
+// polled against the deadline, so a rank that never arrives yields TimeoutError naming it
+// instead of a hang; then it runs MPI's blocking collective. An operation given up while MPI still
+// holds a request that could not be cancelled leaves its buffers to MPI: keep them alive or end the
+// process (the communicator refuses further operations either way, and MPI_Finalize is then skipped
+// at exit so exit cannot hang).
 //
 // Operations of at most kInlineBytes run on the caller's thread (communicator.hpp's inline
 // execution; the process-wide lock makes that safe): handing a small all-reduce to the worker
