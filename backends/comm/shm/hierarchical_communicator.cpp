@@ -1,5 +1,6 @@
 #include "backends/comm/shm/hierarchical_communicator.hpp"
 
+#include <algorithm>
 #include <cstring>
 
 #include "backends/comm/shm/shm_communicator.hpp"
@@ -41,6 +42,15 @@ HierarchicalCommunicator::HierarchicalCommunicator(const CommOptions& options,
     everyone.group_name = options.group_name + "/p2p";
     world_ = make_between_hosts(everyone);
   }
+  uniform_ = std::all_of(members_.begin(), members_.end(),
+                         [&](const std::vector<int>& m) { return int(m.size()) == widest_host_; });
+  if (hosts_ > 1 && uniform_ && local_index_[rank()] > 0) {
+    CommOptions rail = options;
+    rail.rank = host_;
+    rail.world_size = hosts_;
+    rail.group_name = options.group_name + "/rail" + std::to_string(local_index_[rank()]);
+    rail_ = make_between_hosts(rail);
+  }
   set_inline_max_bytes(ShmCommunicator::kInlineBytes);
 }
 
@@ -77,44 +87,138 @@ void HierarchicalCommunicator::run_all_reduce(Buffer data, ReduceOp op, Millisec
   if (op == ReduceOp::avg) finish_average(data);
 }
 
+Communicator* HierarchicalCommunicator::rail() const {
+  if (hosts_ == 1 || !uniform_) return nullptr;
+  return local_index_[rank()] == 0 ? leaders_.get() : rail_.get();
+}
+
+char* HierarchicalCommunicator::scratch(std::size_t bytes) {
+  if (scratch_.size() < bytes) scratch_.resize(bytes);
+  return scratch_.data();
+}
+
 void HierarchicalCommunicator::run_reduce_scatter(Buffer input, Buffer output, ReduceOp op,
                                                   const std::vector<Shard>& parts,
                                                   Milliseconds timeout) {
-  std::vector<char> copy(input.bytes());
-  std::memcpy(copy.data(), input.data, copy.size());
-  Buffer all{copy.data(), input.count, input.dtype, input.device};
+  if (hosts_ == 1) {
+    std::vector<std::size_t> counts;
+    for (const Shard& s : parts) counts.push_back(s.count);
+    inner(local_->reduce_scatter(input, output, op, counts), timeout, false);
+    return;
+  }
+  if (rail()) {
+    rail_reduce_scatter(input, output, op, parts, timeout);
+    return;
+  }
+  const std::size_t bytes = input.bytes();
+  char* const copy = scratch(bytes);
+  std::memcpy(copy, input.data, bytes);
+  Buffer all{copy, input.count, input.dtype, input.device};
   all_reduce_sum(all, wire_op(op), timeout);
   const Shard mine = parts[std::size_t(rank())];
-  std::memcpy(output.data, copy.data() + mine.offset * element_size(input.dtype), output.bytes());
+  std::memcpy(output.data, copy + mine.offset * element_size(input.dtype), output.bytes());
   if (op == ReduceOp::avg) finish_average(output);
+}
+
+// Staging layout for the rails, in elements: [local index l][host h][P], where P is the
+// largest part; slot (l, h) holds the part of rank members_[h][l], zero-padded to P. Local
+// rank l's share of a host reduce_scatter is then rail l's whole input, contiguous.
+void HierarchicalCommunicator::rail_reduce_scatter(Buffer input, Buffer output, ReduceOp op,
+                                                   const std::vector<Shard>& parts,
+                                                   Milliseconds timeout) {
+  const std::size_t esize = element_size(input.dtype);
+  std::size_t part = 0;
+  for (const Shard& s : parts) part = std::max(part, s.count);
+  if (part == 0) return;  // every part empty, on every rank alike
+  const std::size_t L = std::size_t(widest_host_), H = std::size_t(hosts_);
+  const std::size_t rail_count = H * part;  // one rail's elements
+  char* const stage = scratch((L + 1) * rail_count * esize);
+  char* const reduced = stage + L * rail_count * esize;  // the host sum of this rank's rail
+  const auto view = [&](char* p, std::size_t n) { return Buffer{p, n, input.dtype, input.device}; };
+  for (std::size_t h = 0; h < H; ++h)
+    for (std::size_t l = 0; l < L; ++l) {
+      const Shard s = parts[std::size_t(members_[h][l])];
+      char* const slot = stage + (l * H + h) * part * esize;
+      std::memcpy(slot, static_cast<const char*>(input.data) + s.offset * esize, s.count * esize);
+      std::memset(slot + s.count * esize, 0, (part - s.count) * esize);
+    }
+  const ReduceOp wire = wire_op(op);
+  inner(local_->reduce_scatter(view(stage, L * rail_count), view(reduced, rail_count), wire),
+        timeout, false);
+  // The rail's reduce_scatter lands this rank's part in the slot its own input had.
+  char* const mine = reduced + std::size_t(host_) * part * esize;
+  inner(rail()->reduce_scatter(view(reduced, rail_count), view(mine, part), wire), timeout, true);
+  std::memcpy(output.data, mine, output.bytes());
+  if (op == ReduceOp::avg) finish_average(output);
+}
+
+void HierarchicalCommunicator::rail_all_gather(Buffer input, Buffer output,
+                                               const std::vector<Shard>& parts,
+                                               Milliseconds timeout) {
+  const std::size_t esize = element_size(output.dtype);
+  std::size_t part = 0;
+  for (const Shard& s : parts) part = std::max(part, s.count);
+  if (part == 0) return;  // every part empty, on every rank alike
+  const std::size_t L = std::size_t(widest_host_), H = std::size_t(hosts_);
+  const std::size_t rail_count = H * part;
+  char* const stage = scratch(L * rail_count * esize);
+  const auto view = [&](char* p, std::size_t n) {
+    return Buffer{p, n, output.dtype, output.device};
+  };
+  const std::size_t l = std::size_t(local_index_[rank()]);
+  char* const my_rail = stage + l * rail_count * esize;
+  char* const mine = my_rail + std::size_t(host_) * part * esize;
+  std::memcpy(mine, input.data, input.bytes());
+  std::memset(mine + input.bytes(), 0, part * esize - input.bytes());
+  // In place both times: each rank's input is its own slot of the output.
+  inner(rail()->all_gather(view(mine, part), view(my_rail, rail_count)), timeout, true);
+  inner(local_->all_gather(view(my_rail, rail_count), view(stage, L * rail_count)), timeout, false);
+  char* const out = static_cast<char*>(output.data);
+  for (int r = 0; r < world_size(); ++r) {
+    const Shard s = parts[std::size_t(r)];
+    const std::size_t slot = std::size_t(local_index_[r]) * H + std::size_t(host_of_[r]);
+    std::memcpy(out + s.offset * esize, stage + slot * part * esize, s.count * esize);
+  }
 }
 
 void HierarchicalCommunicator::run_all_gather(Buffer input, Buffer output,
                                               const std::vector<Shard>& parts,
                                               Milliseconds timeout) {
+  if (hosts_ == 1) {
+    std::vector<std::size_t> counts;
+    for (const Shard& s : parts) counts.push_back(s.count);
+    inner(local_->all_gather(input, output, counts), timeout, false);
+  } else if (rail()) {
+    rail_all_gather(input, output, parts, timeout);
+  } else {
+    leaders_all_gather(input, output, parts, timeout);
+  }
+}
+
+void HierarchicalCommunicator::leaders_all_gather(Buffer input, Buffer output,
+                                                  const std::vector<Shard>& parts,
+                                                  Milliseconds timeout) {
   const std::size_t esize = element_size(output.dtype);
   std::size_t part = 0;  // the largest: every rank's part travels padded to it
   for (const Shard& s : parts) part = std::max(part, s.count);
   const std::size_t block = std::size_t(widest_host_) * part;  // one host's parts
-  std::vector<char> blocks(std::size_t(hosts_) * block * esize), padded(part * esize);
-  std::memcpy(padded.data(), input.data, input.bytes());
+  char* const blocks = scratch((std::size_t(hosts_) * block + part) * esize);
+  char* const padded = blocks + std::size_t(hosts_) * block * esize;
+  std::memcpy(padded, input.data, input.bytes());
   const auto view = [&](char* p, std::size_t n) {
     return Buffer{p, n, output.dtype, output.device};
   };
-  char* const mine = blocks.data() + std::size_t(host_) * block * esize;
-  inner(local_->all_gather(view(padded.data(), part), view(mine, members_[host_].size() * part)),
-        timeout, false);
-  if (hosts_ > 1) {
-    if (leaders_)
-      inner(leaders_->all_gather(view(mine, block), view(blocks.data(), hosts_ * block)), timeout,
-            true);
-    inner(local_->broadcast(view(blocks.data(), hosts_ * block), 0), timeout, false);
-  }
+  char* const mine = blocks + std::size_t(host_) * block * esize;
+  inner(local_->all_gather(view(padded, part), view(mine, members_[host_].size() * part)), timeout,
+        false);
+  if (leaders_)
+    inner(leaders_->all_gather(view(mine, block), view(blocks, hosts_ * block)), timeout, true);
+  inner(local_->broadcast(view(blocks, hosts_ * block), 0), timeout, false);
   char* const out = static_cast<char*>(output.data);
   for (int r = 0; r < world_size(); ++r) {
     const Shard s = parts[std::size_t(r)];
     const std::size_t at = (std::size_t(host_of_[r]) * block + local_index_[r] * part) * esize;
-    std::memcpy(out + s.offset * esize, blocks.data() + at, s.count * esize);
+    std::memcpy(out + s.offset * esize, blocks + at, s.count * esize);
   }
 }
 

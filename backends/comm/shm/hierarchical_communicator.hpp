@@ -3,16 +3,25 @@
 // registry) between one leader per host (its lowest rank), then shared memory again.
 //   all_reduce      host sum over shm -> leaders all-reduce -> host broadcast from the leader
 //   broadcast       to the root's leader over shm -> leaders -> every host over shm
-//   all_gather      host all_gather over shm into a per-host block (parts padded to the
-//                   largest) -> leaders all_gather the blocks -> host broadcast -> unpack
-//   reduce_scatter  all_reduce on a copy, keep this rank's part
+//   reduce_scatter  every host the same number of ranks L ("rails"): the parts rearranged by
+//                   local index, host reduce_scatter over shm (local rank l gets the host sum
+//                   of the parts of every host's l-th rank) -> reduce_scatter over rail l (the
+//                   l-th rank of every host) -> this rank's part. Each byte crosses shm and
+//                   the network once, as in a flat ring: bandwidth-optimal. Hosts of unequal
+//                   sizes: all_reduce on a copy, keep this rank's part
+//   all_gather      the reverse with rails: all_gather over rail l, host all_gather over
+//                   shm, unpack. Unequal hosts: host all_gather into a per-host block (parts
+//                   padded to the largest) -> leaders all_gather the blocks -> host
+//                   broadcast -> unpack
+//   one host        reduce_scatter and all_gather are the shm communicator's own
 //   barrier         host, leaders, host
 //   send/recv       over shm inside a host; across hosts over a third communicator of the
 //                   whole world made by the same factory (made at construction, because
 //                   making one is collective)
-// Only host leaders carry traffic between hosts, so the TCP links carry 1/ranks-per-host of
-// what a flat Gloo ring would. Error messages of the inner groups name their own ranks; the
-// message adds which global ranks they are.
+// all_reduce, broadcast and barrier cross hosts through the leaders only, so the TCP links
+// carry 1/ranks-per-host of what a flat Gloo ring would; reduce_scatter and all_gather cross
+// them on every rail at once, each rail with 1/ranks-per-host of the bytes. Error messages of the
+// inner groups name their own ranks; the message adds which global ranks they are.
 
 #include <functional>
 
@@ -46,6 +55,18 @@ class HierarchicalCommunicator final : public Communicator {
   // Waits for an inner operation, adding which group it ran in to its error.
   void inner(const WorkPtr& work, Milliseconds timeout, bool between_hosts) const;
   void all_reduce_sum(Buffer data, ReduceOp wire, Milliseconds timeout);
+  // The rail of this rank's local index (the leaders' communicator for local index 0); null
+  // when hosts differ in size or there is one host.
+  Communicator* rail() const;
+  // Scratch for the rearranged parts, grown on demand and kept: operations run one at a time,
+  // and fresh pages cost more than the copy.
+  char* scratch(std::size_t bytes);
+  void rail_reduce_scatter(Buffer input, Buffer output, ReduceOp op,
+                           const std::vector<Shard>& parts, Milliseconds timeout);
+  void rail_all_gather(Buffer input, Buffer output, const std::vector<Shard>& parts,
+                       Milliseconds timeout);
+  void leaders_all_gather(Buffer input, Buffer output, const std::vector<Shard>& parts,
+                          Milliseconds timeout);
 
   std::vector<int> host_of_, local_index_;
   std::vector<std::vector<int>> members_;  // global ranks of each host, ascending
@@ -53,6 +74,9 @@ class HierarchicalCommunicator final : public Communicator {
   CommunicatorPtr local_;    // this host's ranks, over shm
   CommunicatorPtr leaders_;  // one rank per host; null on the others
   CommunicatorPtr world_;    // everyone, for send/recv across hosts
+  CommunicatorPtr rail_;     // the l-th rank of every host, for l > 0 (rail())
+  bool uniform_ = false;     // every host has widest_host_ ranks
+  std::vector<char> scratch_;
 };
 
 }  // namespace accel
