@@ -20,6 +20,11 @@
 // (all_gather's output, reduce_scatter's input). After the timing, one validation run on
 // known values counts the wrong elements over all ranks (#wrong).
 //
+// With --rounds N, every size is measured N times, ours and the raw library taking turns
+// (budget_ms / N each), and each row is the median round: a machine whose speed drifts, or
+// swings between modes for seconds at a time (Gloo on 2 cores), then slows both sides of a
+// ratio alike.
+//
 // Iterations are time-budgeted (--budget_ms per row, at least --min_iters) unless --iters is
 // given, so a full run finishes in minutes while small sizes still get many iterations. Two
 // buffers of max_bytes are allocated and pre-faulted once and every size uses their front:
@@ -129,6 +134,7 @@ struct Flags {
   int port = -1;  // -1: MASTER_PORT, else 29500
   int timeout_s = 300;
   bool check = true;
+  int rounds = 1;  // >1: each size measured in rounds, the tables taking turns (see --help)
 };
 
 const char* kUsage =
@@ -141,6 +147,9 @@ const char* kUsage =
     "  --max_iters N     cap on budgeted iterations                 (default 1000)\n"
     "  --warmup N        warm-up operations per row                 (default 2)\n"
     "  --ops LIST        all_reduce,all_gather,reduce_scatter,broadcast (default all)\n"
+    "  --rounds N        measure every size in N rounds, the tables taking turns within\n"
+    "                    each (budget_ms / N each); a row is the median round (default 1:\n"
+    "                    one table after another)\n"
     "  --comms LIST      memcpy,shm,hierarchical,gloo,raw_gloo,mpi,raw_mpi,raw_mpi_nb,nccl\n"
     "                    (default all built;\n"
     "                    nccl: one GPU per rank, LOCAL_RANK's, device buffers)\n"
@@ -217,6 +226,8 @@ Flags parse_flags(int argc, char** argv) {
       f.timeout_s = parse_int(flag, value, 1);
     else if (flag == "--check")
       f.check = parse_int(flag, value, 0) != 0;
+    else if (flag == "--rounds")
+      f.rounds = parse_int(flag, value, 1);
     else if (flag == "--ops") {
       f.ops.clear();
       for (const std::string& name : split_list(value)) {
@@ -257,6 +268,22 @@ std::string size_label(std::size_t bytes) {
   if (bytes >= (1u << 20) && bytes % (1u << 20) == 0) return std::to_string(bytes >> 20) + " MiB";
   if (bytes >= (1u << 10) && bytes % (1u << 10) == 0) return std::to_string(bytes >> 10) + " KiB";
   return std::to_string(bytes) + " B";
+}
+
+// "4K", "64M": a ratio table's column.
+std::string short_size(std::size_t bytes) {
+  if (bytes >= (1u << 20) && bytes % (1u << 20) == 0) return std::to_string(bytes >> 20) + "M";
+  if (bytes >= (1u << 10) && bytes % (1u << 10) == 0) return std::to_string(bytes >> 10) + "K";
+  return std::to_string(bytes);
+}
+
+std::string format_us(double us) {
+  char text[32];
+  if (us >= 1000)
+    std::snprintf(text, sizeof text, "%.2f ms", us / 1000);
+  else
+    std::snprintf(text, sizeof text, "%.2f us", us);
+  return text;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -790,7 +817,7 @@ class Bench {
         for (int w = 0; w < std::max(flags_.warmup, 1); ++w) copy();
         const auto t0 = Clock::now();
         copy();
-        const int iters = iterations(seconds_since(t0));
+        const int iters = iterations(seconds_since(t0), flags_.budget_ms / 1e3);
         const auto t1 = Clock::now();
         for (int i = 0; i < iters; ++i) copy();
         const double t = seconds_since(t1) / iters;
@@ -804,34 +831,49 @@ class Bench {
 
   // One table: `target` running `op` at every size. Returns the total #wrong.
   long table(Target& target, Op op) {
-    const std::string dtype = std::string(dtype_name(flags_.dtype));
-    say("#\n# backend %s  op %s  nranks %d\n# %s\n", target.name().c_str(),
-        std::string(op_name(op)).c_str(), world_, target.description().c_str());
-    if (!target.supports(op, flags_.dtype)) {
-      say("# (%s has no %s for %s)\n", target.name().c_str(), std::string(op_name(op)).c_str(),
-          dtype.c_str());
-      return 0;
-    }
-    say("#%11s  %12s  %6s  %10s  %8s  %8s  %7s  %6s\n", "size", "count", "type", "time", "algbw",
-        "busbw", "#wrong", "iters");
-    say("#%11s  %12s  %6s  %10s  %8s  %8s  %7s  %6s\n", "(B)", "(elements)", "", "(us)", "(GB/s)",
-        "(GB/s)", "", "");
-    long total_wrong = 0;
-    double busbw_sum = 0;
-    int rows = 0;
+    if (!table_header(target, op)) return 0;
+    std::vector<Row> rows;
     for (std::size_t bytes : sizes(flags_)) {
-      const auto row = measure(target, op, bytes);
+      const auto row = measure(target, op, bytes, flags_.budget_ms / 1e3, flags_.check);
       if (!row) continue;
-      say("%12zu  %12zu  %6s  %10.2f  %8.3f  %8.3f  %7ld  %6d\n", row->bytes, row->count,
-          dtype.c_str(), row->time_us, row->algbw, row->busbw, row->wrong, row->iters);
-      results_[{target.name(), op, row->bytes}] = *row;
-      total_wrong += row->wrong;
-      busbw_sum += row->busbw;
-      ++rows;
+      print_row(target, op, *row);
+      rows.push_back(*row);
     }
-    say("# Out of bounds values : %ld %s\n", total_wrong, total_wrong ? "FAILED" : "OK");
-    say("# Avg bus bandwidth    : %.3f\n", rows ? busbw_sum / rows : 0.0);
-    return total_wrong;
+    return table_footer(rows);
+  }
+
+  // Every target's table for `op`, measured in --rounds rounds per size with the targets
+  // taking turns; a row is the round of median time (its validation: the last round's).
+  long interleaved_tables(const std::vector<Target*>& targets, Op op) {
+    const double budget = flags_.budget_ms / 1e3 / flags_.rounds;
+    std::map<Target*, std::vector<Row>> rows;
+    for (std::size_t bytes : sizes(flags_)) {
+      std::map<Target*, std::vector<Row>> rounds;
+      for (int r = 0; r < flags_.rounds; ++r)
+        for (Target* t : targets) {
+          if (!t->supports(op, flags_.dtype)) continue;
+          const bool last = r + 1 == flags_.rounds;
+          if (auto row = measure(*t, op, bytes, budget, flags_.check && last))
+            rounds[t].push_back(*row);
+        }
+      for (auto& [t, list] : rounds) {
+        std::sort(list.begin(), list.end(),
+                  [](const Row& x, const Row& y) { return x.time_us < y.time_us; });
+        Row median = list[list.size() / 2];
+        median.wrong = 0;
+        for (const Row& row : list) median.wrong += row.wrong;
+        median.iters = 0;
+        for (const Row& row : list) median.iters += row.iters;
+        rows[t].push_back(median);
+      }
+    }
+    long wrong = 0;
+    for (Target* t : targets) {
+      if (!table_header(*t, op)) continue;
+      for (const Row& row : rows[t]) print_row(*t, op, row);
+      wrong += table_footer(rows[t]);
+    }
+    return wrong;
   }
 
   // "gloo: 64 MiB all_reduce busbw: ours X GB/s, raw Y GB/s, ratio Z", at 64 MiB, or at the
@@ -866,6 +908,45 @@ class Bench {
     if (!line.empty()) say("4 KiB all_reduce time: %s\n", line.c_str());
   }
 
+  // Each of our communicators against the raw library it wraps, per operation and size both
+  // measured: raw time / our time (above 1: ours is faster), then one line for the goal that
+  // every ratio be at least `goal` (bench/README, "lose nothing to the raw libraries").
+  void ratio_summary(double goal) const {
+    const std::pair<std::string, std::string> pairs[] = {{"gloo", "raw_gloo"}, {"mpi", "raw_mpi"}};
+    std::vector<std::string> lines;
+    int cells = 0, below = 0;
+    double worst = 0;
+    std::string worst_at;
+    for (const auto& [ours, raw] : pairs)
+      for (Op op : kAllOps) {
+        std::string line;
+        for (const auto& [key, row] : results_) {
+          const auto& [name, key_op, bytes] = key;
+          if (name != ours || key_op != op || !results_.contains({raw, op, bytes})) continue;
+          const Row& base = results_.at({raw, op, bytes});
+          const double ratio = row.time_us > 0 ? base.time_us / row.time_us : 0;
+          char cell[64];
+          std::snprintf(cell, sizeof cell, " %s %.2f", short_size(bytes).c_str(), ratio);
+          line += cell;
+          ++cells;
+          if (ratio < goal) ++below;
+          if (worst_at.empty() || ratio < worst) {
+            worst = ratio;
+            worst_at = ours + " " + std::string(op_name(op)) + " " + size_label(bytes) + " (" +
+                       format_us(row.time_us) + " against " + format_us(base.time_us) + ")";
+          }
+        }
+        if (!line.empty())
+          lines.push_back(ours + "/" + raw + " " + std::string(op_name(op)) + ":" + line);
+      }
+    if (lines.empty()) return;
+    say("#\n# Ratios, raw time / our time (below 1: ours is slower), world %d\n", world_);
+    for (const std::string& line : lines) say("ratio %s\n", line.c_str());
+    say("goal: every communicator within %.2fx of its raw library at world %d: %s (%d of %d "
+        "ratios below %.2f; the lowest %.2f, %s)\n",
+        goal, world_, below ? "not met" : "met", below, cells, goal, worst, worst_at.c_str());
+  }
+
   void memcpy_summary() const {
     const std::size_t at = std::size_t(64) << 20;
     if (memcpy_gbs_.contains(at))
@@ -873,14 +954,53 @@ class Bench {
   }
 
  private:
-  int iterations(double one_op_seconds) const {
+  // The table's title and column heads; false (saying so) when `target` cannot run `op`.
+  bool table_header(Target& target, Op op) const {
+    const std::string dtype = std::string(dtype_name(flags_.dtype));
+    say("#\n# backend %s  op %s  nranks %d\n# %s\n", target.name().c_str(),
+        std::string(op_name(op)).c_str(), world_, target.description().c_str());
+    if (!target.supports(op, flags_.dtype)) {
+      say("# (%s has no %s for %s)\n", target.name().c_str(), std::string(op_name(op)).c_str(),
+          dtype.c_str());
+      return false;
+    }
+    if (flags_.rounds > 1)
+      say("# the median of %d rounds, taking turns with the other tables\n", flags_.rounds);
+    say("#%11s  %12s  %6s  %10s  %8s  %8s  %7s  %6s\n", "size", "count", "type", "time", "algbw",
+        "busbw", "#wrong", "iters");
+    say("#%11s  %12s  %6s  %10s  %8s  %8s  %7s  %6s\n", "(B)", "(elements)", "", "(us)", "(GB/s)",
+        "(GB/s)", "", "");
+    return true;
+  }
+
+  void print_row(Target& target, Op op, const Row& row) {
+    say("%12zu  %12zu  %6s  %10.2f  %8.3f  %8.3f  %7ld  %6d\n", row.bytes, row.count,
+        std::string(dtype_name(flags_.dtype)).c_str(), row.time_us, row.algbw, row.busbw, row.wrong,
+        row.iters);
+    results_[{target.name(), op, row.bytes}] = row;
+  }
+
+  long table_footer(const std::vector<Row>& rows) const {
+    long wrong = 0;
+    double busbw_sum = 0;
+    for (const Row& row : rows) {
+      wrong += row.wrong;
+      busbw_sum += row.busbw;
+    }
+    say("# Out of bounds values : %ld %s\n", wrong, wrong ? "FAILED" : "OK");
+    say("# Avg bus bandwidth    : %.3f\n", rows.empty() ? 0.0 : busbw_sum / double(rows.size()));
+    return wrong;
+  }
+
+  int iterations(double one_op_seconds, double budget) const {
     if (flags_.iters > 0) return flags_.iters;
-    const double budget = flags_.budget_ms / 1e3;
     const double n = one_op_seconds > 0 ? budget / one_op_seconds : flags_.max_iters;
     return int(std::clamp(n, double(flags_.min_iters), double(flags_.max_iters)));
   }
 
-  std::optional<Row> measure(Target& target, Op op, std::size_t bytes) {
+  // One row: warm-up, `budget` seconds of timed operations (or --iters), and with `check` a
+  // validation run.
+  std::optional<Row> measure(Target& target, Op op, std::size_t bytes, double budget, bool check) {
     const std::size_t esize = element_size(flags_.dtype);
     std::size_t count = bytes / esize;
     // Equal parts, as nccl-tests does, so every library sees the same shape.
@@ -901,9 +1021,9 @@ class Bench {
       const auto t0 = Clock::now();
       target.run(op, b);
       one = w == 0 ? seconds_since(t0) : std::min(one, seconds_since(t0));
-      if (flags_.iters == 0 && target.across_ranks(one, true) > flags_.budget_ms / 1e3) break;
+      if (flags_.iters == 0 && target.across_ranks(one, true) > budget) break;
     }
-    const int iters = iterations(flags_.iters ? 0 : target.across_ranks(one, true));
+    const int iters = iterations(flags_.iters ? 0 : target.across_ranks(one, true), budget);
 
     target.barrier();
     const auto t0 = Clock::now();
@@ -917,7 +1037,7 @@ class Bench {
     row.time_us = elapsed / iters * 1e6;
     row.algbw = double(row.bytes) / (elapsed / iters) / 1e9;
     row.busbw = row.algbw * bus_factor(op, world_);
-    if (flags_.check) {
+    if (check) {
       prepare_validation(op, b, rank_);
       target.to_device(b);
       target.run(op, b);
@@ -1052,9 +1172,16 @@ int run(int argc, char** argv) {
   // Operation by operation, so ours and the raw library it wraps are measured minutes apart
   // at most, not a whole run apart, on a machine whose load may drift.
   long wrong = 0;
-  for (Op op : flags.ops)
-    for (const auto& target : targets)
-      if (wanted(flags, target->name())) wrong += bench.table(*target, op);
+  std::vector<Target*> chosen;
+  for (const auto& target : targets)
+    if (wanted(flags, target->name())) chosen.push_back(target.get());
+  for (Op op : flags.ops) {
+    if (flags.rounds > 1) {
+      wrong += bench.interleaved_tables(chosen, op);
+    } else {
+      for (Target* target : chosen) wrong += bench.table(*target, op);
+    }
+  }
 
   bench.say("#\n# Summary (all_reduce busbw, ratio = ours / raw)\n");
   bench.memcpy_summary();
@@ -1063,6 +1190,7 @@ int run(int argc, char** argv) {
   bench.summary("mpi", "raw_mpi");
   bench.summary("mpi", "raw_mpi_nb");
   bench.latency_summary();
+  bench.ratio_summary(0.9);
   bench.say("# Out of bounds values : %ld %s\n", wrong, wrong ? "FAILED" : "OK");
 
   // Communicators before MPI_Finalize (MpiSession is destroyed last).

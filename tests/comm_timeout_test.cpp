@@ -155,28 +155,34 @@ TEST_CASE("a collective one rank never enters times out naming the op, its numbe
   }
 }
 
-// Gloo only: shared memory runs a barrier inline on the caller's thread (communicator.hpp), so
-// its barrier() returns only when the peer has arrived.
+// An operation above the inline limit (GlooCommunicator::kInlineBytes, 256 KiB) runs on the
+// worker thread, so the call returns at once and the caller's own short wait ends first; a
+// smaller one would run inline and return only when the peer arrived (communicator.hpp).
 TEST_CASE("Work::wait with a short timeout names the operation") {
   if (test::skip_unless(communicator_available("gloo"), "gloo communicator not built")) return;
   auto store = std::make_shared<MemoryStore>();
   std::promise<void> release;
+  constexpr std::size_t kCount = 1 << 18;  // 1 MiB of floats
   auto rank1 = std::async(std::launch::async, [&] {
     auto comm = create_communicator("gloo", options_for(1, 2, store, 5000ms));
+    std::vector<float> data(kCount, 1.0f);
     release.get_future().wait();
-    comm->barrier()->wait();
+    comm->all_reduce(buffer_of(std::span(data)), ReduceOp::sum)->wait();
   });
   auto comm = create_communicator("gloo", options_for(0, 2, store, 5000ms));
-  auto work = comm->barrier();
+  std::vector<float> data(kCount, 1.0f);
+  auto work = comm->all_reduce(buffer_of(std::span(data)), ReduceOp::sum);
   std::string message;
   try {
     work->wait(200ms);
   } catch (const TimeoutError& e) {
     message = e.what();
   }
-  CHECK(message.find("rank 0: barrier #1 did not complete within 200 ms") != std::string::npos);
+  CHECK(message.find("rank 0: all_reduce(sum, 262144 x f32) #1 did not complete within 200 ms") !=
+        std::string::npos);
   release.set_value();
   work->wait();  // completes once rank 1 arrives
+  CHECK(data[0] == 2.0f);
   rank1.get();
 }
 

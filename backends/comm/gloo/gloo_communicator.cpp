@@ -1,6 +1,8 @@
 #include "backends/comm/gloo/gloo_communicator.hpp"
 
 #include <gloo/allgatherv.h>
+#include <cstdlib>
+
 #include <gloo/allreduce.h>
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
@@ -108,6 +110,9 @@ GlooCommunicator::GlooCommunicator(const CommOptions& options)
                     options.group_name + "': " + e.what());
   }
   context_ = std::move(context);
+  const char* inline_bytes = std::getenv("ACCEL_GLOO_INLINE_BYTES");
+  set_inline_max_bytes(inline_bytes && *inline_bytes ? std::strtoull(inline_bytes, nullptr, 10)
+                                                     : kInlineBytes);
 }
 
 GlooCommunicator::~GlooCommunicator() { stop_worker(); }

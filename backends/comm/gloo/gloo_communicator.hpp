@@ -22,6 +22,10 @@ class GlooCommunicator final : public Communicator {
   explicit GlooCommunicator(const CommOptions& options);
   ~GlooCommunicator() override;
   std::string_view backend_name() const override { return "gloo"; }
+  // Operations of at most this many bytes run on the caller's thread (communicator.hpp's
+  // inline execution); ACCEL_GLOO_INLINE_BYTES overrides it (0: only barriers), for
+  // experiments. Gloo's calls carry their own timeouts, so running them inline keeps that.
+  static constexpr std::size_t kInlineBytes = 256 * 1024;
 
  protected:
   void run_all_reduce(Buffer data, ReduceOp op, Milliseconds timeout) override;
