@@ -13,12 +13,16 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "accelerate/process_group.hpp"
+#if ACCEL_TEST_HIERARCHICAL
+#include "backends/comm/shm/hierarchical_communicator.hpp"
+#endif
 #include "core/error.hpp"
 #include "tests/support/fake_hosts.hpp"
 #include "tests/support/staging.hpp"
@@ -297,6 +301,38 @@ void check_async(Communicator& comm) {
 // --kill_rank R: after a first all_reduce together, every rank starts a large all_reduce and
 // rank R kills itself (SIGKILL) while it is in flight. The others must fail naming rank R;
 // each prints "survivor error: ..." and exits 3.
+#if ACCEL_TEST_HIERARCHICAL
+// Over hosts of equal size, a reduce_scatter and an all_gather of N elements put on the links
+// between hosts what a bandwidth-optimal algorithm must: every host exchanges (H-1)/H of the
+// buffer, spread over its L ranks, so (H-1) x N/(H x L) elements per rank. (A reduce_scatter
+// done as the leaders' all-reduce puts 2(H-1)/H x N on each leader.)
+void check_hierarchical_traffic(Communicator& comm, int hosts) {
+  auto* hierarchical = dynamic_cast<HierarchicalCommunicator*>(&comm);
+  const int world = comm.world_size();
+  if (!hierarchical || hosts < 2 || world % hosts != 0) return;
+  const std::size_t total = std::size_t(world) * 1000;
+  const std::uint64_t want = std::uint64_t(hosts - 1) * (total / std::size_t(world)) * 4;
+  std::vector<float> full(total, 1.0f), part(total / std::size_t(world));
+  const auto measure = [&](const char* what, const std::function<void()>& run) {
+    const std::uint64_t before = hierarchical->between_hosts_bytes();
+    run();
+    const std::uint64_t moved = hierarchical->between_hosts_bytes() - before;
+    ++g_checks;
+    if (moved != want) {
+      ++g_failures;
+      std::printf("FAIL %s of %zu floats: rank %d put %llu bytes between hosts, expected %llu\n",
+                  what, total, comm.rank(), (unsigned long long)moved, (unsigned long long)want);
+    }
+  };
+  measure("reduce_scatter", [&] {
+    comm.reduce_scatter(buffer_of(std::span(full)), buffer_of(std::span(part)), ReduceOp::sum)
+        ->wait();
+  });
+  measure("all_gather",
+          [&] { comm.all_gather(buffer_of(std::span(part)), buffer_of(std::span(full)))->wait(); });
+}
+#endif
+
 int kill_mid_collective(Communicator& comm, int victim) {
   std::vector<float> small(1024, 1.0f);
   comm.all_reduce(buffer_of(std::span(small)), ReduceOp::sum)->wait();
@@ -344,13 +380,16 @@ int absent_from_collective(Communicator& comm, int absent) {
 
 int main(int argc, char** argv) {
   ProcessGroupOptions options;
-  int kill_rank = -1, absent_rank = -1;
+  int kill_rank = -1, absent_rank = -1, fake_hosts = 0;
   for (int i = 1; i + 1 < argc; ++i) {
     if (std::strcmp(argv[i], "--backend") == 0) options.backend = argv[i + 1];
     if (std::strcmp(argv[i], "--kill_rank") == 0) kill_rank = std::atoi(argv[i + 1]);
     if (std::strcmp(argv[i], "--absent_rank") == 0) absent_rank = std::atoi(argv[i + 1]);
     // --fake_hosts H: one machine looks like H hosts to the hierarchical communicator.
-    if (std::strcmp(argv[i], "--fake_hosts") == 0) test::claim_fake_host(std::atoi(argv[i + 1]));
+    if (std::strcmp(argv[i], "--fake_hosts") == 0) {
+      fake_hosts = std::atoi(argv[i + 1]);
+      test::claim_fake_host(fake_hosts);
+    }
   }
   if (absent_rank >= 0) options.timeout = std::chrono::seconds(2);
   try {
@@ -380,6 +419,9 @@ int main(int argc, char** argv) {
       }
     for (std::size_t count : {std::size_t(1), std::size_t(4097)}) check_send_recv(comm, count);
     check_async(comm);
+#if ACCEL_TEST_HIERARCHICAL
+    check_hierarchical_traffic(comm, fake_hosts);
+#endif
     comm.barrier()->wait();
     std::printf("rank %d of %d (%s): %d checks, %d failed\n", comm.rank(), world,
                 std::string(comm.backend_name()).c_str(), g_checks, g_failures);

@@ -87,6 +87,13 @@ void HierarchicalCommunicator::run_all_reduce(Buffer data, ReduceOp op, Millisec
   if (op == ReduceOp::avg) finish_average(data);
 }
 
+std::uint64_t HierarchicalCommunicator::between_hosts_bytes() const {
+  std::uint64_t bytes = 0;
+  for (const CommunicatorPtr* c : {&leaders_, &rail_, &world_})
+    if (*c) bytes += (*c)->bus_bytes();
+  return bytes;
+}
+
 Communicator* HierarchicalCommunicator::rail() const {
   if (hosts_ == 1 || !uniform_) return nullptr;
   return local_index_[rank()] == 0 ? leaders_.get() : rail_.get();

@@ -39,6 +39,9 @@ class HierarchicalCommunicator final : public Communicator {
                            const Factory& make_between_hosts);
   ~HierarchicalCommunicator() override;
   std::string_view backend_name() const override { return "hierarchical"; }
+  // Bytes this rank has put on the communicators between hosts (counted as bus_bytes counts
+  // them), so a test can hold reduce_scatter and all_gather to the bandwidth-optimal volume.
+  std::uint64_t between_hosts_bytes() const;
 
  protected:
   void run_all_reduce(Buffer data, ReduceOp op, Milliseconds timeout) override;
