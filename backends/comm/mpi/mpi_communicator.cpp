@@ -380,31 +380,92 @@ class Pending {
   std::unique_ptr<Scratch> scratch_;
 };
 
-// The meetings' messages, on the internal communicator. MPI matches messages between two
-// ranks in the order they were sent, and operations run one at a time, so one tag serves all.
-constexpr int kInternalTag = 1;
-
-// A meeting of every rank over point-to-point messages: a dissemination barrier (in round k
-// each rank tells rank + 2^k and hears from rank - 2^k; after ceil(log2 n) rounds everyone has
-// heard from everyone, directly or not). It carries the timeout for the blocking collective
-// that follows and names the rank waited for. MPI_Ibarrier does the same through Open MPI's
-// nonblocking-collective engine (libnbc), which costs more than the 4 KiB collective after it
-// (bench/README).
-void meet(MPI_Comm comm, int rank, int world, const std::string& what, Milliseconds timeout) {
-  const auto deadline = Clock::now() + timeout;
-  for (int distance = 1; distance < world; distance *= 2) {
-    const int to = (rank + distance) % world;
-    const int from = (rank - distance + world) % world;
-    Pending pending;
-    {
-      MpiLock lock;
-      ACCEL_MPI_CHECK(MPI_Irecv(nullptr, 0, MPI_BYTE, from, kInternalTag, comm, pending.next()));
-      ACCEL_MPI_CHECK(MPI_Isend(nullptr, 0, MPI_BYTE, to, kInternalTag, comm, pending.next()));
+// A meeting of every rank before each collective, over point-to-point messages on the
+// internal communicator: a dissemination barrier (in round k each rank tells rank + 2^k and
+// hears from rank - 2^k; after ceil(log2 n) rounds everyone has heard from everyone, directly
+// or not). It carries the timeout for the blocking collective that follows and names the rank
+// waited for. The requests are persistent and each receive is posted one meeting ahead, so a
+// rank that arrives after its peers finds their messages there: the meeting then costs a few
+// MPI_Start and MPI_Test calls instead of a round trip per round. MPI_Ibarrier would do the
+// same through Open MPI's nonblocking-collective engine (libnbc), which costs more than the
+// 4 KiB collective after it (bench/README). MPI matches messages between two ranks in the
+// order they were sent and meetings run one at a time, so a tag per round serves them all.
+class Meeting {
+ public:
+  // Caller holds the process lock.
+  Meeting(MPI_Comm comm, int rank, int world) {
+    for (int distance = 1, k = 0; distance < world; distance *= 2, ++k) {
+      Round round;
+      round.to = (rank + distance) % world;
+      round.from = (rank - distance + world) % world;
+      ACCEL_MPI_CHECK(MPI_Send_init(nullptr, 0, MPI_BYTE, round.to, k, comm, &round.send));
+      ACCEL_MPI_CHECK(MPI_Recv_init(nullptr, 0, MPI_BYTE, round.from, k, comm, &round.recv));
+      ACCEL_MPI_CHECK(MPI_Start(&round.recv));
+      rounds_.push_back(round);
     }
-    pending.wait_until(what + " (waiting for rank " + std::to_string(from) + " to enter)", deadline,
-                       timeout, /*point_to_point=*/true);
   }
-}
+
+  // Caller holds the process lock. The receive posted for the next meeting is cancelled;
+  // a request MPI cannot finish stays as it is (the process is ending or abandoned).
+  void close() noexcept {
+    for (Round& round : rounds_) {
+      MPI_Cancel(&round.recv);
+      MPI_Wait(&round.recv, MPI_STATUS_IGNORE);
+      int done = 0;
+      MPI_Test(&round.send, &done, MPI_STATUS_IGNORE);
+      if (!done) continue;
+      MPI_Request_free(&round.recv);
+      MPI_Request_free(&round.send);
+    }
+    rounds_.clear();
+  }
+
+  void meet(const std::string& what, Milliseconds timeout) {
+    const auto deadline = Clock::now() + timeout;
+    for (Round& round : rounds_) {
+      {
+        MpiLock lock;
+        ACCEL_MPI_CHECK(MPI_Start(&round.send));
+      }
+      wait(round.recv, deadline, [&] {
+        return what + " (waiting for rank " + std::to_string(round.from) + " to enter) did not " +
+               "complete within " + std::to_string(timeout.count()) + " ms";
+      });
+      {
+        MpiLock lock;
+        ACCEL_MPI_CHECK(MPI_Start(&round.recv));  // for the next meeting
+      }
+      // An empty send completes at once; it must before the next MPI_Start on it.
+      wait(round.send, deadline, [&] {
+        return what + " (sending to rank " + std::to_string(round.to) + ") did not complete " +
+               "within " + std::to_string(timeout.count()) + " ms";
+      });
+    }
+  }
+
+ private:
+  struct Round {
+    int to = 0, from = 0;
+    MPI_Request send = MPI_REQUEST_NULL, recv = MPI_REQUEST_NULL;
+  };
+
+  template <typename Describe>
+  static void wait(MPI_Request& request, Clock::time_point deadline, const Describe& describe) {
+    Backoff backoff(deadline);
+    for (;;) {
+      int done = 0;
+      {
+        MpiLock lock;
+        ACCEL_MPI_CHECK(MPI_Test(&request, &done, MPI_STATUS_IGNORE));
+      }
+      if (done) return;
+      if (Clock::now() >= deadline) throw TimeoutError(describe());
+      backoff.pause();
+    }
+  }
+
+  std::vector<Round> rounds_;
+};
 
 }  // namespace
 
@@ -413,6 +474,7 @@ struct MpiCommunicator::State {
   // Our own point-to-point traffic (the meetings), apart from the user's
   // send/recv on `comm`, so a message of ours can never match a receive of theirs.
   MPI_Comm internal = MPI_COMM_NULL;
+  std::unique_ptr<Meeting> meeting;  // on `internal`
   int tag_ub = 32767;  // the least MPI guarantees; replaced by the library's MPI_TAG_UB
 };
 
@@ -481,6 +543,7 @@ MpiCommunicator::MpiCommunicator(const CommOptions& options, World world)
     int flag = 0;
     ACCEL_MPI_CHECK(MPI_Comm_get_attr(comm, MPI_TAG_UB, &value, &flag));
     if (flag && value) state_->tag_ub = *static_cast<int*>(value);
+    state_->meeting = std::make_unique<Meeting>(internal, rank(), world_size());
   } catch (...) {
     std::lock_guard lock(process().mutex);
     MPI_Comm_free(&comm);
@@ -511,6 +574,7 @@ MpiCommunicator::~MpiCommunicator() {
   MPI_Finalized(&finalized);
   // After an abandoned operation MPI may still be using this communicator; leave it be.
   if (!finalized && !p.abandoned) {
+    if (state_->meeting) state_->meeting->close();
     MPI_Comm_free(&state_->comm);
     MPI_Comm_free(&state_->internal);
   }
@@ -527,7 +591,7 @@ MpiCommunicator::~MpiCommunicator() {
 // point-to-point messages, which needs no meeting, measured slower than meeting plus
 // MPI_Allreduce at every size from 1 to 64 KiB (3.8-7.1 against 2.6-3.9 us at 1-4 KiB).
 void MpiCommunicator::run_all_reduce(Buffer data, ReduceOp op, Milliseconds timeout) {
-  meet(state_->internal, rank(), world_size(), "MPI_Allreduce", timeout);
+  state_->meeting->meet("MPI_Allreduce", timeout);
   const MPI_Datatype type = mpi_type(data.dtype);
   const MPI_Op mop = mpi_op(data.dtype, wire_op(op));
   {
@@ -541,7 +605,7 @@ void MpiCommunicator::run_all_reduce(Buffer data, ReduceOp op, Milliseconds time
 }
 
 void MpiCommunicator::run_broadcast(Buffer data, int root, Milliseconds timeout) {
-  meet(state_->internal, rank(), world_size(), "MPI_Bcast", timeout);
+  state_->meeting->meet("MPI_Bcast", timeout);
   const MPI_Datatype type = mpi_type(data.dtype);
   MpiLock lock;
   for_each_chunk(data.count, [&](std::size_t offset, int n) {
@@ -562,7 +626,7 @@ void MpiCommunicator::run_all_gather(Buffer input, Buffer output, const std::vec
     std::memmove(own.data, input.data, input.bytes());
     in_place = true;
   }
-  meet(state_->internal, rank(), world, "MPI_Allgatherv", timeout);
+  state_->meeting->meet("MPI_Allgatherv", timeout);
   if (output.count <= kMaxCount) {
     std::vector<int> counts(static_cast<std::size_t>(world)), displs(counts.size());
     for (int r = 0; r < world; ++r) {
@@ -604,7 +668,7 @@ void MpiCommunicator::run_reduce_scatter(Buffer input, Buffer output, ReduceOp o
     staging.resize(output.bytes());
     result.data = staging.data();
   }
-  meet(state_->internal, me, world, "MPI_Reduce_scatter", timeout);
+  state_->meeting->meet("MPI_Reduce_scatter", timeout);
   if (input.count <= kMaxCount) {
     std::vector<int> counts(static_cast<std::size_t>(world));
     for (int r = 0; r < world; ++r) counts[r] = static_cast<int>(parts[std::size_t(r)].count);
@@ -629,7 +693,7 @@ void MpiCommunicator::run_reduce_scatter(Buffer input, Buffer output, ReduceOp o
 }
 
 void MpiCommunicator::run_barrier(Milliseconds timeout) {
-  meet(state_->internal, rank(), world_size(), "barrier", timeout);
+  state_->meeting->meet("barrier", timeout);
 }
 
 void MpiCommunicator::run_send(Buffer data, int dst, std::uint32_t tag, Milliseconds timeout) {
