@@ -627,6 +627,17 @@ void MpiCommunicator::run_all_gather(Buffer input, Buffer output, const std::vec
     in_place = true;
   }
   state_->meeting->meet("MPI_Allgatherv", timeout);
+  const bool equal = std::all_of(parts.begin(), parts.end(),
+                                 [&](const Shard& part) { return part.count == mine.count; });
+  if (equal && output.count <= kMaxCount) {
+    // Equal parts: MPI_Allgather, whose algorithms Open MPI tunes more than MPI_Allgatherv's
+    // (at world 4, 16 KiB: 38 against 84 us).
+    const int n = static_cast<int>(mine.count);
+    MpiLock lock;
+    ACCEL_MPI_CHECK(MPI_Allgather(in_place ? MPI_IN_PLACE : input.data, n, type, output.data, n,
+                                  type, state_->comm));
+    return;
+  }
   if (output.count <= kMaxCount) {
     std::vector<int> counts(static_cast<std::size_t>(world)), displs(counts.size());
     for (int r = 0; r < world; ++r) {
