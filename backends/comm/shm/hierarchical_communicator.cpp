@@ -127,34 +127,64 @@ void HierarchicalCommunicator::run_reduce_scatter(Buffer input, Buffer output, R
   if (op == ReduceOp::avg) finish_average(output);
 }
 
+namespace {
+
+// Every rank's part travels padded to the largest.
+std::size_t largest_part(const std::vector<Shard>& parts) {
+  std::size_t part = 0;
+  for (const Shard& s : parts) part = std::max(part, s.count);
+  return part;
+}
+
 // Staging layout for the rails, in elements: [local index l][host h][P], where P is the
 // largest part; slot (l, h) holds the part of rank members_[h][l], zero-padded to P. Local
 // rank l's share of a host reduce_scatter is then rail l's whole input, contiguous.
+struct RailLayout {
+  RailLayout(const Buffer& like, const std::vector<Shard>& parts, int locals, int hosts)
+      : like(like),
+        esize(element_size(like.dtype)),
+        part(largest_part(parts)),
+        locals(std::size_t(locals)),
+        hosts(std::size_t(hosts)) {}
+  std::size_t rail_count() const { return hosts * part; }  // one rail's elements
+  std::size_t all_count() const { return locals * rail_count(); }
+  std::size_t slot_offset(std::size_t l, std::size_t h) const {
+    return (l * hosts + h) * part * esize;
+  }
+  Buffer view(char* p, std::size_t count) const {
+    return Buffer{p, count, like.dtype, like.device};
+  }
+
+  Buffer like;
+  std::size_t esize, part, locals, hosts;
+};
+
+}  // namespace
+
 void HierarchicalCommunicator::rail_reduce_scatter(Buffer input, Buffer output, ReduceOp op,
                                                    const std::vector<Shard>& parts,
                                                    Milliseconds timeout) {
-  const std::size_t esize = element_size(input.dtype);
-  std::size_t part = 0;
-  for (const Shard& s : parts) part = std::max(part, s.count);
-  if (part == 0) return;  // every part empty, on every rank alike
-  const std::size_t L = std::size_t(widest_host_), H = std::size_t(hosts_);
-  const std::size_t rail_count = H * part;  // one rail's elements
-  char* const stage = scratch((L + 1) * rail_count * esize);
-  char* const reduced = stage + L * rail_count * esize;  // the host sum of this rank's rail
-  const auto view = [&](char* p, std::size_t n) { return Buffer{p, n, input.dtype, input.device}; };
-  for (std::size_t h = 0; h < H; ++h)
-    for (std::size_t l = 0; l < L; ++l) {
+  const RailLayout rails(input, parts, widest_host_, hosts_);
+  if (rails.part == 0) return;  // every part empty, on every rank alike
+  const std::size_t esize = rails.esize;
+  char* const stage = scratch((rails.all_count() + rails.rail_count()) * esize);
+  char* const reduced = stage + rails.all_count() * esize;  // the host sum of this rank's rail
+  for (std::size_t h = 0; h < rails.hosts; ++h)
+    for (std::size_t l = 0; l < rails.locals; ++l) {
       const Shard s = parts[std::size_t(members_[h][l])];
-      char* const slot = stage + (l * H + h) * part * esize;
+      char* const slot = stage + rails.slot_offset(l, h);
       std::memcpy(slot, static_cast<const char*>(input.data) + s.offset * esize, s.count * esize);
-      std::memset(slot + s.count * esize, 0, (part - s.count) * esize);
+      std::memset(slot + s.count * esize, 0, (rails.part - s.count) * esize);
     }
   const ReduceOp wire = wire_op(op);
-  inner(local_->reduce_scatter(view(stage, L * rail_count), view(reduced, rail_count), wire),
+  inner(local_->reduce_scatter(rails.view(stage, rails.all_count()),
+                               rails.view(reduced, rails.rail_count()), wire),
         timeout, false);
   // The rail's reduce_scatter lands this rank's part in the slot its own input had.
-  char* const mine = reduced + std::size_t(host_) * part * esize;
-  inner(rail()->reduce_scatter(view(reduced, rail_count), view(mine, part), wire), timeout, true);
+  char* const mine = reduced + std::size_t(host_) * rails.part * esize;
+  inner(rail()->reduce_scatter(rails.view(reduced, rails.rail_count()),
+                               rails.view(mine, rails.part), wire),
+        timeout, true);
   std::memcpy(output.data, mine, output.bytes());
   if (op == ReduceOp::avg) finish_average(output);
 }
@@ -162,29 +192,26 @@ void HierarchicalCommunicator::rail_reduce_scatter(Buffer input, Buffer output, 
 void HierarchicalCommunicator::rail_all_gather(Buffer input, Buffer output,
                                                const std::vector<Shard>& parts,
                                                Milliseconds timeout) {
-  const std::size_t esize = element_size(output.dtype);
-  std::size_t part = 0;
-  for (const Shard& s : parts) part = std::max(part, s.count);
-  if (part == 0) return;  // every part empty, on every rank alike
-  const std::size_t L = std::size_t(widest_host_), H = std::size_t(hosts_);
-  const std::size_t rail_count = H * part;
-  char* const stage = scratch(L * rail_count * esize);
-  const auto view = [&](char* p, std::size_t n) {
-    return Buffer{p, n, output.dtype, output.device};
-  };
+  const RailLayout rails(output, parts, widest_host_, hosts_);
+  if (rails.part == 0) return;  // every part empty, on every rank alike
+  char* const stage = scratch(rails.all_count() * rails.esize);
   const std::size_t l = std::size_t(local_index_[rank()]);
-  char* const my_rail = stage + l * rail_count * esize;
-  char* const mine = my_rail + std::size_t(host_) * part * esize;
+  char* const my_rail = stage + rails.slot_offset(l, 0);
+  char* const mine = stage + rails.slot_offset(l, std::size_t(host_));
   std::memcpy(mine, input.data, input.bytes());
-  std::memset(mine + input.bytes(), 0, part * esize - input.bytes());
+  std::memset(mine + input.bytes(), 0, rails.part * rails.esize - input.bytes());
   // In place both times: each rank's input is its own slot of the output.
-  inner(rail()->all_gather(view(mine, part), view(my_rail, rail_count)), timeout, true);
-  inner(local_->all_gather(view(my_rail, rail_count), view(stage, L * rail_count)), timeout, false);
+  inner(rail()->all_gather(rails.view(mine, rails.part), rails.view(my_rail, rails.rail_count())),
+        timeout, true);
+  inner(local_->all_gather(rails.view(my_rail, rails.rail_count()),
+                           rails.view(stage, rails.all_count())),
+        timeout, false);
   char* const out = static_cast<char*>(output.data);
   for (int r = 0; r < world_size(); ++r) {
     const Shard s = parts[std::size_t(r)];
-    const std::size_t slot = std::size_t(local_index_[r]) * H + std::size_t(host_of_[r]);
-    std::memcpy(out + s.offset * esize, stage + slot * part * esize, s.count * esize);
+    const char* const slot =
+        stage + rails.slot_offset(std::size_t(local_index_[r]), std::size_t(host_of_[r]));
+    std::memcpy(out + s.offset * rails.esize, slot, s.count * rails.esize);
   }
 }
 
@@ -206,8 +233,7 @@ void HierarchicalCommunicator::leaders_all_gather(Buffer input, Buffer output,
                                                   const std::vector<Shard>& parts,
                                                   Milliseconds timeout) {
   const std::size_t esize = element_size(output.dtype);
-  std::size_t part = 0;  // the largest: every rank's part travels padded to it
-  for (const Shard& s : parts) part = std::max(part, s.count);
+  const std::size_t part = largest_part(parts);
   const std::size_t block = std::size_t(widest_host_) * part;  // one host's parts
   char* const blocks = scratch((std::size_t(hosts_) * block + part) * esize);
   char* const padded = blocks + std::size_t(hosts_) * block * esize;
