@@ -72,6 +72,8 @@ if [[ $quick == 1 ]]; then
 fi
 summary=()
 failed=0
+# Rendezvous ports: random, so that runs beside others (ctest -j) rarely meet on one.
+port_base=$((20000 + RANDOM % 20000))
 
 echo "run_perf_goals $(date -u '+%F %T UTC') on $(hostname): $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'); load $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "full output: $log"
@@ -92,7 +94,7 @@ if wants 1; then
   echo "== 1. communicators against the raw libraries (raw time / our time; below 1: ours is slower)"
   for np in 2 4; do
     start=$(wc -l <"$log")
-    comm_bench "$np" $((29620 + np)) --comms gloo,raw_gloo,mpi,raw_mpi --min_bytes "$min_bytes" \
+    comm_bench "$np" $((port_base + np)) --comms gloo,raw_gloo,mpi,raw_mpi --min_bytes "$min_bytes" \
       --max_bytes "$max_bytes" --budget_ms "$budget" --rounds "$rounds"
     out=$(tail -n +"$((start + 1))" "$log")
     grep '^ratio ' <<<"$out" | sed "s/^ratio /world $np: /"
@@ -112,7 +114,7 @@ if wants 3; then
   echo "---- mpirun -np 4 comm_bench (ACCEL_HOST_ID=fake\$((rank % 2))) hierarchical" >>"$log"
   mpirun "${root[@]}" --oversubscribe --bind-to none -np 4 bash -c \
     'ACCEL_HOST_ID=fake$((OMPI_COMM_WORLD_RANK % 2)) exec "$0" "$@"' "$build/bin/comm_bench" \
-    --port 29630 --comms hierarchical --ops all_reduce,reduce_scatter,all_gather \
+    --port $((port_base + 10)) --comms hierarchical --ops all_reduce,reduce_scatter,all_gather \
     --min_bytes "$lo" --max_bytes "$hi" --budget_ms "$budget" --rounds "$rounds" >>"$log" 2>&1 ||
     { echo "run_perf_goals: hierarchical comm_bench failed; see $log" >&2; failed=1; }
   # size and time (us) of each op's rows -> "size rs/ar ag/ar"
