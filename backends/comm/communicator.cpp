@@ -237,8 +237,8 @@ WorkPtr Communicator::enqueue(std::string what, std::size_t payload_bytes,
     running_ = false;
     // Wake the worker only if another thread queued an operation meanwhile: waking it for
     // nothing costs a context switch per operation, more than a 4 KiB all-reduce itself when
-    // the ranks keep every core busy (perf: futex wake and task switch, 60% of an MPI 4 KiB
-    // all-reduce's time at world 2).
+    // the ranks keep every core busy (perf: futex wake and task switch, about half of an MPI
+    // 4 KiB all-reduce's time at world 2).
     const bool queued = !queue_.empty();
     lock.unlock();
     if (queued) queue_cv_.notify_all();

@@ -1,8 +1,8 @@
 #include "backends/comm/gloo/gloo_communicator.hpp"
 
-#include <gloo/allgatherv.h>
 #include <cstdlib>
 
+#include <gloo/allgatherv.h>
 #include <gloo/allreduce.h>
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>

@@ -305,16 +305,10 @@ class Pending {
   // TimeoutError naming `what` after `timeout`, CommError when MPI reports an error.
   void wait(const std::string& what, Milliseconds timeout, bool point_to_point = false,
             const OnDone& on_done = {}) {
-    wait_until(what, Clock::now() + timeout, timeout, point_to_point, on_done);
-  }
-
-  // The same against a deadline shared by several steps; `timeout` is the whole operation's,
-  // for the message.
-  void wait_until(const std::string& what, Clock::time_point deadline, Milliseconds timeout,
-                  bool point_to_point = false, const OnDone& on_done = {}) {
     const int n = static_cast<int>(requests_.size());
     std::vector<int> indices(requests_.size());
     std::vector<MPI_Status> statuses(requests_.size());
+    const auto deadline = Clock::now() + timeout;
     Backoff backoff(deadline);
     while (in_flight()) {
       int done = 0;
