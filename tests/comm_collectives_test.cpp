@@ -72,6 +72,55 @@ TEST_CASE("mpi collectives match the reference with 2, 3 and 4 ranks") {
   }
 }
 
+TEST_CASE("hierarchical: an unknown ACCEL_HIERARCHICAL_BETWEEN_HOSTS is refused, naming it") {
+  if (skip_unless(communicator_available("hierarchical"), "hierarchical communicator not built"))
+    return;
+  RanksOptions options;
+  options.env = {{"ACCEL_HIERARCHICAL_BETWEEN_HOSTS", "tcp"}};
+  const auto result = run_ranks(2, "comm_collectives_worker",
+                                {"--backend", "hierarchical", "--fake_hosts", "2"}, options);
+  INFO(describe(result));
+  CHECK(result.exit_code() != 0);
+  CHECK(result.workers.at(0).output.find(
+            "ACCEL_HIERARCHICAL_BETWEEN_HOSTS is 'tcp'; expected gloo or mpi") !=
+        std::string::npos);
+}
+
+TEST_CASE("hierarchical under mpirun: MPI between 2 fake hosts, with 3 and 4 ranks") {
+  if (skip_unless(communicator_available("mpi") && communicator_available("hierarchical"),
+                  "mpi or hierarchical communicator not built"))
+    return;
+  if (skip_unless(!find_mpirun().empty(), "mpirun not found (openmpi-bin not installed)")) return;
+  // 4 ranks: hosts of 2 and 2, so reduce_scatter and all_gather take the rails (MPI groups of
+  // one rank per host); 3 ranks: hosts of 2 and 1, the leaders' paths.
+  for (int world : {3, 4}) {
+    CAPTURE(world);
+    const auto result = run_under_mpirun(world, "comm_collectives_worker",
+                                         {"--backend", "hierarchical", "--fake_hosts", "2"});
+    INFO(describe(result));
+    REQUIRE(result.exit_code() == 0);
+    const std::string& out = result.workers.at(0).output;
+    int reports = 0, over_mpi = 0;
+    for (std::size_t pos = 0; (pos = out.find(" checks, 0 failed", pos)) != std::string::npos;
+         ++pos)
+      ++reports;
+    for (std::size_t pos = 0; (pos = out.find("between hosts: mpi", pos)) != std::string::npos;
+         ++pos)
+      ++over_mpi;
+    CHECK(reports == world);
+    CHECK(over_mpi == world);
+  }
+  // ACCEL_HIERARCHICAL_BETWEEN_HOSTS chooses Gloo under mpirun too.
+  RanksOptions gloo;
+  gloo.env = {{"ACCEL_HIERARCHICAL_BETWEEN_HOSTS", "gloo"}};
+  const auto result = run_under_mpirun(4, "comm_collectives_worker",
+                                       {"--backend", "hierarchical", "--fake_hosts", "2"}, gloo);
+  INFO(describe(result));
+  CHECK(result.exit_code() == 0);
+  CHECK(result.workers.at(0).output.find("between hosts: gloo") != std::string::npos);
+  CHECK(result.workers.at(0).output.find("between hosts: mpi") == std::string::npos);
+}
+
 TEST_CASE("mpi: a rank that never joins a small (inline) all_reduce ends it with a timeout") {
   if (skip_unless(communicator_available("mpi"), "mpi communicator not built (no libopenmpi-dev)"))
     return;
@@ -128,6 +177,8 @@ TEST_CASE(
                                   {"--backend", "hierarchical", "--fake_hosts", "2"});
     expect_all_ranks_pass(result, world);
     CHECK(result.workers.at(0).output.find("(hierarchical)") != std::string::npos);
+    // Not an MPI world: Gloo between hosts.
+    CHECK(result.workers.at(0).output.find("between hosts: gloo") != std::string::npos);
   }
   // "auto" across hosts is the hierarchical one.
   const auto result =

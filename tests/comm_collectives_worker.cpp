@@ -421,6 +421,9 @@ int main(int argc, char** argv) {
     check_async(comm);
 #if ACCEL_TEST_HIERARCHICAL
     check_hierarchical_traffic(comm, fake_hosts);
+    if (auto* h = dynamic_cast<HierarchicalCommunicator*>(&comm))
+      std::printf("rank %d: between hosts: %s\n", comm.rank(),
+                  std::string(h->between_hosts_backend()).c_str());
 #endif
     comm.barrier()->wait();
     std::printf("rank %d of %d (%s): %d checks, %d failed\n", comm.rank(), world,

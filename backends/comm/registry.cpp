@@ -19,6 +19,9 @@
 #endif
 
 #include <algorithm>
+#include <cstdlib>
+#include <string>
+#include <utility>
 
 namespace accel {
 namespace {
@@ -52,18 +55,58 @@ std::vector<int> hosts_of(std::string_view backend, const CommOptions& options) 
   return shm::exchange_hosts(store, options.rank, options.world_size, options.timeout);
 }
 
-CommunicatorPtr make_between_hosts(const CommOptions& options) {
-#if ACCEL_HAVE_GLOO
-  return std::make_unique<GlooCommunicator>(options);
-#else
-  (void)options;
-  throw InvalidArgument("the hierarchical communicator needs gloo between hosts (ACCEL_WITH_GLOO)");
+// What carries the hierarchical communicator's traffic between hosts: MPI when this job is an
+// MPI world with the same ranks (mpirun, `accel launch --use_mpi`), Gloo otherwise;
+// ACCEL_HIERARCHICAL_BETWEEN_HOSTS (gloo or mpi) chooses explicitly.
+bool mpi_between_hosts(const CommOptions& options) {
+  const char* variable = std::getenv("ACCEL_HIERARCHICAL_BETWEEN_HOSTS");
+  const std::string chosen = variable ? variable : "";
+  if (chosen == "gloo") return false;
+  if (chosen == "mpi") {
+#if !ACCEL_HAVE_MPI
+    throw InvalidArgument(
+        "ACCEL_HIERARCHICAL_BETWEEN_HOSTS=mpi, but the mpi communicator is not built "
+        "(ACCEL_WITH_MPI)");
 #endif
+    return true;
+  }
+  if (!chosen.empty())
+    throw InvalidArgument("ACCEL_HIERARCHICAL_BETWEEN_HOSTS is '" + chosen +
+                          "'; expected gloo or mpi");
+#if ACCEL_HAVE_MPI
+  const std::pair<const char*, const char*> families[] = {
+      {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"}, {"PMI_RANK", "PMI_SIZE"}};
+  for (const auto& [rank, size] : families) {
+    const char* r = std::getenv(rank);
+    const char* n = std::getenv(size);
+    if (r && n) return std::atoi(r) == options.rank && std::atoi(n) == options.world_size;
+  }
+#endif
+  (void)options;
+  return false;
+}
+
+HierarchicalCommunicator::Factory between_hosts(bool mpi) {
+  return [mpi](const CommOptions& options, const std::vector<int>& members) -> CommunicatorPtr {
+#if ACCEL_HAVE_MPI
+    if (mpi) return std::make_unique<MpiCommunicator>(options, members);
+#endif
+    (void)mpi;
+    (void)members;
+#if ACCEL_HAVE_GLOO
+    return std::make_unique<GlooCommunicator>(options);
+#else
+    (void)options;
+    throw InvalidArgument(
+        "the hierarchical communicator needs gloo between hosts (ACCEL_WITH_GLOO), or mpi "
+        "under mpirun");
+#endif
+  };
 }
 
 CommunicatorPtr make_hierarchical(const CommOptions& options) {
   return std::make_unique<HierarchicalCommunicator>(options, hosts_of("hierarchical", options),
-                                                    &make_between_hosts);
+                                                    between_hosts(mpi_between_hosts(options)));
 }
 
 // Shared memory when every rank is on this host, the hierarchical composite otherwise.
@@ -72,7 +115,8 @@ CommunicatorPtr make_auto(const CommOptions& options) {
   std::vector<int> hosts = hosts_of("auto", options);
   const bool one_host = std::all_of(hosts.begin(), hosts.end(), [](int h) { return h == 0; });
   if (one_host) return std::make_unique<ShmCommunicator>(options);
-  return std::make_unique<HierarchicalCommunicator>(options, std::move(hosts), &make_between_hosts);
+  return std::make_unique<HierarchicalCommunicator>(options, std::move(hosts),
+                                                    between_hosts(mpi_between_hosts(options)));
 }
 #elif ACCEL_HAVE_GLOO
 // Built without shared memory, "auto" is Gloo.

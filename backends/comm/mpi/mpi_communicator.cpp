@@ -524,8 +524,67 @@ MpiCommunicator::MpiCommunicator(const CommOptions& options, World world)
                        std::to_string(world_size()) + " could not join: " + e.what() +
                        "; does every rank construct an MpiCommunicator?");
   }
-  MPI_Comm comm = pending.scratch().new_comm;
-  MPI_Comm internal = pending.scratch().new_internal;
+  adopt(&pending.scratch().new_comm, &pending.scratch().new_internal);
+}
+
+MpiCommunicator::MpiCommunicator(const CommOptions& options, const std::vector<int>& members)
+    : Communicator(options.rank, options.world_size, options.timeout),
+      state_(std::make_unique<State>()) {
+  const int n = world_size();
+  ACCEL_CHECK_ARG(int(members.size()) == n, "MpiCommunicator: a group of " + std::to_string(n) +
+                                                " ranks needs " + std::to_string(n) +
+                                                " members, not " + std::to_string(members.size()));
+  ACCEL_CHECK_ARG(options.store != nullptr,
+                  "MpiCommunicator: a group of MPI_COMM_WORLD's ranks meets on the store first");
+  int world_rank = -1;
+  {
+    std::lock_guard lock(process().mutex);
+    initialise_mpi(process());
+    ACCEL_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &world_rank));
+  }
+  ACCEL_CHECK_ARG(members[std::size_t(rank())] == world_rank,
+                  "MpiCommunicator: group '" + options.group_name + "' has rank " +
+                      std::to_string(rank()) + " as MPI rank " +
+                      std::to_string(members[std::size_t(rank())]) + ", but this process is " +
+                      std::to_string(world_rank));
+  // MPI_Comm_create_group involves the members alone but blocks with no timeout: they meet on
+  // the store first, where one that never comes is a TimeoutError naming it.
+  const std::string prefix = "mpi-group/" + options.group_name + "/";
+  options.store->set(prefix + std::to_string(rank()), "1");
+  std::vector<std::string> keys;
+  for (int r = 0; r < n; ++r) keys.push_back(prefix + std::to_string(r));
+  try {
+    options.store->wait(keys, timeout());
+  } catch (const TimeoutError&) {
+    std::vector<int> missing;
+    for (int r = 0; r < n; ++r)
+      if (!options.store->check({keys[std::size_t(r)]})) missing.push_back(r);
+    throw TimeoutError("MpiCommunicator: group '" + options.group_name + "': ranks " +
+                       format_ranks(missing) + " of " + std::to_string(n) +
+                       " did not join within " + std::to_string(timeout().count()) + " ms");
+  }
+  MPI_Comm comm = MPI_COMM_NULL, internal = MPI_COMM_NULL;
+  {
+    MpiLock lock;
+    MPI_Group world_group = MPI_GROUP_NULL, group = MPI_GROUP_NULL;
+    ACCEL_MPI_CHECK(MPI_Comm_group(MPI_COMM_WORLD, &world_group));
+    ACCEL_MPI_CHECK(MPI_Group_incl(world_group, n, members.data(), &group));
+    // The tag keeps groups made one after another apart; any value up to 32767 is valid.
+    const int tag = int(std::hash<std::string>{}(options.group_name) % 32768);
+    const int rc = MPI_Comm_create_group(MPI_COMM_WORLD, group, tag, &comm);
+    MPI_Group_free(&group);
+    MPI_Group_free(&world_group);
+    if (rc != MPI_SUCCESS) detail::throw_mpi_error(rc, "MPI_Comm_create_group", __FILE__, __LINE__);
+    ACCEL_MPI_CHECK(MPI_Comm_dup(comm, &internal));
+  }
+  adopt(&comm, &internal);
+}
+
+// Takes a communicator and its internal twin, made by the caller: errors as codes, names,
+// the meeting, inline execution. Frees both if that fails.
+void MpiCommunicator::adopt(void* comm_handle, void* internal_handle) {
+  MPI_Comm comm = *static_cast<MPI_Comm*>(comm_handle);
+  MPI_Comm internal = *static_cast<MPI_Comm*>(internal_handle);
   try {
     MpiLock lock;
     // Errors come back as codes (and so as exceptions) instead of aborting the job.

@@ -31,6 +31,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "backends/comm/communicator.hpp"
 
@@ -43,6 +44,12 @@ class MpiCommunicator final : public Communicator {
   // (InvalidArgument naming both otherwise); pass -1 to take MPI's. options.timeout bounds
   // every operation and the join itself. Throws TimeoutError when not every rank joins.
   explicit MpiCommunicator(const CommOptions& options);
+
+  // A group of some of MPI_COMM_WORLD's ranks: members[i] is the MPI rank of group rank i
+  // (options.rank is this process's). The members meet on options.store first, so one that
+  // never comes is a TimeoutError naming it, then MPI_Comm_create_group makes the group
+  // among them alone (the hierarchical communicator's leaders and rails between hosts).
+  MpiCommunicator(const CommOptions& options, const std::vector<int>& members);
 
   // Rank and world size taken from MPI_COMM_WORLD.
   static std::unique_ptr<MpiCommunicator> from_world(Milliseconds timeout = kDefaultCommTimeout);
@@ -72,6 +79,9 @@ class MpiCommunicator final : public Communicator {
   // class is constructed, which needs rank and size.
   static World join_world(const CommOptions& options);
   MpiCommunicator(const CommOptions& options, World world);
+  // Takes the two MPI_Comm (passed by address: no <mpi.h> here) it is made of, `internal`
+  // for its own messages: error handling, names, the meeting, inline execution.
+  void adopt(void* comm, void* internal);
 
   struct State;  // MPI handles; kept out of this header so users need no <mpi.h>
   std::unique_ptr<State> state_;

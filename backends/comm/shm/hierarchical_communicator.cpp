@@ -30,17 +30,25 @@ HierarchicalCommunicator::HierarchicalCommunicator(const CommOptions& options,
   local.world_size = int(members_[host_].size());
   local.group_name = options.group_name + "/host" + std::to_string(host_);
   local_ = std::make_unique<ShmCommunicator>(local);
+  // The l-th rank of every host, in host order.
+  const auto rail_members = [&](int l) {
+    std::vector<int> ranks;
+    for (const auto& m : members_) ranks.push_back(m[std::size_t(l)]);
+    return ranks;
+  };
   if (local_index_[rank()] == 0) {
     CommOptions leaders = options;
     leaders.rank = host_;
     leaders.world_size = hosts_;
     leaders.group_name = options.group_name + "/leaders";
-    leaders_ = make_between_hosts(leaders);
+    leaders_ = make_between_hosts(leaders, rail_members(0));
   }
   if (hosts_ > 1) {
     CommOptions everyone = options;
     everyone.group_name = options.group_name + "/p2p";
-    world_ = make_between_hosts(everyone);
+    std::vector<int> all;
+    for (int r = 0; r < world_size(); ++r) all.push_back(r);
+    world_ = make_between_hosts(everyone, all);
   }
   uniform_ = std::all_of(members_.begin(), members_.end(),
                          [&](const std::vector<int>& m) { return int(m.size()) == widest_host_; });
@@ -49,7 +57,7 @@ HierarchicalCommunicator::HierarchicalCommunicator(const CommOptions& options,
     rail.rank = host_;
     rail.world_size = hosts_;
     rail.group_name = options.group_name + "/rail" + std::to_string(local_index_[rank()]);
-    rail_ = make_between_hosts(rail);
+    rail_ = make_between_hosts(rail, rail_members(local_index_[rank()]));
   }
   set_inline_max_bytes(ShmCommunicator::kInlineBytes);
 }
@@ -92,6 +100,10 @@ std::uint64_t HierarchicalCommunicator::between_hosts_bytes() const {
   for (const CommunicatorPtr* c : {&leaders_, &rail_, &world_})
     if (*c) bytes += (*c)->bus_bytes();
   return bytes;
+}
+
+std::string_view HierarchicalCommunicator::between_hosts_backend() const {
+  return world_ ? world_->backend_name() : std::string_view();
 }
 
 Communicator* HierarchicalCommunicator::rail() const {
@@ -167,8 +179,11 @@ void HierarchicalCommunicator::rail_reduce_scatter(Buffer input, Buffer output, 
   const RailLayout rails(input, parts, widest_host_, hosts_);
   if (rails.part == 0) return;  // every part empty, on every rank alike
   const std::size_t esize = rails.esize;
-  char* const stage = scratch((rails.all_count() + rails.rail_count()) * esize);
+  char* const stage = scratch((rails.all_count() + rails.rail_count() + rails.part) * esize);
   char* const reduced = stage + rails.all_count() * esize;  // the host sum of this rank's rail
+  // This rank's part, apart from the rail's input: MPI stages an overlapping output in memory
+  // it allocates per call.
+  char* const mine = reduced + rails.rail_count() * esize;
   for (std::size_t h = 0; h < rails.hosts; ++h)
     for (std::size_t l = 0; l < rails.locals; ++l) {
       const Shard s = parts[std::size_t(members_[h][l])];
@@ -180,8 +195,6 @@ void HierarchicalCommunicator::rail_reduce_scatter(Buffer input, Buffer output, 
   inner(local_->reduce_scatter(rails.view(stage, rails.all_count()),
                                rails.view(reduced, rails.rail_count()), wire),
         timeout, false);
-  // The rail's reduce_scatter lands this rank's part in the slot its own input had.
-  char* const mine = reduced + std::size_t(host_) * rails.part * esize;
   inner(rail()->reduce_scatter(rails.view(reduced, rails.rail_count()),
                                rails.view(mine, rails.part), wire),
         timeout, true);

@@ -1,6 +1,7 @@
 #pragma once
-// Ranks on several hosts: shared memory inside each host, another communicator (Gloo, by the
-// registry) between one leader per host (its lowest rank), then shared memory again.
+// Ranks on several hosts: shared memory inside each host, another communicator between them
+// (the registry's choice: MPI when the job is an MPI world, Gloo otherwise;
+// ACCEL_HIERARCHICAL_BETWEEN_HOSTS=gloo|mpi overrides).
 //   all_reduce      host sum over shm -> leaders all-reduce -> host broadcast from the leader
 //   broadcast       to the root's leader over shm -> leaders -> every host over shm
 //   reduce_scatter  every host the same number of ranks L ("rails"): the parts rearranged by
@@ -31,10 +32,13 @@ namespace accel {
 
 class HierarchicalCommunicator final : public Communicator {
  public:
-  using Factory = std::function<CommunicatorPtr(const CommOptions&)>;
+  // Makes a communicator between hosts; members[i] is the global rank of its rank i.
+  using Factory =
+      std::function<CommunicatorPtr(const CommOptions&, const std::vector<int>& members)>;
 
   // host_of[r]: host index of global rank r (shm::exchange_hosts). make_between_hosts makes the
-  // leaders' communicator and the whole world's one for send/recv across hosts.
+  // leaders' communicator, the rails' and the whole world's one for send/recv across hosts
+  // (Gloo, or MPI when the job is an MPI world: the registry chooses).
   HierarchicalCommunicator(const CommOptions& options, std::vector<int> host_of,
                            const Factory& make_between_hosts);
   ~HierarchicalCommunicator() override;
@@ -42,6 +46,8 @@ class HierarchicalCommunicator final : public Communicator {
   // Bytes this rank has put on the communicators between hosts (counted as bus_bytes counts
   // them), so a test can hold reduce_scatter and all_gather to the bandwidth-optimal volume.
   std::uint64_t between_hosts_bytes() const;
+  // What carries the traffic between hosts ("gloo", "mpi"); "" with one host.
+  std::string_view between_hosts_backend() const;
 
  protected:
   void run_all_reduce(Buffer data, ReduceOp op, Milliseconds timeout) override;
