@@ -472,15 +472,18 @@ struct MpiCommunicator::State {
   int tag_ub = 32767;  // the least MPI guarantees; replaced by the library's MPI_TAG_UB
 };
 
-MpiCommunicator::World MpiCommunicator::join_world(const CommOptions& options) {
+MpiCommunicator::World MpiCommunicator::mpi_world() {
   Process& p = process();
   World world;
-  {
-    std::lock_guard lock(p.mutex);
-    initialise_mpi(p);
-    ACCEL_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &world.rank));
-    ACCEL_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &world.size));
-  }
+  std::lock_guard lock(p.mutex);
+  initialise_mpi(p);
+  ACCEL_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &world.rank));
+  ACCEL_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &world.size));
+  return world;
+}
+
+MpiCommunicator::World MpiCommunicator::join_world(const CommOptions& options) {
+  const World world = mpi_world();
   const bool rank_ok = options.rank < 0 || options.rank == world.rank;
   const bool size_ok = options.world_size < 0 || options.world_size == world.size;
   // The usual way to get here: a job's processes started by something other than mpirun
@@ -536,12 +539,7 @@ MpiCommunicator::MpiCommunicator(const CommOptions& options, const std::vector<i
                                                 " members, not " + std::to_string(members.size()));
   ACCEL_CHECK_ARG(options.store != nullptr,
                   "MpiCommunicator: a group of MPI_COMM_WORLD's ranks meets on the store first");
-  int world_rank = -1;
-  {
-    std::lock_guard lock(process().mutex);
-    initialise_mpi(process());
-    ACCEL_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &world_rank));
-  }
+  const int world_rank = mpi_world().rank;
   ACCEL_CHECK_ARG(members[std::size_t(rank())] == world_rank,
                   "MpiCommunicator: group '" + options.group_name + "' has rank " +
                       std::to_string(rank()) + " as MPI rank " +

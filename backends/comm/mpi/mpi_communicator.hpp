@@ -75,7 +75,9 @@ class MpiCommunicator final : public Communicator {
     int rank = 0;
     int size = 1;
   };
-  // Initialises MPI if needed and checks options against MPI_COMM_WORLD; runs before the base
+  // Initialises MPI if needed; this process's rank and size in MPI_COMM_WORLD.
+  static World mpi_world();
+  // The same, checking options against MPI_COMM_WORLD; runs before the base
   // class is constructed, which needs rank and size.
   static World join_world(const CommOptions& options);
   MpiCommunicator(const CommOptions& options, World world);

@@ -95,6 +95,17 @@ void HierarchicalCommunicator::run_all_reduce(Buffer data, ReduceOp op, Millisec
   if (op == ReduceOp::avg) finish_average(data);
 }
 
+namespace {
+
+// The element counts of the parts, in rank order, as the public calls take them.
+std::vector<std::size_t> counts_of(const std::vector<Shard>& parts) {
+  std::vector<std::size_t> counts;
+  for (const Shard& s : parts) counts.push_back(s.count);
+  return counts;
+}
+
+}  // namespace
+
 std::uint64_t HierarchicalCommunicator::between_hosts_bytes() const {
   std::uint64_t bytes = 0;
   for (const CommunicatorPtr* c : {&leaders_, &rail_, &world_})
@@ -120,9 +131,7 @@ void HierarchicalCommunicator::run_reduce_scatter(Buffer input, Buffer output, R
                                                   const std::vector<Shard>& parts,
                                                   Milliseconds timeout) {
   if (hosts_ == 1) {
-    std::vector<std::size_t> counts;
-    for (const Shard& s : parts) counts.push_back(s.count);
-    inner(local_->reduce_scatter(input, output, op, counts), timeout, false);
+    inner(local_->reduce_scatter(input, output, op, counts_of(parts)), timeout, false);
     return;
   }
   if (rail()) {
@@ -232,9 +241,7 @@ void HierarchicalCommunicator::run_all_gather(Buffer input, Buffer output,
                                               const std::vector<Shard>& parts,
                                               Milliseconds timeout) {
   if (hosts_ == 1) {
-    std::vector<std::size_t> counts;
-    for (const Shard& s : parts) counts.push_back(s.count);
-    inner(local_->all_gather(input, output, counts), timeout, false);
+    inner(local_->all_gather(input, output, counts_of(parts)), timeout, false);
   } else if (rail()) {
     rail_all_gather(input, output, parts, timeout);
   } else {
