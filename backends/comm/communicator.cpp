@@ -16,8 +16,14 @@ std::string format_ranks(const std::vector<int>& ranks) {
 }
 
 namespace {
-std::string describe(const Buffer& b) {
-  return std::to_string(b.count) + " x " + std::string(dtype_name(b.dtype));
+using Kind = OperationLabel::Kind;
+
+OperationLabel label_of(Kind kind, const Buffer& buffer) {
+  OperationLabel label;
+  label.kind = kind;
+  label.count = buffer.count;
+  label.dtype = buffer.dtype;
+  return label;
 }
 }  // namespace
 
@@ -84,12 +90,12 @@ bool Communicator::poll_in_flight() {
     try {
       done = f.completion->poll();
     } catch (const std::exception& e) {
-      error = std::make_exception_ptr(CommError(f.name + " failed: " + e.what()));
+      error = std::make_exception_ptr(CommError(f.label.text() + " failed: " + e.what()));
     }
     if (!done && !error && std::chrono::steady_clock::now() >= f.deadline) {
       f.completion->abandon();
-      const std::vector<int> missing = ranks_not_heard_from(f.seq);
-      std::string msg = f.name + " timed out after " + std::to_string(timeout_.count()) +
+      const std::vector<int> missing = ranks_not_heard_from(f.label.seq);
+      std::string msg = f.label.text() + " timed out after " + std::to_string(timeout_.count()) +
                         " ms (launched on the device, not completed)";
       if (!missing.empty()) msg += "; ranks not heard from: " + format_ranks(missing);
       error = std::make_exception_ptr(TimeoutError(msg));
@@ -100,7 +106,7 @@ bool Communicator::poll_in_flight() {
       std::string broken;
       {
         std::lock_guard lock(mutex_);
-        if (broken_.empty()) broken_ = f.name + " failed";
+        if (broken_.empty()) broken_ = f.label.text() + " failed";
         broken = broken_;
       }
       f.work->finish(error);
@@ -108,7 +114,7 @@ bool Communicator::poll_in_flight() {
       // Launched behind the failed one on a communicator that is now unusable.
       for (InFlight& later : in_flight_)
         later.work->finish(std::make_exception_ptr(CommError(
-            later.name + " not completed: the communicator is unusable since " + broken)));
+            later.label.text() + " not completed: the communicator is unusable since " + broken)));
       in_flight_.clear();
       return true;
     }
@@ -163,8 +169,8 @@ void Communicator::worker_loop() {
 }
 
 void Communicator::execute(const WorkPtr& work, const std::function<void(Milliseconds)>& run,
-                           std::uint64_t seq, const std::string& name,
-                           std::shared_ptr<void> inputs) {
+                           const OperationLabel& label, std::shared_ptr<void> inputs) {
+  const std::uint64_t seq = label.seq;
   std::string broken;
   {
     std::lock_guard lock(mutex_);
@@ -172,7 +178,7 @@ void Communicator::execute(const WorkPtr& work, const std::function<void(Millise
   }
   if (!broken.empty()) {
     work->finish(std::make_exception_ptr(
-        CommError(name + " not started: the communicator is unusable since " + broken)));
+        CommError(label.text() + " not started: the communicator is unusable since " + broken)));
     return;
   }
   std::exception_ptr error;
@@ -187,52 +193,51 @@ void Communicator::execute(const WorkPtr& work, const std::function<void(Millise
   } catch (const TimeoutError& e) {
     const std::vector<int> missing = ranks_not_heard_from(seq);
     if (!missing.empty()) missing_text = "; ranks not heard from: " + format_ranks(missing);
-    error = std::make_exception_ptr(TimeoutError(name + " timed out after " +
+    error = std::make_exception_ptr(TimeoutError(label.text() + " timed out after " +
                                                  std::to_string(timeout_.count()) + " ms" +
                                                  missing_text + " (" + e.what() + ")"));
   } catch (const std::exception& e) {
-    error = std::make_exception_ptr(CommError(name + " failed: " + e.what()));
+    error = std::make_exception_ptr(CommError(label.text() + " failed: " + e.what()));
   }
   if (error) {
     // Ranks are now out of step: refuse later collectives instead of mismatching them. Later
     // errors repeat who was not heard from: the cause, whichever error the caller sees first.
     std::lock_guard lock(mutex_);
-    if (broken_.empty()) broken_ = name + " failed" + missing_text;
+    if (broken_.empty()) broken_ = label.text() + " failed" + missing_text;
   }
   current_inputs_.reset();
   if (!error && deferred_) {
     work->launched(deferred_);
-    in_flight_.push_back({work, std::move(deferred_), deadline, seq, name});
+    in_flight_.push_back({work, std::move(deferred_), deadline, label});
     return;
   }
   deferred_.reset();
   work->finish(error);
 }
 
-WorkPtr Communicator::enqueue(std::string what, std::size_t payload_bytes,
+WorkPtr Communicator::enqueue(OperationLabel label, std::size_t payload_bytes,
                               std::function<void(Milliseconds)> run) {
   std::unique_lock lock(mutex_);
-  const std::uint64_t seq = next_seq_++;
-  const std::string name =
-      "rank " + std::to_string(rank_) + ": " + what + " #" + std::to_string(seq);
-  auto work = std::make_shared<Work>(name);
+  label.rank = rank_;
+  label.seq = next_seq_++;
+  auto work = std::make_shared<Work>(label);
   if (stopping_) {
-    work->finish(std::make_exception_ptr(CommError(name + ": communicator is shut down")));
+    work->finish(std::make_exception_ptr(CommError(label.text() + ": communicator is shut down")));
     return work;
   }
   std::shared_ptr<void> inputs;
   try {
     inputs = on_issue(compute_stream_);  // here, in issue order: what the caller queued so far
   } catch (const std::exception& e) {
-    if (broken_.empty()) broken_ = name + " failed";
-    work->finish(std::make_exception_ptr(CommError(name + " not issued: " + e.what())));
+    if (broken_.empty()) broken_ = label.text() + " failed";
+    work->finish(std::make_exception_ptr(CommError(label.text() + " not issued: " + e.what())));
     return work;
   }
   if (inline_enabled_ && payload_bytes <= inline_max_bytes_ && queue_.empty() && !running_) {
     // Nothing ahead of it: run it here, in order, without the round trip to the worker.
     running_ = true;
     lock.unlock();
-    execute(work, run, seq, name, std::move(inputs));
+    execute(work, run, label, std::move(inputs));
     lock.lock();
     running_ = false;
     // Wake the worker only if another thread queued an operation meanwhile: waking it for
@@ -244,8 +249,8 @@ WorkPtr Communicator::enqueue(std::string what, std::size_t payload_bytes,
     if (queued) queue_cv_.notify_all();
     return work;
   }
-  queue_.push_back([this, work, run = std::move(run), seq, name, inputs = std::move(inputs)] {
-    execute(work, run, seq, name, inputs);
+  queue_.push_back([this, work, run = std::move(run), label, inputs = std::move(inputs)] {
+    execute(work, run, label, inputs);
   });
   queue_cv_.notify_all();
   return work;
@@ -259,10 +264,11 @@ void Communicator::count_bytes(std::size_t bytes, int numerator, int denominator
 
 WorkPtr Communicator::all_reduce(Buffer data, ReduceOp op) {
   count_bytes(data.bytes(), 2 * (world_size_ - 1), world_size_);
-  return enqueue("all_reduce(" + std::string(reduce_op_name(op)) + ", " + describe(data) + ")",
-                 data.bytes(), [=, this](Milliseconds t) {
-                   if (data.count > 0) run_all_reduce(data, op, t);
-                 });
+  OperationLabel label = label_of(Kind::all_reduce, data);
+  label.op = op;
+  return enqueue(label, data.bytes(), [=, this](Milliseconds t) {
+    if (data.count > 0) run_all_reduce(data, op, t);
+  });
 }
 
 WorkPtr Communicator::broadcast(Buffer data, int root) {
@@ -270,10 +276,11 @@ WorkPtr Communicator::broadcast(Buffer data, int root) {
                                                        " outside world of " +
                                                        std::to_string(world_size_));
   count_bytes(data.bytes(), 1, 1);
-  return enqueue("broadcast(root " + std::to_string(root) + ", " + describe(data) + ")",
-                 data.bytes(), [=, this](Milliseconds t) {
-                   if (data.count > 0) run_broadcast(data, root, t);
-                 });
+  OperationLabel label = label_of(Kind::broadcast, data);
+  label.peer = root;
+  return enqueue(label, data.bytes(), [=, this](Milliseconds t) {
+    if (data.count > 0) run_broadcast(data, root, t);
+  });
 }
 
 // Rank r's part from the caller's counts: contiguous, in rank order, covering `total`.
@@ -311,7 +318,7 @@ WorkPtr Communicator::all_gather(Buffer input, Buffer output, std::vector<std::s
                                                  " of " + std::to_string(output.count) +
                                                  " elements, got " + std::to_string(input.count));
   count_bytes(output.bytes(), world_size_ - 1, world_size_);
-  return enqueue("all_gather(" + describe(output) + ")", output.bytes(),
+  return enqueue(label_of(Kind::all_gather, output), output.bytes(),
                  [=, this, parts = std::move(parts)](Milliseconds t) {
                    if (output.count > 0) run_all_gather(input, output, parts, t);
                  });
@@ -336,14 +343,15 @@ WorkPtr Communicator::reduce_scatter(Buffer input, Buffer output, ReduceOp op,
                       std::to_string(mine.count) + " of " + std::to_string(input.count) +
                       " elements, but its output holds " + std::to_string(output.count));
   count_bytes(input.bytes(), world_size_ - 1, world_size_);
-  return enqueue("reduce_scatter(" + std::string(reduce_op_name(op)) + ", " + describe(input) + ")",
-                 input.bytes(), [=, this, parts = std::move(parts)](Milliseconds t) {
-                   if (input.count > 0) run_reduce_scatter(input, output, op, parts, t);
-                 });
+  OperationLabel label = label_of(Kind::reduce_scatter, input);
+  label.op = op;
+  return enqueue(label, input.bytes(), [=, this, parts = std::move(parts)](Milliseconds t) {
+    if (input.count > 0) run_reduce_scatter(input, output, op, parts, t);
+  });
 }
 
 WorkPtr Communicator::barrier() {
-  return enqueue("barrier", 0, [this](Milliseconds t) { run_barrier(t); });
+  return enqueue(OperationLabel{}, 0, [this](Milliseconds t) { run_barrier(t); });
 }
 
 WorkPtr Communicator::send(Buffer data, int dst, std::uint32_t tag) {
@@ -351,18 +359,20 @@ WorkPtr Communicator::send(Buffer data, int dst, std::uint32_t tag) {
                   "send: destination rank " + std::to_string(dst) + " is not another rank of " +
                       std::to_string(world_size_));
   count_bytes(data.bytes(), 1, 1);
-  return enqueue("send(to " + std::to_string(dst) + ", tag " + std::to_string(tag) + ", " +
-                     describe(data) + ")",
-                 data.bytes(), [=, this](Milliseconds t) { run_send(data, dst, tag, t); });
+  OperationLabel label = label_of(Kind::send, data);
+  label.peer = dst;
+  label.tag = tag;
+  return enqueue(label, data.bytes(), [=, this](Milliseconds t) { run_send(data, dst, tag, t); });
 }
 
 WorkPtr Communicator::recv(Buffer data, int src, std::uint32_t tag) {
   ACCEL_CHECK_ARG(src >= 0 && src < world_size_ && src != rank_,
                   "recv: source rank " + std::to_string(src) + " is not another rank of " +
                       std::to_string(world_size_));
-  return enqueue("recv(from " + std::to_string(src) + ", tag " + std::to_string(tag) + ", " +
-                     describe(data) + ")",
-                 data.bytes(), [=, this](Milliseconds t) { run_recv(data, src, tag, t); });
+  OperationLabel label = label_of(Kind::recv, data);
+  label.peer = src;
+  label.tag = tag;
+  return enqueue(label, data.bytes(), [=, this](Milliseconds t) { run_recv(data, src, tag, t); });
 }
 
 }  // namespace accel

@@ -185,7 +185,8 @@ class Communicator {
   void set_inline_max_bytes(std::size_t bytes);
 
  private:
-  WorkPtr enqueue(std::string what, std::size_t payload_bytes,
+  // Gives `label` its rank and sequence number and runs or queues the operation.
+  WorkPtr enqueue(OperationLabel label, std::size_t payload_bytes,
                   std::function<void(Milliseconds)> run);
   void count_bytes(std::size_t bytes, int numerator, int denominator);
   std::vector<Shard> parts_of(const char* op, const std::vector<std::size_t>& counts,
@@ -195,8 +196,8 @@ class Communicator {
   // in launch order; returns whether any did.
   bool poll_in_flight();
   // Runs one operation (on the worker or inline) and finishes its Work.
-  void execute(const WorkPtr& work, const std::function<void(Milliseconds)>& run, std::uint64_t seq,
-               const std::string& name, std::shared_ptr<void> inputs);
+  void execute(const WorkPtr& work, const std::function<void(Milliseconds)>& run,
+               const OperationLabel& label, std::shared_ptr<void> inputs);
 
   const int rank_;
   const int world_size_;
@@ -221,8 +222,7 @@ class Communicator {
     WorkPtr work;
     std::shared_ptr<DeviceCompletion> completion;
     std::chrono::steady_clock::time_point deadline;
-    std::uint64_t seq = 0;
-    std::string name;
+    OperationLabel label;
   };
   std::deque<InFlight> in_flight_;  // worker thread only
   std::thread worker_;

@@ -4,9 +4,42 @@
 
 namespace accel {
 
+std::string OperationLabel::text() const {
+  const std::string buffer = std::to_string(count) + " x " + std::string(dtype_name(dtype));
+  const std::string reduce(reduce_op_name(op));
+  std::string what;
+  switch (kind) {
+    case Kind::all_reduce:
+      what = "all_reduce(" + reduce + ", " + buffer + ")";
+      break;
+    case Kind::broadcast:
+      what = "broadcast(root " + std::to_string(peer) + ", " + buffer + ")";
+      break;
+    case Kind::all_gather:
+      what = "all_gather(" + buffer + ")";
+      break;
+    case Kind::reduce_scatter:
+      what = "reduce_scatter(" + reduce + ", " + buffer + ")";
+      break;
+    case Kind::barrier:
+      what = "barrier";
+      break;
+    case Kind::send:
+      what =
+          "send(to " + std::to_string(peer) + ", tag " + std::to_string(tag) + ", " + buffer + ")";
+      break;
+    case Kind::recv:
+      what = "recv(from " + std::to_string(peer) + ", tag " + std::to_string(tag) + ", " + buffer +
+             ")";
+      break;
+  }
+  return "rank " + std::to_string(rank) + ": " + what + " #" + std::to_string(seq);
+}
+
 template <typename Ready>
 bool Work::wait_for_verdict(std::unique_lock<std::mutex>& lock, std::chrono::milliseconds timeout,
                             Ready ready) {
+  if (ready()) return true;  // the usual case after an inline operation: no clock read
   const auto until = std::chrono::steady_clock::now() + timeout;
   if (done_cv_.wait_until(lock, until, ready)) return true;
   // The operation's own deadline passes about now (it started at most a moment after the
@@ -21,7 +54,7 @@ bool Work::wait_for_verdict(std::unique_lock<std::mutex>& lock, std::chrono::mil
 void Work::wait(std::chrono::milliseconds timeout) {
   std::unique_lock lock(mutex_);
   if (!wait_for_verdict(lock, timeout, [&] { return done_; }))
-    throw TimeoutError(description_ + " did not complete within " +
+    throw TimeoutError(description() + " did not complete within " +
                        std::to_string(timeout.count()) + " ms (Work::wait)");
   if (error_) std::rethrow_exception(error_);
 }
@@ -33,7 +66,7 @@ void Work::wait_stream(DeviceStream stream, std::chrono::milliseconds timeout) {
     // Host operations never get a completion: this is wait(). Device ones get it as soon as
     // the worker launched them, well before they finish.
     if (!wait_for_verdict(lock, timeout, [&] { return done_ || completion_ != nullptr; }))
-      throw TimeoutError(description_ + " was not launched within " +
+      throw TimeoutError(description() + " was not launched within " +
                          std::to_string(timeout.count()) + " ms (Work::wait_stream)");
     if (done_) {
       if (error_) std::rethrow_exception(error_);

@@ -16,6 +16,8 @@
 #include <string>
 
 #include "core/device_stream.hpp"
+#include "core/dtype.hpp"
+#include "core/reduce.hpp"
 #include "core/timeout.hpp"
 
 namespace accel {
@@ -39,10 +41,35 @@ class DeviceCompletion {
 // error (Gloo asks the peers which operation each reached, for up to 5 s).
 inline constexpr std::chrono::milliseconds kVerdictSlack{std::chrono::seconds(10)};
 
+// What an operation is, for messages: "rank 1: all_reduce(sum, 16 x f32) #7". Kept as fields
+// and put into words only when a message needs them: building the text on every call cost
+// about 0.4 us, as much as a small collective itself (64 B all_reduce at world 2: MPI 1.68 us
+// against 1.19 us without it, shm 0.78 us against 0.36 us).
+struct OperationLabel {
+  enum class Kind : std::uint8_t {
+    all_reduce,
+    broadcast,
+    all_gather,
+    reduce_scatter,
+    barrier,
+    send,
+    recv
+  };
+  Kind kind = Kind::barrier;
+  int rank = 0;
+  std::uint64_t seq = 0;
+  ReduceOp op = ReduceOp::sum;  // all_reduce, reduce_scatter
+  std::size_t count = 0;        // elements of the buffer named (all_gather: its output)
+  DType dtype = DType::f32;
+  int peer = 0;  // broadcast: the root; send: the destination; recv: the source
+  std::uint32_t tag = 0;
+
+  std::string text() const;
+};
+
 class Work {
  public:
-  // `description` names the operation for error messages: "rank 1: all_reduce #7".
-  explicit Work(std::string description) : description_(std::move(description)) {}
+  explicit Work(const OperationLabel& label) : label_(label) {}
 
   // Blocks until the operation finished; rethrows its error. Throws TimeoutError naming the
   // operation when it has not finished within `timeout`, unless the communicator's own
@@ -57,7 +84,8 @@ class Work {
   // on the communicator (it is unusable from then on).
   void wait_stream(DeviceStream stream, std::chrono::milliseconds timeout = kDefaultCommTimeout);
   bool is_completed() const;
-  const std::string& description() const { return description_; }
+  // "rank 1: all_reduce(sum, 16 x f32) #7"
+  std::string description() const { return label_.text(); }
 
   // Called once by whoever ran the operation.
   void finish(std::exception_ptr error = nullptr);
@@ -73,7 +101,7 @@ class Work {
   bool wait_for_verdict(std::unique_lock<std::mutex>& lock, std::chrono::milliseconds timeout,
                         Ready ready);
 
-  std::string description_;
+  OperationLabel label_;
   mutable std::mutex mutex_;
   std::condition_variable done_cv_;
   bool done_ = false;
