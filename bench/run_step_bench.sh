@@ -3,6 +3,9 @@
 # go and in one environment, the step time of
 #   plain2  plain LibTorch, one process, 2 threads           (step_bench --mode plain)
 #   plain1  plain LibTorch, one process, 1 thread
+#   indep   two plain1 processes at once, unrelated (no communication): what 2 ranks would
+#           reach if distributing cost nothing but the shared machine (each copy's step
+#           time counts as one run of the cell)
 #   w1      ours at world 1, 2 threads                       (step_bench --mode accel, alone)
 #   <comm>  ours, DDP at world 2, 1 thread per rank, per communicator in --comms:
 #           gloo, shm and others through `accel launch --num_processes 2`, mpi through
@@ -17,6 +20,9 @@
 #   thr_<comm>        world-2 throughput (2 x batch per step) over plain2's (1 x batch per
 #                     step), i.e. 2 x plain2 / <comm>: above 1 = distributing paid off
 #   thr_pt            the same for PyTorch: 2 x pt1 / pt_ddp
+#   thr_indep         the same for indep, 2 x plain2 / indep: the ceiling of thr_<comm> on
+#                     this machine; what separates them is the all-reduce and the ranks
+#                     stepping in lockstep (bench/README, "DDP on one machine: the ceiling")
 #
 #   bench/run_step_bench.sh                       # everything (about 10 minutes on 2 cores)
 #   bench/run_step_bench.sh --quick               # a smoke run: few steps, any numbers
@@ -152,7 +158,31 @@ run() {
   echo "---- $key: OMP_NUM_THREADS=$threads $*" >>"$log"
   local out
   out=$(OMP_NUM_THREADS=$threads timeout 1200 "$@" 2>&1)
-  local rc=$?
+  record "$key" $? "$out"
+}
+
+# run_pair KEY THREADS COMMAND...: two copies of COMMAND at once, as run does one; each
+# copy's result is one entry of KEY.
+run_pair() {
+  local key=$1 threads=$2
+  shift 2
+  echo "---- $key: two at once, each OMP_NUM_THREADS=$threads $*" >>"$log"
+  local first rc_first out_second rc_second
+  first=$(mktemp)
+  OMP_NUM_THREADS=$threads timeout 1200 "$@" >"$first" 2>&1 &
+  local pid=$!
+  out_second=$(OMP_NUM_THREADS=$threads timeout 1200 "$@" 2>&1)
+  rc_second=$?
+  wait "$pid"
+  rc_first=$?
+  record "$key" "$rc_first" "$(cat "$first")"
+  record "$key" "$rc_second" "$out_second"
+  rm -f "$first"
+}
+
+# record KEY EXIT_STATUS OUTPUT: logs OUTPUT and adds its result line to KEY's lists.
+record() {
+  local key=$1 rc=$2 out=$3
   printf '%s\n' "$out" >>"$log"
   local line
   line=$(grep -o 'step_bench: .*' <<<"$out" | tail -1)
@@ -171,7 +201,7 @@ run() {
   printf '  %-20s median %9s ms/step, min %9s, %9s samples/s (mean)\n' "$key" "$med" "$min" "$sps"
 }
 
-columns=(plain2 plain1 w1)
+columns=(plain2 plain1 indep w1)
 for c in "${comm_list[@]}"; do columns+=("$c"); done
 [[ $pytorch == 1 ]] && columns+=(pt_ddp pt1)
 
@@ -192,6 +222,7 @@ for model in "${model_list[@]}"; do
     for ((r = 1; r <= repeat; r++)); do
     run "$row/plain2" 2 "$step_bench" "${args[@]}" --mode plain --threads 2
     run "$row/plain1" 1 "$step_bench" "${args[@]}" --mode plain --threads 1
+    run_pair "$row/indep" 1 "$step_bench" "${args[@]}" --mode plain --threads 1
     run "$row/w1" 2 "$step_bench" "${args[@]}" --mode accel --threads 2
     for c in "${comm_list[@]}"; do
       if [[ $c == mpi ]]; then
@@ -264,11 +295,12 @@ echo
 echo "ms per step, fastest step"
 ms_table min
 echo
-echo "ratios of the $stat step (time: w1/plain2, <comm>/pt_ddp; throughput: thr_X = 2 x one process's step / X's step)"
+echo "ratios of the $stat step (time: w1/plain2, <comm>/pt_ddp; throughput: thr_X = 2 x one process's step / X's step; thr_indep: two unrelated processes, the ceiling)"
 header=$(printf '%-12s %9s' model/opt w1/plain2)
 for c in "${comm_list[@]}"; do header+=$(printf ' %11s' "$c/pt_ddp"); done
 for c in "${comm_list[@]}"; do header+=$(printf ' %9s' "thr_$c"); done
 [[ $pytorch == 1 ]] && header+=$(printf ' %9s' thr_pt)
+header+=$(printf ' %9s' thr_indep)
 echo "$header"
 for model in "${model_list[@]}"; do
   for opt in "${optimizer_list[@]}"; do
@@ -282,6 +314,7 @@ for model in "${model_list[@]}"; do
     done
     [[ $pytorch == 1 ]] &&
       line+=$(printf ' %9s' "$(ratio "$(t $stat "$r/pt1")" "$(t $stat "$r/pt_ddp")" 2)")
+    line+=$(printf ' %9s' "$(ratio "$(t $stat "$r/plain2")" "$(t $stat "$r/indep")" 2)")
     echo "$line"
   done
 done
