@@ -24,7 +24,7 @@
 #                     this machine; what separates them is the all-reduce and the ranks
 #                     stepping in lockstep (bench/README, "DDP on one machine: the ceiling")
 #
-#   bench/run_step_bench.sh                       # everything (about 10 minutes on 2 cores)
+#   bench/run_step_bench.sh                       # everything (about 12 minutes on 2 cores)
 #   bench/run_step_bench.sh --quick               # a smoke run: few steps, any numbers
 #   bench/run_step_bench.sh --models mlp2m --optimizers sgd --comms gloo,mpi,shm
 #

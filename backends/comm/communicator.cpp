@@ -351,7 +351,8 @@ WorkPtr Communicator::reduce_scatter(Buffer input, Buffer output, ReduceOp op,
 }
 
 WorkPtr Communicator::barrier() {
-  return enqueue(OperationLabel{}, 0, [this](Milliseconds t) { run_barrier(t); });
+  return enqueue(OperationLabel{.kind = Kind::barrier}, 0,
+                 [this](Milliseconds t) { run_barrier(t); });
 }
 
 WorkPtr Communicator::send(Buffer data, int dst, std::uint32_t tag) {

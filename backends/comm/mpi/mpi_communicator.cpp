@@ -426,7 +426,7 @@ class Meeting {
       }
       wait(round.recv, deadline, [&] {
         return std::string(what) + " (waiting for rank " + std::to_string(round.from) +
-               " to enter) did not " + "complete within " + std::to_string(timeout.count()) + " ms";
+               " to enter) did not complete within " + std::to_string(timeout.count()) + " ms";
       });
       {
         MpiLock lock;
@@ -435,7 +435,7 @@ class Meeting {
       // An empty send completes at once; it must before the next MPI_Start on it.
       wait(round.send, deadline, [&] {
         return std::string(what) + " (sending to rank " + std::to_string(round.to) +
-               ") did not complete " + "within " + std::to_string(timeout.count()) + " ms";
+               ") did not complete within " + std::to_string(timeout.count()) + " ms";
       });
     }
   }
