@@ -18,6 +18,7 @@
 #include "backends/comm/gloo/gloo_store_adapter.hpp"
 #include "core/error.hpp"
 #include "core/prefix_store.hpp"
+#include "core/store_join.hpp"
 
 namespace accel {
 namespace {
@@ -29,7 +30,6 @@ constexpr std::uint8_t kPointToPointSlotPrefix = 0x41;
 // How long, after a timeout, to wait for the other ranks' own timeout reports.
 constexpr Milliseconds kTimeoutReportGrace = std::chrono::seconds(5);
 
-std::string join_key(int rank) { return "joined/" + std::to_string(rank); }
 std::string timeout_key(int rank) { return "timed_out_at/" + std::to_string(rank); }
 
 // Gloo's typed setters only need an element of the right size.
@@ -82,15 +82,9 @@ GlooCommunicator::GlooCommunicator(const CommOptions& options)
   store_ = std::make_shared<PrefixStore>("gloo/" + options.group_name, options.store);
 
   // Join: each rank announces itself, so a rank that never comes can be named.
-  store_->set(join_key(rank()), "1");
-  std::vector<std::string> keys;
-  for (int r = 0; r < world_size(); ++r) keys.push_back(join_key(r));
-  try {
-    store_->wait(keys, options.timeout);
-  } catch (const TimeoutError&) {
-    std::vector<int> missing;
-    for (int r = 0; r < world_size(); ++r)
-      if (!store_->check({join_key(r)})) missing.push_back(r);
+  const std::vector<int> missing =
+      join_on_store(*store_, "joined/", rank(), world_size(), options.timeout);
+  if (!missing.empty()) {
     throw TimeoutError("rank " + std::to_string(rank()) + ": gloo group '" + options.group_name +
                        "' timed out after " + std::to_string(options.timeout.count()) +
                        " ms waiting for ranks " + format_ranks(missing) + " of " +

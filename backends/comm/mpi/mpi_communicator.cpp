@@ -18,6 +18,7 @@
 
 #include "backends/comm/mpi/mpi_check.hpp"
 #include "core/error.hpp"
+#include "core/store_join.hpp"
 
 // The most elements one MPI call is given. MPI counts are int, hence INT_MAX; a test may
 // build this file with a tiny value to exercise the chunked paths on small buffers.
@@ -567,16 +568,9 @@ MpiCommunicator::MpiCommunicator(const CommOptions& options, const std::vector<i
                       std::to_string(world_rank));
   // MPI_Comm_create_group involves the members alone but blocks with no timeout: they meet on
   // the store first, where one that never comes is a TimeoutError naming it.
-  const std::string prefix = "mpi-group/" + options.group_name + "/";
-  options.store->set(prefix + std::to_string(rank()), "1");
-  std::vector<std::string> keys;
-  for (int r = 0; r < n; ++r) keys.push_back(prefix + std::to_string(r));
-  try {
-    options.store->wait(keys, timeout());
-  } catch (const TimeoutError&) {
-    std::vector<int> missing;
-    for (int r = 0; r < n; ++r)
-      if (!options.store->check({keys[std::size_t(r)]})) missing.push_back(r);
+  const std::vector<int> missing =
+      join_on_store(*options.store, "mpi-group/" + options.group_name + "/", rank(), n, timeout());
+  if (!missing.empty()) {
     throw TimeoutError("MpiCommunicator: group '" + options.group_name + "': ranks " +
                        format_ranks(missing) + " of " + std::to_string(n) +
                        " did not join within " + std::to_string(timeout().count()) + " ms");

@@ -17,6 +17,7 @@
 
 #include "backends/comm/communicator.hpp"
 #include "core/error.hpp"
+#include "core/store_join.hpp"
 
 namespace accel::shm {
 namespace {
@@ -28,8 +29,6 @@ std::size_t round_up(std::size_t n, std::size_t a) { return (n + a - 1) / a * a;
 [[noreturn]] void throw_errno(const std::string& what) {
   throw CommError("shm: " + what + ": " + errno_text(errno));
 }
-
-std::string mapped_key(int rank) { return "mapped/" + std::to_string(rank); }
 
 // The pid namespace the pid in a segment's name means something in.
 unsigned long long pid_namespace() {
@@ -90,18 +89,10 @@ Segment::Segment(const StorePtr& store, int rank, int world, std::size_t slot_by
   RankInfo& me = rank_info(rank_);
   me.start_time.store(process_start_time(getpid()));
   me.pid.store(getpid());
-  store->set(mapped_key(rank_), "1");
-
   // Everyone waits for everyone, so the group is complete when the constructor returns and a
   // rank that never comes is named here.
-  std::vector<std::string> keys;
-  for (int r = 0; r < world_; ++r) keys.push_back(mapped_key(r));
-  try {
-    store->wait(keys, timeout);
-  } catch (const TimeoutError&) {
-    std::vector<int> missing;
-    for (int r = 0; r < world_; ++r)
-      if (!store->check({mapped_key(r)})) missing.push_back(r);
+  const std::vector<int> missing = join_on_store(*store, "mapped/", rank_, world_, timeout);
+  if (!missing.empty()) {
     if (linked_) {
       shm_unlink(name_.c_str());
       linked_ = false;
