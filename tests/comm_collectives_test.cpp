@@ -33,13 +33,7 @@ void expect_all_ranks_pass(const launch::GroupResult& result, int world) {
   REQUIRE(result.exit_code() == 0);
   REQUIRE_FALSE(result.timed_out);
   // Every rank reported its checks.
-  int reports = 0;
-  for (const auto& w : result.workers) {
-    for (std::size_t pos = 0; (pos = w.output.find(" checks, 0 failed", pos)) != std::string::npos;
-         ++pos)
-      ++reports;
-  }
-  CHECK(reports == world);
+  CHECK(count_in_output(result, " checks, 0 failed") == world);
 }
 
 }  // namespace
@@ -63,12 +57,7 @@ TEST_CASE("mpi collectives match the reference with 2, 3 and 4 ranks") {
     const auto result = run_under_mpirun(world, "comm_collectives_worker", {"--backend", "mpi"});
     INFO(describe(result));
     REQUIRE(result.exit_code() == 0);
-    int reports = 0;
-    const std::string& out = result.workers.at(0).output;
-    for (std::size_t pos = 0; (pos = out.find(" checks, 0 failed", pos)) != std::string::npos;
-         ++pos)
-      ++reports;
-    CHECK(reports == world);
+    CHECK(count_in_output(result, " checks, 0 failed") == world);
   }
 }
 
@@ -99,16 +88,8 @@ TEST_CASE("hierarchical under mpirun: MPI between 2 fake hosts, with 3 and 4 ran
                                          {"--backend", "hierarchical", "--fake_hosts", "2"});
     INFO(describe(result));
     REQUIRE(result.exit_code() == 0);
-    const std::string& out = result.workers.at(0).output;
-    int reports = 0, over_mpi = 0;
-    for (std::size_t pos = 0; (pos = out.find(" checks, 0 failed", pos)) != std::string::npos;
-         ++pos)
-      ++reports;
-    for (std::size_t pos = 0; (pos = out.find("between hosts: mpi", pos)) != std::string::npos;
-         ++pos)
-      ++over_mpi;
-    CHECK(reports == world);
-    CHECK(over_mpi == world);
+    CHECK(count_in_output(result, " checks, 0 failed") == world);
+    CHECK(count_in_output(result, "between hosts: mpi") == world);
   }
   // ACCEL_HIERARCHICAL_BETWEEN_HOSTS chooses Gloo under mpirun too.
   RanksOptions gloo;

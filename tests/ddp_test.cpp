@@ -12,19 +12,6 @@
 using namespace accel;
 using namespace accel::test;
 
-namespace {
-
-int count_matches(const launch::GroupResult& result) {
-  int n = 0;
-  for (const auto& w : result.workers)
-    for (std::size_t pos = 0; (pos = w.output.find("max |ddp - single|", pos)) != std::string::npos;
-         ++pos)
-      ++n;
-  return n;
-}
-
-}  // namespace
-
 TEST_CASE("DDP over gloo equals one process on the global batch") {
   if (skip_unless(communicator_available("gloo"), "gloo communicator not built")) return;
   for (int world : {2, 4})
@@ -35,7 +22,7 @@ TEST_CASE("DDP over gloo equals one process on the global batch") {
           run_ranks(world, "ddp_worker", {"--backend", "gloo", "--accumulation", accumulation});
       INFO(describe(result));
       REQUIRE(result.exit_code() == 0);
-      CHECK(count_matches(result) == world);
+      CHECK(count_in_output(result, "max |ddp - single|") == world);
     }
 }
 
@@ -51,7 +38,7 @@ TEST_CASE("DDP over mpi equals one process on the global batch") {
                                            {"--backend", "mpi", "--accumulation", accumulation});
       INFO(describe(result));
       REQUIRE(result.exit_code() == 0);
-      CHECK(count_matches(result) == world);
+      CHECK(count_in_output(result, "max |ddp - single|") == world);
     }
 }
 
@@ -59,5 +46,5 @@ TEST_CASE("DDP in a world of one is the same code path and the same result") {
   const auto result = run_ranks(1, "ddp_worker", {"--backend", "local", "--accumulation", "4"});
   INFO(describe(result));
   REQUIRE(result.exit_code() == 0);
-  CHECK(count_matches(result) == 1);
+  CHECK(count_in_output(result, "max |ddp - single|") == 1);
 }

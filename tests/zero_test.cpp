@@ -25,18 +25,11 @@ using namespace accel::test;
 
 namespace {
 
-int count(const launch::GroupResult& result, const std::string& what) {
-  int n = 0;
-  for (const auto& w : result.workers)
-    for (std::size_t pos = 0; (pos = w.output.find(what, pos)) != std::string::npos; ++pos) ++n;
-  return n;
-}
-
 void expect_pass(const launch::GroupResult& result, int world, const std::string& marker) {
   INFO(describe(result));
   REQUIRE(result.exit_code() == 0);
-  CHECK(count(result, "FAIL") == 0);
-  CHECK(count(result, marker) == world);
+  CHECK(count_in_output(result, "FAIL") == 0);
+  CHECK(count_in_output(result, marker) == world);
 }
 
 const char* const kOptimizers[] = {"sgd", "adam", "adamw"};
@@ -166,10 +159,10 @@ TEST_CASE("ZeRO-3 refuses a rank-dependent unit order on every rank, naming both
       run_ranks(3, "zero_worker", {"--backend", "gloo", "--order_differs"}, every_rank);
   CHECK_FALSE(result.timed_out);
   INFO(describe(result));
-  CHECK(count(result,
-              "refused: ZeRO-3: the ranks gather units in different orders: at gather #1 "
-              "of the first step one rank gathered unit 0 ('layers.0.weight'...) "
-              "(forward) and another unit 1 ('layers.1.weight'...) (forward)") == 3);
+  CHECK(count_in_output(result,
+                        "refused: ZeRO-3: the ranks gather units in different orders: at gather #1 "
+                        "of the first step one rank gathered unit 0 ('layers.0.weight'...) "
+                        "(forward) and another unit 1 ('layers.1.weight'...) (forward)") == 3);
   for (const auto& w : result.workers) CHECK(w.exit_code == 3);
 }
 
@@ -179,22 +172,23 @@ TEST_CASE(
   const auto result = run_ranks(1, "zero_worker", {"--backend", "local", "--misuse"});
   INFO(describe(result));
   REQUIRE(result.exit_code() == 0);
-  CHECK(count(result, "misuse 1: ZeRO-3: no unit 9 (the parameters name 3 units)") == 1);
-  CHECK(count(result,
-              "misuse 6: ZeRO-3: gradients are being synchronised but no unit was "
-              "gathered since the last optimizer step") == 1);
-  CHECK(count(result,
-              "misuse 5: ZeRO-3: 'layers.0.weight' (unit 0) and 'layers.2.weight' (unit "
-              "2) share their values (tied parameters)") == 1);
-  CHECK(count(result,
-              "misuse 2: ZeRO-3: gathering unit 2 ('layers.2.weight'...) while unit 0 "
-              "('layers.0.weight'...) and unit 1 ('layers.1.weight'...) are gathered") == 1);
-  CHECK(count(result,
-              "misuse 3: ZeRO-3: unit 2 ('layers.2.weight'...) released after its "
-              "forward but it is not gathered") == 1);
-  CHECK(count(result,
-              "misuse 4: ZeRO-3: unit 1 ('layers.1.weight'...) gathered for its forward "
-              "while still gathered") == 1);
+  CHECK(count_in_output(result, "misuse 1: ZeRO-3: no unit 9 (the parameters name 3 units)") == 1);
+  CHECK(count_in_output(result,
+                        "misuse 6: ZeRO-3: gradients are being synchronised but no unit was "
+                        "gathered since the last optimizer step") == 1);
+  CHECK(count_in_output(result,
+                        "misuse 5: ZeRO-3: 'layers.0.weight' (unit 0) and 'layers.2.weight' (unit "
+                        "2) share their values (tied parameters)") == 1);
+  CHECK(count_in_output(result,
+                        "misuse 2: ZeRO-3: gathering unit 2 ('layers.2.weight'...) while unit 0 "
+                        "('layers.0.weight'...) and unit 1 ('layers.1.weight'...) are gathered") ==
+        1);
+  CHECK(count_in_output(result,
+                        "misuse 3: ZeRO-3: unit 2 ('layers.2.weight'...) released after its "
+                        "forward but it is not gathered") == 1);
+  CHECK(count_in_output(result,
+                        "misuse 4: ZeRO-3: unit 1 ('layers.1.weight'...) gathered for its forward "
+                        "while still gathered") == 1);
 }
 
 TEST_CASE("ZeRO moves the bytes DDP moves per step (within 1%)") {

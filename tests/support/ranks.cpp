@@ -107,6 +107,13 @@ launch::GroupResult run_accel(const std::vector<std::string>& args,
   return launch::run_worker_group({spec}, options);
 }
 
+int count_in_output(const launch::GroupResult& result, const std::string& what) {
+  int n = 0;
+  for (const auto& w : result.workers)
+    for (std::size_t pos = 0; (pos = w.output.find(what, pos)) != std::string::npos; ++pos) ++n;
+  return n;
+}
+
 std::string describe(const launch::GroupResult& result) {
   std::string out = result.failure_report() + "\n";
   for (const auto& w : result.workers)

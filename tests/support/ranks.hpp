@@ -45,6 +45,8 @@ launch::GroupResult run_accel(const std::vector<std::string>& args,
 
 // Everything the ranks printed, rank by rank, for a failure message.
 std::string describe(const launch::GroupResult& result);
+// How many times `what` occurs in all the workers' output (under mpirun: the one output).
+int count_in_output(const launch::GroupResult& result, const std::string& what);
 
 std::string bin_path(const std::string& program);
 
