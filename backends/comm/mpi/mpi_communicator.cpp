@@ -1,6 +1,7 @@
 #include "backends/comm/mpi/mpi_communicator.hpp"
 
 #include <sched.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -240,21 +241,46 @@ void check_tag(std::uint32_t tag, int tag_ub, const char* op) {
                           ")");
 }
 
+// How long a waiter polls MPI without any system call before it starts yielding: while the
+// peer's message is a microsecond away, a sched_yield (a system call, about a microsecond in
+// this VM with page-table isolation) delays noticing it. Measured at world 2 on 2 cores: the
+// meeting before each collective cost 3-4 us yielding against MPI_Barrier's 0.5 us (bench/README).
+// With more ranks on this host than cores a spinning rank holds the core its peer needs, so
+// then it yields at once. ACCEL_MPI_SPIN_US overrides (experiments).
+Clock::duration spin_window() {
+  static const Clock::duration window = [] {
+    if (const char* text = std::getenv("ACCEL_MPI_SPIN_US"); text && *text)
+      return Clock::duration(std::chrono::microseconds(std::strtoull(text, nullptr, 10)));
+    // The launcher's count of ranks on this host (Open MPI, MPICH/Hydra); unknown: yield.
+    const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+    if (!local || !*local) local = std::getenv("MPI_LOCALNRANKS");
+    const long ranks_here = local && *local ? std::strtol(local, nullptr, 10) : 0;
+    const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    const bool spin = ranks_here >= 1 && ranks_here <= cores;
+    return Clock::duration(std::chrono::microseconds(spin ? 50 : 0));
+  }();
+  return window;
+}
+
 // Waiting means calling MPI_Test*: without a progress thread MPI advances only inside its
 // own calls, so every pause between tests stalls the whole collective (a sleeping poller made
-// a 64 MiB all-reduce 2x slower than blocking MPI_Allreduce). So: poll continuously, yielding
-// the core to anyone else who wants it (what OpenMPI's own blocking calls do when
-// oversubscribed), and only after a long stretch without any completion (a straggling peer,
-// not a transfer in progress) fall back to short sleeps so a long wait does not burn a core.
+// a 64 MiB all-reduce 2x slower than blocking MPI_Allreduce). So: poll continuously, first
+// without system calls (spin_window), then yielding the core to anyone else who wants it
+// (what OpenMPI's own blocking calls do when oversubscribed), and only after a long stretch
+// without any completion (a straggling peer, not a transfer in progress) fall back to short
+// sleeps so a long wait does not burn a core.
 class Backoff {
  public:
   explicit Backoff(Clock::time_point deadline) : deadline_(deadline) { reset(); }
   void reset() {
-    yield_until_ = Clock::now() + kYieldWindow;
+    const auto now = Clock::now();
+    spin_until_ = now + spin_window();
+    yield_until_ = now + kYieldWindow;
     pause_ = Clock::duration::zero();
   }
   void pause() {
     const auto now = Clock::now();
+    if (now < spin_until_) return;
     if (now < yield_until_) {
       sched_yield();
       return;
@@ -269,6 +295,7 @@ class Backoff {
   static constexpr auto kMinPause = std::chrono::microseconds(50);
   static constexpr auto kMaxPause = std::chrono::microseconds(1000);
   Clock::time_point deadline_;
+  Clock::time_point spin_until_;
   Clock::time_point yield_until_;
   Clock::duration pause_{};
 };

@@ -19,10 +19,13 @@
 // at exit so exit cannot hang).
 //
 // Operations of at most kInlineBytes run on the caller's thread (communicator.hpp's inline
-// execution; the process-wide lock makes that safe): handing a small all-reduce to the worker
-// thread cost more than the all-reduce. Measured with comm_bench at world 2 (bench/README):
-// a 4 KiB all-reduce 16.6 us queued, 8.2 us inline; inline was faster at every size up to
-// 256 KiB. ACCEL_MPI_INLINE_BYTES overrides the limit (0: only barriers), for experiments.
+// execution; the process-wide lock makes that safe): handing a collective to the worker thread
+// and waking the caller again costs tens of microseconds, more than a small collective. Measured
+// with comm_bench at world 2 (bench/README): a 4 KiB all-reduce 16.6 us queued, 8.2 us inline;
+// at 512 KiB to 2 MiB, queued ran at 0.64-0.88 of raw MPI's speed, inline at 0.89-1.00. Above
+// 4 MiB the hand-off is a few percent of the operation, and a caller that goes on computing
+// (DDP's buckets during backward) keeps the overlap. ACCEL_MPI_INLINE_BYTES overrides the
+// limit (0: only barriers), for experiments.
 //
 // Counts above INT_MAX (MPI counts are int) are not rejected: all_reduce and broadcast run
 // as several MPI calls of at most INT_MAX elements; all_gather and reduce_scatter fall back
@@ -57,7 +60,7 @@ class MpiCommunicator final : public Communicator {
   ~MpiCommunicator() override;
 
   std::string_view backend_name() const override { return "mpi"; }
-  static constexpr std::size_t kInlineBytes = 256 * 1024;
+  static constexpr std::size_t kInlineBytes = 4u << 20;
 
  protected:
   void run_all_reduce(Buffer data, ReduceOp op, Milliseconds timeout) override;
