@@ -107,14 +107,29 @@ void reduce_elements(void* out, const void* a, const void* b, std::size_t count,
 }
 
 void divide_elements(void* data, std::size_t count, DType dtype, int divisor) {
+  // Dividing a float by a power of two and multiplying it by the (exact) reciprocal round the
+  // same real number, so they give the same bits, and a vector multiply issues several times
+  // as fast as a vector divide. Worlds of 2, 4, 8 ... average this way (dtype_test checks the
+  // bits against division).
+  const bool power_of_two = divisor > 0 && (divisor & (divisor - 1)) == 0;
   visit_dtype(dtype, [&](auto element) {
     using T = decltype(element);
     T* p = static_cast<T*>(data);
     if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) {
-      for (std::size_t i = 0; i < count; ++i)
-        p[i] = element_from_double<T>(to_float(p[i]) / float(divisor));
+      const float d = float(divisor), inverse = 1.0f / d;
+      if (power_of_two)
+        for (std::size_t i = 0; i < count; ++i)
+          p[i] = element_from_double<T>(to_float(p[i]) * inverse);
+      else
+        for (std::size_t i = 0; i < count; ++i) p[i] = element_from_double<T>(to_float(p[i]) / d);
+    } else if constexpr (std::is_floating_point_v<T>) {
+      const T d = static_cast<T>(divisor), inverse = T(1) / d;
+      if (power_of_two)
+        for (std::size_t i = 0; i < count; ++i) p[i] *= inverse;
+      else
+        for (std::size_t i = 0; i < count; ++i) p[i] /= d;
     } else {
-      // Integer dtypes divide in integers (truncating); floats in their own precision.
+      // Integer dtypes divide in integers (truncating toward zero).
       for (std::size_t i = 0; i < count; ++i) p[i] /= static_cast<T>(divisor);
     }
   });

@@ -219,5 +219,46 @@ TEST_CASE("divide_elements: the avg step in each dtype's arithmetic") {
   CHECK(to_float(h[0]) == 0.75f);
 }
 
+TEST_CASE("divide_elements: the same bits as true division, power-of-two divisors included") {
+  // Power-of-two divisors multiply by the reciprocal; that must round exactly as dividing
+  // does, subnormal results (where halving loses a bit) and non-finite values included.
+  std::vector<float> values = {1.0f,
+                               -3.0f,
+                               0.1f,
+                               1e30f,
+                               std::numeric_limits<float>::max(),
+                               std::numeric_limits<float>::min(),
+                               std::numeric_limits<float>::denorm_min(),
+                               3 * std::numeric_limits<float>::denorm_min(),
+                               std::numeric_limits<float>::infinity(),
+                               -0.0f};
+  for (std::uint32_t bits = 1; bits < 2000000000u; bits += 7919777u)
+    values.push_back(std::bit_cast<float>(bits));  // spread over normal and subnormal ranges
+  for (int divisor : {2, 3, 4, 8, 6, 1024}) {
+    CAPTURE(divisor);
+    std::vector<float> got = values;
+    divide_elements(got.data(), got.size(), DType::f32, divisor);
+    std::vector<double> got64(values.begin(), values.end()), want64 = got64;
+    divide_elements(got64.data(), got64.size(), DType::f64, divisor);
+    for (std::size_t i = 0; i < values.size(); ++i) {
+      CAPTURE(values[i]);
+      CHECK(std::bit_cast<std::uint32_t>(got[i]) ==
+            std::bit_cast<std::uint32_t>(values[i] / float(divisor)));
+      CHECK(std::bit_cast<std::uint64_t>(got64[i]) ==
+            std::bit_cast<std::uint64_t>(want64[i] / double(divisor)));
+    }
+    std::vector<Half> half(values.size());
+    for (std::size_t i = 0; i < values.size(); ++i) half[i] = to_half(values[i]);
+    std::vector<Half> half_got = half;
+    divide_elements(half_got.data(), half_got.size(), DType::f16, divisor);
+    for (std::size_t i = 0; i < values.size(); ++i)
+      CHECK(std::bit_cast<std::uint16_t>(half_got[i]) ==
+            std::bit_cast<std::uint16_t>(to_half(to_float(half[i]) / float(divisor))));
+  }
+  std::vector<float> nan = {std::numeric_limits<float>::quiet_NaN()};
+  divide_elements(nan.data(), 1, DType::f32, 2);
+  CHECK(std::isnan(nan[0]));
+}
+
 }  // namespace
 }  // namespace accel
