@@ -102,6 +102,19 @@ TEST_CASE("hierarchical under mpirun: MPI between 2 fake hosts, with 3 and 4 ran
   CHECK(result.workers.at(0).output.find("between hosts: mpi") == std::string::npos);
 }
 
+TEST_CASE("mpi: a bad ACCEL_MPI_SPIN_US is refused at the join, naming it") {
+  if (skip_unless(communicator_available("mpi"), "mpi communicator not built (no libopenmpi-dev)"))
+    return;
+  if (skip_unless(!find_mpirun().empty(), "mpirun not found (openmpi-bin not installed)")) return;
+  RanksOptions options;
+  options.env = {{"ACCEL_MPI_SPIN_US", "50us"}};
+  const auto result = run_under_mpirun(2, "comm_collectives_worker", {"--backend", "mpi"}, options);
+  INFO(describe(result));
+  CHECK(result.exit_code() != 0);
+  CHECK(result.workers.at(0).output.find(
+            "ACCEL_MPI_SPIN_US='50us' is not a whole number of microseconds") != std::string::npos);
+}
+
 TEST_CASE("mpi: a rank that never joins a small (inline) all_reduce ends it with a timeout") {
   if (skip_unless(communicator_available("mpi"), "mpi communicator not built (no libopenmpi-dev)"))
     return;

@@ -246,11 +246,18 @@ void check_tag(std::uint32_t tag, int tag_ub, const char* op) {
 // this VM with page-table isolation) delays noticing it. Measured at world 2 on 2 cores: the
 // meeting before each collective cost 3-4 us yielding against MPI_Barrier's 0.5 us (bench/README).
 // With more ranks on this host than cores a spinning rank holds the core its peer needs, so
-// then it yields at once. ACCEL_MPI_SPIN_US overrides (experiments).
+// then it yields at once. ACCEL_MPI_SPIN_US overrides (experiments); the communicator's
+// constructor asks first, so a bad value fails the join.
 Clock::duration spin_window() {
   static const Clock::duration window = [] {
-    if (const char* text = std::getenv("ACCEL_MPI_SPIN_US"); text && *text)
-      return Clock::duration(std::chrono::microseconds(std::strtoull(text, nullptr, 10)));
+    if (const char* text = std::getenv("ACCEL_MPI_SPIN_US"); text && *text) {
+      char* end = nullptr;
+      const unsigned long long us = std::strtoull(text, &end, 10);
+      if (*end != '\0' || text[0] == '-')
+        throw ConfigError(std::string("ACCEL_MPI_SPIN_US='") + text +
+                          "' is not a whole number of microseconds");
+      return Clock::duration(std::chrono::microseconds(us));
+    }
     // The launcher's count of ranks on this host (Open MPI, MPICH/Hydra); unknown: yield.
     const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
     if (!local || !*local) local = std::getenv("MPI_LOCALNRANKS");
@@ -521,6 +528,7 @@ struct MpiCommunicator::State {
 };
 
 MpiCommunicator::World MpiCommunicator::mpi_world() {
+  (void)spin_window();  // reads ACCEL_MPI_SPIN_US now: a bad value fails before MPI is touched
   Process& p = process();
   World world;
   std::lock_guard lock(p.mutex);
