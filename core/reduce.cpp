@@ -1,6 +1,7 @@
 #include "core/reduce.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <cstdint>
 #include <string>
 
@@ -111,7 +112,7 @@ void divide_elements(void* data, std::size_t count, DType dtype, int divisor) {
   // same real number, so they give the same bits, and a vector multiply issues several times
   // as fast as a vector divide. Worlds of 2, 4, 8 ... average this way (dtype_test checks the
   // bits against division).
-  const bool power_of_two = divisor > 0 && (divisor & (divisor - 1)) == 0;
+  const bool power_of_two = divisor > 0 && std::has_single_bit(unsigned(divisor));
   visit_dtype(dtype, [&](auto element) {
     using T = decltype(element);
     T* p = static_cast<T*>(data);

@@ -246,8 +246,9 @@ void check_tag(std::uint32_t tag, int tag_ub, const char* op) {
 // this VM with page-table isolation) delays noticing it. Measured at world 2 on 2 cores: the
 // meeting before each collective cost 3-4 us yielding against MPI_Barrier's 0.5 us (bench/README).
 // With more ranks on this host than cores a spinning rank holds the core its peer needs, so
-// then it yields at once. ACCEL_MPI_SPIN_US overrides (experiments); the communicator's
-// constructor asks first, so a bad value fails the join.
+// then it yields at once. The host's online cores count, not this process's affinity (mpirun
+// --bind-to core leaves each rank one). ACCEL_MPI_SPIN_US overrides (experiments); mpi_world()
+// asks first, so a bad value fails the join.
 Clock::duration spin_window() {
   static const Clock::duration window = [] {
     if (const char* text = std::getenv("ACCEL_MPI_SPIN_US"); text && *text) {
