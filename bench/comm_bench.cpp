@@ -117,8 +117,9 @@ double bus_factor(Op op, int n) {
 }
 
 // Every table the bench can print, in the order it prints them.
-constexpr std::string_view kAllTables[] = {"memcpy", "shm",     "hierarchical", "gloo", "raw_gloo",
-                                           "mpi",    "raw_mpi", "raw_mpi_nb",   "nccl"};
+constexpr std::string_view kAllTables[] = {
+    "memcpy",   "shm", "shm_symmetric", "hierarchical", "gloo",
+    "raw_gloo", "mpi", "raw_mpi",       "raw_mpi_nb",   "nccl"};
 
 struct Flags {
   std::size_t min_bytes = 4 << 10;
@@ -150,7 +151,8 @@ const char* kUsage =
     "  --rounds N        measure every size in N rounds, the tables taking turns within\n"
     "                    each (budget_ms / N each); a row is the median round (default 1:\n"
     "                    one table after another)\n"
-    "  --comms LIST      memcpy,shm,hierarchical,gloo,raw_gloo,mpi,raw_mpi,raw_mpi_nb,nccl\n"
+    "  --comms LIST      memcpy,shm,shm_symmetric,hierarchical,gloo,raw_gloo,mpi,raw_mpi,\n"
+    "                    raw_mpi_nb,nccl\n"
     "                    (default all built;\n"
     "                    nccl: one GPU per rank, LOCAL_RANK's, device buffers)\n"
     "  --dtype T         f32 f64 f16 bf16 i32 i64                   (default f32)\n"
@@ -413,7 +415,9 @@ class Target {
 };
 
 // One of our communicators, driven exactly as a user drives it: call, then wait. A CUDA
-// communicator (NCCL) runs on device mirrors of the bench's two host buffers, allocated once.
+// communicator (NCCL) runs on device mirrors of the bench's two host buffers, allocated once;
+// a "<name>_symmetric" table on mirrors in the communicator's symmetric memory (what DDP's
+// buckets live in), so its all_reduce reads the peers' buffers in place.
 class CommTarget final : public Target {
  public:
   CommTarget(std::unique_ptr<ProcessGroup> group, std::size_t max_bytes)
@@ -422,9 +426,12 @@ class CommTarget final : public Target {
   }
   explicit CommTarget(std::unique_ptr<ProcessGroup> group) : CommTarget(std::move(group), 0) {}
   // A communicator made on another group's store (the job has one store, hosted once).
-  explicit CommTarget(CommunicatorPtr comm, std::size_t max_bytes = 0)
+  explicit CommTarget(CommunicatorPtr comm, std::size_t max_bytes = 0, bool symmetric = false)
       : own_(std::move(comm)), comm_(own_.get()), name_(comm_->backend_name()) {
-    mirror_on_device(max_bytes);
+    if (symmetric)
+      mirror_in_symmetric_memory(max_bytes);
+    else
+      mirror_on_device(max_bytes);
   }
 
   std::string name() const override { return name_; }
@@ -459,14 +466,14 @@ class CommTarget final : public Target {
   }
 
   void to_device(const RowBuffers& host) override {
-    if (!on_gpu()) return;
+    if (!mirrored()) return;
     const RowBuffers b = on_device(host);
     copy_buffer(b.full, host.full, nullptr);
     copy_buffer(b.part, host.part, nullptr);
     wait_for_copies("comm_bench upload");
   }
   void from_device(const RowBuffers& host) override {
-    if (!on_gpu()) return;
+    if (!mirrored()) return;
     const RowBuffers b = on_device(host);
     copy_buffer(host.full, b.full, nullptr);
     copy_buffer(host.part, b.part, nullptr);
@@ -479,17 +486,19 @@ class CommTarget final : public Target {
  private:
   // Only a CUDA communicator has device mirrors: a CPU one never reaches the CUDA runtime, so
   // it runs on a machine with the CUDA toolkit but no driver.
-  bool on_gpu() const { return device_full_.view().data != nullptr; }
+  bool on_gpu() const { return comm_->device() == DeviceKind::cuda; }
+  bool mirrored() const { return device_full_.view().data != nullptr; }
   void wait_for_copies(const std::string& who) const {
     if (on_gpu()) synchronize_stream(nullptr, comm_->cuda_device(), comm_->timeout(), who);
   }
 
-  // The same row on the device mirrors (the host buffers themselves for CPU communicators).
+  // The same row on the mirrors (the host buffers themselves without mirrors).
   RowBuffers on_device(const RowBuffers& host) const {
-    if (!on_gpu()) return host;
+    if (!mirrored()) return host;
+    const DeviceKind kind = device_full_.view().device;
     RowBuffers b = host;
-    b.full = Buffer{device_full_.view().data, host.full.count, host.full.dtype, DeviceKind::cuda};
-    b.part = Buffer{device_part_.view().data, host.part.count, host.part.dtype, DeviceKind::cuda};
+    b.full = Buffer{device_full_.view().data, host.full.count, host.full.dtype, kind};
+    b.part = Buffer{device_part_.view().data, host.part.count, host.part.dtype, kind};
     return b;
   }
 
@@ -501,6 +510,14 @@ class CommTarget final : public Target {
     device_part_ = DeviceBuffer(words, DType::i64, MemoryKind::cuda, device);
     device_scalar_ = DeviceBuffer(1, DType::f64, MemoryKind::cuda, device);
   }
+  void mirror_in_symmetric_memory(std::size_t max_bytes) {
+    const std::size_t words = (max_bytes + 7) / 8;
+    device_full_ = comm_->allocate_symmetric(words, DType::i64);
+    device_part_ = comm_->allocate_symmetric(words, DType::i64);
+    if (!mirrored()) throw ConfigError("comm_bench: '" + name_ + "' has no symmetric memory");
+    name_ += "_symmetric";
+  }
+
   std::unique_ptr<ProcessGroup> group_;
   DeviceBuffer device_full_, device_part_, device_scalar_;
   CommunicatorPtr own_;
@@ -1084,7 +1101,8 @@ int run(int argc, char** argv) {
   // The targets, in table order; a table that cannot run here says why.
   std::vector<std::unique_ptr<Target>> targets;
   StorePtr store;  // the gloo group's store, which raw Gloo and shm also rendezvous on
-  const bool on_gloo_store = wanted(flags, "shm") || wanted(flags, "hierarchical");
+  const bool on_gloo_store =
+      wanted(flags, "shm") || wanted(flags, "shm_symmetric") || wanted(flags, "hierarchical");
   if (wanted(flags, "gloo") || wanted(flags, "raw_gloo") || on_gloo_store) {
     if (communicator_available("gloo")) {
       ProcessGroupOptions options;
@@ -1100,14 +1118,14 @@ int run(int argc, char** argv) {
   }
   // A process holds one process group (init_process_group refuses a second while the first
   // lives): with the gloo group there, every other communicator is made on its store.
-  auto on_store = [&](const std::string& name, std::size_t max_bytes = 0) {
+  auto on_store = [&](const std::string& name, std::size_t max_bytes = 0, bool symmetric = false) {
     CommOptions options;
     options.rank = env.rank;
     options.world_size = env.world_size;
     options.store = store;
     options.timeout = timeout;
-    options.group_name = "bench-" + name;
-    return std::make_unique<CommTarget>(create_communicator(name, options), max_bytes);
+    options.group_name = "bench-" + name + (symmetric ? "-symmetric" : "");
+    return std::make_unique<CommTarget>(create_communicator(name, options), max_bytes, symmetric);
   };
   auto own_group = [&](const std::string& name, std::size_t max_bytes) {
     if (store) return on_store(name, max_bytes);
@@ -1119,14 +1137,17 @@ int run(int argc, char** argv) {
   // shm and hierarchical rendezvous through the gloo group's store; first in table order, so
   // the fastest tables are printed first.
   std::size_t front = 0;
-  for (const char* name : {"shm", "hierarchical"}) {
-    if (!wanted(flags, name)) continue;
+  for (const std::string table : {"shm", "shm_symmetric", "hierarchical"}) {
+    if (!wanted(flags, table)) continue;
+    const bool symmetric = table.ends_with("_symmetric");
+    const std::string name = symmetric ? table.substr(0, table.find('_')) : table;
     if (!store) {
-      bench.say("# %s: skipped (it rendezvouses through the gloo group's store)\n", name);
+      bench.say("# %s: skipped (it rendezvouses through the gloo group's store)\n", table.c_str());
     } else if (!communicator_available(name)) {
-      bench.say("# %s: skipped (built with ACCEL_WITH_SHM=OFF)\n", name);
+      bench.say("# %s: skipped (built with ACCEL_WITH_SHM=OFF)\n", table.c_str());
     } else {
-      targets.insert(targets.begin() + std::ptrdiff_t(front++), on_store(name));
+      targets.insert(targets.begin() + std::ptrdiff_t(front++),
+                     on_store(name, symmetric ? flags.max_bytes : 0, symmetric));
     }
   }
   if (wanted(flags, "raw_gloo")) {

@@ -136,10 +136,19 @@ DeviceBuffer::DeviceBuffer(std::size_t count, DType dtype, MemoryKind kind, int 
   view_ = Buffer{data, count, dtype, kind == MemoryKind::cuda ? DeviceKind::cuda : DeviceKind::cpu};
 }
 
+DeviceBuffer::DeviceBuffer(Buffer view, std::shared_ptr<void> owner)
+    : view_(view), owner_(std::move(owner)) {
+  ACCEL_CHECK_ARG(view_.device == DeviceKind::cpu && owner_ != nullptr,
+                  "a DeviceBuffer over memory made elsewhere needs host memory and its owner");
+}
+
 DeviceBuffer::~DeviceBuffer() { release(); }
 
 DeviceBuffer::DeviceBuffer(DeviceBuffer&& other) noexcept
-    : view_(std::exchange(other.view_, Buffer{})), kind_(other.kind_), device_(other.device_) {}
+    : view_(std::exchange(other.view_, Buffer{})),
+      kind_(other.kind_),
+      device_(other.device_),
+      owner_(std::move(other.owner_)) {}
 
 DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
   if (this != &other) {
@@ -147,13 +156,17 @@ DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
     view_ = std::exchange(other.view_, Buffer{});
     kind_ = other.kind_;
     device_ = other.device_;
+    owner_ = std::move(other.owner_);
   }
   return *this;
 }
 
 void DeviceBuffer::release() noexcept {
-  if (!view_.data) return;
-  if (kind_ == MemoryKind::host) {
+  if (owner_) {
+    owner_.reset();
+  } else if (!view_.data) {
+    return;
+  } else if (kind_ == MemoryKind::host) {
     delete[] static_cast<std::uint64_t*>(view_.data);
   } else {
 #if ACCEL_HAVE_CUDA_RUNTIME

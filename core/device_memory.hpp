@@ -15,6 +15,7 @@
 // (StateArray), the staging of host values (host_collectives) and checkpoints all use it.
 
 #include <cstddef>
+#include <memory>
 #include <string>
 
 #include "core/device_stream.hpp"
@@ -71,6 +72,9 @@ class DeviceBuffer {
   // for a CUDA kind in a build without the CUDA runtime, CommError when CUDA refuses (no
   // device, out of memory), naming the kind, the size and the device.
   DeviceBuffer(std::size_t count, DType dtype, MemoryKind kind, int cuda_device = -1);
+  // Host memory something else made (a shared-memory mapping): `view` stays valid while
+  // `owner` lives, and this buffer keeps it alive.
+  DeviceBuffer(Buffer view, std::shared_ptr<void> owner);
   ~DeviceBuffer();
   DeviceBuffer(DeviceBuffer&& other) noexcept;
   DeviceBuffer& operator=(DeviceBuffer&& other) noexcept;
@@ -87,6 +91,7 @@ class DeviceBuffer {
   Buffer view_;
   MemoryKind kind_ = MemoryKind::host;
   int device_ = -1;
+  std::shared_ptr<void> owner_;  // set: the memory is owner_'s, not ours to free
 };
 
 // Copies src into dst (same dtype and count; the views may be on any device). Between host

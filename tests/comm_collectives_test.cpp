@@ -152,6 +152,22 @@ TEST_CASE("shm collectives match the reference with 2, 3 and 4 ranks; nothing le
   CHECK(new_shm_leaks(before).empty());
 }
 
+TEST_CASE(
+    "shm: an all_reduce of symmetric memory at one rank and private at another fails at all") {
+  if (skip_unless(communicator_available("shm"), "shm communicator not built")) return;
+  for (int world : {2, 3}) {
+    CAPTURE(world);
+    const auto result =
+        run_ranks(world, "comm_collectives_worker", {"--backend", "shm", "--symmetric_mismatch"});
+    INFO(describe(result));
+    REQUIRE_FALSE(result.timed_out);
+    CHECK(result.exit_code() == 3);  // the first to fail ends the others
+    CHECK(count_in_output(result, "mismatch error:") == world);
+    CHECK(count_in_output(result, "on symmetric memory #0 at offset 0 at rank 0") == world);
+    CHECK(count_in_output(result, "its own memory at rank") == world);
+  }
+}
+
 TEST_CASE("auto picks shm when every rank is on this host") {
   if (skip_unless(communicator_available("shm"), "shm communicator not built")) return;
   const auto result = run_ranks(2, "comm_collectives_worker", {"--backend", "auto"});

@@ -333,6 +333,63 @@ void check_hierarchical_traffic(Communicator& comm, int hosts) {
 }
 #endif
 
+// Symmetric memory (allocate_symmetric), where the communicator has it (shm): an all_reduce
+// of such a buffer, whole or a slice at an offset, small or past the slot size, gives the same
+// bits as the same all_reduce of private memory (values whose sums round, so a different
+// order would show). Elsewhere the buffer comes back empty.
+void check_symmetric(Communicator& comm) {
+  const std::size_t count = (std::size_t(3) << 18) + 7;  // 3 MiB of f32: 3 slot-sized pieces
+  DeviceBuffer symmetric = comm.allocate_symmetric(count, DType::f32);
+  const bool expected = comm.backend_name() == "shm" && comm.world_size() > 1;
+  ++g_checks;
+  if ((symmetric.view().data != nullptr) != expected) {
+    ++g_failures;
+    std::printf("FAIL allocate_symmetric: %s a buffer\n", expected ? "did not give" : "gave");
+    return;
+  }
+  if (!expected) return;
+  const auto value = [&](std::size_t i) {
+    return float(std::sin(double(comm.rank()) * 1.3 + double(i) * 0.01) * 1000.0);
+  };
+  struct Part {
+    std::size_t offset, count;
+  };
+  for (const Part part : {Part{0, count}, Part{5, count - 100}, Part{4096, 1000}})
+    for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg}) {
+      Buffer in_place = symmetric.view().slice(part.offset, part.count);
+      std::vector<float> staged(part.count);
+      for (std::size_t i = 0; i < part.count; ++i)
+        staged[i] = static_cast<float*>(in_place.data)[i] = value(part.offset + i);
+      comm.all_reduce(in_place, op)->wait();
+      comm.all_reduce(buffer_of(std::span(staged)), op)->wait();
+      ++g_checks;
+      if (std::memcmp(in_place.data, staged.data(), in_place.bytes()) != 0) {
+        ++g_failures;
+        std::printf("FAIL all_reduce(%s) of symmetric memory [%zu, +%zu): not the staged bits\n",
+                    std::string(reduce_op_name(op)).c_str(), part.offset, part.count);
+      }
+    }
+}
+
+// --symmetric_mismatch: rank 0 all-reduces its symmetric buffer, the others memory of their
+// own. Every rank must fail naming both (the algorithms differ), print "mismatch error: ..."
+// and exit 3.
+int symmetric_mismatch(Communicator& comm) {
+  const std::size_t count = std::size_t(1) << 16;
+  DeviceBuffer symmetric = comm.allocate_symmetric(count, DType::f32);
+  std::vector<float> own(count, 1.0f);
+  try {
+    comm.all_reduce(comm.rank() == 0 ? symmetric.view() : buffer_of(std::span(own)), ReduceOp::sum)
+        ->wait();
+  } catch (const CommError& e) {
+    std::printf("mismatch error: %s\n", e.what());
+    std::fflush(stdout);
+    return 3;
+  }
+  std::printf("rank %d: no error for mismatched buffers\n", comm.rank());
+  return 1;
+}
+
 int kill_mid_collective(Communicator& comm, int victim) {
   std::vector<float> small(1024, 1.0f);
   comm.all_reduce(buffer_of(std::span(small)), ReduceOp::sum)->wait();
@@ -381,6 +438,9 @@ int absent_from_collective(Communicator& comm, int absent) {
 int main(int argc, char** argv) {
   ProcessGroupOptions options;
   int kill_rank = -1, absent_rank = -1, fake_hosts = 0;
+  bool mismatch = false;
+  for (int i = 1; i < argc; ++i)
+    if (std::strcmp(argv[i], "--symmetric_mismatch") == 0) mismatch = true;
   for (int i = 1; i + 1 < argc; ++i) {
     if (std::strcmp(argv[i], "--backend") == 0) options.backend = argv[i + 1];
     if (std::strcmp(argv[i], "--kill_rank") == 0) kill_rank = std::atoi(argv[i + 1]);
@@ -397,6 +457,7 @@ int main(int argc, char** argv) {
     Communicator& comm = group->comm();
     if (kill_rank >= 0) return kill_mid_collective(comm, kill_rank);
     if (absent_rank >= 0) return absent_from_collective(comm, absent_rank);
+    if (mismatch) return symmetric_mismatch(comm);
     const int world = comm.world_size();
     // Odd sizes, sizes smaller than the world, 0 and 1, and one past Gloo's 1 MiB segment.
     const std::vector<std::size_t> counts = {0, 1, 2, 3, 7, 1023, std::size_t(262144 + 3)};
@@ -419,6 +480,7 @@ int main(int argc, char** argv) {
       }
     for (std::size_t count : {std::size_t(1), std::size_t(4097)}) check_send_recv(comm, count);
     check_async(comm);
+    check_symmetric(comm);
 #if ACCEL_TEST_HIERARCHICAL
     check_hierarchical_traffic(comm, fake_hosts);
     if (auto* h = dynamic_cast<HierarchicalCommunicator*>(&comm))

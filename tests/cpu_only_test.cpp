@@ -93,10 +93,11 @@ TEST_CASE("the tripwire covers every CUDA runtime and NCCL entry point the built
 }
 
 TEST_CASE("comm_bench over every CPU communicator reaches no CUDA call") {
-  expect_no_cuda({"launch", "-q", "--main_process_port", "0", "--num_processes", "2",
-                  bin_path("comm_bench"), "--comms", "memcpy,shm,hierarchical,gloo,raw_gloo",
-                  "--min_bytes", "4K", "--max_bytes", "16K", "--iters", "2"},
-                 "comm_bench, forked workers");
+  expect_no_cuda(
+      {"launch", "-q", "--main_process_port", "0", "--num_processes", "2", bin_path("comm_bench"),
+       "--comms", "memcpy,shm,shm_symmetric,hierarchical,gloo,raw_gloo", "--min_bytes", "4K",
+       "--max_bytes", "16K", "--iters", "2"},
+      "comm_bench, forked workers");
   if (skip_unless(communicator_available("mpi") && !find_mpirun().empty(),
                   "MPI not built or mpirun not found"))
     return;
@@ -105,11 +106,11 @@ TEST_CASE("comm_bench over every CPU communicator reaches no CUDA call") {
   const std::string out =
       expect_no_cuda({"launch", "-q", "--main_process_port", "0", "--use_mpi", "--num_processes",
                       "2", bin_path("comm_bench"), "--comms",
-                      "memcpy,shm,hierarchical,gloo,raw_gloo,mpi,raw_mpi,raw_mpi_nb", "--min_bytes",
-                      "4K", "--max_bytes", "16K", "--iters", "2"},
+                      "memcpy,shm,shm_symmetric,hierarchical,gloo,raw_gloo,mpi,raw_mpi,raw_mpi_nb",
+                      "--min_bytes", "4K", "--max_bytes", "16K", "--iters", "2"},
                      "comm_bench under mpirun");
-  for (const char* table :
-       {"memcpy", "shm", "hierarchical", "gloo", "raw_gloo", "mpi", "raw_mpi", "raw_mpi_nb"})
+  for (const char* table : {"memcpy", "shm", "shm_symmetric", "hierarchical", "gloo", "raw_gloo",
+                            "mpi", "raw_mpi", "raw_mpi_nb"})
     CHECK_MESSAGE(out.find(std::string("# backend ") + table + " ") != std::string::npos, table);
 }
 

@@ -1,7 +1,7 @@
 // DDP equivalence over real processes: N ranks each training on their slice of every global
 // batch end with the parameters one process gets on the whole batches (fp32, within the
-// first-order bound of tests/support/tolerance.hpp that ddp_worker checks), over Gloo and MPI,
-// with 2 and 4 ranks, with and without gradient accumulation.
+// first-order bound of tests/support/tolerance.hpp that ddp_worker checks), over Gloo, MPI
+// and shared memory, with 2 to 4 ranks, with and without gradient accumulation.
 
 #include <doctest/doctest.h>
 
@@ -39,6 +39,23 @@ TEST_CASE("DDP over mpi equals one process on the global batch") {
       INFO(describe(result));
       REQUIRE(result.exit_code() == 0);
       CHECK(count_in_output(result, "max |ddp - single|") == world);
+    }
+}
+
+TEST_CASE("DDP over shm equals one process; its buckets live in symmetric shared memory") {
+  if (skip_unless(communicator_available("shm"), "shm communicator not built")) return;
+  // 20K parameters in buckets of up to 64 KiB: past the 32 KiB of shm's small all-reduce,
+  // so the in-place all-reduce on symmetric memory does the work.
+  for (int world : {2, 3})
+    for (const char* accumulation : {"1", "4"}) {
+      CAPTURE(world);
+      CAPTURE(accumulation);
+      const auto result = run_ranks(world, "ddp_worker",
+                                    {"--backend", "shm", "--accumulation", accumulation, "--hidden",
+                                     "256", "--bucket_cap_bytes", "65536"});
+      INFO(describe(result));
+      REQUIRE(result.exit_code() == 0);
+      CHECK(count_in_output(result, "buckets in shared memory, max |ddp - single|") == world);
     }
 }
 

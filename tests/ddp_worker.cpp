@@ -18,14 +18,15 @@
 #include "backends/ddp/ddp_strategy.hpp"
 #include "examples/raw_mlp/mlp.hpp"
 #include "tests/support/mlp_magnitude.hpp"
+#include "tests/support/shm_segments.hpp"
 #include "tests/support/tolerance.hpp"
 
 using namespace accel;
 
 namespace {
 
-constexpr int kGlobalBatch = 24;  // divides by 1, 2, 3 and 4 ranks
-const std::vector<int> kSizes = {32, 64, 48, 10};
+constexpr int kGlobalBatch = 24;                   // divides by 1, 2, 3 and 4 ranks
+const std::vector<int> kSizes = {32, 64, 48, 10};  // the hidden 64 changes with --hidden
 
 struct Batch {
   std::vector<float> x;
@@ -56,7 +57,10 @@ Batch slice(const Batch& b, int rank, int world) {
 
 int main(int argc, char** argv) {
   ProcessGroupOptions pg;
-  int accumulation = 1, steps = 20;
+  int accumulation = 1, steps = 20, hidden = kSizes[1];
+  DdpOptions options;
+  options.first_bucket_bytes = 1024;
+  options.bucket_cap_bytes = 8 * 1024;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     if (flag == "--backend")
@@ -65,13 +69,19 @@ int main(int argc, char** argv) {
       accumulation = std::stoi(argv[i + 1]);
     else if (flag == "--steps")
       steps = std::stoi(argv[i + 1]);
+    else if (flag == "--hidden")
+      hidden = std::stoi(argv[i + 1]);
+    else if (flag == "--bucket_cap_bytes")
+      options.bucket_cap_bytes = std::stoul(argv[i + 1]);
   }
   try {
     auto group = init_process_group(pg);
     Communicator& comm = group->comm();
     const int rank = comm.rank(), world = comm.world_size();
 
-    raw_mlp::Mlp model(kSizes, 7), reference(kSizes, 7);
+    std::vector<int> sizes = kSizes;
+    sizes[1] = hidden;
+    raw_mlp::Mlp model(sizes, 7), reference(sizes, 7);
     if (rank != 0)  // a different start that prepare() must overwrite with rank 0's
       for (float& w : model.layers()[0].weight) w += 0.5f;
 
@@ -87,9 +97,6 @@ int main(int argc, char** argv) {
                         buffer_of(std::span(L.bias_grad))});
     }
     params.push_back({"unused", buffer_of(std::span(unused)), buffer_of(std::span(unused_grad))});
-    DdpOptions options;
-    options.first_bucket_bytes = 1024;
-    options.bucket_cap_bytes = 8 * 1024;
     DdpStrategy ddp(comm, params, {}, options);
     ddp.prepare();
 
@@ -141,10 +148,11 @@ int main(int argc, char** argv) {
          .magnitude = measured.max,
          .unit_roundoff = test::kUnitRoundoffF32});
     std::printf(
-        "rank %d of %d (%s): %d steps, accumulation %d, %zu buckets, max |ddp - single| = %.3g "
-        "(limit %.3g)%s\n",
+        "rank %d of %d (%s): %d steps, accumulation %d, %zu buckets%s, max |ddp - single| = "
+        "%.3g (limit %.3g)%s\n",
         rank, world, std::string(comm.backend_name()).c_str(), steps, accumulation,
-        ddp.bucket_layout().size(), max_diff, limit,
+        ddp.bucket_layout().size(),
+        test::in_shm_segment(ddp.grad_slot(0, 0).data) ? " in shared memory" : "", max_diff, limit,
         unused_ok ? "" : ", unused gradient not averaged");
     return (max_diff <= limit && unused_ok) ? 0 : 1;
   } catch (const std::exception& e) {

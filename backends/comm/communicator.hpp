@@ -102,6 +102,19 @@ class Communicator {
   // CPU communicators, and the world of one wherever it works.
   virtual bool accepts_host_buffers() const { return device() == DeviceKind::cpu; }
 
+  // Symmetric memory: `count` zeroed elements of `dtype` that every rank of the group can
+  // read, at the same offset on every rank (as PyTorch's symmetric memory, or NCCL's
+  // registered buffers). Collective: every rank calls it in the same order with the same
+  // count and dtype. A collective on such a buffer may read the peers' copies in place
+  // instead of staging them through its own memory. The memory lives as long as the returned
+  // buffer, even past the communicator. An empty buffer (view().data == nullptr) where the
+  // backend has none: the caller allocates its own.
+  virtual DeviceBuffer allocate_symmetric(std::size_t count, DType dtype) {
+    (void)count;
+    (void)dtype;
+    return {};
+  }
+
   // The stream the caller computes on (see the top of this file). Set it before issuing the
   // operations it concerns; strategies order their copies on it too.
   void set_compute_stream(DeviceStream stream);

@@ -13,7 +13,7 @@ struct DdpStrategy::Bucket {
   DType dtype;
   std::vector<std::size_t> params;
   std::size_t count = 0;  // elements
-  DeviceBuffer storage;   // where the parameters live (replica_memory)
+  DeviceBuffer storage;   // symmetric memory, or replica_memory
   Buffer flat;
   std::size_t pending = 0;  // gradients not yet ready this iteration
   WorkPtr work;
@@ -54,8 +54,12 @@ DdpStrategy::DdpStrategy(Communicator& comm, std::vector<ParamRef> params,
     buckets_[b]->count += p.data.count;
   }
   for (auto& b : buckets_) {
-    // Allocated (and on the host touched) once here, on the communicator's device.
-    b->storage = DeviceBuffer(b->count, b->dtype, replica_memory(comm_), comm_.cuda_device());
+    // Allocated (and on the host touched) once here: in the communicator's symmetric memory
+    // where it has some (its all-reduce then reads the peers' buckets in place), else on the
+    // communicator's device.
+    b->storage = comm_.allocate_symmetric(b->count, b->dtype);
+    if (b->storage.view().data == nullptr)
+      b->storage = DeviceBuffer(b->count, b->dtype, replica_memory(comm_), comm_.cuda_device());
     b->flat = b->storage.view();
     b->pending = b->params.size();
   }

@@ -14,6 +14,10 @@
 // waits for it (PyTorch needs find_unused_parameters=True for that; here it is always on, and
 // costs nothing when every parameter is used).
 //
+// Memory: the buckets live in the communicator's symmetric memory where it has some (the
+// shared-memory communicator: its all-reduce reads the peers' buckets in place, staging
+// nothing). Constructing the strategy is then collective, as it is in PyTorch.
+//
 // Devices: the buckets live where the communicator works (host memory, or CUDA memory on the
 // NCCL communicator's device), and so must the parameters and gradients. Gradient copies are
 // queued on the communicator's compute stream, each all-reduce is ordered after them by an

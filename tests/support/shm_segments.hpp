@@ -1,12 +1,14 @@
 #pragma once
 // The shared-memory communicator's segments in /dev/shm, for tests that check a job (even a
-// killed one) leaves none: names accel-shm-<pid namespace>-<creator pid>-<nonce>.
+// killed one) leaves none: names accel-shm-<pid namespace>-<creator pid>-<nonce>. And whether
+// an address of this process lies in one of them (symmetric memory).
 
 #include <signal.h>
 
 #include <cerrno>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <set>
 #include <string>
 
@@ -41,6 +43,20 @@ inline std::set<std::string> new_shm_leaks(const std::set<std::string>& before) 
   for (const std::string& name : leaked_shm_segments())
     if (!before.contains(name)) out.insert(name);
   return out;
+}
+
+// Whether `address` lies in a mapping of an accel-shm segment of this process (/proc/self/maps
+// names it, "(deleted)" once unlinked).
+inline bool in_shm_segment(const void* address) {
+  const auto a = reinterpret_cast<unsigned long long>(address);
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  while (std::getline(maps, line)) {
+    if (line.find("/dev/shm/accel-shm-") == std::string::npos) continue;
+    unsigned long long lo = 0, hi = 0;
+    if (std::sscanf(line.c_str(), "%llx-%llx", &lo, &hi) == 2 && a >= lo && a < hi) return true;
+  }
+  return false;
 }
 
 }  // namespace accel::test

@@ -79,8 +79,12 @@ void remove_stale_segments() {
 }
 
 Segment::Segment(const StorePtr& store, int rank, int world, std::size_t slot_bytes,
-                 std::size_t mailbox_bytes, Milliseconds timeout)
-    : rank_(rank), world_(world), slot_bytes_(slot_bytes), mailbox_bytes_(mailbox_bytes) {
+                 std::size_t mailbox_bytes, Milliseconds timeout, SegmentKind kind)
+    : rank_(rank),
+      world_(world),
+      slot_bytes_(slot_bytes),
+      mailbox_bytes_(mailbox_bytes),
+      kind_(kind) {
   if (rank_ == 0)
     create_and_publish(store);
   else
@@ -122,6 +126,11 @@ void Segment::compute_layout() {
   channel_offset_ = offset;
   offset += sizeof(Channel) * std::size_t(world_) * std::size_t(world_);
   data_offset_ = round_up(offset, kControlAlign);
+  if (kind_ == SegmentKind::symmetric) {
+    mailbox_offset_ = small_offset_ = data_offset_ + slot_bytes_ * std::size_t(world_);
+    total_bytes_ = round_up(mailbox_offset_, kControlAlign);
+    return;
+  }
   mailbox_offset_ = data_offset_ + slot_bytes_ * std::size_t(world_ + 1);
   small_offset_ = mailbox_offset_ + mailbox_bytes_ * std::size_t(world_) * world_;
   total_bytes_ = round_up(small_offset_ + 2 * kSmallBytes * std::size_t(world_), kControlAlign);
@@ -146,6 +155,18 @@ void Segment::create_and_publish(const StorePtr& store) {
     errno = err;
     throw_errno("ftruncate(" + name_ + ", " + std::to_string(total_bytes_) + ")");
   }
+  // Reserve the pages now: on a full tmpfs the first touch would otherwise kill us (SIGBUS).
+  if (const int err = posix_fallocate(fd, 0, off_t(total_bytes_)); err != 0) {
+    close(fd);
+    shm_unlink(name_.c_str());
+    linked_ = false;
+    const std::string why = "shm: /dev/shm has no room for " + std::to_string(total_bytes_ >> 20) +
+                            " MiB (" + errno_text(err) +
+                            "): free some, or give the container a bigger /dev/shm "
+                            "(docker run --shm-size)";
+    store->set("segment", "unavailable " + why);
+    throw SegmentUnavailable(why);
+  }
   void* p = mmap(nullptr, total_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   close(fd);
   if (p == MAP_FAILED) throw_errno("mmap(" + name_ + ")");
@@ -161,6 +182,7 @@ void Segment::create_and_publish(const StorePtr& store) {
   h->nonce = nonce;
   h->version = kVersion;
   h->world = std::uint32_t(world_);
+  h->kind = kind_;
   h->slot_bytes = slot_bytes_;
   h->mailbox_bytes = mailbox_bytes_;
   h->total_bytes = total_bytes_;
@@ -184,6 +206,8 @@ void Segment::open_published(const StorePtr& store, Milliseconds timeout) {
                        std::to_string(timeout.count()) +
                        " ms waiting for rank 0 to create the shared-memory segment");
   }
+  if (published.starts_with("unavailable "))
+    throw SegmentUnavailable(published.substr(std::strlen("unavailable ")) + " (rank 0 found)");
   const auto space = published.find(' ');
   if (space == std::string::npos)
     throw CommError("shm: malformed segment record '" + published + "'");
@@ -206,11 +230,11 @@ void Segment::open_published(const StorePtr& store, Milliseconds timeout) {
   base_ = static_cast<char*>(p);
   const Header& h = header();
   if (h.magic != kMagic || h.nonce != nonce || h.version != kVersion ||
-      h.world != std::uint32_t(world_)) {
+      h.world != std::uint32_t(world_) || h.kind != kind_) {
     munmap(base_, total_bytes_);
     base_ = nullptr;
     throw CommError("shm: segment " + name_ + " is not the one rank 0 published for a world of " +
-                    std::to_string(world_));
+                    std::to_string(world_) + " (or not of the kind expected)");
   }
   slot_bytes_ = h.slot_bytes;  // rank 0 decides the sizes
   mailbox_bytes_ = h.mailbox_bytes;

@@ -12,26 +12,35 @@
 // ranks for send/recv), padded to 2 MiB so the data behind it can sit on huge pages; then
 // world slots of slot_bytes, one result slot, world x world mailboxes, and two halves of world
 // small slots (kSmallBytes each) for one-barrier small all-reduces.
+// A symmetric segment (SegmentKind::symmetric) has the same control region, then only the
+// world slots: slot r is rank r's symmetric buffer, which every other rank reads in place.
 
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <string>
 
+#include "core/error.hpp"
 #include "core/store.hpp"
 
 namespace accel::shm {
 
 inline constexpr std::uint64_t kMagic = 0x6d68732d6c656363ULL;  // "ccel-shm"
-inline constexpr std::uint32_t kVersion = 1;
+inline constexpr std::uint32_t kVersion = 2;
 inline constexpr std::size_t kControlAlign = 2u << 20;  // a huge page
 inline constexpr std::size_t kSmallBytes = 32u << 10;
+
+enum class SegmentKind : std::uint32_t {
+  collectives,  // the communicator's own: slots, result slot, mailboxes, small slots
+  symmetric,    // one slot per rank and nothing else (ShmCommunicator::allocate_symmetric)
+};
 
 struct alignas(64) Header {
   std::uint64_t magic;
   std::uint64_t nonce;  // published with the name; a rank checks it after mapping
   std::uint32_t version;
   std::uint32_t world;
+  SegmentKind kind;
   std::uint64_t slot_bytes;
   std::uint64_t mailbox_bytes;
   std::uint64_t total_bytes;
@@ -45,6 +54,10 @@ struct alignas(64) RankInfo {
   std::atomic<std::int32_t> pid;          // 0 until the rank has mapped the segment
   std::atomic<std::uint64_t> start_time;  // /proc/PID/stat field 22: tells a reused pid apart
   std::atomic<std::uint64_t> op_seq;      // sequence number of the operation it is in
+  // Which buffer the rank's current big all_reduce works on: 0 for its own memory, else the
+  // symmetric segment (index + 1, top 16 bits) and the offset in its slot. Ranks compare it
+  // after the first barrier, so they never mix the in-place and the staged algorithm.
+  std::atomic<std::uint64_t> buffer_tag;
   // Barrier counter: the number of the last barrier this rank arrived at. Own cache line,
   // since every other rank polls it.
   alignas(64) std::atomic<std::uint64_t> arrived;
@@ -59,13 +72,22 @@ struct alignas(64) Channel {
   alignas(64) std::atomic<std::uint64_t> taken;  // pieces the receiver has copied out
 };
 
+// /dev/shm has no room for the segment (posix_fallocate refused it). Rank 0 says so through
+// the store, so every rank of the group throws this and none waits for a segment.
+class SegmentUnavailable : public CommError {
+ public:
+  using CommError::CommError;
+};
+
 class Segment {
  public:
   // Collective over the group's ranks: see the top of the file. `store` is already prefixed
   // with the group's namespace. Throws TimeoutError naming the ranks that did not map it
-  // within `timeout`, CommError for a failed system call.
+  // within `timeout`, SegmentUnavailable when /dev/shm is too small, CommError for a failed
+  // system call.
   Segment(const StorePtr& store, int rank, int world, std::size_t slot_bytes,
-          std::size_t mailbox_bytes, Milliseconds timeout);
+          std::size_t mailbox_bytes, Milliseconds timeout,
+          SegmentKind kind = SegmentKind::collectives);
   ~Segment();
   Segment(const Segment&) = delete;
   Segment& operator=(const Segment&) = delete;
@@ -95,6 +117,7 @@ class Segment {
 
   int rank_, world_;
   std::size_t slot_bytes_, mailbox_bytes_;
+  SegmentKind kind_;
   std::size_t rank_offset_ = 0, channel_offset_ = 0, data_offset_ = 0, mailbox_offset_ = 0;
   std::size_t small_offset_ = 0;
   std::size_t total_bytes_ = 0;

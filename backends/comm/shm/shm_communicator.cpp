@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -25,6 +26,14 @@ std::size_t env_size(const char* name, std::size_t fallback) {
   if (*end != '\0' || v == 0)
     throw ConfigError(std::string(name) + "='" + text + "' is not a positive integer");
   return std::size_t(v);
+}
+
+bool env_flag(const char* name, bool fallback) {
+  const char* text = std::getenv(name);
+  if (!text || !*text) return fallback;
+  if (std::strcmp(text, "0") != 0 && std::strcmp(text, "1") != 0)
+    throw ConfigError(std::string(name) + "='" + text + "' is not 0 or 1");
+  return text[0] == '1';
 }
 
 int usable_cpus() {
@@ -52,9 +61,9 @@ std::size_t mailbox_bytes_for(int world) {
 ShmCommunicator::ShmCommunicator(const CommOptions& options)
     : Communicator(options.rank, options.world_size, options.timeout) {
   ACCEL_CHECK_ARG(options.store != nullptr, "the shm communicator needs a rendezvous store");
-  auto store = std::make_shared<PrefixStore>("shm/" + options.group_name, options.store);
+  store_ = std::make_shared<PrefixStore>("shm/" + options.group_name, options.store);
   segment_ =
-      std::make_unique<shm::Segment>(store, rank(), world_size(), slot_bytes_for(world_size()),
+      std::make_unique<shm::Segment>(store_, rank(), world_size(), slot_bytes_for(world_size()),
                                      mailbox_bytes_for(world_size()), options.timeout);
   // With more ranks than cores a spinning rank holds the core the rank it waits for needs.
   // Otherwise the core is this rank's anyway, and a futex sleep costs tens of microseconds to
@@ -73,6 +82,7 @@ ShmCommunicator::ShmCommunicator(const CommOptions& options)
     if (shm::process_start_time(info.pid.load()) != start_times_[r] || start_times_[r] == 0)
       pids_visible_ = false;
   }
+  symmetric_enabled_ = env_flag("ACCEL_SHM_SYMMETRIC", true);
   sent_.assign(world_size(), 0);
   taken_.assign(world_size(), 0);
   set_inline_max_bytes(kInlineBytes);
@@ -88,6 +98,78 @@ std::string ShmCommunicator::dead_among(const std::vector<int>& ranks) const {
       return "rank " + std::to_string(r) + " (pid " + std::to_string(pid) + ") exited";
   }
   return "";
+}
+
+DeviceBuffer ShmCommunicator::allocate_symmetric(std::size_t count, DType dtype) {
+  if (world_size() == 1 || !symmetric_enabled_) return {};
+  // Whole pages per rank, so no two ranks' buffers share a cache line.
+  const std::size_t page = 4096;
+  const std::size_t bytes = std::max(page, (count * element_size(dtype) + page - 1) / page * page);
+  std::size_t index = 0;
+  {
+    std::lock_guard lock(symmetric_mutex_);
+    index = symmetric_.size();
+  }
+  ACCEL_CHECK_ARG(index < kMaxSymmetric, "shm: at most " + std::to_string(kMaxSymmetric) +
+                                             " symmetric allocations per communicator");
+  // Not under the lock: making it waits for every rank, and an operation running meanwhile
+  // must still be able to look its buffer up.
+  std::shared_ptr<shm::Segment> segment;
+  try {
+    segment = std::make_shared<shm::Segment>(
+        std::make_shared<PrefixStore>("symmetric/" + std::to_string(index), store_), rank(),
+        world_size(), bytes, 0, timeout(), shm::SegmentKind::symmetric);
+  } catch (const shm::SegmentUnavailable& e) {
+    // Every rank gets here alike; the caller stages through memory of its own instead.
+    if (rank() == 0)
+      std::fprintf(stderr, "note: %s; %zu bytes per rank stay in private memory instead\n",
+                   e.what(), bytes);
+    std::lock_guard lock(symmetric_mutex_);
+    symmetric_.emplace_back();  // the index stays taken on every rank
+    return {};
+  }
+  if (segment->slot_bytes() != bytes)
+    throw InvalidArgument("shm: rank " + std::to_string(rank()) + " asked for symmetric memory #" +
+                          std::to_string(index) + " of " + std::to_string(bytes) +
+                          " bytes, rank 0 for " + std::to_string(segment->slot_bytes()) +
+                          ": every rank must allocate the same sizes in the same order");
+  const Buffer view{segment->slot(rank()), count, dtype, DeviceKind::cpu};
+  {
+    std::lock_guard lock(symmetric_mutex_);
+    symmetric_.push_back(segment);
+  }
+  return DeviceBuffer(view, std::move(segment));
+}
+
+std::uint64_t ShmCommunicator::buffer_tag(const Buffer& data,
+                                          std::shared_ptr<shm::Segment>& segment) const {
+  const char* const p = static_cast<const char*>(data.data);
+  std::lock_guard lock(symmetric_mutex_);
+  for (std::size_t i = 0; i < symmetric_.size(); ++i) {
+    segment = symmetric_[i].lock();
+    if (!segment) continue;
+    const char* const slot = segment->slot(rank());
+    if (p >= slot && p + data.bytes() <= slot + segment->slot_bytes())
+      return (std::uint64_t(i + 1) << kTagIndexShift) | std::uint64_t(p - slot);
+  }
+  segment.reset();
+  return 0;
+}
+
+void ShmCommunicator::expect_same_buffer_tag(std::uint64_t tag) const {
+  const auto describe = [](std::uint64_t t) {
+    if (t == 0) return std::string("its own memory");
+    return "symmetric memory #" + std::to_string((t >> kTagIndexShift) - 1) + " at offset " +
+           std::to_string(t & ((std::uint64_t(1) << kTagIndexShift) - 1));
+  };
+  for (int j = 0; j < world_size(); ++j) {
+    const std::uint64_t theirs = segment_->rank_info(j).buffer_tag.load();
+    if (theirs != tag)
+      throw CommError("shm: all_reduce on " + describe(tag) + " at rank " + std::to_string(rank()) +
+                      ", on " + describe(theirs) + " at rank " + std::to_string(j) +
+                      ": every rank must pass its own slice of the same symmetric buffer, or "
+                      "every rank memory of its own");
+  }
 }
 
 shm::Clock::time_point ShmCommunicator::begin(Milliseconds timeout) {
@@ -145,6 +227,10 @@ void ShmCommunicator::run_all_reduce(Buffer data, ReduceOp op, Milliseconds time
   if (n == 1) return;
   const auto deadline = begin(timeout);
   if (data.bytes() <= shm::kSmallBytes) return small_all_reduce(data, op, deadline);
+  std::shared_ptr<shm::Segment> symmetric;  // held for the operation
+  const std::uint64_t tag = buffer_tag(data, symmetric);
+  segment_->rank_info(r).buffer_tag.store(tag);
+  if (tag != 0) return in_place_all_reduce(data, op, *symmetric, tag, deadline);
   const std::size_t esize = element_size(data.dtype);
   const std::size_t chunk = segment_->slot_bytes() / esize;
   const ReduceKernel kernel = reduce_kernel(data.dtype, wire_op(op));
@@ -161,6 +247,7 @@ void ShmCommunicator::run_all_reduce(Buffer data, ReduceOp op, Milliseconds time
       std::memcpy(mine + s.offset * esize, part + s.offset * esize, s.count * esize);
     }
     barrier(deadline, "all_reduce write");
+    if (off == 0) expect_same_buffer_tag(0);
     // reduce: this rank's share, its own values first, then every other rank's in rank order
     const Shard own = shard_of(count, n, r);
     if (own.count) {
@@ -178,6 +265,46 @@ void ShmCommunicator::run_all_reduce(Buffer data, ReduceOp op, Milliseconds time
       std::memcpy(part + s.offset * esize, result + s.offset * esize, s.count * esize);
     }
   }
+}
+
+void ShmCommunicator::in_place_all_reduce(Buffer data, ReduceOp op, const shm::Segment& segment,
+                                          std::uint64_t tag, shm::Clock::time_point deadline) {
+  const int n = world_size(), r = rank();
+  barrier(deadline, "all_reduce ready");
+  expect_same_buffer_tag(tag);
+  const std::size_t offset = tag & ((std::uint64_t(1) << kTagIndexShift) - 1);
+  std::vector<const char*> peer(std::size_t(n), nullptr);  // rank j's copy of `data`
+  for (int j = 0; j < n; ++j) peer[std::size_t(j)] = segment.slot(j) + offset;
+  const std::size_t esize = element_size(data.dtype);
+  const ReduceKernel kernel = reduce_kernel(data.dtype, wire_op(op));
+  char* const base = static_cast<char*>(data.data);
+  // The same chunks and shares as the staged algorithm, each share reduced the same way (its
+  // owner's values first, then the others' in rank order): both give the same bits. A chunk
+  // is also what keeps the average's sums in cache for the division.
+  const std::size_t chunk = segment_->slot_bytes() / esize;
+  const auto for_each_share = [&](auto&& visit) {
+    for (std::size_t off = 0; off < data.count; off += chunk) {
+      const std::size_t count = std::min(chunk, data.count - off);
+      for (int j = 0; j < n; ++j) {
+        const Shard s = shard_of(count, n, j);
+        visit(j, (off + s.offset) * esize, s.count);
+      }
+    }
+  };
+  // reduce: this rank's shares, reading the others' buffers in place
+  for_each_share([&](int owner, std::size_t at, std::size_t count) {
+    if (owner != r || count == 0) return;
+    for (int j = 0; j < n; ++j)
+      if (j != r) kernel(base + at, base + at, peer[std::size_t(j)] + at, count);
+    if (op == ReduceOp::avg) divide_elements(base + at, count, data.dtype, n);
+  });
+  barrier(deadline, "all_reduce reduce");
+  // read: the others' reduced shares, from their buffers
+  for_each_share([&](int owner, std::size_t at, std::size_t count) {
+    if (owner != r) std::memcpy(base + at, peer[std::size_t(owner)] + at, count * esize);
+  });
+  // Nobody may change its buffer (the next backward, zero_grad) until all have read it.
+  barrier(deadline, "all_reduce read");
 }
 
 void ShmCommunicator::run_reduce_scatter(Buffer input, Buffer output, ReduceOp op,

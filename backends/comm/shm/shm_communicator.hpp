@@ -12,17 +12,24 @@
 // the next chunk's (or operation's) write phase: all_reduce costs two barriers per chunk.
 // An all_reduce of at most 32 KiB costs one (small_all_reduce).
 //
+// Symmetric memory (allocate_symmetric): each allocation is a segment of its own, one slot per
+// rank. A bigger all_reduce on such a buffer stages nothing: each rank reduces its share
+// reading the others' buffers in place, then copies their reduced shares from them; three
+// barriers in all (in_place_all_reduce). DDP keeps its gradient buckets there.
+//
 // Waiting is wait.hpp's (short spin, then futex). Operations of at most kInlineBytes run on the
 // caller's thread (the base class's inline execution). A rank that dies is noticed by the
 // others within milliseconds and named: "shm: rank 2 (pid 4711) exited while this rank waited
 // ...". Send/recv go through a mailbox per ordered pair of ranks.
 //
-// Environment (read by rank 0 when the segment is made, for experiments):
+// Environment (for experiments; the sizes are rank 0's, read when the segment is made):
 //   ACCEL_SHM_SLOT_BYTES   bytes per rank and chunk (default 1 MiB)
 //   ACCEL_SHM_SPIN_US      busy-wait before sleeping (default 200, 2 when ranks outnumber cores)
 //   ACCEL_SHM_YIELD        1 (default): sched_yield while spinning; 2: pure spin
+//   ACCEL_SHM_SYMMETRIC    1 (default); 0: allocate_symmetric gives nothing (callers stage)
 
 #include <memory>
+#include <mutex>
 #include <vector>
 
 #include "backends/comm/communicator.hpp"
@@ -41,6 +48,8 @@ class ShmCommunicator final : public Communicator {
   explicit ShmCommunicator(const CommOptions& options);
   ~ShmCommunicator() override;
   std::string_view backend_name() const override { return "shm"; }
+  // One segment per call, through the store (collective); empty at world 1.
+  DeviceBuffer allocate_symmetric(std::size_t count, DType dtype) override;
 
  protected:
   void run_all_reduce(Buffer data, ReduceOp op, Milliseconds timeout) override;
@@ -55,23 +64,42 @@ class ShmCommunicator final : public Communicator {
   std::vector<int> ranks_not_heard_from(std::uint64_t seq) override;
 
  private:
+  // RankInfo::buffer_tag: the symmetric segment's index + 1 above this bit, the offset below.
+  static constexpr int kTagIndexShift = 48;
+  static constexpr std::size_t kMaxSymmetric = 0xffff;
+
   // Marks this rank as in the current operation; returns its deadline.
   shm::Clock::time_point begin(Milliseconds timeout);
   // Arrives at the next group barrier and waits for every rank to arrive there.
   void barrier(shm::Clock::time_point deadline, const char* phase);
   // all_reduce of at most kSmallBytes.
   void small_all_reduce(Buffer data, ReduceOp op, shm::Clock::time_point deadline);
+  // all_reduce of a symmetric buffer in `segment`, `tag` its RankInfo::buffer_tag.
+  void in_place_all_reduce(Buffer data, ReduceOp op, const shm::Segment& segment, std::uint64_t tag,
+                           shm::Clock::time_point deadline);
+  // RankInfo::buffer_tag for `data`, and its segment: 0 unless it lies in this rank's slot of
+  // a symmetric segment.
+  std::uint64_t buffer_tag(const Buffer& data, std::shared_ptr<shm::Segment>& segment) const;
+  // After a barrier: throws CommError unless every rank published `tag`.
+  void expect_same_buffer_tag(std::uint64_t tag) const;
   // Waits for one peer (send/recv).
   void wait_for_peer(int peer, const std::function<bool()>& ready, shm::Clock::time_point deadline,
                      const std::string& what);
   // "rank 2 (pid 4711) exited" for the first of `ranks` that no longer runs, or "".
   std::string dead_among(const std::vector<int>& ranks) const;
 
+  StorePtr store_;  // the group's namespace in the rendezvous store
   std::unique_ptr<shm::Segment> segment_;
+  // Symmetric segments, in allocation order (the same index on every rank), owned by the
+  // buffers handed out. Appended by the caller's thread, read by whichever thread runs an
+  // operation.
+  mutable std::mutex symmetric_mutex_;
+  std::vector<std::weak_ptr<shm::Segment>> symmetric_;
   shm::WaitPolicy policy_;
   std::uint64_t barriers_ = 0;   // barriers this rank has arrived at
   std::uint64_t small_ops_ = 0;  // small all-reduces so far (which half of the small slots)
   std::vector<std::uint64_t> start_times_;  // each rank's process start time, when visible
+  bool symmetric_enabled_ = true;           // ACCEL_SHM_SYMMETRIC
   bool pids_visible_ = true;  // every peer's /proc entry can be read (one pid namespace)
   std::vector<std::uint64_t> sent_, taken_;  // per peer: pieces sent to / taken from it
 };
