@@ -13,11 +13,18 @@ struct DdpStrategy::Bucket {
   DType dtype;
   std::vector<std::size_t> params;
   std::size_t count = 0;  // elements
-  DeviceBuffer storage;   // symmetric memory, or replica_memory
+  DeviceBuffer storage;   // in replica_memory, when not in the symmetric memory
   Buffer flat;
   std::size_t pending = 0;  // gradients not yet ready this iteration
   WorkPtr work;
 };
+
+namespace {
+// A bucket's bytes in the symmetric memory: whole cache lines, so every bucket starts on one.
+std::size_t aligned_bytes(std::size_t count, DType dtype) {
+  return (count * element_size(dtype) + 63) / 64 * 64;
+}
+}  // namespace
 
 DdpStrategy::DdpStrategy(Communicator& comm, std::vector<ParamRef> params,
                          std::vector<Buffer> buffers, DdpOptions options)
@@ -53,14 +60,22 @@ DdpStrategy::DdpStrategy(Communicator& comm, std::vector<ParamRef> params,
     buckets_[b]->params.push_back(k);
     buckets_[b]->count += p.data.count;
   }
+  // Allocated (and on the host touched) once here: all buckets in one piece of the
+  // communicator's symmetric memory where it has some (its all-reduce then reads the peers'
+  // buckets in place), else each bucket on the communicator's device.
+  std::size_t total = 0;
+  for (auto& b : buckets_) total += aligned_bytes(b->count, b->dtype);
+  symmetric_ = comm_.allocate_symmetric(total / 8, DType::i64);  // whole cache lines
+  std::size_t at = 0;
   for (auto& b : buckets_) {
-    // Allocated (and on the host touched) once here: in the communicator's symmetric memory
-    // where it has some (its all-reduce then reads the peers' buckets in place), else on the
-    // communicator's device.
-    b->storage = comm_.allocate_symmetric(b->count, b->dtype);
-    if (b->storage.view().data == nullptr)
+    if (symmetric_.view().data) {
+      b->flat = Buffer{static_cast<char*>(symmetric_.view().data) + at, b->count, b->dtype,
+                       symmetric_.view().device};
+      at += aligned_bytes(b->count, b->dtype);
+    } else {
       b->storage = DeviceBuffer(b->count, b->dtype, replica_memory(comm_), comm_.cuda_device());
-    b->flat = b->storage.view();
+      b->flat = b->storage.view();
+    }
     b->pending = b->params.size();
   }
   // A gradient given without storage lives in its bucket slot (gradient_as_bucket_view).

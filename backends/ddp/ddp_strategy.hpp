@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "backends/backend.hpp"
+#include "core/device_memory.hpp"
 
 namespace accel {
 
@@ -78,6 +79,7 @@ class DdpStrategy final : public Strategy {
   std::vector<ParamRef> params_;
   std::vector<Buffer> buffers_;
   DdpOptions options_;
+  DeviceBuffer symmetric_;  // every bucket, where the communicator has symmetric memory
   std::vector<std::unique_ptr<Bucket>> buckets_;
   std::vector<std::size_t> bucket_of_;  // param index -> bucket index
   std::vector<std::size_t> offset_of_;  // param index -> element offset in its bucket
