@@ -102,17 +102,40 @@ TEST_CASE("hierarchical under mpirun: MPI between 2 fake hosts, with 3 and 4 ran
   CHECK(result.workers.at(0).output.find("between hosts: mpi") == std::string::npos);
 }
 
-TEST_CASE("mpi: a bad ACCEL_MPI_SPIN_US is refused at the join, naming it") {
+TEST_CASE("mpi: a bad tuning variable is refused at the join, naming it") {
   if (skip_unless(communicator_available("mpi"), "mpi communicator not built (no libopenmpi-dev)"))
     return;
   if (skip_unless(!find_mpirun().empty(), "mpirun not found (openmpi-bin not installed)")) return;
-  RanksOptions options;
-  options.env = {{"ACCEL_MPI_SPIN_US", "50us"}};
-  const auto result = run_under_mpirun(2, "comm_collectives_worker", {"--backend", "mpi"}, options);
-  INFO(describe(result));
-  CHECK(result.exit_code() != 0);
-  CHECK(result.workers.at(0).output.find(
-            "ACCEL_MPI_SPIN_US='50us' is not a whole number of microseconds") != std::string::npos);
+  for (const char* name : {"ACCEL_MPI_SPIN_US", "ACCEL_MPI_INLINE_BYTES"}) {
+    CAPTURE(name);
+    RanksOptions options;
+    options.env = {{name, "50us"}};
+    const auto result =
+        run_under_mpirun(2, "comm_collectives_worker", {"--backend", "mpi"}, options);
+    INFO(describe(result));
+    CHECK(result.exit_code() != 0);
+    CHECK(result.workers.at(0).output.find(std::string(name) + "='50us' is not a whole number") !=
+          std::string::npos);
+  }
+}
+
+TEST_CASE("gloo and shm: a bad tuning variable is refused at the join, naming it") {
+  struct Knob {
+    const char *backend, *name, *value, *says;
+  };
+  for (const Knob& k :
+       {Knob{"gloo", "ACCEL_GLOO_INLINE_BYTES", "-1", "is not a whole number"},
+        Knob{"shm", "ACCEL_SHM_SYMMETRIC", "yes", "is not a whole number from 0 to 1"},
+        Knob{"shm", "ACCEL_SHM_SPIN_US", "0", "is not a whole number of at least 1"}}) {
+    CAPTURE(k.name);
+    if (skip_unless(communicator_available(k.backend), "communicator not built")) continue;
+    RanksOptions options;
+    options.env = {{k.name, k.value}};
+    const auto result = run_ranks(2, "comm_collectives_worker", {"--backend", k.backend}, options);
+    INFO(describe(result));
+    CHECK(result.exit_code() == 2);
+    CHECK(count_in_output(result, std::string(k.name) + "='" + k.value + "' " + k.says) >= 1);
+  }
 }
 
 TEST_CASE("mpi: a rank that never joins a small (inline) all_reduce ends it with a timeout") {

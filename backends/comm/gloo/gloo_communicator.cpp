@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "backends/comm/gloo/gloo_store_adapter.hpp"
+#include "core/env_value.hpp"
 #include "core/error.hpp"
 #include "core/prefix_store.hpp"
 #include "core/store_join.hpp"
@@ -79,6 +80,7 @@ void wait_recv(gloo::transport::UnboundBuffer& buf, Milliseconds timeout) {
 GlooCommunicator::GlooCommunicator(const CommOptions& options)
     : Communicator(options.rank, options.world_size, options.timeout) {
   ACCEL_CHECK_ARG(options.store != nullptr, "the gloo communicator needs a rendezvous store");
+  const std::size_t inline_bytes = env_uint("ACCEL_GLOO_INLINE_BYTES", kInlineBytes);
   store_ = std::make_shared<PrefixStore>("gloo/" + options.group_name, options.store);
 
   // Join: each rank announces itself, so a rank that never comes can be named.
@@ -104,9 +106,7 @@ GlooCommunicator::GlooCommunicator(const CommOptions& options)
                     options.group_name + "': " + e.what());
   }
   context_ = std::move(context);
-  const char* inline_bytes = std::getenv("ACCEL_GLOO_INLINE_BYTES");
-  set_inline_max_bytes(inline_bytes && *inline_bytes ? std::strtoull(inline_bytes, nullptr, 10)
-                                                     : kInlineBytes);
+  set_inline_max_bytes(inline_bytes);
 }
 
 GlooCommunicator::~GlooCommunicator() { stop_worker(); }

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "backends/comm/mpi/mpi_check.hpp"
+#include "core/env_value.hpp"
 #include "core/error.hpp"
 #include "core/store_join.hpp"
 
@@ -251,14 +252,8 @@ void check_tag(std::uint32_t tag, int tag_ub, const char* op) {
 // asks first, so a bad value fails the join.
 Clock::duration spin_window() {
   static const Clock::duration window = [] {
-    if (const char* text = std::getenv("ACCEL_MPI_SPIN_US"); text && *text) {
-      char* end = nullptr;
-      const unsigned long long us = std::strtoull(text, &end, 10);
-      if (*end != '\0' || text[0] == '-')
-        throw ConfigError(std::string("ACCEL_MPI_SPIN_US='") + text +
-                          "' is not a whole number of microseconds");
-      return Clock::duration(std::chrono::microseconds(us));
-    }
+    if (const char* text = std::getenv("ACCEL_MPI_SPIN_US"); text && *text)
+      return Clock::duration(std::chrono::microseconds(env_uint("ACCEL_MPI_SPIN_US", 0)));
     // The launcher's count of ranks on this host (Open MPI, MPICH/Hydra); unknown: yield.
     const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
     if (!local || !*local) local = std::getenv("MPI_LOCALNRANKS");
@@ -517,6 +512,13 @@ class Meeting {
   std::vector<Round> rounds_;
 };
 
+// kInlineBytes, or ACCEL_MPI_INLINE_BYTES (experiments; mpi_world() asks first).
+std::size_t inline_max_bytes() {
+  static const std::size_t bytes =
+      env_uint("ACCEL_MPI_INLINE_BYTES", MpiCommunicator::kInlineBytes);
+  return bytes;
+}
+
 }  // namespace
 
 struct MpiCommunicator::State {
@@ -529,7 +531,9 @@ struct MpiCommunicator::State {
 };
 
 MpiCommunicator::World MpiCommunicator::mpi_world() {
-  (void)spin_window();  // reads ACCEL_MPI_SPIN_US now: a bad value fails before MPI is touched
+  // The knobs are read now, so a bad value fails before MPI is touched.
+  (void)spin_window();
+  (void)inline_max_bytes();
   Process& p = process();
   World world;
   std::lock_guard lock(p.mutex);
@@ -653,9 +657,7 @@ void MpiCommunicator::adopt(void* comm_handle, void* internal_handle) {
   }
   state_->internal = internal;
   state_->comm = comm;
-  const char* inline_bytes = std::getenv("ACCEL_MPI_INLINE_BYTES");
-  set_inline_max_bytes(inline_bytes && *inline_bytes ? std::strtoull(inline_bytes, nullptr, 10)
-                                                     : kInlineBytes);
+  set_inline_max_bytes(inline_max_bytes());
 }
 
 std::unique_ptr<MpiCommunicator> MpiCommunicator::from_world(Milliseconds timeout) {

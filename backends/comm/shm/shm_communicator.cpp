@@ -9,6 +9,7 @@
 #include <cstring>
 #include <string>
 
+#include "core/env_value.hpp"
 #include "core/error.hpp"
 #include "core/prefix_store.hpp"
 
@@ -17,24 +18,6 @@ namespace {
 
 constexpr std::size_t kDefaultSlotBytes = 1u << 20;
 constexpr std::size_t kMaxMailboxBytes = 64u << 10;
-
-std::size_t env_size(const char* name, std::size_t fallback) {
-  const char* text = std::getenv(name);
-  if (!text || !*text) return fallback;
-  char* end = nullptr;
-  const unsigned long long v = std::strtoull(text, &end, 10);
-  if (*end != '\0' || v == 0)
-    throw ConfigError(std::string(name) + "='" + text + "' is not a positive integer");
-  return std::size_t(v);
-}
-
-bool env_flag(const char* name, bool fallback) {
-  const char* text = std::getenv(name);
-  if (!text || !*text) return fallback;
-  if (std::strcmp(text, "0") != 0 && std::strcmp(text, "1") != 0)
-    throw ConfigError(std::string(name) + "='" + text + "' is not 0 or 1");
-  return text[0] == '1';
-}
 
 int usable_cpus() {
   cpu_set_t set;
@@ -45,7 +28,7 @@ int usable_cpus() {
 
 // Slots must hold whole elements of every dtype, and world windows of them (reduce_scatter).
 std::size_t slot_bytes_for(int world) {
-  std::size_t bytes = env_size("ACCEL_SHM_SLOT_BYTES", kDefaultSlotBytes);
+  std::size_t bytes = env_uint("ACCEL_SHM_SLOT_BYTES", kDefaultSlotBytes, 1);
   const std::size_t unit = 8 * std::size_t(world);
   return std::max(unit, bytes / unit * unit);
 }
@@ -70,10 +53,11 @@ ShmCommunicator::ShmCommunicator(const CommOptions& options)
   // wake from: measured on an idle 2-core machine, a 4 KiB all-reduce at world 2 averaged
   // 3.6-10 us with a 200 us spin against 10-41 us with 20 us.
   const bool oversubscribed = world_size() > usable_cpus();
-  policy_.spin = std::chrono::microseconds(env_size("ACCEL_SHM_SPIN_US", oversubscribed ? 2 : 200));
+  policy_.spin =
+      std::chrono::microseconds(env_uint("ACCEL_SHM_SPIN_US", oversubscribed ? 2 : 200, 1));
   // Measured on a loaded 2-core machine: yielding while spinning halved to quartered the
   // median 4 KiB all-reduce time against sleeping right after a pure spin.
-  policy_.yield = env_size("ACCEL_SHM_YIELD", 1) == 1;
+  policy_.yield = env_uint("ACCEL_SHM_YIELD", 1, 1, 2) == 1;
   start_times_.resize(world_size());
   for (int r = 0; r < world_size(); ++r) {
     const shm::RankInfo& info = segment_->rank_info(r);
@@ -82,7 +66,7 @@ ShmCommunicator::ShmCommunicator(const CommOptions& options)
     if (shm::process_start_time(info.pid.load()) != start_times_[r] || start_times_[r] == 0)
       pids_visible_ = false;
   }
-  symmetric_enabled_ = env_flag("ACCEL_SHM_SYMMETRIC", true);
+  symmetric_enabled_ = env_uint("ACCEL_SHM_SYMMETRIC", 1, 0, 1) == 1;
   sent_.assign(world_size(), 0);
   taken_.assign(world_size(), 0);
   set_inline_max_bytes(kInlineBytes);
