@@ -512,6 +512,7 @@ class CommTarget final : public Target {
   }
   void mirror_in_symmetric_memory(std::size_t max_bytes) {
     const std::size_t words = (max_bytes + 7) / 8;
+    // (The communicator was made with ACCEL_SHM_SYMMETRIC=1: see the table's setup.)
     device_full_ = comm_->allocate_symmetric(words, DType::i64);
     device_part_ = comm_->allocate_symmetric(words, DType::i64);
     if (!mirrored()) throw ConfigError("comm_bench: '" + name_ + "' has no symmetric memory");
@@ -1125,7 +1126,12 @@ int run(int argc, char** argv) {
     options.store = store;
     options.timeout = timeout;
     options.group_name = "bench-" + name + (symmetric ? "-symmetric" : "");
-    return std::make_unique<CommTarget>(create_communicator(name, options), max_bytes, symmetric);
+    // The symmetric table turns shm's symmetric memory on (off by default), for its own
+    // communicator only: the knob is read when a communicator is made.
+    if (symmetric) setenv("ACCEL_SHM_SYMMETRIC", "1", 1);
+    auto comm = create_communicator(name, options);
+    if (symmetric) unsetenv("ACCEL_SHM_SYMMETRIC");
+    return std::make_unique<CommTarget>(std::move(comm), max_bytes, symmetric);
   };
   auto own_group = [&](const std::string& name, std::size_t max_bytes) {
     if (store) return on_store(name, max_bytes);

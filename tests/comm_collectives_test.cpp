@@ -168,7 +168,9 @@ TEST_CASE("shm collectives match the reference with 2, 3 and 4 ranks; nothing le
   const auto before = leaked_shm_segments();
   for (int world : {2, 3, 4}) {
     CAPTURE(world);
-    const auto result = run_ranks(world, "comm_collectives_worker", {"--backend", "shm"});
+    RanksOptions options;
+    options.env = {{"ACCEL_SHM_SYMMETRIC", "1"}};  // check_symmetric too (off by default)
+    const auto result = run_ranks(world, "comm_collectives_worker", {"--backend", "shm"}, options);
     expect_all_ranks_pass(result, world);
     CHECK(result.workers.at(0).output.find("(shm)") != std::string::npos);
   }
@@ -181,7 +183,8 @@ TEST_CASE(
   for (int world : {2, 3}) {
     CAPTURE(world);
     const auto result =
-        run_ranks(world, "comm_collectives_worker", {"--backend", "shm", "--symmetric_mismatch"});
+        run_ranks(world, "comm_collectives_worker", {"--backend", "shm", "--symmetric_mismatch"},
+                  RanksOptions{.env = {{"ACCEL_SHM_SYMMETRIC", "1"}}});
     INFO(describe(result));
     REQUIRE_FALSE(result.timed_out);
     CHECK(result.exit_code() == 3);  // the first to fail ends the others

@@ -45,8 +45,9 @@ TEST_CASE("DDP over mpi equals one process on the global batch") {
     }
 }
 
-TEST_CASE("DDP over shm equals one process; its buckets live in symmetric shared memory") {
+TEST_CASE("DDP over shm equals one process; its buckets in symmetric memory, the in-place path") {
   if (skip_unless(communicator_available("shm"), "shm communicator not built")) return;
+  // ACCEL_SHM_SYMMETRIC=1 turns the symmetric memory on (off by default).
   // 20K parameters in buckets of up to 64 KiB: past the 32 KiB of shm's small all-reduce,
   // so the in-place all-reduce on symmetric memory does the work.
   for (int world : {2, 3})
@@ -55,11 +56,19 @@ TEST_CASE("DDP over shm equals one process; its buckets live in symmetric shared
       CAPTURE(accumulation);
       const auto result = run_ranks(world, "ddp_worker",
                                     {"--backend", "shm", "--accumulation", accumulation, "--hidden",
-                                     "256", "--bucket_cap_bytes", "65536"});
+                                     "256", "--bucket_cap_bytes", "65536"},
+                                    RanksOptions{.env = {{"ACCEL_SHM_SYMMETRIC", "1"}}});
       INFO(describe(result));
       REQUIRE(result.exit_code() == 0);
       CHECK(count_in_output(result, "buckets in shared memory, max |ddp - single|") == world);
     }
+  // By default the buckets stay in each rank's own memory (the staged all-reduce).
+  const auto staged = run_ranks(
+      2, "ddp_worker", {"--backend", "shm", "--hidden", "256", "--bucket_cap_bytes", "65536"});
+  INFO(describe(staged));
+  REQUIRE(staged.exit_code() == 0);
+  CHECK(count_in_output(staged, "max |ddp - single|") == 2);
+  CHECK(count_in_output(staged, "in shared memory") == 0);
 }
 
 TEST_CASE("DDP over shm with no room in /dev/shm for its buckets: told once, staged, still equal") {
@@ -96,6 +105,7 @@ TEST_CASE("DDP over shm with no room in /dev/shm for its buckets: told once, sta
                "5"};
   spec.label = "accel launch in a mount namespace";
   spec.unset_env = {"ACCEL_CONFIG_FILE", "ACCEL_COMM_BACKEND", "ACCEL_NUM_PROCESSES"};
+  spec.env = {{"ACCEL_SHM_SYMMETRIC", "1"}};
   launch::WorkerGroupOptions options;
   options.capture = true;
   options.echo = false;

@@ -14,9 +14,9 @@
 // waits for it (PyTorch needs find_unused_parameters=True for that; here it is always on, and
 // costs nothing when every parameter is used).
 //
-// Memory: the buckets live in the communicator's symmetric memory where it has some (the
-// shared-memory communicator: its all-reduce reads the peers' buckets in place, staging
-// nothing). Constructing the strategy is then collective, as it is in PyTorch.
+// Memory: the buckets live in the communicator's symmetric memory where it gives some (the
+// shared-memory communicator with ACCEL_SHM_SYMMETRIC=1: its all-reduce reads the peers'
+// buckets in place, staging nothing). Constructing the strategy is collective, as in PyTorch.
 //
 // Devices: the buckets live where the communicator works (host memory, or CUDA memory on the
 // NCCL communicator's device), and so must the parameters and gradients. Gradient copies are

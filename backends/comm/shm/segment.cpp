@@ -155,7 +155,9 @@ void Segment::create_and_publish(const StorePtr& store) {
     errno = err;
     throw_errno("ftruncate(" + name_ + ", " + std::to_string(total_bytes_) + ")");
   }
-  // Reserve the pages now: on a full tmpfs the first touch would otherwise kill us (SIGBUS).
+  // Allocate every page now, zeroed, in one call: a full /dev/shm is then an error here, not
+  // a SIGBUS at the first touch, and it is far cheaper than faulting the pages in one by one.
+  // The pages are the tmpfs's (huge where shmem_enabled is always or within_size).
   if (const int err = posix_fallocate(fd, 0, off_t(total_bytes_)); err != 0) {
     close(fd);
     shm_unlink(name_.c_str());
@@ -167,15 +169,11 @@ void Segment::create_and_publish(const StorePtr& store) {
     store->set("segment", "unavailable " + why);
     throw SegmentUnavailable(why);
   }
-  void* p = mmap(nullptr, total_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  // MAP_POPULATE: this rank's page tables are filled now, not on the first collective.
+  void* p = mmap(nullptr, total_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
   close(fd);
   if (p == MAP_FAILED) throw_errno("mmap(" + name_ + ")");
   base_ = static_cast<char*>(p);
-  // Huge pages where the kernel allows them for shared memory (shmem_enabled advise/always);
-  // otherwise this fails harmlessly and 4 KiB pages are used.
-  madvise(base_, total_bytes_, MADV_HUGEPAGE);
-  // Pre-fault every page once, here: first touches cost more than the copies themselves.
-  std::memset(base_, 0, total_bytes_);
 
   Header* h = new (base_) Header{};
   h->magic = kMagic;

@@ -1,12 +1,11 @@
 #pragma once
 // The shared-memory segment one group of same-host ranks works in, and how it comes to exist:
 // rank 0 creates it under a name no earlier job can have used (its pid namespace, its pid and
-// 64 random bits),
-// sizes, pre-faults and initialises it, and publishes the name through the rendezvous store;
-// every rank maps it and says so in the store; as soon as all have, rank 0 unlinks the name.
-// From then on the memory lives only as long as some rank maps it, so a crash leaves nothing
-// in /dev/shm. A name left by a creator that was killed before unlinking is removed by the
-// next creator on the host (its pid no longer runs).
+// 64 random bits), sizes and allocates it (posix_fallocate), initialises it, and publishes the
+// name through the rendezvous store; every rank maps it and says so in the store; as soon as all
+// have, rank 0 unlinks the name. From then on the memory lives only as long as some rank maps it,
+// so a crash leaves nothing in /dev/shm. A name left by a creator that was killed before unlinking
+// is removed by the next creator on the host (its pid no longer runs).
 //
 // Layout: a control region (header, one RankInfo per rank, one Channel per ordered pair of
 // ranks for send/recv), padded to 2 MiB so the data behind it can sit on huge pages; then

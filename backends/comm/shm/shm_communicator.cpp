@@ -66,7 +66,7 @@ ShmCommunicator::ShmCommunicator(const CommOptions& options)
     if (shm::process_start_time(info.pid.load()) != start_times_[r] || start_times_[r] == 0)
       pids_visible_ = false;
   }
-  symmetric_enabled_ = env_uint("ACCEL_SHM_SYMMETRIC", 1, 0, 1) == 1;
+  symmetric_enabled_ = env_uint("ACCEL_SHM_SYMMETRIC", 0, 0, 1) == 1;
   sent_.assign(world_size(), 0);
   taken_.assign(world_size(), 0);
   set_inline_max_bytes(kInlineBytes);

@@ -15,7 +15,8 @@
 // Symmetric memory (allocate_symmetric): each allocation is a segment of its own, one slot per
 // rank. A bigger all_reduce on such a buffer stages nothing: each rank reduces its share
 // reading the others' buffers in place, then copies their reduced shares from them; three
-// barriers in all (in_place_all_reduce). DDP keeps its gradient buckets there.
+// barriers in all (in_place_all_reduce). DDP keeps its gradient buckets there when it is on
+// (ACCEL_SHM_SYMMETRIC=1, below).
 //
 // Waiting is wait.hpp's (short spin, then futex). Operations of at most kInlineBytes run on the
 // caller's thread (the base class's inline execution). A rank that dies is noticed by the
@@ -26,7 +27,11 @@
 //   ACCEL_SHM_SLOT_BYTES   bytes per rank and chunk (default 1 MiB)
 //   ACCEL_SHM_SPIN_US      busy-wait before sleeping (default 200, 2 when ranks outnumber cores)
 //   ACCEL_SHM_YIELD        1 (default): sched_yield while spinning; 2: pure spin
-//   ACCEL_SHM_SYMMETRIC    1 (default); 0: allocate_symmetric gives nothing (callers stage)
+//   ACCEL_SHM_SYMMETRIC    0 (default): allocate_symmetric gives nothing (callers stage);
+//                          1: it gives symmetric memory. Off by default because DDP, its one
+//                          user, did not gain on the 2-core AMD VM (bench/README, "Symmetric
+//                          memory"): the in-place all-reduce is faster on buffers that are
+//                          not in cache, but the step as a whole was not.
 
 #include <memory>
 #include <mutex>
@@ -48,7 +53,8 @@ class ShmCommunicator final : public Communicator {
   explicit ShmCommunicator(const CommOptions& options);
   ~ShmCommunicator() override;
   std::string_view backend_name() const override { return "shm"; }
-  // One segment per call, through the store (collective); empty at world 1.
+  // One segment per call, through the store (collective); empty at world 1, and unless
+  // ACCEL_SHM_SYMMETRIC=1.
   DeviceBuffer allocate_symmetric(std::size_t count, DType dtype) override;
 
  protected:
