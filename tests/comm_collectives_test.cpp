@@ -194,6 +194,20 @@ TEST_CASE(
   }
 }
 
+TEST_CASE("shm: a /dev/shm too small for the group's segment is an error at every rank") {
+  if (skip_unless(communicator_available("shm"), "shm communicator not built")) return;
+  if (skip_unless(can_make_mount_namespace(), "cannot make a mount namespace (unshare --mount)"))
+    return;
+  // The group's segment needs 6 MiB at world 2; before posix_fallocate, the first touch past
+  // the tmpfs's 4 MiB killed rank 0 with SIGBUS.
+  const auto result = run_with_dev_shm_of("4m", 2, "comm_collectives_worker", {"--backend", "shm"});
+  INFO(describe(result));
+  REQUIRE_FALSE(result.timed_out);
+  CHECK(result.exit_code() == 2);  // the worker's exit for an error it caught
+  CHECK(count_in_output(result, "/dev/shm has no room for 6 MiB") >= 1);
+  CHECK(count_in_output(result, "docker run --shm-size") >= 1);
+}
+
 TEST_CASE("auto picks shm when every rank is on this host") {
   if (skip_unless(communicator_available("shm"), "shm communicator not built")) return;
   const auto result = run_ranks(2, "comm_collectives_worker", {"--backend", "auto"});

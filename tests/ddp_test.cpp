@@ -5,9 +5,6 @@
 
 #include <doctest/doctest.h>
 
-#include <chrono>
-#include <cstdlib>
-
 #include "backends/comm/registry.hpp"
 #include "tests/support/ranks.hpp"
 #include "tests/support/skip.hpp"
@@ -73,44 +70,14 @@ TEST_CASE("DDP over shm equals one process; its buckets in symmetric memory, the
 
 TEST_CASE("DDP over shm with no room in /dev/shm for its buckets: told once, staged, still equal") {
   if (skip_unless(communicator_available("shm"), "shm communicator not built")) return;
-  if (skip_unless(std::system("unshare --mount --propagation private true 2>/dev/null") == 0,
-                  "cannot make a mount namespace (unshare --mount) here"))
+  if (skip_unless(can_make_mount_namespace(), "cannot make a mount namespace (unshare --mount)"))
     return;
   // A 12 MiB /dev/shm of its own: room for the communicator's segment (6 MiB), none for 2 x
-  // 5.3 MB of buckets (a hidden layer of 16384).
-  launch::WorkerSpec spec;
-  spec.argv = {"unshare",
-               "--mount",
-               "--propagation",
-               "private",
-               "sh",
-               "-c",
-               "mount -t tmpfs -o size=12m tmpfs /dev/shm && exec \"$@\"",
-               "sh",
-               bin_path("accel"),
-               "launch",
-               "-q",
-               "--num_processes",
-               "2",
-               "--main_process_port",
-               "0",
-               bin_path("ddp_worker"),
-               "--backend",
-               "shm",
-               "--hidden",
-               "16384",
-               "--bucket_cap_bytes",
-               "1048576",
-               "--steps",
-               "5"};
-  spec.label = "accel launch in a mount namespace";
-  spec.unset_env = {"ACCEL_CONFIG_FILE", "ACCEL_COMM_BACKEND", "ACCEL_NUM_PROCESSES"};
-  spec.env = {{"ACCEL_SHM_SYMMETRIC", "1"}};
-  launch::WorkerGroupOptions options;
-  options.capture = true;
-  options.echo = false;
-  options.timeout = std::chrono::seconds(120);  // anti-hang only
-  const auto result = launch::run_worker_group({spec}, options);
+  // 5.3 MB of buckets (a hidden layer of 16384). ACCEL_SHM_SYMMETRIC=1 asks for them there.
+  const auto result = run_with_dev_shm_of(
+      "12m", 2, "ddp_worker",
+      {"--backend", "shm", "--hidden", "16384", "--bucket_cap_bytes", "1048576", "--steps", "5"},
+      RanksOptions{.env = {{"ACCEL_SHM_SYMMETRIC", "1"}}});
   INFO(describe(result));
   REQUIRE(result.exit_code() == 0);
   CHECK(count_in_output(result, "note: shm: /dev/shm has no room for") == 1);

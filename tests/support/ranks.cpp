@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 
 #include "config/config.hpp"
@@ -77,6 +78,44 @@ launch::GroupResult run_under_mpirun(int world, const std::string& program,
   group_options.echo = false;
   group_options.timeout = options.timeout;
   return launch::run_worker_group({spec}, group_options);
+}
+
+launch::GroupResult run_with_dev_shm_of(const std::string& shm_size, int world,
+                                        const std::string& program,
+                                        const std::vector<std::string>& args,
+                                        const RanksOptions& options) {
+  launch::WorkerSpec spec;
+  spec.argv = {"unshare",
+               "--mount",
+               "--propagation",
+               "private",
+               "sh",
+               "-c",
+               "mount -t tmpfs -o size=\"$1\" tmpfs /dev/shm && shift && exec \"$@\"",
+               "sh",
+               shm_size,
+               bin_path("accel"),
+               "launch",
+               "-q",
+               "--num_processes",
+               std::to_string(world),
+               "--main_process_port",
+               "0",
+               bin_path(program)};
+  spec.argv.insert(spec.argv.end(), args.begin(), args.end());
+  spec.label = "accel launch with a /dev/shm of " + shm_size;
+  spec.unset_env = {"ACCEL_CONFIG_FILE", "ACCEL_COMM_BACKEND", "ACCEL_NUM_PROCESSES"};
+  spec.env = options.env;
+  spec.env.emplace_back("OMP_NUM_THREADS", "1");
+  launch::WorkerGroupOptions group_options;
+  group_options.capture = true;
+  group_options.echo = false;
+  group_options.timeout = options.timeout;  // anti-hang only
+  return launch::run_worker_group({spec}, group_options);
+}
+
+bool can_make_mount_namespace() {
+  return std::system("unshare --mount --propagation private true >/dev/null 2>&1") == 0;
 }
 
 launch::GroupResult run_accel(const std::vector<std::string>& args,

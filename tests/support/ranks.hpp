@@ -31,6 +31,16 @@ launch::GroupResult run_under_mpirun(int world, const std::string& program,
                                      const std::vector<std::string>& args,
                                      const RanksOptions& options = {});
 
+// `accel launch -q --num_processes world --main_process_port 0 program args...` in a mount
+// namespace of its own whose /dev/shm is a tmpfs of `shm_size` (mount's size=, e.g. "12m"):
+// what a job does when /dev/shm is too small. Needs can_make_mount_namespace().
+launch::GroupResult run_with_dev_shm_of(const std::string& shm_size, int world,
+                                        const std::string& program,
+                                        const std::vector<std::string>& args,
+                                        const RanksOptions& options = {});
+// Whether this process may make a mount namespace (root, no seccomp filter against unshare).
+bool can_make_mount_namespace();
+
 // The mpirun executable, or "" when MPI is not installed.
 std::string find_mpirun();
 
