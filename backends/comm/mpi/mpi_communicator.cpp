@@ -252,15 +252,13 @@ void check_tag(std::uint32_t tag, int tag_ub, const char* op) {
 // asks first, so a bad value fails the join.
 Clock::duration spin_window() {
   static const Clock::duration window = [] {
-    if (const char* text = std::getenv("ACCEL_MPI_SPIN_US"); text && *text)
-      return Clock::duration(std::chrono::microseconds(env_uint("ACCEL_MPI_SPIN_US", 0)));
     // The launcher's count of ranks on this host (Open MPI, MPICH/Hydra); unknown: yield.
     const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
     if (!local || !*local) local = std::getenv("MPI_LOCALNRANKS");
     const long ranks_here = local && *local ? std::strtol(local, nullptr, 10) : 0;
     const long cores = sysconf(_SC_NPROCESSORS_ONLN);
     const bool spin = ranks_here >= 1 && ranks_here <= cores;
-    return Clock::duration(std::chrono::microseconds(spin ? 50 : 0));
+    return Clock::duration(std::chrono::microseconds(env_uint("ACCEL_MPI_SPIN_US", spin ? 50 : 0)));
   }();
   return window;
 }

@@ -143,8 +143,8 @@ std::uint64_t ShmCommunicator::buffer_tag(const Buffer& data,
 void ShmCommunicator::expect_same_buffer_tag(std::uint64_t tag) const {
   const auto describe = [](std::uint64_t t) {
     if (t == 0) return std::string("its own memory");
-    return "symmetric memory #" + std::to_string((t >> kTagIndexShift) - 1) + " at offset " +
-           std::to_string(t & ((std::uint64_t(1) << kTagIndexShift) - 1));
+    return "symmetric memory #" + std::to_string(tag_index(t)) + " at offset " +
+           std::to_string(tag_offset(t));
   };
   for (int j = 0; j < world_size(); ++j) {
     const std::uint64_t theirs = segment_->rank_info(j).buffer_tag.load();
@@ -256,9 +256,8 @@ void ShmCommunicator::in_place_all_reduce(Buffer data, ReduceOp op, const shm::S
   const int n = world_size(), r = rank();
   barrier(deadline, "all_reduce ready");
   expect_same_buffer_tag(tag);
-  const std::size_t offset = tag & ((std::uint64_t(1) << kTagIndexShift) - 1);
   std::vector<const char*> peer(std::size_t(n), nullptr);  // rank j's copy of `data`
-  for (int j = 0; j < n; ++j) peer[std::size_t(j)] = segment.slot(j) + offset;
+  for (int j = 0; j < n; ++j) peer[std::size_t(j)] = segment.slot(j) + tag_offset(tag);
   const std::size_t esize = element_size(data.dtype);
   const ReduceKernel kernel = reduce_kernel(data.dtype, wire_op(op));
   char* const base = static_cast<char*>(data.data);

@@ -72,6 +72,10 @@ class ShmCommunicator final : public Communicator {
  private:
   // RankInfo::buffer_tag: the symmetric segment's index + 1 above this bit, the offset below.
   static constexpr int kTagIndexShift = 48;
+  static std::size_t tag_offset(std::uint64_t tag) {
+    return tag & ((std::uint64_t(1) << kTagIndexShift) - 1);
+  }
+  static std::size_t tag_index(std::uint64_t tag) { return (tag >> kTagIndexShift) - 1; }
   static constexpr std::size_t kMaxSymmetric = 0xffff;
 
   // Marks this rank as in the current operation; returns its deadline.
