@@ -672,7 +672,7 @@ class MpiSession {
     MPI_Initialized(&initialized);
     if (initialized) return;
     int provided = 0;
-    BENCH_MPI(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided));
+    BENCH_MPI(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided));
     owner_ = true;
   }
   ~MpiSession() {

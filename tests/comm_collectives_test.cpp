@@ -138,25 +138,58 @@ TEST_CASE("gloo and shm: a bad tuning variable is refused at the join, naming it
   }
 }
 
-TEST_CASE("mpi: a rank that never joins a small (inline) all_reduce ends it with a timeout") {
+TEST_CASE("mpi: a rank that never enters an all_reduce is named by the others' watchdogs") {
   if (skip_unless(communicator_available("mpi"), "mpi communicator not built (no libopenmpi-dev)"))
     return;
   if (skip_unless(!find_mpirun().empty(), "mpirun not found (openmpi-bin not installed)")) return;
-  // A 4 KiB all_reduce runs on the caller's thread (MpiCommunicator::kInlineBytes); its wait
-  // has the same deadline as the worker's (2 s here).
-  const auto started = std::chrono::steady_clock::now();
-  const auto result =
-      run_under_mpirun(2, "comm_collectives_worker", {"--backend", "mpi", "--absent_rank", "1"});
-  INFO(describe(result));
-  const std::string& out = result.workers.at(0).output;
-  CHECK(out.find("timeout error: ") != std::string::npos);
-  // The meeting before the collective names whom it waited for.
-  CHECK(out.find("waiting for rank 1") != std::string::npos);
-  CHECK(out.find("never joined") == std::string::npos);
-  CHECK(result.exit_code() != 0);
-  MESSAGE("ended after "
-          << std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count()
-          << " s");
+  // A 4 KiB all_reduce runs MPI's blocking MPI_Allreduce on the caller's thread, which cannot be
+  // abandoned: each rank in it ends, after the timeout (2 s here), with the watchdog's line and
+  // exit code 124, naming the rank that never came and not the ones blocked beside it.
+  for (int world : {2, 3}) {
+    CAPTURE(world);
+    const int absent = world - 1;
+    const auto started = std::chrono::steady_clock::now();
+    const auto result =
+        run_under_mpirun(world, "comm_collectives_worker",
+                         {"--backend", "mpi", "--absent_rank", std::to_string(absent)});
+    INFO(describe(result));
+    REQUIRE_FALSE(result.timed_out);
+    CHECK(result.exit_code() == 124);
+    // Every rank that reports names the absent one alone (all blocked ranks may report before
+    // mpirun ends the job: each keeps answering its peers for a second first).
+    const std::string named =
+        "all_reduce(sum, 1024 x f32) #2 timed out after 2000 ms; ranks not "
+        "heard from: [" +
+        std::to_string(absent) + "] (in MPI_Allreduce";
+    CHECK(count_in_output(result, named) >= 1);
+    CHECK(count_in_output(result, "ranks not heard from: [") == count_in_output(result, named));
+    CHECK(count_in_output(result, "rank " + std::to_string(absent) +
+                                      " is outside any collective, after 1 of them") >= 1);
+    CHECK(count_in_output(result, "this process ends with exit code 124") >= 1);
+    // The worker's own catch never ran: the collective did not return.
+    CHECK(count_in_output(result, "timeout error: ") == 0);
+    MESSAGE("ended after "
+            << std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count()
+            << " s");
+  }
+}
+
+TEST_CASE("mpi: a collective waiting for its peers holds up no other communicator's") {
+  if (skip_unless(communicator_available("mpi"), "mpi communicator not built (no libopenmpi-dev)"))
+    return;
+  if (skip_unless(!find_mpirun().empty(), "mpirun not found (openmpi-bin not installed)")) return;
+  // Two communicators driven by two threads in opposite orders on even and odd ranks: with a
+  // process-wide lock held across MPI's blocking collectives each rank would wait for the
+  // other inside a different communicator, until the watchdog ended the job.
+  for (int world : {2, 3}) {
+    CAPTURE(world);
+    const auto result = run_under_mpirun(world, "comm_collectives_worker",
+                                         {"--backend", "mpi", "--two_communicators"});
+    INFO(describe(result));
+    REQUIRE_FALSE(result.timed_out);
+    CHECK(result.exit_code() == 0);
+    CHECK(count_in_output(result, "two communicators: ok") == world);
+  }
 }
 
 TEST_CASE("the world of one runs the same collectives") {

@@ -7,6 +7,7 @@
 // bf16 included) and ring order cannot change a result; avg's division is rounded the way
 // the communicator rounds it.
 
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <csignal>
@@ -15,11 +16,13 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "accelerate/process_group.hpp"
+#include "backends/comm/registry.hpp"
 #if ACCEL_TEST_HIERARCHICAL
 #include "backends/comm/shm/hierarchical_communicator.hpp"
 #endif
@@ -416,8 +419,9 @@ int kill_mid_collective(Communicator& comm, int victim) {
 
 // --absent_rank R: rank R never joins a small all_reduce (it waits past the others' timeout,
 // then leaves). The others must end with a timeout, not wait forever: each prints
-// "timeout error: ..." and exits 3. Small enough to run on the caller's thread where the
-// communicator runs small operations inline (shm, mpi).
+// "timeout error: ..." and exits 3 (mpi: its watchdog ends the process first, with exit code
+// 124). Small enough to run on the caller's thread where the communicator runs small
+// operations inline (shm, mpi).
 int absent_from_collective(Communicator& comm, int absent) {
   comm.barrier()->wait();
   if (comm.rank() == absent) {
@@ -436,14 +440,52 @@ int absent_from_collective(Communicator& comm, int absent) {
   return 1;
 }
 
+// --two_communicators (mpi): two more communicators of the same world, each driven by a thread
+// of its own, started in opposite orders: even ranks begin on A, odd ranks on B, the other
+// thread 200 ms later. Each blocking collective waits for its peers, so this completes only if
+// one communicator's collective waiting for a peer does not hold up the other's (no
+// process-wide lock held across them). Prints "two communicators: ok" and exits 0.
+int two_communicators(Communicator& comm) {
+  CommOptions o;
+  o.rank = comm.rank();
+  o.world_size = comm.world_size();
+  o.timeout = std::chrono::seconds(20);
+  const CommunicatorPtr a = create_communicator("mpi", o);
+  const CommunicatorPtr b = create_communicator("mpi", o);
+  const int world = comm.world_size();
+  std::atomic<int> wrong{0};
+  auto drive = [&](Communicator& c, float base, bool later) {
+    if (later) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    const float want = base * float(world) + float(world * (world - 1) / 2);
+    for (int i = 0; i < 50; ++i) {
+      std::vector<float> v(1024, base + float(c.rank()));
+      c.all_reduce(buffer_of(std::span(v)), ReduceOp::sum)->wait();
+      if (v.front() != want || v.back() != want) {
+        std::printf("FAIL two communicators: all_reduce of %g gave %g, expected %g\n", base,
+                    v.front(), want);
+        ++wrong;
+      }
+    }
+  };
+  const bool even = comm.rank() % 2 == 0;
+  std::thread on_a([&] { drive(*a, 10.0f, !even); });
+  std::thread on_b([&] { drive(*b, 20.0f, even); });
+  on_a.join();
+  on_b.join();
+  std::printf("rank %d: two communicators: %s\n", comm.rank(), wrong == 0 ? "ok" : "wrong");
+  return wrong == 0 ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   ProcessGroupOptions options;
   int kill_rank = -1, absent_rank = -1, fake_hosts = 0;
-  bool mismatch = false;
-  for (int i = 1; i < argc; ++i)
+  bool mismatch = false, two = false;
+  for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--symmetric_mismatch") == 0) mismatch = true;
+    if (std::strcmp(argv[i], "--two_communicators") == 0) two = true;
+  }
   for (int i = 1; i + 1 < argc; ++i) {
     if (std::strcmp(argv[i], "--backend") == 0) options.backend = argv[i + 1];
     if (std::strcmp(argv[i], "--kill_rank") == 0) kill_rank = std::atoi(argv[i + 1]);
@@ -461,6 +503,7 @@ int main(int argc, char** argv) {
     if (kill_rank >= 0) return kill_mid_collective(comm, kill_rank);
     if (absent_rank >= 0) return absent_from_collective(comm, absent_rank);
     if (mismatch) return symmetric_mismatch(comm);
+    if (two) return two_communicators(comm);
     const int world = comm.world_size();
     // Odd sizes, sizes smaller than the world, 0 and 1, and one past Gloo's 1 MiB segment.
     const std::vector<std::size_t> counts = {0, 1, 2, 3, 7, 1023, std::size_t(262144 + 3)};

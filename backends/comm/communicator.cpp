@@ -182,7 +182,7 @@ void Communicator::execute(const WorkPtr& work, const std::function<void(Millise
     return;
   }
   std::exception_ptr error;
-  current_seq_ = seq;
+  current_label_ = label;
   current_inputs_ = std::move(inputs);
   deferred_.reset();
   const auto deadline = std::chrono::steady_clock::now() + timeout_;

@@ -166,9 +166,10 @@ class Communicator {
     return {};
   }
 
-  // The sequence number of the operation now running (for the backend's own bookkeeping, as
-  // what ranks_not_heard_from is later asked about). Valid inside run_*.
-  std::uint64_t current_sequence() const { return current_seq_; }
+  // The operation now running, as its errors name it; its seq is what ranks_not_heard_from
+  // is later asked about. Valid inside run_*.
+  const OperationLabel& current_label() const { return current_label_; }
+  std::uint64_t current_sequence() const { return current_label_.seq; }
 
   // Device backends: runs on the caller's thread as each operation is issued, in issue order
   // (with the issue lock held: it must not call back into this class); `compute_stream` is
@@ -222,13 +223,13 @@ class Communicator {
   std::uint64_t next_seq_ = 1;
   std::atomic<std::uint64_t> bus_bytes_{0};
   bool stopping_ = false;
-  bool running_ = false;           // an operation is executing (on the worker or inline)
-  std::uint64_t current_seq_ = 0;  // written and read only by whoever executes operations
+  bool running_ = false;          // an operation is executing (on the worker or inline)
+  OperationLabel current_label_;  // written and read only by whoever executes operations
   bool inline_enabled_ = false;
   std::size_t inline_max_bytes_ = 0;
   std::string broken_;  // first failure; later operations fail fast with it
   DeviceStream compute_stream_ = nullptr;
-  // Written and read only by whoever executes operations (as current_seq_).
+  // Written and read only by whoever executes operations (as current_label_).
   std::shared_ptr<void> current_inputs_;
   std::shared_ptr<DeviceCompletion> deferred_;
   struct InFlight {

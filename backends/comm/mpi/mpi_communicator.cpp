@@ -12,12 +12,12 @@
 #include <cstring>
 #include <functional>
 #include <mutex>
-#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "backends/comm/mpi/mpi_check.hpp"
+#include "backends/comm/mpi/mpi_watchdog.hpp"
 #include "core/env_value.hpp"
 #include "core/error.hpp"
 #include "core/store_join.hpp"
@@ -39,8 +39,8 @@ static_assert(kMaxCount >= 1 && kMaxCount <= static_cast<std::size_t>(INT_MAX));
 
 // What the whole process shares: MPI is one per process, whatever number of communicators.
 struct Process {
-  // Held around every MPI call we make. We ask for MPI_THREAD_SERIALIZED, which allows calls
-  // from any thread but never two at once; each communicator has its own worker thread.
+  // Held around our MPI calls, except the blocking collectives (which may wait long for a
+  // peer, and MPI_THREAD_MULTIPLE lets communicators run theirs at once) and the watchdogs'.
   std::mutex mutex;
   bool ops_created = false;
   MPI_Op half_ops[2][3] = {};  // [f16, bf16][sum, min, max]: user ops over 16-bit floats
@@ -70,6 +70,7 @@ class MpiLock {
 };
 
 void finalize_at_exit() {
+  mpi_detail::Watchdog::quiesce();
   Process& p = process();
   std::lock_guard lock(p.mutex);
   int finalized = 0;
@@ -112,24 +113,25 @@ void initialise_mpi(Process& p) {
         "cannot be initialised again");
   int provided = MPI_THREAD_SINGLE;
   if (!initialized) {
-    ACCEL_MPI_CHECK(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided));
+    ACCEL_MPI_CHECK(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided));
     // At exit rather than in a destructor: MPI cannot be initialised twice, so finalising
     // when one communicator goes would make every later one in this process impossible.
     std::atexit(&finalize_at_exit);
-    if (provided < MPI_THREAD_SERIALIZED)
+    if (provided < MPI_THREAD_MULTIPLE)
       throw CommError(std::string("MpiCommunicator: this MPI library provides only ") +
                       thread_level_name(provided) +
-                      "; MpiCommunicator calls MPI from a background thread and needs "
-                      "MPI_THREAD_SERIALIZED");
+                      "; MpiCommunicator calls MPI from several threads at once (each "
+                      "communicator's, and its watchdog) and needs MPI_THREAD_MULTIPLE");
   } else {
     ACCEL_MPI_CHECK(MPI_Query_thread(&provided));
-    if (provided < MPI_THREAD_SERIALIZED)
+    if (provided < MPI_THREAD_MULTIPLE)
       throw CommError(std::string("MpiCommunicator: MPI was initialised by the application "
                                   "with ") +
                       thread_level_name(provided) +
-                      ", but MpiCommunicator calls MPI from a background thread; initialise "
-                      "with MPI_Init_thread(..., MPI_THREAD_SERIALIZED, ...) or higher, or let "
-                      "MpiCommunicator initialise MPI");
+                      ", but MpiCommunicator calls MPI from several threads at once (each "
+                      "communicator's, and its watchdog); initialise with "
+                      "MPI_Init_thread(..., MPI_THREAD_MULTIPLE, ...), or let MpiCommunicator "
+                      "initialise MPI");
   }
   if (!p.ops_created) {
     ACCEL_MPI_CHECK(MPI_Op_create(&half_reduce<DType::f16, ReduceOp::sum>, 1, &p.half_ops[0][0]));
@@ -244,8 +246,9 @@ void check_tag(std::uint32_t tag, int tag_ub, const char* op) {
 
 // How long a waiter polls MPI without any system call before it starts yielding: while the
 // peer's message is a microsecond away, a sched_yield (a system call, about a microsecond in
-// this VM with page-table isolation) delays noticing it. Measured at world 2 on 2 cores: the
-// meeting before each collective cost 3-4 us yielding against MPI_Barrier's 0.5 us (bench/README).
+// this VM with page-table isolation) delays noticing it. Measured at world 2 on 2 cores: a
+// polled meeting before each collective cost 3-4 us yielding against MPI_Barrier's 0.5 us
+// (bench/README). Point-to-point operations and the join wait so.
 // With more ranks on this host than cores a spinning rank holds the core its peer needs, so
 // then it yields at once. The host's online cores count, not this process's affinity (mpirun
 // --bind-to core leaves each rank one). ACCEL_MPI_SPIN_US overrides (experiments); mpi_world()
@@ -404,110 +407,25 @@ class Pending {
   std::unique_ptr<Scratch> scratch_;
 };
 
-// A meeting of every rank before each collective, over point-to-point messages on the
-// internal communicator: a dissemination barrier (in round k each rank tells rank + 2^k and
-// hears from rank - 2^k; after ceil(log2 n) rounds everyone has heard from everyone, directly
-// or not). It carries the timeout for the blocking collective that follows and names the rank
-// waited for. The requests are persistent and each receive is posted one meeting ahead, so a
-// rank that arrives after its peers finds their messages there: the meeting then costs a few
-// MPI_Start and MPI_Test calls instead of a round trip per round. MPI_Ibarrier would do the
-// same through Open MPI's nonblocking-collective engine (libnbc), which costs more than the
-// 4 KiB collective after it (bench/README). MPI matches messages between two ranks in the
-// order they were sent and meetings run one at a time, so a tag per round serves them all.
-class Meeting {
+// Around every blocking collective: refuses once MPI is finalised (the application's
+// MPI_Finalize, or our atexit handler while a leaked communicator's worker still runs), and
+// lets the watchdog end the process if the collective outlives the timeout. No process lock:
+// under MPI_THREAD_MULTIPLE communicators run their collectives at once, so one whose peers
+// are late never holds up another's.
+class Collective {
  public:
-  // Caller holds the process lock.
-  Meeting(MPI_Comm comm, int rank, int world) {
-    for (int distance = 1, k = 0; distance < world; distance *= 2, ++k) {
-      Round round;
-      round.to = (rank + distance) % world;
-      round.from = (rank - distance + world) % world;
-      ACCEL_MPI_CHECK(MPI_Send_init(nullptr, 0, MPI_BYTE, round.to, k, comm, &round.send));
-      ACCEL_MPI_CHECK(MPI_Recv_init(nullptr, 0, MPI_BYTE, round.from, k, comm, &round.recv));
-      ACCEL_MPI_CHECK(MPI_Start(&round.recv));
-      rounds_.push_back(round);
-    }
-  }
-
-  // Caller holds the process lock. The receive posted for the next meeting is cancelled;
-  // a request MPI cannot finish stays as it is (the process is ending or abandoned).
-  void close() noexcept {
-    for (Round& round : rounds_) {
-      MPI_Cancel(&round.recv);
-      MPI_Wait(&round.recv, MPI_STATUS_IGNORE);
-      int done = 0;
-      MPI_Test(&round.send, &done, MPI_STATUS_IGNORE);
-      if (!done) continue;
-      MPI_Request_free(&round.recv);
-      MPI_Request_free(&round.send);
-    }
-    rounds_.clear();
-  }
-
-  void meet(const char* what, Milliseconds timeout) {
-    // Read the clock only once a message is not there yet: at world 2 the peer's usually is,
-    // and the reads were about a tenth of a small collective's time.
-    Deadline deadline(timeout);
-    for (Round& round : rounds_) {
-      {
-        MpiLock lock;
-        ACCEL_MPI_CHECK(MPI_Start(&round.send));
-      }
-      wait(round.recv, deadline, [&] {
-        return std::string(what) + " (waiting for rank " + std::to_string(round.from) +
-               " to enter) did not complete within " + std::to_string(timeout.count()) + " ms";
-      });
-      {
-        MpiLock lock;
-        ACCEL_MPI_CHECK(MPI_Start(&round.recv));  // for the next meeting
-      }
-      // An empty send completes at once; it must before the next MPI_Start on it.
-      wait(round.send, deadline, [&] {
-        return std::string(what) + " (sending to rank " + std::to_string(round.to) +
-               ") did not complete within " + std::to_string(timeout.count()) + " ms";
-      });
-    }
-  }
+  Collective(mpi_detail::Watchdog& watchdog, const OperationLabel& label, const char* mpi_call)
+      : usable_(check_not_finalized()), watch_(watchdog, label, mpi_call) {}
 
  private:
-  struct Round {
-    int to = 0, from = 0;
-    MPI_Request send = MPI_REQUEST_NULL, recv = MPI_REQUEST_NULL;
-  };
-
-  // The meeting's deadline, from the first moment it is needed.
-  class Deadline {
-   public:
-    explicit Deadline(Milliseconds timeout) : timeout_(timeout) {}
-    Clock::time_point get() {
-      if (!at_) at_ = Clock::now() + timeout_;
-      return *at_;
-    }
-
-   private:
-    Milliseconds timeout_;
-    std::optional<Clock::time_point> at_;
-  };
-
-  static bool test(MPI_Request& request) {
-    int done = 0;
-    MpiLock lock;
-    ACCEL_MPI_CHECK(MPI_Test(&request, &done, MPI_STATUS_IGNORE));
-    return done != 0;
+  static bool check_not_finalized() {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (finalized) throw CommError("MPI has already been finalised in this process");
+    return true;
   }
-
-  template <typename Describe>
-  static void wait(MPI_Request& request, Deadline& deadline, const Describe& describe) {
-    if (test(request)) return;
-    Backoff backoff(deadline.get());
-    for (;;) {
-      if (test(request)) return;
-      if (Clock::now() >= deadline.get()) throw TimeoutError(describe());
-      backoff.pause();
-    }
-  }
-
-  std::vector<Round> rounds_;
+  [[maybe_unused]] bool usable_;  // checked before the watch begins
+  mpi_detail::Watchdog::Watch watch_;
 };
 
 // kInlineBytes, or ACCEL_MPI_INLINE_BYTES (experiments; mpi_world() asks first).
@@ -521,10 +439,10 @@ std::size_t inline_max_bytes() {
 
 struct MpiCommunicator::State {
   MPI_Comm comm = MPI_COMM_NULL;
-  // Our own point-to-point traffic (the meetings), apart from the user's
-  // send/recv on `comm`, so a message of ours can never match a receive of theirs.
+  // The watchdogs' questions and answers, apart from the user's send/recv on `comm`, so a
+  // message of ours can never match a receive of theirs.
   MPI_Comm internal = MPI_COMM_NULL;
-  std::unique_ptr<Meeting> meeting;  // on `internal`
+  std::unique_ptr<mpi_detail::Watchdog> watchdog;  // on `internal`
   int tag_ub = 32767;  // the least MPI guarantees; replaced by the library's MPI_TAG_UB
 };
 
@@ -631,7 +549,7 @@ MpiCommunicator::MpiCommunicator(const CommOptions& options, const std::vector<i
 }
 
 // Takes a communicator and its internal twin, made by the caller: errors as codes, names,
-// the meeting, inline execution. Frees both if that fails.
+// the watchdog, inline execution. Frees both if that fails.
 void MpiCommunicator::adopt(void* comm_handle, void* internal_handle) {
   MPI_Comm comm = *static_cast<MPI_Comm*>(comm_handle);
   MPI_Comm internal = *static_cast<MPI_Comm*>(internal_handle);
@@ -646,7 +564,8 @@ void MpiCommunicator::adopt(void* comm_handle, void* internal_handle) {
     int flag = 0;
     ACCEL_MPI_CHECK(MPI_Comm_get_attr(comm, MPI_TAG_UB, &value, &flag));
     if (flag && value) state_->tag_ub = *static_cast<int*>(value);
-    state_->meeting = std::make_unique<Meeting>(internal, rank(), world_size());
+    state_->watchdog = std::make_unique<mpi_detail::Watchdog>(internal, rank(), world_size(),
+                                                              timeout(), /*can_ask_peers=*/true);
   } catch (...) {
     std::lock_guard lock(process().mutex);
     MPI_Comm_free(&comm);
@@ -675,28 +594,26 @@ MpiCommunicator::~MpiCommunicator() {
   MPI_Finalized(&finalized);
   // After an abandoned operation MPI may still be using this communicator; leave it be.
   if (!finalized && !p.abandoned) {
-    if (state_->meeting) state_->meeting->close();
+    if (state_->watchdog) state_->watchdog->close();
     MPI_Comm_free(&state_->comm);
     MPI_Comm_free(&state_->internal);
   }
 }
 
-// Every collective first meets the other ranks over point-to-point messages (meet), which is
-// what carries the timeout (a rank that never arrives is how a collective fails to finish),
-// and then runs MPI's blocking collective, which cannot hang once every rank is in it (a rank
-// dying inside it makes Open MPI abort the job). The nonblocking collectives (MPI_Iallreduce,
+// Every collective is MPI's blocking one, watched (Collective): a rank that never arrives
+// makes the others' watchdogs end their processes after the timeout, naming it, and a rank
+// dying inside one makes Open MPI abort the job. The nonblocking collectives (MPI_Iallreduce,
 // ...) would carry the timeout themselves, but Open MPI runs them through libnbc, far behind
 // its blocking algorithms: 3.1 against 7.6 GB/s busbw for a 64 MiB all-reduce, 8-14 against
-// 2-5 us for a 4 KiB one (comm_bench's raw_mpi_nb and raw_mpi, world 2).
-// The meeting costs 1.5-2 us at world 2. Small all-reduces as recursive doubling over the same
-// point-to-point messages, which needs no meeting, measured slower than meeting plus
-// MPI_Allreduce at every size from 1 to 64 KiB (3.8-7.1 against 2.6-3.9 us at 1-4 KiB).
-void MpiCommunicator::run_all_reduce(Buffer data, ReduceOp op, Milliseconds timeout) {
-  state_->meeting->meet("MPI_Allreduce", timeout);
+// 2-5 us for a 4 KiB one (comm_bench's raw_mpi_nb and raw_mpi, world 2). Meeting the other
+// ranks over point-to-point messages first, which carried the timeout before the watchdog,
+// cost 0.5-1 us per collective at world 2 (bench/README, "The MPI watchdog").
+// The `timeout` the base class passes is the communicator's, which the watchdog holds.
+void MpiCommunicator::run_all_reduce(Buffer data, ReduceOp op, Milliseconds) {
   const MPI_Datatype type = mpi_type(data.dtype);
   const MPI_Op mop = mpi_op(data.dtype, wire_op(op));
   {
-    MpiLock lock;
+    Collective watched(*state_->watchdog, current_label(), "MPI_Allreduce");
     for_each_chunk(data.count, [&](std::size_t offset, int n) {
       ACCEL_MPI_CHECK(
           MPI_Allreduce(MPI_IN_PLACE, data.slice(offset, n).data, n, type, mop, state_->comm));
@@ -705,17 +622,16 @@ void MpiCommunicator::run_all_reduce(Buffer data, ReduceOp op, Milliseconds time
   if (op == ReduceOp::avg) finish_average(data);
 }
 
-void MpiCommunicator::run_broadcast(Buffer data, int root, Milliseconds timeout) {
-  state_->meeting->meet("MPI_Bcast", timeout);
+void MpiCommunicator::run_broadcast(Buffer data, int root, Milliseconds) {
   const MPI_Datatype type = mpi_type(data.dtype);
-  MpiLock lock;
+  Collective watched(*state_->watchdog, current_label(), "MPI_Bcast");
   for_each_chunk(data.count, [&](std::size_t offset, int n) {
     ACCEL_MPI_CHECK(MPI_Bcast(data.slice(offset, n).data, n, type, root, state_->comm));
   });
 }
 
 void MpiCommunicator::run_all_gather(Buffer input, Buffer output, const std::vector<Shard>& parts,
-                                     Milliseconds timeout) {
+                                     Milliseconds) {
   const int world = world_size();
   const Shard mine = parts[std::size_t(rank())];
   const Buffer own = output.slice(mine.offset, mine.count);
@@ -727,14 +643,13 @@ void MpiCommunicator::run_all_gather(Buffer input, Buffer output, const std::vec
     std::memmove(own.data, input.data, input.bytes());
     in_place = true;
   }
-  state_->meeting->meet("MPI_Allgatherv", timeout);
   const bool equal = std::all_of(parts.begin(), parts.end(),
                                  [&](const Shard& part) { return part.count == mine.count; });
   if (equal && output.count <= kMaxCount) {
     // Equal parts: MPI_Allgather, whose algorithms Open MPI tunes more than MPI_Allgatherv's
     // (at world 4, 16 KiB: 38 against 84 us).
     const int n = static_cast<int>(mine.count);
-    MpiLock lock;
+    Collective watched(*state_->watchdog, current_label(), "MPI_Allgather");
     ACCEL_MPI_CHECK(MPI_Allgather(in_place ? MPI_IN_PLACE : input.data, n, type, output.data, n,
                                   type, state_->comm));
     return;
@@ -745,7 +660,7 @@ void MpiCommunicator::run_all_gather(Buffer input, Buffer output, const std::vec
       counts[r] = static_cast<int>(parts[std::size_t(r)].count);
       displs[r] = static_cast<int>(parts[std::size_t(r)].offset);
     }
-    MpiLock lock;
+    Collective watched(*state_->watchdog, current_label(), "MPI_Allgatherv");
     ACCEL_MPI_CHECK(MPI_Allgatherv(in_place ? MPI_IN_PLACE : input.data,
                                    static_cast<int>(input.count), type, output.data, counts.data(),
                                    displs.data(), type, state_->comm));
@@ -754,7 +669,7 @@ void MpiCommunicator::run_all_gather(Buffer input, Buffer output, const std::vec
   // Offsets past INT_MAX do not fit MPI_Allgatherv's int displacements: every rank broadcasts
   // its own part instead, in chunks.
   if (!in_place) std::memcpy(own.data, input.data, input.bytes());
-  MpiLock lock;
+  Collective watched(*state_->watchdog, current_label(), "MPI_Bcast");
   for (int r = 0; r < world; ++r) {
     const Shard part = parts[std::size_t(r)];
     for_each_chunk(part.count, [&](std::size_t offset, int n) {
@@ -766,7 +681,7 @@ void MpiCommunicator::run_all_gather(Buffer input, Buffer output, const std::vec
 }
 
 void MpiCommunicator::run_reduce_scatter(Buffer input, Buffer output, ReduceOp op,
-                                         const std::vector<Shard>& parts, Milliseconds timeout) {
+                                         const std::vector<Shard>& parts, Milliseconds) {
   const int world = world_size();
   const int me = rank();
   const MPI_Datatype type = mpi_type(input.dtype);
@@ -780,16 +695,24 @@ void MpiCommunicator::run_reduce_scatter(Buffer input, Buffer output, ReduceOp o
     staging.resize(output.bytes());
     result.data = staging.data();
   }
-  state_->meeting->meet("MPI_Reduce_scatter", timeout);
-  if (input.count <= kMaxCount) {
+  const std::size_t mine = parts[std::size_t(me)].count;
+  const bool equal = std::all_of(parts.begin(), parts.end(),
+                                 [&](const Shard& part) { return part.count == mine; });
+  if (equal && input.count <= kMaxCount) {
+    // Equal parts: MPI_Reduce_scatter_block, as all_gather takes MPI_Allgather, without
+    // building the counts.
+    Collective watched(*state_->watchdog, current_label(), "MPI_Reduce_scatter_block");
+    ACCEL_MPI_CHECK(MPI_Reduce_scatter_block(input.data, result.data, static_cast<int>(mine), type,
+                                             mop, state_->comm));
+  } else if (input.count <= kMaxCount) {
     std::vector<int> counts(static_cast<std::size_t>(world));
     for (int r = 0; r < world; ++r) counts[r] = static_cast<int>(parts[std::size_t(r)].count);
-    MpiLock lock;
+    Collective watched(*state_->watchdog, current_label(), "MPI_Reduce_scatter");
     ACCEL_MPI_CHECK(
         MPI_Reduce_scatter(input.data, result.data, counts.data(), type, mop, state_->comm));
   } else {
     // MPI sums the counts in an int: reduce each rank's part to it instead, in chunks.
-    MpiLock lock;
+    Collective watched(*state_->watchdog, current_label(), "MPI_Reduce");
     for (int r = 0; r < world; ++r) {
       const Shard part = parts[std::size_t(r)];
       for_each_chunk(part.count, [&](std::size_t offset, int n) {
@@ -804,8 +727,9 @@ void MpiCommunicator::run_reduce_scatter(Buffer input, Buffer output, ReduceOp o
   if (op == ReduceOp::avg) finish_average(output);
 }
 
-void MpiCommunicator::run_barrier(Milliseconds timeout) {
-  state_->meeting->meet("barrier", timeout);
+void MpiCommunicator::run_barrier(Milliseconds) {
+  Collective watched(*state_->watchdog, current_label(), "MPI_Barrier");
+  ACCEL_MPI_CHECK(MPI_Barrier(state_->comm));
 }
 
 void MpiCommunicator::run_send(Buffer data, int dst, std::uint32_t tag, Milliseconds timeout) {

@@ -3,23 +3,26 @@
 // launcher that MPI can wire up. MPI brings its own world and rendezvous, so the store in
 // CommOptions is not used; rank and world size come from MPI_COMM_WORLD.
 //
-// Threading: MPI is initialised (if nobody has) with MPI_THREAD_SERIALIZED on the thread that
+// Threading: MPI is initialised (if nobody has) with MPI_THREAD_MULTIPLE on the thread that
 // constructs the first MpiCommunicator -- construct it on the main thread, since MPI wants
 // MPI_Finalize on the thread that initialised it and we finalise from an atexit handler.
-// After that, every MPI call of every MpiCommunicator in the process holds one process-wide
-// lock, so calls from the worker threads never overlap. If the application initialised MPI
-// itself, it must have asked for MPI_THREAD_SERIALIZED or MPI_THREAD_MULTIPLE (our calls run
-// on a background thread), and it stays in charge of MPI_Finalize.
+// Each communicator runs its collectives on its worker thread (or the caller's, inline), and
+// communicators run theirs at once, so one waiting for a late peer never holds up another.
+// If the application initialised MPI itself, it must have asked for MPI_THREAD_MULTIPLE, and
+// it stays in charge of MPI_Finalize.
 //
-// Every collective first meets the other ranks over nonblocking point-to-point messages,
-// polled against the deadline, so a rank that never arrives yields TimeoutError naming it
-// instead of a hang; then it runs MPI's blocking collective. An operation given up while MPI still
-// holds a request that could not be cancelled leaves its buffers to MPI: keep them alive or end the
-// process (the communicator refuses further operations either way, and MPI_Finalize is then skipped
-// at exit so exit cannot hang).
+// Timeouts: every collective is MPI's blocking one, which cannot be abandoned once entered.
+// A watchdog thread per communicator (mpi_watchdog.hpp) ends the process (exit code 124) when
+// a collective has not completed within options.timeout, after asking the other ranks'
+// watchdogs and printing one line that names the operation and the ranks that had not
+// entered it -- what PyTorch's NCCL watchdog does. Point-to-point operations are nonblocking
+// requests polled against the timeout and end in TimeoutError. A send or receive given up
+// while MPI still holds a request that could not be cancelled leaves its buffer to MPI: keep
+// it alive or end the process (the communicator refuses further operations either way, and
+// MPI_Finalize is then skipped at exit so exit cannot hang).
 //
 // Operations of at most kInlineBytes run on the caller's thread (communicator.hpp's inline
-// execution; the process-wide lock makes that safe): handing a collective to the worker thread
+// execution; MPI_THREAD_MULTIPLE makes that safe): handing a collective to the worker thread
 // and waking the caller again costs tens of microseconds, more than a small collective. Measured
 // with comm_bench at world 2 (bench/README): a 4 KiB all-reduce 16.6 us queued, 8.2 us inline;
 // at 512 KiB to 2 MiB, queued ran at 0.64-0.88 of raw MPI's speed, inline at 0.89-1.00. Above
@@ -85,7 +88,7 @@ class MpiCommunicator final : public Communicator {
   static World join_world(const CommOptions& options);
   MpiCommunicator(const CommOptions& options, World world);
   // Takes the two MPI_Comm (passed by address: no <mpi.h> here) it is made of, `internal`
-  // for its own messages: error handling, names, the meeting, inline execution.
+  // for its own messages: error handling, names, the watchdog, inline execution.
   void adopt(void* comm, void* internal);
 
   struct State;  // MPI handles; kept out of this header so users need no <mpi.h>
