@@ -141,6 +141,7 @@ bool Watchdog::answer_questions() {
 std::vector<int> Watchdog::ranks_not_in(std::uint64_t index, std::string& why) {
   std::vector<Answer> answers(static_cast<std::size_t>(world_));
   std::vector<MPI_Request> requests;
+  requests.reserve(2 * std::size_t(world_));  // a send and a receive per other rank
   {
     std::lock_guard calls(calls_mutex());
     if (!mpi_usable()) return {};
