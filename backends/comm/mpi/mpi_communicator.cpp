@@ -564,8 +564,8 @@ void MpiCommunicator::adopt(void* comm_handle, void* internal_handle) {
     int flag = 0;
     ACCEL_MPI_CHECK(MPI_Comm_get_attr(comm, MPI_TAG_UB, &value, &flag));
     if (flag && value) state_->tag_ub = *static_cast<int*>(value);
-    state_->watchdog = std::make_unique<mpi_detail::Watchdog>(internal, rank(), world_size(),
-                                                              timeout(), /*can_ask_peers=*/true);
+    state_->watchdog =
+        std::make_unique<mpi_detail::Watchdog>(internal, rank(), world_size(), timeout());
   } catch (...) {
     std::lock_guard lock(process().mutex);
     MPI_Comm_free(&comm);

@@ -48,13 +48,11 @@ Milliseconds tick_for(Milliseconds timeout) {
 
 }  // namespace
 
-Watchdog::Watchdog(MPI_Comm comm, int rank, int world, Milliseconds timeout, bool can_ask_peers)
-    : comm_(comm), rank_(rank), world_(world), timeout_(timeout), can_ask_(can_ask_peers) {
-  if (can_ask_) {
-    ACCEL_MPI_CHECK(MPI_Recv_init(&question_in_, 1, MPI_UINT64_T, MPI_ANY_SOURCE, kQuestionTag,
-                                  comm_, &question_));
-    ACCEL_MPI_CHECK(MPI_Start(&question_));
-  }
+Watchdog::Watchdog(MPI_Comm comm, int rank, int world, Milliseconds timeout)
+    : comm_(comm), rank_(rank), world_(world), timeout_(timeout) {
+  ACCEL_MPI_CHECK(MPI_Recv_init(&question_in_, 1, MPI_UINT64_T, MPI_ANY_SOURCE, kQuestionTag, comm_,
+                                &question_));
+  ACCEL_MPI_CHECK(MPI_Start(&question_));
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -101,7 +99,7 @@ void Watchdog::loop() {
   std::unique_lock lock(mutex_);
   while (!wake_.wait_for(lock, tick, [this] { return stopping_; })) {
     lock.unlock();
-    if (can_ask_) (void)answer_questions();
+    (void)answer_questions();
     if (inside_.load(std::memory_order_acquire) &&
         now_ns() > deadline_ns_.load(std::memory_order_relaxed)) {
       const std::uint64_t index = entered_.load(std::memory_order_acquire);
@@ -195,12 +193,8 @@ std::vector<int> Watchdog::ranks_not_in(std::uint64_t index, std::string& why) {
 void Watchdog::fire(std::uint64_t index, const OperationLabel& label, const char* mpi_call) {
   std::string why;
   std::string missing_text;
-  if (can_ask_) {
-    const std::vector<int> missing = ranks_not_in(index, why);
-    if (!missing.empty()) missing_text = "; ranks not heard from: " + format_ranks(missing);
-  } else {
-    why = "MPI was initialised without MPI_THREAD_MULTIPLE, so the other ranks could not be asked";
-  }
+  const std::vector<int> missing = ranks_not_in(index, why);
+  if (!missing.empty()) missing_text = "; ranks not heard from: " + format_ranks(missing);
   std::fflush(nullptr);
   std::fprintf(stderr,
                "TimeoutError: %s timed out after %lld ms%s (in %s, collective %llu on this "
@@ -212,8 +206,7 @@ void Watchdog::fire(std::uint64_t index, const OperationLabel& label, const char
   std::fflush(stderr);
   // Peers stuck in the same collective ask too, a tick or so later: answer them first.
   const auto until = Clock::now() + kAnswerWait;
-  while (can_ask_ && Clock::now() < until && answer_questions())
-    std::this_thread::sleep_for(Milliseconds(5));
+  while (Clock::now() < until && answer_questions()) std::this_thread::sleep_for(Milliseconds(5));
   std::_Exit(kExitCode);
 }
 

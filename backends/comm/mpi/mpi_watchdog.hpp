@@ -10,8 +10,7 @@
 // collective's time at world 2 (bench/README, "The MPI watchdog").
 //
 // Asking needs MPI_THREAD_MULTIPLE (the question is sent while another thread is blocked in
-// MPI). When the application initialised MPI with less, the line says that the other ranks
-// could not be asked. Internal to the mpi backend: it includes <mpi.h>.
+// MPI), which MpiCommunicator requires. Internal to the mpi backend: it includes <mpi.h>.
 
 #include <atomic>
 #include <chrono>
@@ -36,7 +35,7 @@ class Watchdog {
 
   // `comm` carries the watchdogs' questions and answers only. Call with the process's MPI
   // lock held (it posts a receive); the thread starts at once.
-  Watchdog(MPI_Comm comm, int rank, int world, Milliseconds timeout, bool can_ask_peers);
+  Watchdog(MPI_Comm comm, int rank, int world, Milliseconds timeout);
   Watchdog(const Watchdog&) = delete;
   Watchdog& operator=(const Watchdog&) = delete;
   // Stops the thread. Call close() first, with the MPI lock held, unless MPI is finalised.
@@ -87,7 +86,6 @@ class Watchdog {
   const int rank_;
   const int world_;
   const Milliseconds timeout_;
-  const bool can_ask_;
 
   // Written by the thread running collectives; read by the watchdog thread, which checks
   // entered_ again after copying label_ and call_ (they change only between collectives).
