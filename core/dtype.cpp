@@ -8,24 +8,6 @@
 
 namespace accel {
 
-std::size_t element_size(DType dtype) {
-  switch (dtype) {
-    case DType::f32:
-      return 4;
-    case DType::f64:
-      return 8;
-    case DType::f16:
-      return 2;
-    case DType::bf16:
-      return 2;
-    case DType::i32:
-      return 4;
-    case DType::i64:
-      return 8;
-  }
-  return 0;
-}
-
 std::string_view dtype_name(DType dtype) {
   switch (dtype) {
     case DType::f32:

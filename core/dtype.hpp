@@ -17,7 +17,21 @@ enum class DType : std::uint8_t { f32, f64, f16, bf16, i32, i64 };
 inline constexpr DType kAllDTypes[] = {DType::f32,  DType::f64, DType::f16,
                                        DType::bf16, DType::i32, DType::i64};
 
-std::size_t element_size(DType dtype);
+// Inline: every Buffer::bytes() asks, several times per collective.
+constexpr std::size_t element_size(DType dtype) {
+  switch (dtype) {
+    case DType::f32:
+    case DType::i32:
+      return 4;
+    case DType::f64:
+    case DType::i64:
+      return 8;
+    case DType::f16:
+    case DType::bf16:
+      return 2;
+  }
+  return 0;
+}
 std::string_view dtype_name(DType dtype);  // "f32", "bf16", ...
 DType parse_dtype(std::string_view name);  // throws InvalidArgument naming the value
 bool is_floating(DType dtype);

@@ -106,7 +106,7 @@ bool Communicator::poll_in_flight() {
       std::string broken;
       {
         std::lock_guard lock(mutex_);
-        if (broken_.empty()) broken_ = f.label.text() + " failed";
+        mark_broken(f.label.text() + " failed");
         broken = broken_;
       }
       f.work->finish(error);
@@ -168,15 +168,23 @@ void Communicator::worker_loop() {
   }
 }
 
-void Communicator::execute(const WorkPtr& work, const std::function<void(Milliseconds)>& run,
-                           const OperationLabel& label, std::shared_ptr<void> inputs) {
+std::string Communicator::broken_reason() const {
+  if (!is_broken_.load(std::memory_order_acquire)) return {};
+  std::lock_guard lock(mutex_);
+  return broken_;
+}
+
+void Communicator::mark_broken(std::string reason) {
+  if (!broken_.empty()) return;
+  broken_ = std::move(reason);
+  is_broken_.store(true, std::memory_order_release);
+}
+
+template <typename Run>
+void Communicator::execute(const WorkPtr& work, const Run& run, const OperationLabel& label,
+                           std::shared_ptr<void> inputs) {
   const std::uint64_t seq = label.seq;
-  std::string broken;
-  {
-    std::lock_guard lock(mutex_);
-    broken = broken_;
-  }
-  if (!broken.empty()) {
+  if (const std::string broken = broken_reason(); !broken.empty()) {
     work->finish(std::make_exception_ptr(
         CommError(label.text() + " not started: the communicator is unusable since " + broken)));
     return;
@@ -185,8 +193,9 @@ void Communicator::execute(const WorkPtr& work, const std::function<void(Millise
   current_label_ = label;
   current_inputs_ = std::move(inputs);
   deferred_.reset();
-  const auto deadline = std::chrono::steady_clock::now() + timeout_;
-  work->started(deadline);
+  // The one clock read of an operation: backends watch this deadline (current_deadline()).
+  current_deadline_ = std::chrono::steady_clock::now() + timeout_;
+  work->started(current_deadline_);
   std::string missing_text;  // "; ranks not heard from: [1]" after a timeout that knows them
   try {
     run(timeout_);
@@ -203,20 +212,20 @@ void Communicator::execute(const WorkPtr& work, const std::function<void(Millise
     // Ranks are now out of step: refuse later collectives instead of mismatching them. Later
     // errors repeat who was not heard from: the cause, whichever error the caller sees first.
     std::lock_guard lock(mutex_);
-    if (broken_.empty()) broken_ = label.text() + " failed" + missing_text;
+    mark_broken(label.text() + " failed" + missing_text);
   }
   current_inputs_.reset();
   if (!error && deferred_) {
     work->launched(deferred_);
-    in_flight_.push_back({work, std::move(deferred_), deadline, label});
+    in_flight_.push_back({work, std::move(deferred_), current_deadline_, label});
     return;
   }
   deferred_.reset();
   work->finish(error);
 }
 
-WorkPtr Communicator::enqueue(OperationLabel label, std::size_t payload_bytes,
-                              std::function<void(Milliseconds)> run) {
+template <typename Run>
+WorkPtr Communicator::enqueue(OperationLabel label, std::size_t payload_bytes, Run run) {
   std::unique_lock lock(mutex_);
   label.rank = rank_;
   label.seq = next_seq_++;
@@ -229,7 +238,7 @@ WorkPtr Communicator::enqueue(OperationLabel label, std::size_t payload_bytes,
   try {
     inputs = on_issue(compute_stream_);  // here, in issue order: what the caller queued so far
   } catch (const std::exception& e) {
-    if (broken_.empty()) broken_ = label.text() + " failed";
+    mark_broken(label.text() + " failed");
     work->finish(std::make_exception_ptr(CommError(label.text() + " not issued: " + e.what())));
     return work;
   }
@@ -300,18 +309,24 @@ std::vector<Shard> Communicator::parts_of(const char* op, const std::vector<std:
   return parts;
 }
 
+std::vector<Shard> Communicator::equal_parts(std::size_t total) const {
+  std::vector<Shard> parts(static_cast<std::size_t>(world_size_));
+  for (int r = 0; r < world_size_; ++r) parts[std::size_t(r)] = shard_of(total, world_size_, r);
+  return parts;
+}
+
 WorkPtr Communicator::all_gather(Buffer input, Buffer output) {
-  std::vector<std::size_t> counts;
-  for (int r = 0; r < world_size_; ++r)
-    counts.push_back(shard_of(output.count, world_size_, r).count);
-  return all_gather(input, output, std::move(counts));
+  return issue_all_gather(input, output, equal_parts(output.count));
 }
 
 WorkPtr Communicator::all_gather(Buffer input, Buffer output, std::vector<std::size_t> counts) {
+  return issue_all_gather(input, output, parts_of("all_gather", counts, output.count));
+}
+
+WorkPtr Communicator::issue_all_gather(Buffer input, Buffer output, std::vector<Shard> parts) {
   ACCEL_CHECK_ARG(input.dtype == output.dtype,
                   "all_gather: input is " + std::string(dtype_name(input.dtype)) +
                       " but output is " + std::string(dtype_name(output.dtype)));
-  std::vector<Shard> parts = parts_of("all_gather", counts, output.count);
   const Shard mine = parts[std::size_t(rank_)];
   ACCEL_CHECK_ARG(input.count == mine.count, "all_gather: rank " + std::to_string(rank_) +
                                                  " must contribute " + std::to_string(mine.count) +
@@ -325,18 +340,19 @@ WorkPtr Communicator::all_gather(Buffer input, Buffer output, std::vector<std::s
 }
 
 WorkPtr Communicator::reduce_scatter(Buffer input, Buffer output, ReduceOp op) {
-  std::vector<std::size_t> counts;
-  for (int r = 0; r < world_size_; ++r)
-    counts.push_back(shard_of(input.count, world_size_, r).count);
-  return reduce_scatter(input, output, op, std::move(counts));
+  return issue_reduce_scatter(input, output, op, equal_parts(input.count));
 }
 
 WorkPtr Communicator::reduce_scatter(Buffer input, Buffer output, ReduceOp op,
                                      std::vector<std::size_t> counts) {
+  return issue_reduce_scatter(input, output, op, parts_of("reduce_scatter", counts, input.count));
+}
+
+WorkPtr Communicator::issue_reduce_scatter(Buffer input, Buffer output, ReduceOp op,
+                                           std::vector<Shard> parts) {
   ACCEL_CHECK_ARG(input.dtype == output.dtype,
                   "reduce_scatter: input is " + std::string(dtype_name(input.dtype)) +
                       " but output is " + std::string(dtype_name(output.dtype)));
-  std::vector<Shard> parts = parts_of("reduce_scatter", counts, input.count);
   const Shard mine = parts[std::size_t(rank_)];
   ACCEL_CHECK_ARG(output.count == mine.count,
                   "reduce_scatter: rank " + std::to_string(rank_) + " receives " +

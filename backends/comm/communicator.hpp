@@ -170,6 +170,9 @@ class Communicator {
   // is later asked about. Valid inside run_*.
   const OperationLabel& current_label() const { return current_label_; }
   std::uint64_t current_sequence() const { return current_label_.seq; }
+  // When the operation now running times out (it started, plus timeout()): read once per
+  // operation by the base, so a backend that watches the time needs no clock read of its own.
+  std::chrono::steady_clock::time_point current_deadline() const { return current_deadline_; }
 
   // Device backends: runs on the caller's thread as each operation is issued, in issue order
   // (with the issue lock held: it must not call back into this class); `compute_stream` is
@@ -199,9 +202,15 @@ class Communicator {
   void set_inline_max_bytes(std::size_t bytes);
 
  private:
-  // Gives `label` its rank and sequence number and runs or queues the operation.
-  WorkPtr enqueue(OperationLabel label, std::size_t payload_bytes,
-                  std::function<void(Milliseconds)> run);
+  // Gives `label` its rank and sequence number and runs or queues the operation. A template,
+  // defined in communicator.cpp (its only caller): `run` is called in place when the operation
+  // runs inline, and wrapped in a std::function (an allocation) only when it is queued.
+  template <typename Run>
+  WorkPtr enqueue(OperationLabel label, std::size_t payload_bytes, Run run);
+  // Rank r's part of `total` elements: shard_of, the split every rank agrees on.
+  std::vector<Shard> equal_parts(std::size_t total) const;
+  WorkPtr issue_all_gather(Buffer input, Buffer output, std::vector<Shard> parts);
+  WorkPtr issue_reduce_scatter(Buffer input, Buffer output, ReduceOp op, std::vector<Shard> parts);
   void count_bytes(std::size_t bytes, int numerator, int denominator);
   std::vector<Shard> parts_of(const char* op, const std::vector<std::size_t>& counts,
                               std::size_t total) const;
@@ -210,8 +219,14 @@ class Communicator {
   // in launch order; returns whether any did.
   bool poll_in_flight();
   // Runs one operation (on the worker or inline) and finishes its Work.
-  void execute(const WorkPtr& work, const std::function<void(Milliseconds)>& run,
-               const OperationLabel& label, std::shared_ptr<void> inputs);
+  template <typename Run>
+  void execute(const WorkPtr& work, const Run& run, const OperationLabel& label,
+               std::shared_ptr<void> inputs);
+  // Whether the communicator failed, and why (broken_); the flag spares every operation the
+  // lock and the string copy while it has not.
+  std::string broken_reason() const;
+  // Records the first failure (later ones keep it). With mutex_ held.
+  void mark_broken(std::string reason);
 
   const int rank_;
   const int world_size_;
@@ -225,9 +240,11 @@ class Communicator {
   bool stopping_ = false;
   bool running_ = false;          // an operation is executing (on the worker or inline)
   OperationLabel current_label_;  // written and read only by whoever executes operations
+  std::chrono::steady_clock::time_point current_deadline_;  // as current_label_
   bool inline_enabled_ = false;
   std::size_t inline_max_bytes_ = 0;
-  std::string broken_;  // first failure; later operations fail fast with it
+  std::string broken_;                  // first failure; later operations fail fast with it
+  std::atomic<bool> is_broken_{false};  // set with broken_, under mutex_
   DeviceStream compute_stream_ = nullptr;
   // Written and read only by whoever executes operations (as current_label_).
   std::shared_ptr<void> current_inputs_;

@@ -40,15 +40,17 @@ template <typename Ready>
 bool Work::wait_for_verdict(std::unique_lock<std::mutex>& lock, std::chrono::milliseconds timeout,
                             Ready ready) {
   if (ready()) return true;  // the usual case after an inline operation: no clock read
+  ++waiters_;
   const auto until = std::chrono::steady_clock::now() + timeout;
-  if (done_cv_.wait_until(lock, until, ready)) return true;
+  bool ok = done_cv_.wait_until(lock, until, ready);
   // The operation's own deadline passes about now (it started at most a moment after the
   // caller began to wait as long): its communicator's error is the one that says which peer
   // never came. A shorter wait is the caller's own business and ends when it said.
   constexpr auto kMoment = std::chrono::seconds(1);
-  if (deadline_ && *deadline_ <= until + kMoment)
-    return done_cv_.wait_until(lock, *deadline_ + kVerdictSlack, ready);
-  return false;
+  if (!ok && deadline_ && *deadline_ <= until + kMoment)
+    ok = done_cv_.wait_until(lock, *deadline_ + kVerdictSlack, ready);
+  --waiters_;
+  return ok;
 }
 
 void Work::wait(std::chrono::milliseconds timeout) {
@@ -83,12 +85,14 @@ bool Work::is_completed() const {
 }
 
 void Work::launched(std::shared_ptr<DeviceCompletion> completion) {
+  bool waited_for = false;
   {
     std::lock_guard lock(mutex_);
     if (done_) return;
     completion_ = std::move(completion);
+    waited_for = waiters_ > 0;
   }
-  done_cv_.notify_all();
+  if (waited_for) done_cv_.notify_all();
 }
 
 void Work::started(std::chrono::steady_clock::time_point deadline) {
@@ -98,13 +102,15 @@ void Work::started(std::chrono::steady_clock::time_point deadline) {
 
 void Work::finish(std::exception_ptr error) {
   std::shared_ptr<DeviceCompletion> completion;
+  bool waited_for = false;
   {
     std::lock_guard lock(mutex_);
     done_ = true;
     error_ = std::move(error);
     completion = std::move(completion_);  // released outside the lock
+    waited_for = waiters_ > 0;
   }
-  done_cv_.notify_all();
+  if (waited_for) done_cv_.notify_all();
 }
 
 }  // namespace accel

@@ -105,6 +105,9 @@ class Work {
   mutable std::mutex mutex_;
   std::condition_variable done_cv_;
   bool done_ = false;
+  // Threads blocked on done_cv_: finish() and launched() notify only when there are any (a
+  // caller of an inline operation never waits, and the notify was a per-call cost).
+  int waiters_ = 0;
   std::exception_ptr error_;
   std::shared_ptr<DeviceCompletion> completion_;  // while launched and not finished
   std::optional<std::chrono::steady_clock::time_point> deadline_;  // once started

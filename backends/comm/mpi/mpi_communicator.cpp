@@ -414,8 +414,9 @@ class Pending {
 // are late never holds up another's.
 class Collective {
  public:
-  Collective(mpi_detail::Watchdog& watchdog, const OperationLabel& label, const char* mpi_call)
-      : usable_(check_not_finalized()), watch_(watchdog, label, mpi_call) {}
+  Collective(mpi_detail::Watchdog& watchdog, const OperationLabel& label,
+             std::chrono::steady_clock::time_point deadline, const char* mpi_call)
+      : usable_(check_not_finalized()), watch_(watchdog, label, deadline, mpi_call) {}
 
  private:
   static bool check_not_finalized() {
@@ -613,7 +614,7 @@ void MpiCommunicator::run_all_reduce(Buffer data, ReduceOp op, Milliseconds) {
   const MPI_Datatype type = mpi_type(data.dtype);
   const MPI_Op mop = mpi_op(data.dtype, wire_op(op));
   {
-    Collective watched(*state_->watchdog, current_label(), "MPI_Allreduce");
+    Collective watched(*state_->watchdog, current_label(), current_deadline(), "MPI_Allreduce");
     for_each_chunk(data.count, [&](std::size_t offset, int n) {
       ACCEL_MPI_CHECK(
           MPI_Allreduce(MPI_IN_PLACE, data.slice(offset, n).data, n, type, mop, state_->comm));
@@ -624,7 +625,7 @@ void MpiCommunicator::run_all_reduce(Buffer data, ReduceOp op, Milliseconds) {
 
 void MpiCommunicator::run_broadcast(Buffer data, int root, Milliseconds) {
   const MPI_Datatype type = mpi_type(data.dtype);
-  Collective watched(*state_->watchdog, current_label(), "MPI_Bcast");
+  Collective watched(*state_->watchdog, current_label(), current_deadline(), "MPI_Bcast");
   for_each_chunk(data.count, [&](std::size_t offset, int n) {
     ACCEL_MPI_CHECK(MPI_Bcast(data.slice(offset, n).data, n, type, root, state_->comm));
   });
@@ -649,7 +650,7 @@ void MpiCommunicator::run_all_gather(Buffer input, Buffer output, const std::vec
     // Equal parts: MPI_Allgather, whose algorithms Open MPI tunes more than MPI_Allgatherv's
     // (at world 4, 16 KiB: 38 against 84 us).
     const int n = static_cast<int>(mine.count);
-    Collective watched(*state_->watchdog, current_label(), "MPI_Allgather");
+    Collective watched(*state_->watchdog, current_label(), current_deadline(), "MPI_Allgather");
     ACCEL_MPI_CHECK(MPI_Allgather(in_place ? MPI_IN_PLACE : input.data, n, type, output.data, n,
                                   type, state_->comm));
     return;
@@ -660,7 +661,7 @@ void MpiCommunicator::run_all_gather(Buffer input, Buffer output, const std::vec
       counts[r] = static_cast<int>(parts[std::size_t(r)].count);
       displs[r] = static_cast<int>(parts[std::size_t(r)].offset);
     }
-    Collective watched(*state_->watchdog, current_label(), "MPI_Allgatherv");
+    Collective watched(*state_->watchdog, current_label(), current_deadline(), "MPI_Allgatherv");
     ACCEL_MPI_CHECK(MPI_Allgatherv(in_place ? MPI_IN_PLACE : input.data,
                                    static_cast<int>(input.count), type, output.data, counts.data(),
                                    displs.data(), type, state_->comm));
@@ -669,7 +670,7 @@ void MpiCommunicator::run_all_gather(Buffer input, Buffer output, const std::vec
   // Offsets past INT_MAX do not fit MPI_Allgatherv's int displacements: every rank broadcasts
   // its own part instead, in chunks.
   if (!in_place) std::memcpy(own.data, input.data, input.bytes());
-  Collective watched(*state_->watchdog, current_label(), "MPI_Bcast");
+  Collective watched(*state_->watchdog, current_label(), current_deadline(), "MPI_Bcast");
   for (int r = 0; r < world; ++r) {
     const Shard part = parts[std::size_t(r)];
     for_each_chunk(part.count, [&](std::size_t offset, int n) {
@@ -701,18 +702,20 @@ void MpiCommunicator::run_reduce_scatter(Buffer input, Buffer output, ReduceOp o
   if (equal && input.count <= kMaxCount) {
     // Equal parts: MPI_Reduce_scatter_block, as all_gather takes MPI_Allgather, without
     // building the counts.
-    Collective watched(*state_->watchdog, current_label(), "MPI_Reduce_scatter_block");
+    Collective watched(*state_->watchdog, current_label(), current_deadline(),
+                       "MPI_Reduce_scatter_block");
     ACCEL_MPI_CHECK(MPI_Reduce_scatter_block(input.data, result.data, static_cast<int>(mine), type,
                                              mop, state_->comm));
   } else if (input.count <= kMaxCount) {
     std::vector<int> counts(static_cast<std::size_t>(world));
     for (int r = 0; r < world; ++r) counts[r] = static_cast<int>(parts[std::size_t(r)].count);
-    Collective watched(*state_->watchdog, current_label(), "MPI_Reduce_scatter");
+    Collective watched(*state_->watchdog, current_label(), current_deadline(),
+                       "MPI_Reduce_scatter");
     ACCEL_MPI_CHECK(
         MPI_Reduce_scatter(input.data, result.data, counts.data(), type, mop, state_->comm));
   } else {
     // MPI sums the counts in an int: reduce each rank's part to it instead, in chunks.
-    Collective watched(*state_->watchdog, current_label(), "MPI_Reduce");
+    Collective watched(*state_->watchdog, current_label(), current_deadline(), "MPI_Reduce");
     for (int r = 0; r < world; ++r) {
       const Shard part = parts[std::size_t(r)];
       for_each_chunk(part.count, [&](std::size_t offset, int n) {
@@ -728,7 +731,7 @@ void MpiCommunicator::run_reduce_scatter(Buffer input, Buffer output, ReduceOp o
 }
 
 void MpiCommunicator::run_barrier(Milliseconds) {
-  Collective watched(*state_->watchdog, current_label(), "MPI_Barrier");
+  Collective watched(*state_->watchdog, current_label(), current_deadline(), "MPI_Barrier");
   ACCEL_MPI_CHECK(MPI_Barrier(state_->comm));
 }
 

@@ -83,11 +83,13 @@ void Watchdog::quiesce() {
   quiesced = true;
 }
 
-void Watchdog::enter(const OperationLabel& label, const char* mpi_call) {
+void Watchdog::enter(const OperationLabel& label, Clock::time_point deadline,
+                     const char* mpi_call) {
   label_ = label;
   call_ = mpi_call;
-  deadline_ns_.store(now_ns() + std::chrono::nanoseconds(timeout_).count(),
-                     std::memory_order_relaxed);
+  deadline_ns_.store(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(deadline.time_since_epoch()).count(),
+      std::memory_order_relaxed);
   entered_.fetch_add(1, std::memory_order_release);
   inside_.store(true, std::memory_order_release);
 }

@@ -45,11 +45,14 @@ class Watchdog {
   void close() noexcept;
 
   // Brackets one blocking collective (`mpi_call` names it, a string literal) on the thread
-  // that runs it. Two atomic stores and a clock read; nothing else on that path.
+  // that runs it, which must be done by `deadline` (the base Communicator's, so no clock read
+  // here). A few atomic stores; nothing else on that path.
   class Watch {
    public:
-    Watch(Watchdog& dog, const OperationLabel& label, const char* mpi_call) : dog_(dog) {
-      dog_.enter(label, mpi_call);
+    Watch(Watchdog& dog, const OperationLabel& label,
+          std::chrono::steady_clock::time_point deadline, const char* mpi_call)
+        : dog_(dog) {
+      dog_.enter(label, deadline, mpi_call);
     }
     ~Watch() { dog_.leave(); }
     Watch(const Watch&) = delete;
@@ -72,7 +75,8 @@ class Watchdog {
     MPI_Request request = MPI_REQUEST_NULL;
   };
 
-  void enter(const OperationLabel& label, const char* mpi_call);
+  void enter(const OperationLabel& label, std::chrono::steady_clock::time_point deadline,
+             const char* mpi_call);
   void leave();
   void loop();
   // Answers the questions that came in; returns false once MPI must no longer be called.
