@@ -23,9 +23,14 @@
 //     wait in accel mode) minflt_per_step= (minor page faults of the whole process per
 //     timed step: memory touched fresh each step) cpu_ms_per_step= (CPU time of the whole
 //     process, all threads, per timed step: less sensitive than wall time to other
-//     processes on the machine; OpenMP's spin-waiting counts) loss= (last step's, rank 0's)
+//     processes on the machine; OpenMP's spin-waiting counts) zero_cpu_ms= fwd_cpu_ms=
+//     bwd_cpu_ms= opt_cpu_ms= (medians of the whole process's CPU time in each phase: where
+//     distributing adds work, not only waiting) bwd_main_cpu_ms= (median CPU time of the
+//     thread running the loop during backward; with --threads 1 the rest of bwd_cpu_ms is the
+//     communicator's worker) loss= (last step's, rank 0's)
 
 #include <sys/resource.h>
+#include <time.h>
 
 #include <algorithm>
 #include <chrono>
@@ -185,6 +190,13 @@ Usage usage_now() {
   return {u.ru_minflt, ms(u.ru_utime) + ms(u.ru_stime)};
 }
 
+// CPU time so far of the whole process (all threads) or of the calling thread, in ms.
+double cpu_ms_of(clockid_t clock) {
+  timespec t{};
+  clock_gettime(clock, &t);
+  return double(t.tv_sec) * 1e3 + double(t.tv_nsec) / 1e6;
+}
+
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const std::size_t n = v.size();
@@ -205,6 +217,7 @@ struct Loop {
 // Times warmup + steps steps; returns rank 0's result line's measurements.
 struct Timings {
   std::vector<double> total, zero, fwd, bwd, opt;
+  std::vector<double> zero_cpu, fwd_cpu, bwd_cpu, opt_cpu, bwd_main_cpu;
   long minflt = 0;
   double cpu_ms = 0;
   double last_loss = 0;
@@ -227,22 +240,35 @@ Timings run_steps(const Flags& flags, const Model& model, const Loop& loop, int 
   Usage before;
   for (int i = 0; i < flags.warmup + flags.steps; ++i) {
     if (i == flags.warmup) before = usage_now();
+    const auto process_cpu = [] { return cpu_ms_of(CLOCK_PROCESS_CPUTIME_ID); };
+    const double c0 = process_cpu();
     const auto t0 = Clock::now();
     loop.zero_grad();
     const auto t1 = Clock::now();
+    const double c1 = process_cpu();
     const torch::Tensor loss =
         F::cross_entropy(model.forward(inputs[i % kBatches]), targets[i % kBatches]);
     const auto t2 = Clock::now();
+    const double c2 = process_cpu();
+    const double main2 = cpu_ms_of(CLOCK_THREAD_CPUTIME_ID);
     loop.backward(loss);
+    const double main3 = cpu_ms_of(CLOCK_THREAD_CPUTIME_ID);
+    const double c3 = process_cpu();
     const auto t3 = Clock::now();
     loop.step();
     const auto t4 = Clock::now();
+    const double c4 = process_cpu();
     if (i < flags.warmup) continue;
     t.total.push_back(ms_between(t0, t4));
     t.zero.push_back(ms_between(t0, t1));
     t.fwd.push_back(ms_between(t1, t2));
     t.bwd.push_back(ms_between(t2, t3));
     t.opt.push_back(ms_between(t3, t4));
+    t.zero_cpu.push_back(c1 - c0);
+    t.fwd_cpu.push_back(c2 - c1);
+    t.bwd_cpu.push_back(c3 - c2);
+    t.opt_cpu.push_back(c4 - c3);
+    t.bwd_main_cpu.push_back(main3 - main2);
     if (i + 1 == flags.warmup + flags.steps) t.last_loss = loss.item<double>();
   }
   const Usage after = usage_now();
@@ -258,14 +284,16 @@ void print_result(const Flags& flags, const std::string& comm, int world, std::i
       "step_bench: impl=accel-cpp mode=%s comm=%s world=%d model=%s params=%lld optimizer=%s "
       "batch=%d threads=%d steps=%d warmup=%d median_ms=%.3f mean_ms=%.3f min_ms=%.3f "
       "max_ms=%.3f samples_per_s=%.1f zero_ms=%.3f fwd_ms=%.3f bwd_ms=%.3f opt_ms=%.3f "
-      "minflt_per_step=%.1f cpu_ms_per_step=%.3f loss=%.4f\n",
+      "minflt_per_step=%.1f cpu_ms_per_step=%.3f zero_cpu_ms=%.3f fwd_cpu_ms=%.3f "
+      "bwd_cpu_ms=%.3f opt_cpu_ms=%.3f bwd_main_cpu_ms=%.3f loss=%.4f\n",
       flags.mode.c_str(), comm.c_str(), world, flags.model.c_str(), static_cast<long long>(params),
       flags.optimizer.c_str(), flags.batch_size, at::get_num_threads(), flags.steps, flags.warmup,
       median(t.total), mean, *std::min_element(t.total.begin(), t.total.end()),
       *std::max_element(t.total.begin(), t.total.end()),
       double(world) * flags.batch_size * 1000.0 / mean, median(t.zero), median(t.fwd),
       median(t.bwd), median(t.opt), double(t.minflt) / flags.steps, t.cpu_ms / flags.steps,
-      t.last_loss);
+      median(t.zero_cpu), median(t.fwd_cpu), median(t.bwd_cpu), median(t.opt_cpu),
+      median(t.bwd_main_cpu), t.last_loss);
   std::fflush(stdout);
 }
 
