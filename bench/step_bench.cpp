@@ -177,6 +177,14 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::string& name,
   return std::make_unique<torch::optim::Adam>(module.parameters(), torch::optim::AdamOptions(1e-3));
 }
 
+// CPU time so far of the whole process (all threads) or of the calling thread, in ms.
+double cpu_ms_of(clockid_t clock) {
+  timespec t{};
+  clock_gettime(clock, &t);
+  return double(t.tv_sec) * 1e3 + double(t.tv_nsec) / 1e6;
+}
+double process_cpu_ms() { return cpu_ms_of(CLOCK_PROCESS_CPUTIME_ID); }
+
 // The whole process's minor page faults and CPU time (user + system, all threads) so far.
 struct Usage {
   long minflt = 0;
@@ -186,15 +194,7 @@ struct Usage {
 Usage usage_now() {
   rusage u{};
   getrusage(RUSAGE_SELF, &u);
-  const auto ms = [](const timeval& t) { return double(t.tv_sec) * 1e3 + double(t.tv_usec) / 1e3; };
-  return {u.ru_minflt, ms(u.ru_utime) + ms(u.ru_stime)};
-}
-
-// CPU time so far of the whole process (all threads) or of the calling thread, in ms.
-double cpu_ms_of(clockid_t clock) {
-  timespec t{};
-  clock_gettime(clock, &t);
-  return double(t.tv_sec) * 1e3 + double(t.tv_nsec) / 1e6;
+  return {u.ru_minflt, process_cpu_ms()};
 }
 
 double median(std::vector<double> v) {
@@ -240,24 +240,23 @@ Timings run_steps(const Flags& flags, const Model& model, const Loop& loop, int 
   Usage before;
   for (int i = 0; i < flags.warmup + flags.steps; ++i) {
     if (i == flags.warmup) before = usage_now();
-    const auto process_cpu = [] { return cpu_ms_of(CLOCK_PROCESS_CPUTIME_ID); };
-    const double c0 = process_cpu();
+    const double c0 = process_cpu_ms();
     const auto t0 = Clock::now();
     loop.zero_grad();
     const auto t1 = Clock::now();
-    const double c1 = process_cpu();
+    const double c1 = process_cpu_ms();
     const torch::Tensor loss =
         F::cross_entropy(model.forward(inputs[i % kBatches]), targets[i % kBatches]);
     const auto t2 = Clock::now();
-    const double c2 = process_cpu();
+    const double c2 = process_cpu_ms();
     const double main2 = cpu_ms_of(CLOCK_THREAD_CPUTIME_ID);
     loop.backward(loss);
     const double main3 = cpu_ms_of(CLOCK_THREAD_CPUTIME_ID);
-    const double c3 = process_cpu();
+    const double c3 = process_cpu_ms();
     const auto t3 = Clock::now();
     loop.step();
     const auto t4 = Clock::now();
-    const double c4 = process_cpu();
+    const double c4 = process_cpu_ms();
     if (i < flags.warmup) continue;
     t.total.push_back(ms_between(t0, t4));
     t.zero.push_back(ms_between(t0, t1));
