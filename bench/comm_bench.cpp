@@ -38,6 +38,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <optional>
@@ -62,6 +63,7 @@
 #include <gloo/rendezvous/context.h>
 #include <gloo/transport/tcp/device.h>
 
+#include "backends/comm/gloo/gloo_communicator.hpp"
 #include "backends/comm/gloo/gloo_store_adapter.hpp"
 #endif
 
@@ -118,8 +120,22 @@ double bus_factor(Op op, int n) {
 
 // Every table the bench can print, in the order it prints them.
 constexpr std::string_view kAllTables[] = {
-    "memcpy",   "shm", "shm_symmetric", "hierarchical", "gloo",
-    "raw_gloo", "mpi", "raw_mpi",       "raw_mpi_nb",   "nccl"};
+    "memcpy",         "shm", "shm_symmetric", "hierarchical",  "gloo",       "raw_gloo",
+    "raw_gloo_again", "mpi", "raw_mpi",       "raw_mpi_again", "raw_mpi_nb", "nccl"};
+// The controls: the raw library measured a second time, as a table of its own, so a ratio of
+// raw against raw shows how far from 1 this machine's noise alone moves a ratio. Only when
+// asked for (--comms), not by default.
+constexpr std::string_view kControlTables[] = {"raw_gloo_again", "raw_mpi_again"};
+bool is_control(std::string_view table) {
+  return std::find(std::begin(kControlTables), std::end(kControlTables), table) !=
+         std::end(kControlTables);
+}
+std::vector<std::string> default_tables() {
+  std::vector<std::string> out;
+  for (std::string_view t : kAllTables)
+    if (!is_control(t)) out.emplace_back(t);
+  return out;
+}
 
 struct Flags {
   std::size_t min_bytes = 4 << 10;
@@ -130,12 +146,13 @@ struct Flags {
   int min_iters = 3;    // one slow iteration alone is too noisy to compare
   int max_iters = 1000;
   std::vector<Op> ops{std::begin(kAllOps), std::end(kAllOps)};
-  std::vector<std::string> tables{std::begin(kAllTables), std::end(kAllTables)};
+  std::vector<std::string> tables = default_tables();
   DType dtype = DType::f32;
   int port = -1;  // -1: MASTER_PORT, else 29500
   int timeout_s = 300;
   bool check = true;
   int rounds = 1;  // >1: each size measured in rounds, the tables taking turns (see --help)
+  bool raw_gloo_own_device = false;  // see --raw_gloo_device
 };
 
 const char* kUsage =
@@ -152,13 +169,18 @@ const char* kUsage =
     "                    each (budget_ms / N each); a row is the median round (default 1:\n"
     "                    one table after another)\n"
     "  --comms LIST      memcpy,shm,shm_symmetric,hierarchical,gloo,raw_gloo,mpi,raw_mpi,\n"
-    "                    raw_mpi_nb,nccl\n"
-    "                    (default all built;\n"
+    "                    raw_mpi_nb,nccl, and the controls raw_gloo_again, raw_mpi_again\n"
+    "                    (the raw library again: raw against raw is the noise's ratio)\n"
+    "                    (default all built but the controls;\n"
     "                    nccl: one GPU per rank, LOCAL_RANK's, device buffers)\n"
     "  --dtype T         f32 f64 f16 bf16 i32 i64                   (default f32)\n"
     "  --port N          rendezvous store port (MASTER_PORT, else 29500)\n"
     "  --timeout_s N     per-operation timeout                      (default 300)\n"
-    "  --check 0|1       validation run per row                     (default 1)\n";
+    "  --check 0|1       validation run per row                     (default 1)\n"
+    "  --raw_gloo_device shared|own\n"
+    "                    raw_gloo's TCP device: the gloo table's own (one event-loop\n"
+    "                    thread for both, so both run under the same thread placement)\n"
+    "                    or a second one, as a separate program would have (default shared)\n";
 
 std::vector<std::string> split_list(const std::string& text) {
   std::vector<std::string> out;
@@ -230,7 +252,11 @@ Flags parse_flags(int argc, char** argv) {
       f.check = parse_int(flag, value, 0) != 0;
     else if (flag == "--rounds")
       f.rounds = parse_int(flag, value, 1);
-    else if (flag == "--ops") {
+    else if (flag == "--raw_gloo_device") {
+      if (value != "shared" && value != "own")
+        throw ConfigError("--raw_gloo_device '" + value + "' is not 'shared' or 'own'");
+      f.raw_gloo_own_device = value == "own";
+    } else if (flag == "--ops") {
       f.ops.clear();
       for (const std::string& name : split_list(value)) {
         const auto it = std::find_if(std::begin(kAllOps), std::end(kAllOps),
@@ -256,6 +282,12 @@ Flags parse_flags(int argc, char** argv) {
 
 bool wanted(const Flags& f, std::string_view table) {
   return std::find(f.tables.begin(), f.tables.end(), table) != f.tables.end();
+}
+bool wanted_any(const Flags& f, std::initializer_list<std::string_view> tables) {
+  return std::any_of(tables.begin(), tables.end(), [&](auto t) { return wanted(f, t); });
+}
+bool wants_mpi(const Flags& f) {
+  return wanted_any(f, {"mpi", "raw_mpi", "raw_mpi_again", "raw_mpi_nb"});
 }
 
 std::vector<std::size_t> sizes(const Flags& f) {
@@ -482,6 +514,7 @@ class CommTarget final : public Target {
   void barrier() override { comm_->barrier()->wait(); }
 
   const StorePtr& store() const { return group_->store(); }
+  Communicator& comm() const { return *comm_; }
 
  private:
   // Only a CUDA communicator has device mirrors: a CPU one never reaches the CUDA runtime, so
@@ -532,23 +565,33 @@ class CommTarget final : public Target {
 // reduce-scatter in its options API, so that table is ours alone.
 class RawGlooTarget final : public Target {
  public:
-  RawGlooTarget(const StorePtr& store, int rank, int world, const std::string& hostname,
-                Milliseconds timeout)
-      : timeout_(timeout) {
-    auto prefixed = std::make_shared<PrefixStore>("bench/raw_gloo", store);
+  // `device`: the gloo table's TCP device (--raw_gloo_device shared), or null for one of its
+  // own. Every Gloo device runs one event-loop thread that hands each message to the waiting
+  // caller; on two vCPUs where that thread lands decides a small operation's time (0.1 against
+  // 3 ms), so two devices measure two placements, not two libraries (bench/README).
+  RawGlooTarget(std::string name, const StorePtr& store, int rank, int world,
+                const std::string& hostname, Milliseconds timeout,
+                std::shared_ptr<gloo::transport::Device> device)
+      : name_(std::move(name)), timeout_(timeout), shared_device_(device != nullptr) {
+    auto prefixed = std::make_shared<PrefixStore>("bench/" + name_, store);
     GlooStoreAdapter adapter(prefixed, timeout);
-    gloo::transport::tcp::attr attr;
-    attr.hostname = hostname;
-    auto device = gloo::transport::tcp::CreateDevice(attr);
+    if (!device) {
+      gloo::transport::tcp::attr attr;
+      attr.hostname = hostname;
+      device = gloo::transport::tcp::CreateDevice(attr);
+    }
     auto context = std::make_shared<gloo::rendezvous::Context>(rank, world);
     context->setTimeout(timeout);
     context->connectFullMesh(adapter, device);
     context_ = std::move(context);
   }
 
-  std::string name() const override { return "raw_gloo"; }
+  std::string name() const override { return name_; }
   std::string description() const override {
-    return "raw: gloo::allreduce RING + gloo::sum, gloo::allgather, gloo::broadcast root 0";
+    return std::string(
+               "raw: gloo::allreduce RING + gloo::sum, gloo::allgather, gloo::broadcast "
+               "root 0; ") +
+           (shared_device_ ? "on the gloo table's TCP device" : "on a TCP device of its own");
   }
   bool supports(Op op, DType dtype) const override {
     if (op == Op::reduce_scatter) return false;
@@ -647,7 +690,9 @@ class RawGlooTarget final : public Target {
     throw InvalidArgument("raw gloo: unsupported element size");
   }
 
+  std::string name_;  // raw_gloo, or the control raw_gloo_again
   Milliseconds timeout_;
+  bool shared_device_;
   std::shared_ptr<gloo::rendezvous::Context> context_;
   std::uint32_t tag_ = 0;
 };
@@ -698,8 +743,10 @@ class MpiSession {
 // on one; the two rows apart show what MPI's nonblocking collectives cost by themselves.
 class RawMpiTarget final : public Target {
  public:
-  explicit RawMpiTarget(bool nonblocking) : nonblocking_(nonblocking) {}
-  std::string name() const override { return nonblocking_ ? "raw_mpi_nb" : "raw_mpi"; }
+  // name: raw_mpi, the control raw_mpi_again, or raw_mpi_nb (nonblocking).
+  explicit RawMpiTarget(std::string name)
+      : name_(std::move(name)), nonblocking_(name_.ends_with("_nb")) {}
+  std::string name() const override { return name_; }
   std::string description() const override {
     return nonblocking_ ? "raw: MPI_Iallreduce(MPI_IN_PLACE, MPI_SUM), MPI_Iallgather, "
                           "MPI_Ireduce_scatter_block, MPI_Ibcast root 0 on MPI_COMM_WORLD, each "
@@ -759,6 +806,7 @@ class RawMpiTarget final : public Target {
     for (int done = 0; !done;) BENCH_MPI(MPI_Test(&request, &done, MPI_STATUS_IGNORE));
   }
 
+  std::string name_;
   bool nonblocking_;
 
   static MPI_Datatype mpi_type(DType dtype) {
@@ -874,6 +922,12 @@ class Bench {
           if (auto row = measure(*t, op, bytes, budget, flags_.check && last))
             rounds[t].push_back(*row);
         }
+      if (getenv("DBG_ROUNDS") && rank_ == 0)
+        for (auto& [t, list] : rounds) {
+          std::fprintf(stderr, "DBG %s %zu:", t->name().c_str(), bytes);
+          for (const Row& row : list) std::fprintf(stderr, " %.0f", row.time_us);
+          std::fprintf(stderr, "\n");
+        }
       for (auto& [t, list] : rounds) {
         std::sort(list.begin(), list.end(),
                   [](const Row& x, const Row& y) { return x.time_us < y.time_us; });
@@ -929,16 +983,52 @@ class Bench {
   // Each of our communicators against the raw library it wraps, per operation and size both
   // measured: raw time / our time (above 1: ours is faster) with the raw time beside it, then
   // one line for the goal that every ratio be at least `goal` (bench/README, "Performance
-  // goals").
+  // goals"). With the control tables, raw against raw too, and a line counting how many of
+  // those fall below `goal`: what noise alone does to a ratio in the same run.
   void ratio_summary(double goal) const {
-    const std::pair<std::string, std::string> pairs[] = {{"gloo", "raw_gloo"}, {"mpi", "raw_mpi"}};
+    const Ratios ours = ratios({{"gloo", "raw_gloo"}, {"mpi", "raw_mpi"}}, goal);
+    const Ratios control =
+        ratios({{"raw_gloo_again", "raw_gloo"}, {"raw_mpi_again", "raw_mpi"}}, goal);
+    if (ours.lines.empty() && control.lines.empty()) return;
+    say("#\n# Ratios, raw time / our time (below 1: ours is slower), world %d\n", world_);
+    for (const std::string& line : ours.lines) say("ratio %s\n", line.c_str());
+    for (const std::string& line : control.lines) say("ratio %s\n", line.c_str());
+    if (ours.cells > 0)
+      say("goal: every communicator within %.2fx of its raw library at world %d: %s (%s)\n", goal,
+          world_, ours.below ? "not met" : "met", ours.counted(goal).c_str());
+    if (control.cells > 0)
+      say("control: the raw library against itself at world %d, noise alone: %s\n", world_,
+          control.counted(goal).c_str());
+  }
+
+  void memcpy_summary() const {
+    const std::size_t at = std::size_t(64) << 20;
+    if (memcpy_gbs_.contains(at))
+      say("memcpy: %s one core %.3f GB/s\n", size_label(at).c_str(), memcpy_gbs_.at(at));
+  }
+
+ private:
+  // Ratio lines for (table, its baseline) pairs, and how many cells fall below a goal.
+  struct Ratios {
     std::vector<std::string> lines;
     int cells = 0, below = 0;
-    std::string per_comm;  // "gloo 10 of 51, mpi 18 of 68": the libraries move apart
+    std::string per_table;  // "gloo 10 of 51, mpi 18 of 68": the libraries move apart
     double worst = 0;
     std::string worst_at;
+    // "28 of 119 ratios below 0.90: gloo 10 of 51, mpi 18 of 68; the lowest 0.32, ..."
+    std::string counted(double goal) const {
+      char head[96];
+      std::snprintf(head, sizeof head, "%d of %d ratios below %.2f: ", below, cells, goal);
+      char low[32];
+      std::snprintf(low, sizeof low, "; the lowest %.2f, ", worst);
+      return head + per_table + low + worst_at;
+    }
+  };
+  Ratios ratios(std::initializer_list<std::pair<std::string, std::string>> pairs,
+                double goal) const {
+    Ratios out;
     for (const auto& [ours, raw] : pairs) {
-      int comm_cells = 0, comm_below = 0;
+      int cells = 0, below = 0;
       for (Op op : kAllOps) {
         std::string line;
         for (const auto& [key, row] : results_) {
@@ -950,39 +1040,26 @@ class Bench {
           std::snprintf(cell, sizeof cell, " %s %.2f (raw %s)", short_size(bytes).c_str(), ratio,
                         format_us(base.time_us).c_str());
           line += cell;
-          ++comm_cells;
-          if (ratio < goal) ++comm_below;
-          if (worst_at.empty() || ratio < worst) {
-            worst = ratio;
-            worst_at = ours + " " + std::string(op_name(op)) + " " + size_label(bytes) + " (" +
-                       format_us(row.time_us) + " against " + format_us(base.time_us) + ")";
+          ++cells;
+          if (ratio < goal) ++below;
+          if (out.worst_at.empty() || ratio < out.worst) {
+            out.worst = ratio;
+            out.worst_at = ours + " " + std::string(op_name(op)) + " " + size_label(bytes) + " (" +
+                           format_us(row.time_us) + " against " + format_us(base.time_us) + ")";
           }
         }
         if (!line.empty())
-          lines.push_back(ours + "/" + raw + " " + std::string(op_name(op)) + ":" + line);
+          out.lines.push_back(ours + "/" + raw + " " + std::string(op_name(op)) + ":" + line);
       }
-      if (comm_cells == 0) continue;
-      cells += comm_cells;
-      below += comm_below;
-      per_comm += (per_comm.empty() ? "" : ", ") + ours + " " + std::to_string(comm_below) +
-                  " of " + std::to_string(comm_cells);
+      if (cells == 0) continue;
+      out.cells += cells;
+      out.below += below;
+      out.per_table += (out.per_table.empty() ? "" : ", ") + ours + " " + std::to_string(below) +
+                       " of " + std::to_string(cells);
     }
-    if (lines.empty()) return;
-    say("#\n# Ratios, raw time / our time (below 1: ours is slower), world %d\n", world_);
-    for (const std::string& line : lines) say("ratio %s\n", line.c_str());
-    say("goal: every communicator within %.2fx of its raw library at world %d: %s (%d of %d "
-        "ratios below %.2f: %s; the lowest %.2f, %s)\n",
-        goal, world_, below ? "not met" : "met", below, cells, goal, per_comm.c_str(), worst,
-        worst_at.c_str());
+    return out;
   }
 
-  void memcpy_summary() const {
-    const std::size_t at = std::size_t(64) << 20;
-    if (memcpy_gbs_.contains(at))
-      say("memcpy: %s one core %.3f GB/s\n", size_label(at).c_str(), memcpy_gbs_.at(at));
-  }
-
- private:
   // The table's title and column heads; false (saying so) when `target` cannot run `op`.
   bool table_header(Target& target, Op op) const {
     const std::string dtype = std::string(dtype_name(flags_.dtype));
@@ -1100,8 +1177,7 @@ int run(int argc, char** argv) {
 #if ACCEL_BENCH_MPI
   // First, so MPI is up before any thread exists and is finalised after every user of it.
   std::unique_ptr<MpiSession> mpi;
-  if (wanted(flags, "mpi") || wanted(flags, "raw_mpi") || wanted(flags, "raw_mpi_nb"))
-    mpi = std::make_unique<MpiSession>();
+  if (wants_mpi(flags)) mpi = std::make_unique<MpiSession>();
   const bool mpi_world_ok = mpi && MpiSession::world_size() == env.world_size;
 #endif
 
@@ -1111,9 +1187,10 @@ int run(int argc, char** argv) {
   // The targets, in table order; a table that cannot run here says why.
   std::vector<std::unique_ptr<Target>> targets;
   StorePtr store;  // the gloo group's store, which raw Gloo and shm also rendezvous on
+  Communicator* gloo_comm = nullptr;  // that group's communicator
   const bool on_gloo_store =
       wanted(flags, "shm") || wanted(flags, "shm_symmetric") || wanted(flags, "hierarchical");
-  if (wanted(flags, "gloo") || wanted(flags, "raw_gloo") || on_gloo_store) {
+  if (wanted_any(flags, {"gloo", "raw_gloo", "raw_gloo_again"}) || on_gloo_store) {
     if (communicator_available("gloo")) {
       ProcessGroupOptions options;
       options.backend = "gloo";
@@ -1121,6 +1198,7 @@ int run(int argc, char** argv) {
       // Kept even when only raw_gloo is wanted: its group hosts the store both rendezvous on.
       auto gloo = std::make_unique<CommTarget>(init_process_group(options));
       store = gloo->store();
+      gloo_comm = &gloo->comm();
       targets.push_back(std::move(gloo));
     } else {
       bench.say("# gloo: skipped (built with ACCEL_WITH_GLOO=OFF)\n");
@@ -1165,26 +1243,32 @@ int run(int argc, char** argv) {
                      on_store(name, symmetric ? flags.max_bytes : 0, symmetric));
     }
   }
-  if (wanted(flags, "raw_gloo")) {
+  if (wanted_any(flags, {"raw_gloo", "raw_gloo_again"})) {
 #if ACCEL_BENCH_GLOO
     if (store) {
       const bool loopback = env.master_addr == "localhost" || env.master_addr.starts_with("127.");
       const std::string host = env_string("ACCEL_GLOO_HOSTNAME", loopback ? "127.0.0.1" : "");
-      targets.push_back(
-          std::make_unique<RawGlooTarget>(store, env.rank, env.world_size, host, timeout));
+      std::shared_ptr<gloo::transport::Device> device;
+      if (auto* ours = dynamic_cast<GlooCommunicator*>(gloo_comm);
+          ours && !flags.raw_gloo_own_device)
+        device = ours->transport_device();
+      for (const char* name : {"raw_gloo", "raw_gloo_again"})
+        if (wanted(flags, name))
+          targets.push_back(std::make_unique<RawGlooTarget>(name, store, env.rank, env.world_size,
+                                                            host, timeout, device));
     }
 #else
     bench.say("# raw_gloo: skipped (built with ACCEL_WITH_GLOO=OFF)\n");
 #endif
   }
-  if (wanted(flags, "mpi") || wanted(flags, "raw_mpi") || wanted(flags, "raw_mpi_nb")) {
+  if (wants_mpi(flags)) {
 #if ACCEL_BENCH_MPI
     if (!mpi_world_ok) {
       bench.say("# mpi, raw_mpi: skipped (MPI's world is not this job's: run under mpirun)\n");
     } else {
       if (wanted(flags, "mpi")) targets.push_back(own_group("mpi", 0));
-      if (wanted(flags, "raw_mpi")) targets.push_back(std::make_unique<RawMpiTarget>(false));
-      if (wanted(flags, "raw_mpi_nb")) targets.push_back(std::make_unique<RawMpiTarget>(true));
+      for (const char* name : {"raw_mpi", "raw_mpi_again", "raw_mpi_nb"})
+        if (wanted(flags, name)) targets.push_back(std::make_unique<RawMpiTarget>(name));
     }
 #else
     bench.say("# mpi, raw_mpi: skipped (built with ACCEL_WITH_MPI=OFF)\n");

@@ -95,12 +95,12 @@ GlooCommunicator::GlooCommunicator(const CommOptions& options)
 
   gloo::transport::tcp::attr attr;
   attr.hostname = options.hostname;
-  auto device = gloo::transport::tcp::CreateDevice(attr);
+  device_ = gloo::transport::tcp::CreateDevice(attr);
   auto context = std::make_shared<gloo::rendezvous::Context>(rank(), world_size());
   context->setTimeout(options.timeout);
   GlooStoreAdapter adapter(store_, options.timeout);
   try {
-    gloo_call([&] { context->connectFullMesh(adapter, device); });
+    gloo_call([&] { context->connectFullMesh(adapter, device_); });
   } catch (const Error& e) {
     throw CommError("rank " + std::to_string(rank()) + ": gloo could not connect group '" +
                     options.group_name + "': " + e.what());

@@ -11,7 +11,10 @@
 
 namespace gloo {
 class Context;
+namespace transport {
+class Device;
 }
+}  // namespace gloo
 
 namespace accel {
 
@@ -26,6 +29,11 @@ class GlooCommunicator final : public Communicator {
   // inline execution); ACCEL_GLOO_INLINE_BYTES overrides it (0: only barriers), for
   // experiments. Gloo's calls carry their own timeouts, so running them inline keeps that.
   static constexpr std::size_t kInlineBytes = 256 * 1024;
+
+  // The TCP device this group's pairs run on: one event-loop thread, which hands every
+  // message to the waiting caller. comm_bench connects its raw Gloo baseline on it, so both
+  // are measured under the same thread placement (bench/README, "What a Gloo cell measures").
+  const std::shared_ptr<gloo::transport::Device>& transport_device() const { return device_; }
 
  protected:
   void run_all_reduce(Buffer data, ReduceOp op, Milliseconds timeout) override;
@@ -51,6 +59,7 @@ class GlooCommunicator final : public Communicator {
 
   StorePtr store_;  // prefixed with this group's namespace
   std::unique_ptr<Staging> staging_;
+  std::shared_ptr<gloo::transport::Device> device_;
   std::shared_ptr<gloo::Context> context_;
   std::uint32_t tag_ = 0;
 };
