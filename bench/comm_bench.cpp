@@ -909,14 +909,19 @@ class Bench {
   }
 
   // Every target's table for `op`, measured in --rounds rounds per size with the targets
-  // taking turns; a row is the round of median time (its validation: the last round's).
+  // taking turns; a row is the round of median time (its validation: the last round's). Each
+  // round starts one table later than the one before: a table always measured right after
+  // Gloo's (whose TCP device thread is still busy as the next table starts) was slowed in
+  // every round, and the median kept that (MPI at 8-32 MiB, world 2: 0.31-0.89 after Gloo's
+  // tables, 0.87-1.02 without them).
   long interleaved_tables(const std::vector<Target*>& targets, Op op) {
     const double budget = flags_.budget_ms / 1e3 / flags_.rounds;
     std::map<Target*, std::vector<Row>> rows;
     for (std::size_t bytes : sizes(flags_)) {
       std::map<Target*, std::vector<Row>> rounds;
       for (int r = 0; r < flags_.rounds; ++r)
-        for (Target* t : targets) {
+        for (std::size_t k = 0; k < targets.size(); ++k) {
+          Target* t = targets[(k + std::size_t(r)) % targets.size()];
           if (!t->supports(op, flags_.dtype)) continue;
           const bool last = r + 1 == flags_.rounds;
           if (auto row = measure(*t, op, bytes, budget, flags_.check && last))

@@ -212,16 +212,20 @@ class Communicator {
   WorkPtr issue_all_gather(Buffer input, Buffer output, std::vector<Shard> parts);
   WorkPtr issue_reduce_scatter(Buffer input, Buffer output, ReduceOp op, std::vector<Shard> parts);
   void count_bytes(std::size_t bytes, int numerator, int denominator);
+  // The Work for a new operation: the last one again when its caller has let go of it (no
+  // allocation), else a new one. With mutex_ held.
+  WorkPtr new_work(const OperationLabel& label);
   std::vector<Shard> parts_of(const char* op, const std::vector<std::size_t>& counts,
                               std::size_t total) const;
   void worker_loop();
   // Worker thread: finishes launched device operations that completed, failed or timed out,
   // in launch order; returns whether any did.
   bool poll_in_flight();
-  // Runs one operation (on the worker or inline) and finishes its Work.
+  // Runs one operation (on the worker, or inline on the caller's thread before its Work is
+  // handed out) and finishes its Work.
   template <typename Run>
   void execute(const WorkPtr& work, const Run& run, const OperationLabel& label,
-               std::shared_ptr<void> inputs);
+               std::shared_ptr<void> inputs, bool inline_run);
   // Whether the communicator failed, and why (broken_); the flag spares every operation the
   // lock and the string copy while it has not.
   std::string broken_reason() const;
@@ -236,6 +240,7 @@ class Communicator {
   std::condition_variable queue_cv_;
   std::deque<std::function<void()>> queue_;
   std::uint64_t next_seq_ = 1;
+  WorkPtr last_work_;  // new_work's: the last operation's Work, reused once nobody else holds it
   std::atomic<std::uint64_t> bus_bytes_{0};
   bool stopping_ = false;
   bool running_ = false;          // an operation is executing (on the worker or inline)

@@ -54,8 +54,12 @@ bool Work::wait_for_verdict(std::unique_lock<std::mutex>& lock, std::chrono::mil
 }
 
 void Work::wait(std::chrono::milliseconds timeout) {
+  if (done_.load(std::memory_order_acquire)) {
+    if (error_) std::rethrow_exception(error_);
+    return;
+  }
   std::unique_lock lock(mutex_);
-  if (!wait_for_verdict(lock, timeout, [&] { return done_; }))
+  if (!wait_for_verdict(lock, timeout, [&] { return done_.load(std::memory_order_relaxed); }))
     throw TimeoutError(description() + " did not complete within " +
                        std::to_string(timeout.count()) + " ms (Work::wait)");
   if (error_) std::rethrow_exception(error_);
@@ -67,10 +71,11 @@ void Work::wait_stream(DeviceStream stream, std::chrono::milliseconds timeout) {
     std::unique_lock lock(mutex_);
     // Host operations never get a completion: this is wait(). Device ones get it as soon as
     // the worker launched them, well before they finish.
-    if (!wait_for_verdict(lock, timeout, [&] { return done_ || completion_ != nullptr; }))
+    if (!wait_for_verdict(lock, timeout,
+                          [&] { return done_.load(std::memory_order_relaxed) || completion_; }))
       throw TimeoutError(description() + " was not launched within " +
                          std::to_string(timeout.count()) + " ms (Work::wait_stream)");
-    if (done_) {
+    if (done_.load(std::memory_order_relaxed)) {
       if (error_) std::rethrow_exception(error_);
       return;  // finished on the device, as the host has seen: nothing left to order
     }
@@ -79,16 +84,13 @@ void Work::wait_stream(DeviceStream stream, std::chrono::milliseconds timeout) {
   completion->order_before(stream);
 }
 
-bool Work::is_completed() const {
-  std::lock_guard lock(mutex_);
-  return done_;
-}
+bool Work::is_completed() const { return done_.load(std::memory_order_acquire); }
 
 void Work::launched(std::shared_ptr<DeviceCompletion> completion) {
   bool waited_for = false;
   {
     std::lock_guard lock(mutex_);
-    if (done_) return;
+    if (done_.load(std::memory_order_relaxed)) return;
     completion_ = std::move(completion);
     waited_for = waiters_ > 0;
   }
@@ -100,13 +102,26 @@ void Work::started(std::chrono::steady_clock::time_point deadline) {
   deadline_ = deadline;
 }
 
+void Work::finish_unshared(std::exception_ptr error) {
+  error_ = std::move(error);
+  done_.store(true, std::memory_order_release);
+}
+
+void Work::reuse(const OperationLabel& label) {
+  label_ = label;
+  error_ = nullptr;
+  completion_.reset();
+  deadline_.reset();
+  done_.store(false, std::memory_order_relaxed);
+}
+
 void Work::finish(std::exception_ptr error) {
   std::shared_ptr<DeviceCompletion> completion;
   bool waited_for = false;
   {
     std::lock_guard lock(mutex_);
-    done_ = true;
     error_ = std::move(error);
+    done_.store(true, std::memory_order_release);
     completion = std::move(completion_);  // released outside the lock
     waited_for = waiters_ > 0;
   }
