@@ -910,10 +910,8 @@ class Bench {
 
   // Every target's table for `op`, measured in --rounds rounds per size with the targets
   // taking turns; a row is the round of median time (its validation: the last round's). Each
-  // round starts one table later than the one before: a table always measured right after
-  // Gloo's (whose TCP device thread is still busy as the next table starts) was slowed in
-  // every round, and the median kept that (MPI at 8-32 MiB, world 2: 0.31-0.89 after Gloo's
-  // tables, 0.87-1.02 without them).
+  // round starts one table later than the one before, so no table is always measured right
+  // after the same other one (whatever that one leaves behind: a thread still busy, a cache).
   long interleaved_tables(const std::vector<Target*>& targets, Op op) {
     const double budget = flags_.budget_ms / 1e3 / flags_.rounds;
     std::map<Target*, std::vector<Row>> rows;
