@@ -23,7 +23,7 @@
 #                    in plain LibTorch), whole processes, interleaved A/B pairs: the median
 #                    time ratio at most 1.03
 #
-#   bench/run_perf_goals.sh               # everything, about 17 minutes on 2 cores
+#   bench/run_perf_goals.sh               # everything, about 30 minutes on 2 cores
 #   bench/run_perf_goals.sh --quick       # a smoke run: small sizes, few steps, any numbers
 #   bench/run_perf_goals.sh --goals 1,3   # some goals only
 set -uo pipefail
