@@ -32,7 +32,7 @@ class GlooCommunicator final : public Communicator {
 
   // The TCP device this group's pairs run on: one event-loop thread, which hands every
   // message to the waiting caller. comm_bench connects its raw Gloo baseline on it, so both
-  // are measured under the same thread placement (bench/README, "What a Gloo cell measures").
+  // are measured under the same thread placement (bench/README, comm_bench's caveats).
   const std::shared_ptr<gloo::transport::Device>& transport_device() const { return device_; }
 
  protected:
