@@ -925,12 +925,6 @@ class Bench {
           if (auto row = measure(*t, op, bytes, budget, flags_.check && last))
             rounds[t].push_back(*row);
         }
-      if (getenv("DBG_ROUNDS") && rank_ == 0)
-        for (auto& [t, list] : rounds) {
-          std::fprintf(stderr, "DBG %s %zu:", t->name().c_str(), bytes);
-          for (const Row& row : list) std::fprintf(stderr, " %.0f", row.time_us);
-          std::fprintf(stderr, "\n");
-        }
       for (auto& [t, list] : rounds) {
         std::sort(list.begin(), list.end(),
                   [](const Row& x, const Row& y) { return x.time_us < y.time_us; });
