@@ -21,9 +21,9 @@
 // known values counts the wrong elements over all ranks (#wrong).
 //
 // With --rounds N, every size is measured N times, ours and the raw library taking turns
-// (budget_ms / N each), and each row is the median round: a machine whose speed drifts, or
-// swings between modes for seconds at a time (Gloo on 2 cores), then slows both sides of a
-// ratio alike.
+// (budget_ms / N each; the tables of one library's family with each other, family_of), and
+// each row is the median round: a machine whose speed drifts, or swings between modes for
+// seconds at a time (Gloo on 2 cores), then slows both sides of a ratio alike.
 //
 // Iterations are time-budgeted (--budget_ms per row, at least --min_iters) unless --iters is
 // given, so a full run finishes in minutes while small sizes still get many iterations. Two
@@ -129,6 +129,13 @@ constexpr std::string_view kControlTables[] = {"raw_gloo_again", "raw_mpi_again"
 bool is_control(std::string_view table) {
   return std::find(std::begin(kControlTables), std::end(kControlTables), table) !=
          std::end(kControlTables);
+}
+// The library a table measures, whose tables take turns with each other (--rounds): gloo for
+// gloo, raw_gloo and raw_gloo_again; mpi for mpi, raw_mpi, raw_mpi_again and raw_mpi_nb; shm
+// for shm and shm_symmetric; the table's own name otherwise.
+std::string family_of(std::string_view table) {
+  if (table.starts_with("raw_")) table.remove_prefix(4);
+  return std::string(table.substr(0, table.find('_')));
 }
 std::vector<std::string> default_tables() {
   std::vector<std::string> out;
@@ -909,22 +916,36 @@ class Bench {
   }
 
   // Every target's table for `op`, measured in --rounds rounds per size with the targets
-  // taking turns; a row is the round of median time (its validation: the last round's). Each
-  // round starts one table later than the one before, so no table is always measured right
-  // after the same other one (whatever that one leaves behind: a thread still busy, a cache).
+  // taking turns; a row is the round of median time (its validation: the last round's).
+  // Tables take turns within their library's family (family_of), one family after the other:
+  // a table measured right after a Gloo table runs 5-15% slower for a while (raw MPI after raw
+  // Gloo against raw MPI after raw MPI, 8-32 MiB at world 2), so with every table in one turn,
+  // whichever MPI table followed the Gloo ones paid for them in every round. Each round starts
+  // one table later than the one before, so no table of a family is always measured first.
   long interleaved_tables(const std::vector<Target*>& targets, Op op) {
     const double budget = flags_.budget_ms / 1e3 / flags_.rounds;
+    std::vector<std::vector<Target*>> families;
+    for (Target* t : targets) {
+      auto same = [&](const std::vector<Target*>& f) {
+        return family_of(f.front()->name()) == family_of(t->name());
+      };
+      if (auto f = std::find_if(families.begin(), families.end(), same); f != families.end())
+        f->push_back(t);
+      else
+        families.push_back({t});
+    }
     std::map<Target*, std::vector<Row>> rows;
     for (std::size_t bytes : sizes(flags_)) {
       std::map<Target*, std::vector<Row>> rounds;
-      for (int r = 0; r < flags_.rounds; ++r)
-        for (std::size_t k = 0; k < targets.size(); ++k) {
-          Target* t = targets[(k + std::size_t(r)) % targets.size()];
-          if (!t->supports(op, flags_.dtype)) continue;
-          const bool last = r + 1 == flags_.rounds;
-          if (auto row = measure(*t, op, bytes, budget, flags_.check && last))
-            rounds[t].push_back(*row);
-        }
+      for (const std::vector<Target*>& family : families)
+        for (int r = 0; r < flags_.rounds; ++r)
+          for (std::size_t k = 0; k < family.size(); ++k) {
+            Target* t = family[(k + std::size_t(r)) % family.size()];
+            if (!t->supports(op, flags_.dtype)) continue;
+            const bool last = r + 1 == flags_.rounds;
+            if (auto row = measure(*t, op, bytes, budget, flags_.check && last))
+              rounds[t].push_back(*row);
+          }
       for (auto& [t, list] : rounds) {
         std::sort(list.begin(), list.end(),
                   [](const Row& x, const Row& y) { return x.time_us < y.time_us; });

@@ -4,6 +4,8 @@
 
 #include <doctest/doctest.h>
 
+#include <filesystem>
+#include <fstream>
 #include <future>
 #include <thread>
 #include <vector>
@@ -198,6 +200,23 @@ TEST_CASE("the world of one completes every operation through the same interface
   comm->barrier()->wait();
   CHECK(comm->next_sequence() == 5);
   CHECK_THROWS_AS(comm->send(buffer_of(std::span(in)), 0), InvalidArgument);
+}
+
+// So top -H, perf sched and gdb tell the communicator's thread from the application's.
+TEST_CASE("a communicator's worker thread is named accel-comm") {
+  const auto named_threads = [] {
+    int n = 0;
+    for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
+      std::ifstream comm(task.path() / "comm");
+      std::string name;
+      std::getline(comm, name);
+      n += name == "accel-comm";
+    }
+    return n;
+  };
+  const int before = named_threads();
+  auto comm = create_communicator("local", CommOptions{});
+  CHECK(named_threads() == before + 1);
 }
 
 TEST_CASE("mismatched shapes are rejected at the call, naming what was wrong") {

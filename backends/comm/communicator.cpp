@@ -1,5 +1,6 @@
 #include "backends/comm/communicator.hpp"
 
+#include <pthread.h>
 #include <time.h>
 
 #include <algorithm>
@@ -49,6 +50,7 @@ Communicator::Communicator(int rank, int world_size, Milliseconds timeout)
       "rank " + std::to_string(rank) + " outside world of " + std::to_string(world_size));
   ACCEL_CHECK_ARG(timeout.count() > 0, "communicator timeout must be positive");
   worker_ = std::thread([this] { worker_loop(); });
+  pthread_setname_np(worker_.native_handle(), "accel-comm");  // for top -H, perf sched, gdb
 }
 
 Communicator::~Communicator() { stop_worker(); }

@@ -1,5 +1,7 @@
 #include "backends/comm/mpi/mpi_watchdog.hpp"
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -54,6 +56,7 @@ Watchdog::Watchdog(MPI_Comm comm, int rank, int world, Milliseconds timeout)
                                 &question_));
   ACCEL_MPI_CHECK(MPI_Start(&question_));
   thread_ = std::thread([this] { loop(); });
+  pthread_setname_np(thread_.native_handle(), "accel-mpi-watch");
 }
 
 Watchdog::~Watchdog() { close(); }
