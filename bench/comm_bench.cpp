@@ -918,10 +918,11 @@ class Bench {
   // Every target's table for `op`, measured in --rounds rounds per size with the targets
   // taking turns; a row is the round of median time (its validation: the last round's).
   // Tables take turns within their library's family (family_of), one family after the other:
-  // a table measured right after a Gloo table runs 5-15% slower for a while (raw MPI after raw
-  // Gloo against raw MPI after raw MPI, 8-32 MiB at world 2), so with every table in one turn,
-  // whichever MPI table followed the Gloo ones paid for them in every round. Each round starts
-  // one table later than the one before, so no table of a family is always measured first.
+  // a table measured right after a Gloo table ran 5-15% slower (raw MPI after raw Gloo against
+  // raw MPI after raw MPI, 8-32 MiB at world 2; the cause is unknown), so with every table in
+  // one turn, whichever MPI table followed the Gloo ones paid for them in every round. Each
+  // round starts one table later than the one before, so no table of a family is always
+  // measured first.
   long interleaved_tables(const std::vector<Target*>& targets, Op op) {
     const double budget = flags_.budget_ms / 1e3 / flags_.rounds;
     std::vector<std::vector<Target*>> families;
