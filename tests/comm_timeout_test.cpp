@@ -3,7 +3,10 @@
 // number. Ranks are threads here, joined through an in-memory store.
 
 #include <doctest/doctest.h>
+#include <sched.h>
 
+#include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <future>
@@ -219,6 +222,41 @@ TEST_CASE("a communicator's worker thread is named accel-comm") {
   const int before = named_threads();
   auto comm = create_communicator("local", CommOptions{});
   CHECK(named_threads() == before + 1);
+}
+
+// Gloo's event-loop thread must not preempt a caller that holds a pair's lock: it would spin
+// until the next tick (backends/comm/gloo/tcp_device.hpp).
+TEST_CASE("gloo's event-loop thread is named accel-gloo-io and runs SCHED_BATCH") {
+  if (test::skip_unless(communicator_available("gloo"), "gloo communicator not built")) return;
+  const auto loop_threads = [] {
+    std::vector<int> ids;
+    for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
+      std::ifstream comm(task.path() / "comm");
+      std::string name;
+      std::getline(comm, name);
+      if (name == "accel-gloo-io") ids.push_back(std::stoi(task.path().filename().string()));
+    }
+    return ids;
+  };
+  const auto policy_of_new_loop_thread = [&] {
+    const std::vector<int> before = loop_threads();
+    auto store = std::make_shared<MemoryStore>();
+    auto rank1 = std::async(std::launch::async, [&] {
+      return create_communicator("gloo", options_for(1, 2, store, 5000ms));
+    });
+    auto rank0 = create_communicator("gloo", options_for(0, 2, store, 5000ms));
+    auto peer = rank1.get();
+    std::vector<int> policies;
+    for (int id : loop_threads())
+      if (std::find(before.begin(), before.end(), id) == before.end())
+        policies.push_back(sched_getscheduler(id));
+    return policies;
+  };
+  CHECK(policy_of_new_loop_thread() == std::vector<int>{SCHED_BATCH, SCHED_BATCH});
+  setenv("ACCEL_GLOO_LOOP_BATCH", "0", 1);
+  const std::vector<int> policies = policy_of_new_loop_thread();
+  unsetenv("ACCEL_GLOO_LOOP_BATCH");
+  CHECK(policies == std::vector<int>{SCHED_OTHER, SCHED_OTHER});
 }
 
 TEST_CASE("mismatched shapes are rejected at the call, naming what was wrong") {

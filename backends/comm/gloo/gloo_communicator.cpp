@@ -8,7 +8,6 @@
 #include <gloo/broadcast.h>
 #include <gloo/common/error.h>
 #include <gloo/rendezvous/context.h>
-#include <gloo/transport/tcp/device.h>
 #include <gloo/types.h>
 
 #include <algorithm>
@@ -16,6 +15,7 @@
 #include <thread>
 
 #include "backends/comm/gloo/gloo_store_adapter.hpp"
+#include "backends/comm/gloo/tcp_device.hpp"
 #include "core/env_value.hpp"
 #include "core/error.hpp"
 #include "core/prefix_store.hpp"
@@ -93,9 +93,7 @@ GlooCommunicator::GlooCommunicator(const CommOptions& options)
                        std::to_string(world_size()) + " to join");
   }
 
-  gloo::transport::tcp::attr attr;
-  attr.hostname = options.hostname;
-  device_ = gloo::transport::tcp::CreateDevice(attr);
+  device_ = make_tcp_device(options.hostname);
   auto context = std::make_shared<gloo::rendezvous::Context>(rank(), world_size());
   context->setTimeout(options.timeout);
   GlooStoreAdapter adapter(store_, options.timeout);

@@ -30,9 +30,9 @@ class GlooCommunicator final : public Communicator {
   // experiments. Gloo's calls carry their own timeouts, so running them inline keeps that.
   static constexpr std::size_t kInlineBytes = 256 * 1024;
 
-  // The TCP device this group's pairs run on: one event-loop thread, which hands every
-  // message to the waiting caller. comm_bench connects its raw Gloo baseline on it, so both
-  // are measured under the same thread placement (bench/README, comm_bench's caveats).
+  // The TCP device this group's pairs run on (tcp_device.hpp): one event-loop thread, which
+  // hands every message to the waiting caller. comm_bench can connect its raw Gloo baseline
+  // on it (--raw_gloo_device shared), so that a ratio shows only what this class adds.
   const std::shared_ptr<gloo::transport::Device>& transport_device() const { return device_; }
 
  protected:
