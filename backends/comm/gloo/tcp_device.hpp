@@ -7,7 +7,7 @@
 // fails to take the lock (Pair::handleEvents only try-locks) and polls again at once: the data
 // is still there. On a shared core it spins like that until the scheduler's tick (4 ms at
 // HZ=250) lets the caller run and release the lock. That was Gloo's coin toss on the 2-core VM:
-// a 32 KiB all_reduce took 3.6-4.4 ms with each rank bound to one core, 0.3-4.3 ms unbound,
+// a 32 KiB all_reduce took 3.5-4.4 ms with each rank bound to one core, 0.3-4 ms unbound,
 // depending on where the threads landed (bench/README, "Gloo's event-loop thread").
 //
 // SCHED_BATCH takes wakeup preemption away from that one thread; it still gets its full share
