@@ -238,7 +238,8 @@ TEST_CASE("gloo's event-loop thread is named accel-gloo-io and runs SCHED_BATCH"
     }
     return ids;
   };
-  const auto policy_of_new_loop_thread = [&] {
+  // The scheduling policies of the loop threads that making two ranks' communicators started.
+  const auto policies_of_new_loop_threads = [&] {
     const std::vector<int> before = loop_threads();
     auto store = std::make_shared<MemoryStore>();
     auto rank1 = std::async(std::launch::async, [&] {
@@ -252,9 +253,10 @@ TEST_CASE("gloo's event-loop thread is named accel-gloo-io and runs SCHED_BATCH"
         policies.push_back(sched_getscheduler(id));
     return policies;
   };
-  CHECK(policy_of_new_loop_thread() == std::vector<int>{SCHED_BATCH, SCHED_BATCH});
+  unsetenv("ACCEL_GLOO_LOOP_BATCH");  // the default
+  CHECK(policies_of_new_loop_threads() == std::vector<int>{SCHED_BATCH, SCHED_BATCH});
   setenv("ACCEL_GLOO_LOOP_BATCH", "0", 1);
-  const std::vector<int> policies = policy_of_new_loop_thread();
+  const std::vector<int> policies = policies_of_new_loop_threads();
   unsetenv("ACCEL_GLOO_LOOP_BATCH");
   CHECK(policies == std::vector<int>{SCHED_OTHER, SCHED_OTHER});
 }
