@@ -32,6 +32,18 @@ CommOptions options_for(int rank, int world, StorePtr store, Milliseconds timeou
   return o;
 }
 
+// The ids of this process's threads named `name` (/proc/self/task/<id>/comm).
+std::vector<int> threads_named(const std::string& name) {
+  std::vector<int> ids;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
+    std::ifstream comm(task.path() / "comm");
+    std::string line;
+    std::getline(comm, line);
+    if (line == name) ids.push_back(std::stoi(task.path().filename().string()));
+  }
+  return ids;
+}
+
 // A host communicator whose peer (rank 1) stops answering at the second operation: #1 takes
 // 200 ms, #2 waits out the timeout and fails as a backend does, naming rank 1.
 class PeerStopsAnswering final : public Communicator {
@@ -207,40 +219,20 @@ TEST_CASE("the world of one completes every operation through the same interface
 
 // So top -H, perf sched and gdb tell the communicator's thread from the application's.
 TEST_CASE("a communicator's worker thread is named accel-comm") {
-  const auto named_threads = [] {
-    int n = 0;
-    for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
-      std::ifstream comm(task.path() / "comm");
-      std::string name;
-      std::getline(comm, name);
-      n += name == "accel-comm";
-    }
-    return n;
-  };
   // A worker joined by an earlier test case may leave /proc/self/task a moment after the join.
   std::this_thread::sleep_for(50ms);
-  const int before = named_threads();
+  const std::size_t before = threads_named("accel-comm").size();
   auto comm = create_communicator("local", CommOptions{});
-  CHECK(named_threads() == before + 1);
+  CHECK(threads_named("accel-comm").size() == before + 1);
 }
 
 // Gloo's event-loop thread must not preempt a caller that holds a pair's lock: it would spin
 // until the next tick (backends/comm/gloo/tcp_device.hpp).
 TEST_CASE("gloo's event-loop thread is named accel-gloo-io and runs SCHED_BATCH") {
   if (test::skip_unless(communicator_available("gloo"), "gloo communicator not built")) return;
-  const auto loop_threads = [] {
-    std::vector<int> ids;
-    for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
-      std::ifstream comm(task.path() / "comm");
-      std::string name;
-      std::getline(comm, name);
-      if (name == "accel-gloo-io") ids.push_back(std::stoi(task.path().filename().string()));
-    }
-    return ids;
-  };
   // The scheduling policies of the loop threads that making two ranks' communicators started.
-  const auto policies_of_new_loop_threads = [&] {
-    const std::vector<int> before = loop_threads();
+  const auto policies_of_new_loop_threads = [] {
+    const std::vector<int> before = threads_named("accel-gloo-io");
     auto store = std::make_shared<MemoryStore>();
     auto rank1 = std::async(std::launch::async, [&] {
       return create_communicator("gloo", options_for(1, 2, store, 5000ms));
@@ -248,7 +240,7 @@ TEST_CASE("gloo's event-loop thread is named accel-gloo-io and runs SCHED_BATCH"
     auto rank0 = create_communicator("gloo", options_for(0, 2, store, 5000ms));
     auto peer = rank1.get();
     std::vector<int> policies;
-    for (int id : loop_threads())
+    for (int id : threads_named("accel-gloo-io"))
       if (std::find(before.begin(), before.end(), id) == before.end())
         policies.push_back(sched_getscheduler(id));
     return policies;
