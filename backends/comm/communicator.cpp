@@ -180,8 +180,7 @@ void Communicator::worker_loop() {
         continue;
       }
       if (queue_.empty()) return;  // stopping, drained, nothing in flight
-      if (claimable_seq_ != 0 && !stopping_ &&
-          std::chrono::steady_clock::now() < claim_until_) {
+      if (claimable_seq_ != 0 && !stopping_ && std::chrono::steady_clock::now() < claim_until_) {
         // Its waiter may still run it (run_for_waiter): the wake is set for the window's end,
         // sooner when another operation is queued, and taken back when the waiter runs it.
         lock.unlock();
@@ -260,7 +259,7 @@ void Communicator::execute(const WorkPtr& work, const Run& run, const OperationL
   current_deadline_ = tick_now() + timeout_;
   if (!inline_run) {
     work->claimable_by_.store(nullptr, std::memory_order_relaxed);  // started: nothing to claim
-    work->started(current_deadline_);                              // for a caller already waiting
+    work->started(current_deadline_);                               // for a caller already waiting
   }
   std::string missing_text;  // "; ranks not heard from: [1]" after a timeout that knows them
   try {
@@ -336,7 +335,8 @@ WorkPtr Communicator::enqueue(OperationLabel label, std::size_t payload_bytes, R
   }
   // The waiter's claim (see the top of communicator.hpp): only for an operation that would
   // have run inline but for its size, so the worker is idle and nothing else is queued.
-  const bool claimable = inline_enabled_ && claim_window_.count() > 0 && queue_.empty() && !running_;
+  const bool claimable =
+      inline_enabled_ && claim_window_.count() > 0 && queue_.empty() && !running_;
   queue_.push_back([this, work, run = std::move(run), label, inputs = std::move(inputs)] {
     execute(work, run, label, inputs, /*inline_run=*/false);
   });
