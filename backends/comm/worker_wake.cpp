@@ -15,11 +15,6 @@
 namespace accel {
 namespace {
 
-[[noreturn]] void fail(const char* call) {
-  throw CommError(std::string("the communicator's worker wake-up: ") + call +
-                  " failed: " + std::strerror(errno));
-}
-
 timespec to_timespec(std::chrono::nanoseconds ns) {
   const auto s = std::chrono::duration_cast<std::chrono::seconds>(ns);
   return timespec{static_cast<time_t>(s.count()), static_cast<long>((ns - s).count())};
@@ -28,34 +23,37 @@ timespec to_timespec(std::chrono::nanoseconds ns) {
 }  // namespace
 
 WorkerWake::WorkerWake() : fd_(timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK)) {
-  if (fd_ < 0) fail("timerfd_create");
+  if (fd_ < 0)
+    throw CommError(std::string("a communicator's worker thread needs a timer: timerfd_create "
+                                "failed: ") +
+                    std::strerror(errno));
 }
 
 WorkerWake::~WorkerWake() { ::close(fd_); }
 
-void WorkerWake::set(Clock::time_point when) {
+void WorkerWake::set(Clock::time_point when) noexcept {
   itimerspec spec{};
   spec.it_value = to_timespec(when.time_since_epoch());
   // An absolute time already past fires at once; {0, 0} would disarm instead.
   if (spec.it_value.tv_sec == 0 && spec.it_value.tv_nsec == 0) spec.it_value.tv_nsec = 1;
-  if (timerfd_settime(fd_, TFD_TIMER_ABSTIME, &spec, nullptr) != 0) fail("timerfd_settime");
+  timerfd_settime(fd_, TFD_TIMER_ABSTIME, &spec, nullptr);
 }
 
-void WorkerWake::now() { set(Clock::time_point(Clock::duration(1))); }
+void WorkerWake::now() noexcept { set(Clock::time_point(Clock::duration(1))); }
 
-void WorkerWake::at(Clock::time_point when) { set(when); }
+void WorkerWake::at(Clock::time_point when) noexcept { set(when); }
 
-void WorkerWake::cancel() {
+void WorkerWake::cancel() noexcept {
   // Disarming also drops an expiry not yet read (the kernel resets the count).
   const itimerspec off{};
-  if (timerfd_settime(fd_, 0, &off, nullptr) != 0) fail("timerfd_settime");
+  timerfd_settime(fd_, 0, &off, nullptr);
 }
 
-void WorkerWake::sleep(std::optional<Clock::duration> timeout) {
+void WorkerWake::sleep(std::optional<Clock::duration> timeout) noexcept {
   pollfd p{fd_, POLLIN, 0};
   timespec limit{};
   if (timeout) limit = to_timespec(std::max(*timeout, Clock::duration::zero()));
-  if (ppoll(&p, 1, timeout ? &limit : nullptr, nullptr) < 0 && errno != EINTR) fail("ppoll");
+  ppoll(&p, 1, timeout ? &limit : nullptr, nullptr);
   std::uint64_t expiries = 0;
   // Consumes the wake; EAGAIN when it timed out, or a cancel() came between poll and read.
   (void)!::read(fd_, &expiries, sizeof expiries);

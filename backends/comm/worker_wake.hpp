@@ -7,7 +7,9 @@
 //
 // now(), at() and cancel() are called with the communicator's lock held, so they apply in one
 // order; sleep() is the worker's, without the lock, and returns on any wake (or spuriously):
-// the worker checks its state again after every return.
+// the worker checks its state again after every return. None of them throws: with the
+// descriptor made and valid arguments the kernel refuses nothing but an interrupted poll, and
+// a poll that fails otherwise only returns early.
 
 #include <chrono>
 #include <optional>
@@ -18,20 +20,20 @@ class WorkerWake {
  public:
   using Clock = std::chrono::steady_clock;  // CLOCK_MONOTONIC, as the timerfd's
 
-  WorkerWake();  // throws CommError naming the system call when the kernel refuses the timer
+  WorkerWake();  // CommError when the kernel gives no timer (out of descriptors)
   ~WorkerWake();
   WorkerWake(const WorkerWake&) = delete;
   WorkerWake& operator=(const WorkerWake&) = delete;
 
-  void now();                  // the sleeper returns at once (or the next sleep does)
-  void at(Clock::time_point);  // ... once this time has come; replaces any earlier setting
-  void cancel();               // takes back a wake that has not been slept through yet
+  void now() noexcept;                  // the sleeper returns at once (or the next sleep does)
+  void at(Clock::time_point) noexcept;  // ... once this time has come; replaces any earlier setting
+  void cancel() noexcept;               // takes back a wake that has not been slept through yet
 
   // Returns when woken, or after `timeout` when given.
-  void sleep(std::optional<Clock::duration> timeout = std::nullopt);
+  void sleep(std::optional<Clock::duration> timeout = std::nullopt) noexcept;
 
  private:
-  void set(Clock::time_point when);
+  void set(Clock::time_point when) noexcept;
   int fd_ = -1;
 };
 
