@@ -9,7 +9,7 @@
 #include <thread>
 #include <vector>
 
-#include "backends/comm/communicator.hpp"
+#include "tests/support/communicator_double.hpp"
 
 using namespace accel;
 using namespace std::chrono_literals;
@@ -23,14 +23,13 @@ constexpr Milliseconds kTimeout = 5000ms;
 const bool kLongWindow = setenv("ACCEL_COMM_CLAIM_US", "1000000", 1) == 0;
 
 // Inline up to 64 bytes, so the 4 KiB operations below are queued.
-class RecordsThread final : public Communicator {
+class RecordsThread final : public test::CommunicatorDouble {
  public:
-  RecordsThread() : Communicator(0, 2, kTimeout) {
+  RecordsThread() : CommunicatorDouble(0, 2, kTimeout) {
     REQUIRE(kLongWindow);
     set_inline_max_bytes(64);
   }
   ~RecordsThread() override { stop_worker(); }
-  std::string_view backend_name() const override { return "double"; }
 
   std::vector<std::thread::id> ran_on() const {
     std::lock_guard lock(mutex_);
@@ -40,12 +39,6 @@ class RecordsThread final : public Communicator {
  protected:
   void run_all_reduce(Buffer, ReduceOp, Milliseconds) override { record(); }
   void run_broadcast(Buffer, int, Milliseconds) override { record(); }
-  void run_all_gather(Buffer, Buffer, const std::vector<Shard>&, Milliseconds) override {}
-  void run_reduce_scatter(Buffer, Buffer, ReduceOp, const std::vector<Shard>&,
-                          Milliseconds) override {}
-  void run_barrier(Milliseconds) override {}
-  void run_send(Buffer, int, std::uint32_t, Milliseconds) override {}
-  void run_recv(Buffer, int, std::uint32_t, Milliseconds) override {}
 
  private:
   void record() {

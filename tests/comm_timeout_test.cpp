@@ -16,6 +16,7 @@
 #include "backends/comm/registry.hpp"
 #include "core/error.hpp"
 #include "core/memory_store.hpp"
+#include "tests/support/communicator_double.hpp"
 #include "tests/support/skip.hpp"
 
 using namespace accel;
@@ -46,11 +47,10 @@ std::vector<int> threads_named(const std::string& name) {
 
 // A host communicator whose peer (rank 1) stops answering at the second operation: #1 takes
 // 200 ms, #2 waits out the timeout and fails as a backend does, naming rank 1.
-class PeerStopsAnswering final : public Communicator {
+class PeerStopsAnswering final : public test::CommunicatorDouble {
  public:
-  explicit PeerStopsAnswering(Milliseconds timeout) : Communicator(0, 2, timeout) {}
+  explicit PeerStopsAnswering(Milliseconds timeout) : CommunicatorDouble(0, 2, timeout) {}
   ~PeerStopsAnswering() override { stop_worker(); }
-  std::string_view backend_name() const override { return "double"; }
 
  protected:
   void run_barrier(Milliseconds) override { std::this_thread::sleep_for(200ms); }
@@ -58,12 +58,6 @@ class PeerStopsAnswering final : public Communicator {
     std::this_thread::sleep_for(timeout);
     throw TimeoutError("peer silent");
   }
-  void run_broadcast(Buffer, int, Milliseconds) override {}
-  void run_all_gather(Buffer, Buffer, const std::vector<Shard>&, Milliseconds) override {}
-  void run_reduce_scatter(Buffer, Buffer, ReduceOp, const std::vector<Shard>&,
-                          Milliseconds) override {}
-  void run_send(Buffer, int, std::uint32_t, Milliseconds) override {}
-  void run_recv(Buffer, int, std::uint32_t, Milliseconds) override {}
   std::vector<int> ranks_not_heard_from(std::uint64_t) override { return {1}; }
 };
 

@@ -17,6 +17,7 @@
 #include "backends/comm/communicator.hpp"
 #include "core/device_memory.hpp"
 #include "core/error.hpp"
+#include "tests/support/communicator_double.hpp"
 #include "tests/support/staging.hpp"
 
 using namespace accel;
@@ -50,12 +51,11 @@ class FakeCompletion final : public DeviceCompletion {
 };
 
 // A world of one whose all_reduce launches and defers its completion, as NCCL does.
-class LaunchingCommunicator final : public Communicator {
+class LaunchingCommunicator final : public test::CommunicatorDouble {
  public:
   LaunchingCommunicator(FakeDevice& device, Milliseconds timeout)
-      : Communicator(0, 1, timeout), device_(device) {}
+      : CommunicatorDouble(0, 1, timeout), device_(device) {}
   ~LaunchingCommunicator() override { stop_worker(); }
-  std::string_view backend_name() const override { return "launching-test-double"; }
 
  protected:
   std::shared_ptr<void> on_issue(DeviceStream compute_stream) override {
@@ -69,13 +69,6 @@ class LaunchingCommunicator final : public Communicator {
     ++device_.launched;
     defer_completion(std::make_shared<FakeCompletion>(device_, number));
   }
-  void run_broadcast(Buffer, int, Milliseconds) override {}
-  void run_all_gather(Buffer, Buffer, const std::vector<Shard>&, Milliseconds) override {}
-  void run_reduce_scatter(Buffer, Buffer, ReduceOp, const std::vector<Shard>&,
-                          Milliseconds) override {}
-  void run_barrier(Milliseconds) override {}
-  void run_send(Buffer, int, std::uint32_t, Milliseconds) override {}
-  void run_recv(Buffer, int, std::uint32_t, Milliseconds) override {}
 
  private:
   FakeDevice& device_;
