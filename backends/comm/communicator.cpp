@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <sstream>
 
-#include "core/env_value.hpp"
 #include "core/error.hpp"
 
 namespace accel {
@@ -42,17 +41,8 @@ std::chrono::steady_clock::time_point tick_now() {
 }
 }  // namespace
 
-namespace {
-// kClaimWindow, or ACCEL_COMM_CLAIM_US (experiments).
-std::chrono::steady_clock::duration claim_window() {
-  static const std::chrono::microseconds window{
-      env_uint("ACCEL_COMM_CLAIM_US", Communicator::kClaimWindow.count(), 0, 1000000)};
-  return window;
-}
-}  // namespace
-
 Communicator::Communicator(int rank, int world_size, Milliseconds timeout)
-    : rank_(rank), world_size_(world_size), timeout_(timeout), claim_window_(claim_window()) {
+    : rank_(rank), world_size_(world_size), timeout_(timeout) {
   ACCEL_CHECK_ARG(world_size >= 1,
                   "world size must be at least 1, got " + std::to_string(world_size));
   ACCEL_CHECK_ARG(
@@ -70,8 +60,8 @@ void Communicator::stop_worker() noexcept {
     std::lock_guard lock(mutex_);
     if (stopping_ && !worker_.joinable()) return;
     stopping_ = true;
-    wake_.now();
   }
+  queue_cv_.notify_all();
   if (worker_.joinable()) worker_.join();
 }
 
@@ -167,27 +157,16 @@ void Communicator::worker_loop() {
           pause = std::chrono::microseconds(0);
           continue;
         }
+        lock.lock();
         if (std::chrono::steady_clock::now() - idle_since > kSpin) {
           pause = std::clamp(pause * 2, std::chrono::microseconds(20), kMaxPause);
-          wake_.sleep(pause);  // or until an operation is queued
+          queue_cv_.wait_for(lock, pause, [&] { return !running_ && !queue_.empty(); });
         }
         continue;
       }
       // An inline operation may be running on a caller's thread: queued ones wait for it.
-      if (running_ || (queue_.empty() && !stopping_)) {
-        lock.unlock();
-        wake_.sleep();
-        continue;
-      }
+      queue_cv_.wait(lock, [&] { return !running_ && (stopping_ || !queue_.empty()); });
       if (queue_.empty()) return;  // stopping, drained, nothing in flight
-      if (claimable_seq_ != 0 && !stopping_ && std::chrono::steady_clock::now() < claim_until_) {
-        // Its waiter may still run it (run_for_waiter): the wake is set for the window's end,
-        // sooner when another operation is queued, and taken back when the waiter runs it.
-        lock.unlock();
-        wake_.sleep();
-        continue;
-      }
-      claimable_seq_ = 0;
       task = std::move(queue_.front());
       queue_.pop_front();
       running_ = true;
@@ -197,30 +176,11 @@ void Communicator::worker_loop() {
       std::lock_guard lock(mutex_);
       running_ = false;
     }
+    queue_cv_.notify_all();
     // A freshly launched operation: poll it with the short spin first.
     idle_since = std::chrono::steady_clock::now();
     pause = std::chrono::microseconds(0);
   }
-}
-
-void Communicator::run_for_waiter(std::uint64_t seq, Milliseconds wait_timeout) {
-  if (wait_timeout < timeout_) return;
-  std::function<void()> task;
-  {
-    std::lock_guard lock(mutex_);
-    // Claimable means alone in the queue and not taken by the worker.
-    if (claimable_seq_ != seq || running_ || queue_.size() != 1) return;
-    claimable_seq_ = 0;
-    task = std::move(queue_.front());
-    queue_.pop_front();
-    running_ = true;
-    // The worker sleeps through the rest of the window: nothing is left for it.
-    wake_.cancel();
-  }
-  task();
-  std::lock_guard lock(mutex_);
-  running_ = false;
-  if (!queue_.empty()) wake_.now();  // queued by another thread meanwhile
 }
 
 std::string Communicator::broken_reason() const {
@@ -257,10 +217,7 @@ void Communicator::execute(const WorkPtr& work, const Run& run, const OperationL
   deferred_.reset();
   // The one clock read of an operation: backends watch this deadline (current_deadline()).
   current_deadline_ = tick_now() + timeout_;
-  if (!inline_run) {
-    work->claimable_by_.store(nullptr, std::memory_order_relaxed);  // started: nothing to claim
-    work->started(current_deadline_);                               // for a caller already waiting
-  }
+  if (!inline_run) work->started(current_deadline_);  // for a caller already waiting
   std::string missing_text;  // "; ranks not heard from: [1]" after a timeout that knows them
   try {
     run(timeout_);
@@ -330,24 +287,15 @@ WorkPtr Communicator::enqueue(OperationLabel label, std::size_t payload_bytes, R
     // nothing costs a context switch per operation, more than a 4 KiB all-reduce itself when
     // the ranks keep every core busy (perf: futex wake and task switch, about half of an MPI
     // 4 KiB all-reduce's time at world 2).
-    if (!queue_.empty()) wake_.now();
+    const bool queued = !queue_.empty();
+    lock.unlock();
+    if (queued) queue_cv_.notify_all();
     return work;
   }
-  // The waiter's claim (see the top of communicator.hpp): only for an operation that would
-  // have run inline but for its size, so the worker is idle and nothing else is queued.
-  const bool claimable =
-      inline_enabled_ && claim_window_.count() > 0 && queue_.empty() && !running_;
   queue_.push_back([this, work, run = std::move(run), label, inputs = std::move(inputs)] {
     execute(work, run, label, inputs, /*inline_run=*/false);
   });
-  claimable_seq_ = claimable ? label.seq : 0;  // one queued behind it ends the window
-  if (claimable) {
-    claim_until_ = std::chrono::steady_clock::now() + claim_window_;
-    work->claimable_by_.store(this, std::memory_order_relaxed);
-    wake_.at(claim_until_);
-  } else {
-    wake_.now();
-  }
+  queue_cv_.notify_all();
   return work;
 }
 

@@ -15,16 +15,6 @@
 // blocked until the peers joined, so a caller must not make a peer's arrival at the same
 // operation depend on something it does between issuing the operation and waiting for it.
 //
-// The waiter's claim (the same backends, for operations too big to run inline): an operation
-// queued while the worker is idle and nothing else is queued may be run by the thread that
-// waits for it, if that wait comes within the claim window (kClaimWindow, 100 us); the worker
-// starts it only once the window has passed, or at once when another operation is queued
-// behind it. A caller that waits right away (a blocking collective, the last bucket of a
-// backward pass) so skips both hand-offs, which at world 2 on two cores cost up to a third of
-// an 8 MiB MPI all-reduce (bench/README); a caller that goes on computing keeps the overlap,
-// its operation starting at most a window later. ACCEL_COMM_CLAIM_US overrides the window
-// (0: the worker starts every queued operation at once), for experiments.
-//
 // Shapes:
 //   all_reduce(data, op)           in place, any count (0 included)
 //   broadcast(data, root)          in place
@@ -59,7 +49,7 @@
 //     unusable afterwards, and every later wait says so.
 
 #include <atomic>
-#include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -71,7 +61,6 @@
 #include <vector>
 
 #include "backends/comm/work.hpp"
-#include "backends/comm/worker_wake.hpp"
 #include "core/device_memory.hpp"
 #include "core/dtype.hpp"
 #include "core/reduce.hpp"
@@ -152,9 +141,6 @@ class Communicator {
   std::uint64_t bus_bytes() const { return bus_bytes_.load(std::memory_order_relaxed); }
   void reset_bus_bytes() { bus_bytes_.store(0, std::memory_order_relaxed); }
 
-  // How long a queued operation waits for its waiter to claim it (see the top of this file).
-  static constexpr std::chrono::microseconds kClaimWindow{100};
-
  protected:
   // Backends implement these synchronously; they run on the worker thread. Each must give
   // up after `timeout`, throwing TimeoutError. avg arrives as avg: a backend without a native
@@ -232,12 +218,6 @@ class Communicator {
   std::vector<Shard> parts_of(const char* op, const std::vector<std::size_t>& counts,
                               std::size_t total) const;
   void worker_loop();
-  // Work::wait's claim: runs operation `seq` on the calling thread if it is still the one
-  // claimable operation (see the top of this file); otherwise the worker has it. Not for a
-  // wait shorter than the operation's own timeout: that caller expects its own TimeoutError
-  // on time, not to be held for as long as the operation may take.
-  void run_for_waiter(std::uint64_t seq, Milliseconds wait_timeout);
-  friend class Work;
   // Worker thread: finishes launched device operations that completed, failed or timed out,
   // in launch order; returns whether any did.
   bool poll_in_flight();
@@ -257,7 +237,7 @@ class Communicator {
   const Milliseconds timeout_;
 
   mutable std::mutex mutex_;
-  WorkerWake wake_;  // the worker's; set with mutex_ held
+  std::condition_variable queue_cv_;
   std::deque<std::function<void()>> queue_;
   std::uint64_t next_seq_ = 1;
   WorkPtr last_work_;  // new_work's: the last operation's Work, reused once nobody else holds it
@@ -268,10 +248,6 @@ class Communicator {
   std::chrono::steady_clock::time_point current_deadline_;  // as current_label_
   bool inline_enabled_ = false;
   std::size_t inline_max_bytes_ = 0;
-  const std::chrono::steady_clock::duration claim_window_;
-  // The queued operation a waiter may still run itself (0: none), until claim_until_.
-  std::uint64_t claimable_seq_ = 0;
-  std::chrono::steady_clock::time_point claim_until_;
   std::string broken_;                  // first failure; later operations fail fast with it
   std::atomic<bool> is_broken_{false};  // set with broken_, under mutex_
   DeviceStream compute_stream_ = nullptr;

@@ -1,6 +1,5 @@
 #include "backends/comm/work.hpp"
 
-#include "backends/comm/communicator.hpp"
 #include "core/error.hpp"
 
 namespace accel {
@@ -54,18 +53,11 @@ bool Work::wait_for_verdict(std::unique_lock<std::mutex>& lock, std::chrono::mil
   return ok;
 }
 
-void Work::claim(std::chrono::milliseconds timeout) {
-  if (claimable_by_.load(std::memory_order_relaxed) == nullptr) return;
-  if (Communicator* comm = claimable_by_.exchange(nullptr, std::memory_order_relaxed))
-    comm->run_for_waiter(label_.seq, timeout);
-}
-
 void Work::wait(std::chrono::milliseconds timeout) {
   if (done_.load(std::memory_order_acquire)) {
     if (error_) std::rethrow_exception(error_);
     return;
   }
-  claim(timeout);
   std::unique_lock lock(mutex_);
   if (!wait_for_verdict(lock, timeout, [&] { return done_.load(std::memory_order_relaxed); }))
     throw TimeoutError(description() + " did not complete within " +
@@ -74,7 +66,6 @@ void Work::wait(std::chrono::milliseconds timeout) {
 }
 
 void Work::wait_stream(DeviceStream stream, std::chrono::milliseconds timeout) {
-  claim(timeout);
   std::shared_ptr<DeviceCompletion> completion;
   {
     std::unique_lock lock(mutex_);
@@ -121,7 +112,6 @@ void Work::reuse(const OperationLabel& label) {
   error_ = nullptr;
   completion_.reset();
   deadline_.reset();
-  claimable_by_.store(nullptr, std::memory_order_relaxed);
   done_.store(false, std::memory_order_relaxed);
 }
 

@@ -23,8 +23,6 @@
 
 namespace accel {
 
-class Communicator;
-
 // What a device backend hands the worker when its run_* only launched the operation on the
 // backend's own stream: the worker polls it until the operation finished (the Work then
 // finishes), a caller's stream may be ordered after it meanwhile.
@@ -111,10 +109,6 @@ class Work {
   template <typename Ready>
   bool wait_for_verdict(std::unique_lock<std::mutex>& lock, std::chrono::milliseconds timeout,
                         Ready ready);
-  // Runs the operation on this thread if its communicator still lets the waiter claim it
-  // (Communicator::run_for_waiter) and the wait may last as long as the operation may.
-  void claim(std::chrono::milliseconds timeout);
-  friend class Communicator;
 
   OperationLabel label_;
   mutable std::mutex mutex_;
@@ -127,8 +121,6 @@ class Work {
   std::exception_ptr error_;
   std::shared_ptr<DeviceCompletion> completion_;  // while launched and not finished
   std::optional<std::chrono::steady_clock::time_point> deadline_;  // once started
-  // Set by the communicator while a waiter may run the operation itself; cleared as it starts.
-  std::atomic<Communicator*> claimable_by_{nullptr};
 };
 
 using WorkPtr = std::shared_ptr<Work>;
