@@ -1,8 +1,8 @@
 #pragma once
 // The base of a unit test's Communicator double: a world of `world_size` in which every
-// operation succeeds at once and moves nothing. A double overrides what its test watches; its
-// destructor calls stop_worker() first, as every backend's does, so the worker never runs an
-// operation on a half-destroyed double.
+// operation succeeds at once and moves nothing. A double overrides what its test watches, and
+// its own destructor calls stop_worker() first, as every backend's does, so the worker never
+// runs an operation on a half-destroyed double.
 
 #include <string_view>
 
@@ -14,6 +14,7 @@ class CommunicatorDouble : public Communicator {
  public:
   CommunicatorDouble(int rank, int world_size, Milliseconds timeout)
       : Communicator(rank, world_size, timeout) {}
+  ~CommunicatorDouble() override { stop_worker(); }
   std::string_view backend_name() const override { return "double"; }
 
  protected:
