@@ -4,8 +4,9 @@
 # met with its figure:
 #   1 communicators  comm_bench at world 2 and 4: gloo and mpi against raw Gloo and raw MPI,
 #                    every operation, 4 KiB to 256 MiB, ours and raw taking turns per size
-#                    (--rounds; the log holds every round): raw time / our time, the median
-#                    of the rounds' ratios, at least 0.9 everywhere. Beside it the
+#                    (--rounds; the log holds every round): raw time / our time, the mean
+#                    of the rounds' ratios without the highest and lowest, at least 0.9
+#                    everywhere. Beside it the
 #                    control: each raw library measured twice in the same turns, raw against
 #                    raw, whose cells below 0.9 are what noise alone does to a ratio here
 #   2 DDP            run_step_bench.sh: world-2 DDP over shm (the communicator `auto` picks

@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """Checks comm_bench's ratio lines against its own rounds (--rounds N --print_rounds 1).
 
-Every printed cell "SIZE RATIO" of a line "ratio OURS/RAW OP: ..." must be the median over
-the rounds of raw time / our time, the two times of one round paired (bench/README,
-"Pairing the rounds"). Exits 1 naming the first cell that is not, or when no cell was found.
+Every printed cell "SIZE RATIO" of a line "ratio OURS/RAW OP: ..." must be the mean over the
+rounds of raw time / our time, the two times of one round paired, without the highest and
+the lowest ratio (bench/README, "Pairing the rounds"). Exits 1 naming the first cell that is
+not, or when no cell was found.
   check_paired_ratios.py LOG
 """
 import re
@@ -30,15 +31,18 @@ def main(path):
         elif m := re.match(r"ratio (\S+)/(\S+) (\S+):(.*)", line):
             ours, raw, op, cells = m.groups()
             for size, printed in re.findall(r" (\S+) ([0-9.]+) \(raw ", cells):
+                if (ours, op, size) not in rounds or (raw, op, size) not in rounds:
+                    sys.exit(f"{path}: {ours}/{raw} {op} {size}: printed without its rounds")
                 o, r = rounds[(ours, op, size)], rounds[(raw, op, size)]
-                want = statistics.median(b / a for a, b in zip(o, r))
+                each = sorted(b / a for a, b in zip(o, r))
+                want = statistics.mean(each[1:-1] if len(each) > 2 else each)
                 if len(o) < 2 or len(o) != len(r) or abs(float(printed) - want) > 0.0051:
-                    sys.exit(f"{path}: {ours}/{raw} {op} {size}: printed {printed}, the median "
-                             f"of the rounds' ratios is {want:.4f} (ours {o}, raw {r})")
+                    sys.exit(f"{path}: {ours}/{raw} {op} {size}: printed {printed}, the trimmed "
+                             f"mean of the rounds' ratios is {want:.4f} (ours {o}, raw {r})")
                 checked += 1
     if checked == 0:
         sys.exit(f"{path}: no ratio cell with its rounds found")
-    print(f"{checked} ratio cells are the median of their rounds' ratios")
+    print(f"{checked} ratio cells are the trimmed mean of their rounds' ratios")
 
 
 if __name__ == "__main__":
