@@ -194,6 +194,21 @@ TEST_CASE("mpi: a collective waiting for its peers holds up no other communicato
   }
 }
 
+TEST_CASE("mpi: a collective after the application's MPI_Finalize is refused, naming why") {
+  if (skip_unless(communicator_available("mpi"), "mpi communicator not built (no libopenmpi-dev)"))
+    return;
+  if (skip_unless(!find_mpirun().empty(), "mpirun not found (openmpi-bin not installed)")) return;
+  // The collectives notice finalisation through a delete callback on MPI_COMM_SELF, which
+  // MPI_Finalize runs first; the watchdogs stop calling MPI there too, so the ranks exit 0.
+  const auto result =
+      run_under_mpirun(2, "comm_collectives_worker", {"--backend", "mpi", "--finalize_first"});
+  INFO(describe(result));
+  REQUIRE_FALSE(result.timed_out);
+  CHECK(result.exit_code() == 0);
+  CHECK(count_in_output(result, "after MPI_Finalize: ") == 2);
+  CHECK(count_in_output(result, "MPI has already been finalised in this process") == 2);
+}
+
 TEST_CASE("the world of one runs the same collectives") {
   expect_all_ranks_pass(run_ranks(1, "comm_collectives_worker", {"--backend", "local"}), 1);
 }

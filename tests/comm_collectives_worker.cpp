@@ -31,6 +31,11 @@
 #include "tests/support/staging.hpp"
 #include "tests/support/typed_values.hpp"
 
+#if ACCEL_TEST_MPI
+#define OMPI_SKIP_MPICXX 1
+#include <mpi.h>
+#endif
+
 using namespace accel;
 using accel::test::get_value;
 using accel::test::OwnedBuffer;
@@ -476,15 +481,37 @@ int two_communicators(Communicator& comm) {
   return wrong == 0 ? 0 : 1;
 }
 
+#if ACCEL_TEST_MPI
+// --finalize_first (mpi): after an all_reduce together, the application calls MPI_Finalize
+// itself, then asks for another. That one must fail with a CommError saying MPI is finalised,
+// and the process must then exit cleanly (no MPI call from our watchdog or destructors).
+// Prints "after MPI_Finalize: <error>" and exits 0.
+int finalize_first(Communicator& comm) {
+  std::vector<float> v(1024, 1.0f);
+  comm.all_reduce(buffer_of(std::span(v)), ReduceOp::sum)->wait();
+  MPI_Finalize();
+  try {
+    comm.all_reduce(buffer_of(std::span(v)), ReduceOp::sum)->wait();
+  } catch (const CommError& e) {
+    std::printf("rank %d: after MPI_Finalize: %s\n", comm.rank(), e.what());
+    return 0;
+  }
+  std::printf("rank %d: an all_reduce after MPI_Finalize did not fail\n", comm.rank());
+  return 1;
+}
+#endif
+
 }  // namespace
 
 int main(int argc, char** argv) {
   ProcessGroupOptions options;
   int kill_rank = -1, absent_rank = -1, fake_hosts = 0;
   bool mismatch = false, two = false;
+  [[maybe_unused]] bool finalize = false;  // --finalize_first, with MPI only
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--symmetric_mismatch") == 0) mismatch = true;
     if (std::strcmp(argv[i], "--two_communicators") == 0) two = true;
+    if (std::strcmp(argv[i], "--finalize_first") == 0) finalize = true;
   }
   for (int i = 1; i + 1 < argc; ++i) {
     if (std::strcmp(argv[i], "--backend") == 0) options.backend = argv[i + 1];
@@ -504,6 +531,9 @@ int main(int argc, char** argv) {
     if (absent_rank >= 0) return absent_from_collective(comm, absent_rank);
     if (mismatch) return symmetric_mismatch(comm);
     if (two) return two_communicators(comm);
+#if ACCEL_TEST_MPI
+    if (finalize) return finalize_first(comm);
+#endif
     const int world = comm.world_size();
     // Odd sizes, sizes smaller than the world, 0 and 1, and one past Gloo's 1 MiB segment.
     const std::vector<std::size_t> counts = {0, 1, 2, 3, 7, 1023, std::size_t(262144 + 3)};

@@ -47,6 +47,10 @@ struct Process {
   // Some operation was given up while MPI still had it in flight: MPI_Finalize (which waits
   // for peers) and MPI_Comm_free are then skipped, so the process can still exit.
   std::atomic<bool> abandoned{false};
+  // Set as MPI_Finalize begins, whoever calls it (watch_finalize): collectives check this
+  // flag rather than MPI_Finalized, which takes Open MPI's bootstrap mutex on every call.
+  std::atomic<bool> finalizing{false};
+  bool finalize_watched = false;
 };
 
 Process& process() {
@@ -101,6 +105,24 @@ void half_reduce(void* in, void* inout, int* len, MPI_Datatype*) {
   reduce_kernel(D, Op)(inout, in, inout, static_cast<std::size_t>(*len));
 }
 
+// MPI_Finalize frees MPI_COMM_SELF before anything else, calling the delete callbacks of its
+// attributes (the MPI standard's way to run code at finalisation), ours or the application's:
+// this one marks the process and stops the watchdogs' MPI calls, as our atexit handler does.
+int on_finalize(MPI_Comm, int, void*, void*) {
+  process().finalizing.store(true, std::memory_order_release);
+  mpi_detail::Watchdog::quiesce();
+  return MPI_SUCCESS;
+}
+
+// Caller holds the process lock; MPI is initialised and not finalised.
+void watch_finalize(Process& p) {
+  if (p.finalize_watched) return;
+  int key = MPI_KEYVAL_INVALID;
+  ACCEL_MPI_CHECK(MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, &on_finalize, &key, nullptr));
+  ACCEL_MPI_CHECK(MPI_Comm_set_attr(MPI_COMM_SELF, key, nullptr));
+  p.finalize_watched = true;
+}
+
 // Caller holds the process lock.
 void initialise_mpi(Process& p) {
   int initialized = 0;
@@ -133,6 +155,7 @@ void initialise_mpi(Process& p) {
                       "MPI_Init_thread(..., MPI_THREAD_MULTIPLE, ...), or let MpiCommunicator "
                       "initialise MPI");
   }
+  watch_finalize(p);
   if (!p.ops_created) {
     ACCEL_MPI_CHECK(MPI_Op_create(&half_reduce<DType::f16, ReduceOp::sum>, 1, &p.half_ops[0][0]));
     ACCEL_MPI_CHECK(MPI_Op_create(&half_reduce<DType::f16, ReduceOp::min>, 1, &p.half_ops[0][1]));
@@ -407,8 +430,8 @@ class Pending {
   std::unique_ptr<Scratch> scratch_;
 };
 
-// Around every blocking collective: refuses once MPI is finalised (the application's
-// MPI_Finalize, or our atexit handler while a leaked communicator's worker still runs), and
+// Around every blocking collective: refuses once MPI_Finalize has begun (the application's,
+// or our atexit handler's while a leaked communicator's worker still runs), and
 // lets the watchdog end the process if the collective outlives the timeout. No process lock:
 // under MPI_THREAD_MULTIPLE communicators run their collectives at once, so one whose peers
 // are late never holds up another's.
@@ -420,9 +443,8 @@ class Collective {
 
  private:
   static bool check_not_finalized() {
-    int finalized = 0;
-    MPI_Finalized(&finalized);
-    if (finalized) throw CommError("MPI has already been finalised in this process");
+    if (process().finalizing.load(std::memory_order_acquire))
+      throw CommError("MPI has already been finalised in this process");
     return true;
   }
   [[maybe_unused]] bool usable_;  // checked before the watch begins
