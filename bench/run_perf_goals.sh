@@ -6,9 +6,9 @@
 #                    every operation, 4 KiB to 256 MiB, ours and raw taking turns per size
 #                    (--rounds; the log holds every round): raw time / our time, the mean
 #                    of the rounds' ratios without the highest and lowest, at least 0.9
-#                    everywhere. Beside it the
-#                    control: each raw library measured twice in the same turns, raw against
-#                    raw, whose cells below 0.9 are what noise alone does to a ratio here
+#                    everywhere. Beside it the control: each raw library measured twice in
+#                    the same turns, raw against raw, whose cells below 0.9 are what noise
+#                    alone does to a ratio here
 #   2 DDP            run_step_bench.sh: world-2 DDP over shm (the communicator `auto` picks
 #                    on one machine) against one process using both cores, throughput
 #                    (thr_shm), every model and optimizer: at least 1.0. Beside it the
