@@ -1225,7 +1225,7 @@ class Bench {
   HostMemory full_;
   HostMemory part_;
   std::map<std::tuple<std::string, Op, std::size_t>, Row> results_;
-  // Each row's time in every round, in round order (--rounds > 1): ratio() pairs them.
+  // Each row's time in every round, in round order (--rounds > 1): cell_ratio() pairs them.
   std::map<std::tuple<std::string, Op, std::size_t>, std::vector<double>> round_times_;
   std::map<std::size_t, double> memcpy_gbs_;
 };
