@@ -47,8 +47,8 @@ struct Process {
   // Some operation was given up while MPI still had it in flight: MPI_Finalize (which waits
   // for peers) and MPI_Comm_free are then skipped, so the process can still exit.
   std::atomic<bool> abandoned{false};
-  // Set as MPI_Finalize begins, whoever calls it (watch_finalize): collectives check this
-  // flag rather than MPI_Finalized, which takes Open MPI's bootstrap mutex on every call.
+  // Set as MPI_Finalize begins, whoever calls it (watch_finalize): refuse_once_finalizing
+  // reads it rather than MPI_Finalized, which takes Open MPI's bootstrap mutex on every call.
   std::atomic<bool> finalizing{false};
   bool finalize_watched = false;
 };
@@ -59,15 +59,19 @@ Process& process() {
   return *p;
 }
 
-// The process-wide MPI lock, refusing once MPI is finalised (by the application, or by our
-// atexit handler while a leaked communicator's worker still runs).
+// Refuses once MPI_Finalize has begun: the application's, or our atexit handler's while a
+// leaked communicator's worker still runs (the flag watch_finalize's callback sets; every
+// communicator exists only after MPI was initialised and that callback registered).
+bool refuse_once_finalizing() {
+  if (process().finalizing.load(std::memory_order_acquire))
+    throw CommError("MPI has already been finalised in this process");
+  return true;
+}
+
+// The process-wide MPI lock, refusing once MPI_Finalize has begun.
 class MpiLock {
  public:
-  MpiLock() : lock_(process().mutex) {
-    int finalized = 0;
-    MPI_Finalized(&finalized);
-    if (finalized) throw CommError("MPI has already been finalised in this process");
-  }
+  MpiLock() : lock_(process().mutex) { refuse_once_finalizing(); }
 
  private:
   std::unique_lock<std::mutex> lock_;
@@ -430,8 +434,7 @@ class Pending {
   std::unique_ptr<Scratch> scratch_;
 };
 
-// Around every blocking collective: refuses once MPI_Finalize has begun (the application's,
-// or our atexit handler's while a leaked communicator's worker still runs), and
+// Around every blocking collective: refuses once MPI_Finalize has begun, and
 // lets the watchdog end the process if the collective outlives the timeout. No process lock:
 // under MPI_THREAD_MULTIPLE communicators run their collectives at once, so one whose peers
 // are late never holds up another's.
@@ -439,14 +442,9 @@ class Collective {
  public:
   Collective(mpi_detail::Watchdog& watchdog, const OperationLabel& label,
              std::chrono::steady_clock::time_point deadline, const char* mpi_call)
-      : usable_(check_not_finalized()), watch_(watchdog, label, deadline, mpi_call) {}
+      : usable_(refuse_once_finalizing()), watch_(watchdog, label, deadline, mpi_call) {}
 
  private:
-  static bool check_not_finalized() {
-    if (process().finalizing.load(std::memory_order_acquire))
-      throw CommError("MPI has already been finalised in this process");
-    return true;
-  }
   [[maybe_unused]] bool usable_;  // checked before the watch begins
   mpi_detail::Watchdog::Watch watch_;
 };
