@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "backends/comm/parts.hpp"
 #include "core/dtype.hpp"
 #include "core/error.hpp"
 #include "core/reduce.hpp"
@@ -144,6 +145,37 @@ TEST_CASE("shard_of: shards tile the buffer in rank order and differ by at most 
   CHECK_THROWS_AS(shard_of(10, 4, 4), InvalidArgument);
   CHECK_THROWS_AS(shard_of(10, 4, -1), InvalidArgument);
   CHECK_THROWS_AS(shard_of(10, 0, 0), InvalidArgument);
+}
+
+TEST_CASE("Parts: the even split is shard_of's, computed; chosen parts are kept as given") {
+  for (std::size_t total : {0u, 1u, 7u, 64u, 1001u}) {
+    for (int world = 1; world <= 5; ++world) {
+      const Parts parts = Parts::even(total, world);
+      REQUIRE(parts.size() == std::size_t(world));
+      std::size_t largest = 0, r = 0;
+      std::vector<std::size_t> counts;
+      for (const Shard s : parts) {  // iteration and indexing agree with shard_of
+        const Shard expected = shard_of(total, world, int(r));
+        CHECK(s.offset == expected.offset);
+        CHECK(s.count == expected.count);
+        CHECK(parts[r].offset == expected.offset);
+        largest = std::max(largest, s.count);
+        counts.push_back(s.count);
+        ++r;
+      }
+      CHECK(r == std::size_t(world));
+      CHECK(parts.largest() == largest);
+      CHECK(parts.counts() == counts);
+      CHECK(parts.equal() == (total % std::size_t(world) == 0));
+    }
+  }
+  const Parts chosen(std::vector<Shard>{{0, 3}, {3, 0}, {3, 5}});
+  CHECK(chosen.size() == 3);
+  CHECK(chosen[2].offset == 3);
+  CHECK(chosen.largest() == 5);
+  CHECK(chosen.counts() == std::vector<std::size_t>{3, 0, 5});
+  CHECK_FALSE(chosen.equal());
+  CHECK(Parts(std::vector<Shard>{{0, 4}, {4, 4}}).equal());
 }
 
 // Values every dtype holds exactly, so one expectation serves all six.

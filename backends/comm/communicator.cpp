@@ -259,8 +259,13 @@ WorkPtr Communicator::new_work(const OperationLabel& label) {
 }
 
 template <typename Run>
-WorkPtr Communicator::enqueue(OperationLabel label, std::size_t payload_bytes, Run run) {
+WorkPtr Communicator::enqueue(OperationLabel label, std::size_t payload_bytes,
+                              std::uint64_t bus_bytes, Run run) {
   std::unique_lock lock(mutex_);
+  // Under the lock that orders the issuing threads, so no locked add (bus_bytes()'s readers
+  // need no more than a relaxed load).
+  bus_bytes_.store(bus_bytes_.load(std::memory_order_relaxed) + bus_bytes,
+                   std::memory_order_relaxed);
   label.rank = rank_;
   label.seq = next_seq_++;
   WorkPtr work = new_work(label);
@@ -299,17 +304,21 @@ WorkPtr Communicator::enqueue(OperationLabel label, std::size_t payload_bytes, R
   return work;
 }
 
-void Communicator::count_bytes(std::size_t bytes, int numerator, int denominator) {
-  if (world_size_ == 1) return;
-  bus_bytes_.fetch_add(std::uint64_t(bytes) * std::uint64_t(numerator) / std::uint64_t(denominator),
-                       std::memory_order_relaxed);
+std::uint64_t Communicator::bus_share(std::size_t bytes, int numerator, int denominator) const {
+  if (world_size_ == 1) return 0;
+  return std::uint64_t(bytes) * std::uint64_t(numerator) / std::uint64_t(denominator);
+}
+
+void Communicator::reset_bus_bytes() {
+  std::lock_guard lock(mutex_);
+  bus_bytes_.store(0, std::memory_order_relaxed);
 }
 
 WorkPtr Communicator::all_reduce(Buffer data, ReduceOp op) {
-  count_bytes(data.bytes(), 2 * (world_size_ - 1), world_size_);
   OperationLabel label = label_of(Kind::all_reduce, data);
   label.op = op;
-  return enqueue(label, data.bytes(), [=, this](Milliseconds t) {
+  const std::uint64_t bus = bus_share(data.bytes(), 2 * (world_size_ - 1), world_size_);
+  return enqueue(label, data.bytes(), bus, [=, this](Milliseconds t) {
     if (data.count > 0) run_all_reduce(data, op, t);
   });
 }
@@ -318,17 +327,16 @@ WorkPtr Communicator::broadcast(Buffer data, int root) {
   ACCEL_CHECK_ARG(root >= 0 && root < world_size_, "broadcast root " + std::to_string(root) +
                                                        " outside world of " +
                                                        std::to_string(world_size_));
-  count_bytes(data.bytes(), 1, 1);
   OperationLabel label = label_of(Kind::broadcast, data);
   label.peer = root;
-  return enqueue(label, data.bytes(), [=, this](Milliseconds t) {
+  return enqueue(label, data.bytes(), bus_share(data.bytes(), 1, 1), [=, this](Milliseconds t) {
     if (data.count > 0) run_broadcast(data, root, t);
   });
 }
 
 // Rank r's part from the caller's counts: contiguous, in rank order, covering `total`.
-std::vector<Shard> Communicator::parts_of(const char* op, const std::vector<std::size_t>& counts,
-                                          std::size_t total) const {
+Parts Communicator::parts_of(const char* op, const std::vector<std::size_t>& counts,
+                             std::size_t total) const {
   ACCEL_CHECK_ARG(counts.size() == std::size_t(world_size_),
                   std::string(op) + ": " + std::to_string(counts.size()) + " part counts for " +
                       std::to_string(world_size_) + " ranks");
@@ -340,24 +348,18 @@ std::vector<Shard> Communicator::parts_of(const char* op, const std::vector<std:
   }
   ACCEL_CHECK_ARG(offset == total, std::string(op) + ": the parts hold " + std::to_string(offset) +
                                        " elements, the buffer " + std::to_string(total));
-  return parts;
-}
-
-std::vector<Shard> Communicator::equal_parts(std::size_t total) const {
-  std::vector<Shard> parts(static_cast<std::size_t>(world_size_));
-  for (int r = 0; r < world_size_; ++r) parts[std::size_t(r)] = shard_of(total, world_size_, r);
-  return parts;
+  return Parts(std::move(parts));
 }
 
 WorkPtr Communicator::all_gather(Buffer input, Buffer output) {
-  return issue_all_gather(input, output, equal_parts(output.count));
+  return issue_all_gather(input, output, Parts::even(output.count, world_size_));
 }
 
 WorkPtr Communicator::all_gather(Buffer input, Buffer output, std::vector<std::size_t> counts) {
   return issue_all_gather(input, output, parts_of("all_gather", counts, output.count));
 }
 
-WorkPtr Communicator::issue_all_gather(Buffer input, Buffer output, std::vector<Shard> parts) {
+WorkPtr Communicator::issue_all_gather(Buffer input, Buffer output, Parts parts) {
   ACCEL_CHECK_ARG(input.dtype == output.dtype,
                   "all_gather: input is " + std::string(dtype_name(input.dtype)) +
                       " but output is " + std::string(dtype_name(output.dtype)));
@@ -366,15 +368,15 @@ WorkPtr Communicator::issue_all_gather(Buffer input, Buffer output, std::vector<
                                                  " must contribute " + std::to_string(mine.count) +
                                                  " of " + std::to_string(output.count) +
                                                  " elements, got " + std::to_string(input.count));
-  count_bytes(output.bytes(), world_size_ - 1, world_size_);
   return enqueue(label_of(Kind::all_gather, output), output.bytes(),
+                 bus_share(output.bytes(), world_size_ - 1, world_size_),
                  [=, this, parts = std::move(parts)](Milliseconds t) {
                    if (output.count > 0) run_all_gather(input, output, parts, t);
                  });
 }
 
 WorkPtr Communicator::reduce_scatter(Buffer input, Buffer output, ReduceOp op) {
-  return issue_reduce_scatter(input, output, op, equal_parts(input.count));
+  return issue_reduce_scatter(input, output, op, Parts::even(input.count, world_size_));
 }
 
 WorkPtr Communicator::reduce_scatter(Buffer input, Buffer output, ReduceOp op,
@@ -382,8 +384,7 @@ WorkPtr Communicator::reduce_scatter(Buffer input, Buffer output, ReduceOp op,
   return issue_reduce_scatter(input, output, op, parts_of("reduce_scatter", counts, input.count));
 }
 
-WorkPtr Communicator::issue_reduce_scatter(Buffer input, Buffer output, ReduceOp op,
-                                           std::vector<Shard> parts) {
+WorkPtr Communicator::issue_reduce_scatter(Buffer input, Buffer output, ReduceOp op, Parts parts) {
   ACCEL_CHECK_ARG(input.dtype == output.dtype,
                   "reduce_scatter: input is " + std::string(dtype_name(input.dtype)) +
                       " but output is " + std::string(dtype_name(output.dtype)));
@@ -392,16 +393,16 @@ WorkPtr Communicator::issue_reduce_scatter(Buffer input, Buffer output, ReduceOp
                   "reduce_scatter: rank " + std::to_string(rank_) + " receives " +
                       std::to_string(mine.count) + " of " + std::to_string(input.count) +
                       " elements, but its output holds " + std::to_string(output.count));
-  count_bytes(input.bytes(), world_size_ - 1, world_size_);
   OperationLabel label = label_of(Kind::reduce_scatter, input);
   label.op = op;
-  return enqueue(label, input.bytes(), [=, this, parts = std::move(parts)](Milliseconds t) {
+  const std::uint64_t bus = bus_share(input.bytes(), world_size_ - 1, world_size_);
+  return enqueue(label, input.bytes(), bus, [=, this, parts = std::move(parts)](Milliseconds t) {
     if (input.count > 0) run_reduce_scatter(input, output, op, parts, t);
   });
 }
 
 WorkPtr Communicator::barrier() {
-  return enqueue(OperationLabel{.kind = Kind::barrier}, 0,
+  return enqueue(OperationLabel{.kind = Kind::barrier}, 0, 0,
                  [this](Milliseconds t) { run_barrier(t); });
 }
 
@@ -409,11 +410,11 @@ WorkPtr Communicator::send(Buffer data, int dst, std::uint32_t tag) {
   ACCEL_CHECK_ARG(dst >= 0 && dst < world_size_ && dst != rank_,
                   "send: destination rank " + std::to_string(dst) + " is not another rank of " +
                       std::to_string(world_size_));
-  count_bytes(data.bytes(), 1, 1);
   OperationLabel label = label_of(Kind::send, data);
   label.peer = dst;
   label.tag = tag;
-  return enqueue(label, data.bytes(), [=, this](Milliseconds t) { run_send(data, dst, tag, t); });
+  return enqueue(label, data.bytes(), bus_share(data.bytes(), 1, 1),
+                 [=, this](Milliseconds t) { run_send(data, dst, tag, t); });
 }
 
 WorkPtr Communicator::recv(Buffer data, int src, std::uint32_t tag) {
@@ -423,7 +424,8 @@ WorkPtr Communicator::recv(Buffer data, int src, std::uint32_t tag) {
   OperationLabel label = label_of(Kind::recv, data);
   label.peer = src;
   label.tag = tag;
-  return enqueue(label, data.bytes(), [=, this](Milliseconds t) { run_recv(data, src, tag, t); });
+  return enqueue(label, data.bytes(), 0,
+                 [=, this](Milliseconds t) { run_recv(data, src, tag, t); });
 }
 
 }  // namespace accel

@@ -60,6 +60,7 @@
 #include <thread>
 #include <vector>
 
+#include "backends/comm/parts.hpp"
 #include "backends/comm/work.hpp"
 #include "core/device_memory.hpp"
 #include "core/dtype.hpp"
@@ -139,7 +140,7 @@ class Communicator {
   // bytes, all_gather (n-1)/n x output bytes, broadcast and send their bytes (n > 1), barrier
   // and recv nothing; a world of one moves nothing. Counted when an operation is issued.
   std::uint64_t bus_bytes() const { return bus_bytes_.load(std::memory_order_relaxed); }
-  void reset_bus_bytes() { bus_bytes_.store(0, std::memory_order_relaxed); }
+  void reset_bus_bytes();
 
  protected:
   // Backends implement these synchronously; they run on the worker thread. Each must give
@@ -149,12 +150,12 @@ class Communicator {
   virtual void run_broadcast(Buffer data, int root, Milliseconds timeout) = 0;
   // parts[r]: rank r's piece of output (contiguous, in rank order, covering all of it); the
   // public call has checked that input holds parts[rank()].count elements.
-  virtual void run_all_gather(Buffer input, Buffer output, const std::vector<Shard>& parts,
+  virtual void run_all_gather(Buffer input, Buffer output, const Parts& parts,
                               Milliseconds timeout) = 0;
   // parts[r]: rank r's piece of input (contiguous, in rank order, covering all of it); the
   // public call has checked that output holds parts[rank()].count elements.
-  virtual void run_reduce_scatter(Buffer input, Buffer output, ReduceOp op,
-                                  const std::vector<Shard>& parts, Milliseconds timeout) = 0;
+  virtual void run_reduce_scatter(Buffer input, Buffer output, ReduceOp op, const Parts& parts,
+                                  Milliseconds timeout) = 0;
   virtual void run_barrier(Milliseconds timeout) = 0;
   virtual void run_send(Buffer data, int dst, std::uint32_t tag, Milliseconds timeout) = 0;
   virtual void run_recv(Buffer data, int src, std::uint32_t tag, Milliseconds timeout) = 0;
@@ -202,21 +203,21 @@ class Communicator {
   void set_inline_max_bytes(std::size_t bytes);
 
  private:
-  // Gives `label` its rank and sequence number and runs or queues the operation. A template,
-  // defined in communicator.cpp (its only caller): `run` is called in place when the operation
-  // runs inline, and wrapped in a std::function (an allocation) only when it is queued.
+  // Gives `label` its rank and sequence number, counts `bus_bytes` (bus_bytes()), and runs or
+  // queues the operation. A template, defined in communicator.cpp (its only caller): `run` is
+  // called in place when the operation runs inline, and wrapped in a std::function (an
+  // allocation) only when it is queued.
   template <typename Run>
-  WorkPtr enqueue(OperationLabel label, std::size_t payload_bytes, Run run);
-  // Rank r's part of `total` elements: shard_of, the split every rank agrees on.
-  std::vector<Shard> equal_parts(std::size_t total) const;
-  WorkPtr issue_all_gather(Buffer input, Buffer output, std::vector<Shard> parts);
-  WorkPtr issue_reduce_scatter(Buffer input, Buffer output, ReduceOp op, std::vector<Shard> parts);
-  void count_bytes(std::size_t bytes, int numerator, int denominator);
+  WorkPtr enqueue(OperationLabel label, std::size_t payload_bytes, std::uint64_t bus_bytes,
+                  Run run);
+  WorkPtr issue_all_gather(Buffer input, Buffer output, Parts parts);
+  WorkPtr issue_reduce_scatter(Buffer input, Buffer output, ReduceOp op, Parts parts);
+  // This rank's bus bytes for an operation on `bytes` (bus_bytes()): x numerator/denominator.
+  std::uint64_t bus_share(std::size_t bytes, int numerator, int denominator) const;
   // The Work for a new operation: the last one again when its caller has let go of it (no
   // allocation), else a new one. With mutex_ held.
   WorkPtr new_work(const OperationLabel& label);
-  std::vector<Shard> parts_of(const char* op, const std::vector<std::size_t>& counts,
-                              std::size_t total) const;
+  Parts parts_of(const char* op, const std::vector<std::size_t>& counts, std::size_t total) const;
   void worker_loop();
   // Worker thread: finishes launched device operations that completed, failed or timed out,
   // in launch order; returns whether any did.

@@ -31,8 +31,7 @@ void LocalCommunicator::run_broadcast(Buffer, int, Milliseconds) {}
 
 // The one contribution is the result: a copy (on the compute stream for GPU buffers; the
 // strategies' in-place calls pass the same pointer and copy nothing).
-void LocalCommunicator::run_all_gather(Buffer input, Buffer output, const std::vector<Shard>&,
-                                       Milliseconds) {
+void LocalCommunicator::run_all_gather(Buffer input, Buffer output, const Parts&, Milliseconds) {
   if (input.data == output.data) return;
   if (input.device == DeviceKind::cpu && output.device == DeviceKind::cpu)
     std::memmove(output.data, input.data, input.bytes());
@@ -40,8 +39,8 @@ void LocalCommunicator::run_all_gather(Buffer input, Buffer output, const std::v
     copy_buffer(output.slice(0, input.count), input, compute_stream());
 }
 
-void LocalCommunicator::run_reduce_scatter(Buffer input, Buffer output, ReduceOp,
-                                           const std::vector<Shard>&, Milliseconds) {
+void LocalCommunicator::run_reduce_scatter(Buffer input, Buffer output, ReduceOp, const Parts&,
+                                           Milliseconds) {
   if (input.data == output.data) return;
   if (input.device == DeviceKind::cpu && output.device == DeviceKind::cpu)
     std::memmove(output.data, input.data, output.bytes());

@@ -20,9 +20,8 @@ class CommunicatorDouble : public Communicator {
  protected:
   void run_all_reduce(Buffer, ReduceOp, Milliseconds) override {}
   void run_broadcast(Buffer, int, Milliseconds) override {}
-  void run_all_gather(Buffer, Buffer, const std::vector<Shard>&, Milliseconds) override {}
-  void run_reduce_scatter(Buffer, Buffer, ReduceOp, const std::vector<Shard>&,
-                          Milliseconds) override {}
+  void run_all_gather(Buffer, Buffer, const Parts&, Milliseconds) override {}
+  void run_reduce_scatter(Buffer, Buffer, ReduceOp, const Parts&, Milliseconds) override {}
   void run_barrier(Milliseconds) override {}
   void run_send(Buffer, int, std::uint32_t, Milliseconds) override {}
   void run_recv(Buffer, int, std::uint32_t, Milliseconds) override {}

@@ -155,7 +155,7 @@ void GlooCommunicator::run_broadcast(Buffer data, int root, Milliseconds timeout
   });
 }
 
-void GlooCommunicator::run_all_gather(Buffer input, Buffer output, const std::vector<Shard>& parts,
+void GlooCommunicator::run_all_gather(Buffer input, Buffer output, const Parts& parts,
                                       Milliseconds timeout) {
   std::vector<std::size_t> counts(world_size());
   for (int r = 0; r < world_size(); ++r) counts[r] = parts[std::size_t(r)].count;
@@ -186,7 +186,7 @@ void GlooCommunicator::run_all_gather(Buffer input, Buffer output, const std::ve
 // to it. After n-1 steps rank r holds the full reduction of part r. Every byte of the input
 // crosses the ring once: (n-1)/n of the buffer per rank, as in NCCL's ring.
 void GlooCommunicator::run_reduce_scatter(Buffer input, Buffer output, ReduceOp op,
-                                          const std::vector<Shard>& parts, Milliseconds timeout) {
+                                          const Parts& parts, Milliseconds timeout) {
   const int n = world_size(), r = rank();
   const std::size_t esize = element_size(input.dtype);
   if (n == 1) {

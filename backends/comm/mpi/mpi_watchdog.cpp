@@ -88,12 +88,13 @@ void Watchdog::quiesce() {
 
 void Watchdog::enter(const OperationLabel& label, Clock::time_point deadline,
                      const char* mpi_call) {
-  label_ = label;
+  label_ = &label;
   call_ = mpi_call;
   deadline_ns_.store(
       std::chrono::duration_cast<std::chrono::nanoseconds>(deadline.time_since_epoch()).count(),
       std::memory_order_relaxed);
-  entered_.fetch_add(1, std::memory_order_release);
+  // One writer (operations never run concurrently on a communicator): no locked add.
+  entered_.store(entered_.load(std::memory_order_relaxed) + 1, std::memory_order_release);
   inside_.store(true, std::memory_order_release);
 }
 
@@ -108,7 +109,7 @@ void Watchdog::loop() {
     if (inside_.load(std::memory_order_acquire) &&
         now_ns() > deadline_ns_.load(std::memory_order_relaxed)) {
       const std::uint64_t index = entered_.load(std::memory_order_acquire);
-      const OperationLabel label = label_;
+      const OperationLabel label = *label_;
       const char* call = call_;
       // Still the same collective, so the copies above are its own (a seqlock: the thread
       // running collectives writes them only before entering the next one).

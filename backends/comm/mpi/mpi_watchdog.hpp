@@ -46,7 +46,9 @@ class Watchdog {
 
   // Brackets one blocking collective (`mpi_call` names it, a string literal) on the thread
   // that runs it, which must be done by `deadline` (the base Communicator's, so no clock read
-  // here). A few atomic stores; nothing else on that path.
+  // here). `label` must stay put until the collective returns (the communicator's
+  // current_label()): the watchdog keeps its address, not a copy. A few stores; nothing else
+  // on that path.
   class Watch {
    public:
     Watch(Watchdog& dog, const OperationLabel& label,
@@ -96,7 +98,8 @@ class Watchdog {
   std::atomic<std::uint64_t> entered_{0};
   std::atomic<bool> inside_{false};
   std::atomic<std::int64_t> deadline_ns_{0};  // steady_clock, of the collective inside
-  OperationLabel label_;
+  // The running collective's label where it lives: a copy per collective stalled the caller.
+  const OperationLabel* label_ = nullptr;
   const char* call_ = "";
 
   // The watchdog thread's own.

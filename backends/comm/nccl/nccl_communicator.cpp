@@ -383,7 +383,7 @@ void NcclCommunicator::run_broadcast(Buffer data, int root, Milliseconds timeout
   });
 }
 
-void NcclCommunicator::run_all_gather(Buffer input, Buffer output, const std::vector<Shard>& parts,
+void NcclCommunicator::run_all_gather(Buffer input, Buffer output, const Parts& parts,
                                       Milliseconds timeout) {
   require_cuda(input, "all_gather");
   require_cuda(output, "all_gather");
@@ -396,9 +396,7 @@ void NcclCommunicator::run_all_gather(Buffer input, Buffer output, const std::ve
                   "rank's own part of it");
   const ncclDataType_t type = nccl_type(output.dtype);
   State& s = *state_;
-  bool equal = true;
-  for (const Shard& s : parts) equal = equal && s.count == mine.count;
-  if (equal) {
+  if (parts.equal()) {
     run("ncclAllGather", timeout, [&] {
       ACCEL_NCCL_CHECK_ASYNC(
           ncclAllGather(input.data, output.data, mine.count, type, s.comm, s.stream));
@@ -420,7 +418,7 @@ void NcclCommunicator::run_all_gather(Buffer input, Buffer output, const std::ve
 }
 
 void NcclCommunicator::run_reduce_scatter(Buffer input, Buffer output, ReduceOp op,
-                                          const std::vector<Shard>& parts, Milliseconds timeout) {
+                                          const Parts& parts, Milliseconds timeout) {
   require_cuda(input, "reduce_scatter");
   require_cuda(output, "reduce_scatter");
   const int world = world_size();
@@ -433,9 +431,7 @@ void NcclCommunicator::run_reduce_scatter(Buffer input, Buffer output, ReduceOp 
   const ncclDataType_t type = nccl_type(input.dtype);
   const ncclRedOp_t nop = nccl_op(op);
   State& s = *state_;
-  bool equal = true;
-  for (const Shard& part : parts) equal = equal && part.count == mine.count;
-  if (equal) {
+  if (parts.equal()) {
     run("ncclReduceScatter", timeout, [&] {
       ACCEL_NCCL_CHECK_ASYNC(
           ncclReduceScatter(input.data, output.data, mine.count, type, nop, s.comm, s.stream));

@@ -95,17 +95,6 @@ void HierarchicalCommunicator::run_all_reduce(Buffer data, ReduceOp op, Millisec
   if (op == ReduceOp::avg) finish_average(data);
 }
 
-namespace {
-
-// The element counts of the parts, in rank order, as the public calls take them.
-std::vector<std::size_t> counts_of(const std::vector<Shard>& parts) {
-  std::vector<std::size_t> counts;
-  for (const Shard& s : parts) counts.push_back(s.count);
-  return counts;
-}
-
-}  // namespace
-
 std::uint64_t HierarchicalCommunicator::between_hosts_bytes() const {
   std::uint64_t bytes = 0;
   for (const CommunicatorPtr* c : {&leaders_, &rail_, &world_})
@@ -128,10 +117,9 @@ char* HierarchicalCommunicator::scratch(std::size_t bytes) {
 }
 
 void HierarchicalCommunicator::run_reduce_scatter(Buffer input, Buffer output, ReduceOp op,
-                                                  const std::vector<Shard>& parts,
-                                                  Milliseconds timeout) {
+                                                  const Parts& parts, Milliseconds timeout) {
   if (hosts_ == 1) {
-    inner(local_->reduce_scatter(input, output, op, counts_of(parts)), timeout, false);
+    inner(local_->reduce_scatter(input, output, op, parts.counts()), timeout, false);
     return;
   }
   if (rail()) {
@@ -150,21 +138,14 @@ void HierarchicalCommunicator::run_reduce_scatter(Buffer input, Buffer output, R
 
 namespace {
 
-// Every rank's part travels padded to the largest.
-std::size_t largest_part(const std::vector<Shard>& parts) {
-  std::size_t part = 0;
-  for (const Shard& s : parts) part = std::max(part, s.count);
-  return part;
-}
-
 // Staging layout for the rails, in elements: [local index l][host h][P], where P is the
 // largest part; slot (l, h) holds the part of rank members_[h][l], zero-padded to P. Local
 // rank l's share of a host reduce_scatter is then rail l's whole input, contiguous.
 struct RailLayout {
-  RailLayout(const Buffer& like, const std::vector<Shard>& parts, int locals, int hosts)
+  RailLayout(const Buffer& like, const Parts& parts, int locals, int hosts)
       : like(like),
         esize(element_size(like.dtype)),
-        part(largest_part(parts)),
+        part(parts.largest()),
         locals(std::size_t(locals)),
         hosts(std::size_t(hosts)) {}
   std::size_t rail_count() const { return hosts * part; }  // one rail's elements
@@ -183,8 +164,7 @@ struct RailLayout {
 }  // namespace
 
 void HierarchicalCommunicator::rail_reduce_scatter(Buffer input, Buffer output, ReduceOp op,
-                                                   const std::vector<Shard>& parts,
-                                                   Milliseconds timeout) {
+                                                   const Parts& parts, Milliseconds timeout) {
   const RailLayout rails(input, parts, widest_host_, hosts_);
   if (rails.part == 0) return;  // every part empty, on every rank alike
   const std::size_t esize = rails.esize;
@@ -211,8 +191,7 @@ void HierarchicalCommunicator::rail_reduce_scatter(Buffer input, Buffer output, 
   if (op == ReduceOp::avg) finish_average(output);
 }
 
-void HierarchicalCommunicator::rail_all_gather(Buffer input, Buffer output,
-                                               const std::vector<Shard>& parts,
+void HierarchicalCommunicator::rail_all_gather(Buffer input, Buffer output, const Parts& parts,
                                                Milliseconds timeout) {
   const RailLayout rails(output, parts, widest_host_, hosts_);
   if (rails.part == 0) return;  // every part empty, on every rank alike
@@ -237,11 +216,10 @@ void HierarchicalCommunicator::rail_all_gather(Buffer input, Buffer output,
   }
 }
 
-void HierarchicalCommunicator::run_all_gather(Buffer input, Buffer output,
-                                              const std::vector<Shard>& parts,
+void HierarchicalCommunicator::run_all_gather(Buffer input, Buffer output, const Parts& parts,
                                               Milliseconds timeout) {
   if (hosts_ == 1) {
-    inner(local_->all_gather(input, output, counts_of(parts)), timeout, false);
+    inner(local_->all_gather(input, output, parts.counts()), timeout, false);
   } else if (rail()) {
     rail_all_gather(input, output, parts, timeout);
   } else {
@@ -249,11 +227,10 @@ void HierarchicalCommunicator::run_all_gather(Buffer input, Buffer output,
   }
 }
 
-void HierarchicalCommunicator::leaders_all_gather(Buffer input, Buffer output,
-                                                  const std::vector<Shard>& parts,
+void HierarchicalCommunicator::leaders_all_gather(Buffer input, Buffer output, const Parts& parts,
                                                   Milliseconds timeout) {
   const std::size_t esize = element_size(output.dtype);
-  const std::size_t part = largest_part(parts);
+  const std::size_t part = parts.largest();
   const std::size_t block = std::size_t(widest_host_) * part;  // one host's parts
   char* const blocks = scratch((std::size_t(hosts_) * block + part) * esize);
   char* const padded = blocks + std::size_t(hosts_) * block * esize;

@@ -52,9 +52,9 @@ class HierarchicalCommunicator final : public Communicator {
  protected:
   void run_all_reduce(Buffer data, ReduceOp op, Milliseconds timeout) override;
   void run_broadcast(Buffer data, int root, Milliseconds timeout) override;
-  void run_all_gather(Buffer input, Buffer output, const std::vector<Shard>& parts,
+  void run_all_gather(Buffer input, Buffer output, const Parts& parts,
                       Milliseconds timeout) override;
-  void run_reduce_scatter(Buffer input, Buffer output, ReduceOp op, const std::vector<Shard>& parts,
+  void run_reduce_scatter(Buffer input, Buffer output, ReduceOp op, const Parts& parts,
                           Milliseconds timeout) override;
   void run_barrier(Milliseconds timeout) override;
   void run_send(Buffer data, int dst, std::uint32_t tag, Milliseconds timeout) override;
@@ -70,12 +70,10 @@ class HierarchicalCommunicator final : public Communicator {
   // Scratch for the rearranged parts, grown on demand and kept: operations run one at a time,
   // and fresh pages cost more than the copy.
   char* scratch(std::size_t bytes);
-  void rail_reduce_scatter(Buffer input, Buffer output, ReduceOp op,
-                           const std::vector<Shard>& parts, Milliseconds timeout);
-  void rail_all_gather(Buffer input, Buffer output, const std::vector<Shard>& parts,
-                       Milliseconds timeout);
-  void leaders_all_gather(Buffer input, Buffer output, const std::vector<Shard>& parts,
-                          Milliseconds timeout);
+  void rail_reduce_scatter(Buffer input, Buffer output, ReduceOp op, const Parts& parts,
+                           Milliseconds timeout);
+  void rail_all_gather(Buffer input, Buffer output, const Parts& parts, Milliseconds timeout);
+  void leaders_all_gather(Buffer input, Buffer output, const Parts& parts, Milliseconds timeout);
 
   std::vector<int> host_of_, local_index_;
   std::vector<std::vector<int>> members_;  // global ranks of each host, ascending

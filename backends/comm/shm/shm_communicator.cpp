@@ -291,7 +291,7 @@ void ShmCommunicator::in_place_all_reduce(Buffer data, ReduceOp op, const shm::S
 }
 
 void ShmCommunicator::run_reduce_scatter(Buffer input, Buffer output, ReduceOp op,
-                                         const std::vector<Shard>& parts, Milliseconds timeout) {
+                                         const Parts& parts, Milliseconds timeout) {
   const int n = world_size(), r = rank();
   const std::size_t esize = element_size(input.dtype);
   if (n == 1) {
@@ -305,8 +305,7 @@ void ShmCommunicator::run_reduce_scatter(Buffer input, Buffer output, ReduceOp o
   const ReduceKernel kernel = reduce_kernel(input.dtype, wire_op(op));
   const char* const in = static_cast<const char*>(input.data);
   char* const out = static_cast<char*>(output.data);
-  std::size_t largest = 0;
-  for (const Shard& s : parts) largest = std::max(largest, s.count);
+  const std::size_t largest = parts.largest();
   const Shard own = parts[std::size_t(r)];
   for (std::size_t lo = 0; lo < largest; lo += window) {
     for (int j = 0; j < n; ++j) {
@@ -333,7 +332,7 @@ void ShmCommunicator::run_reduce_scatter(Buffer input, Buffer output, ReduceOp o
   }
 }
 
-void ShmCommunicator::run_all_gather(Buffer input, Buffer output, const std::vector<Shard>& parts,
+void ShmCommunicator::run_all_gather(Buffer input, Buffer output, const Parts& parts,
                                      Milliseconds timeout) {
   const int n = world_size(), r = rank();
   const std::size_t esize = element_size(output.dtype);
@@ -343,8 +342,7 @@ void ShmCommunicator::run_all_gather(Buffer input, Buffer output, const std::vec
   if (n == 1) return;
   const auto deadline = begin(timeout);
   const std::size_t window = segment_->slot_bytes() / esize;
-  std::size_t largest = 0;
-  for (const Shard& s : parts) largest = std::max(largest, s.count);
+  const std::size_t largest = parts.largest();
   const char* const in = static_cast<const char*>(input.data);
   for (std::size_t lo = 0; lo < largest; lo += window) {
     if (lo < own.count)

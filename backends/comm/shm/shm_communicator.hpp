@@ -60,9 +60,9 @@ class ShmCommunicator final : public Communicator {
  protected:
   void run_all_reduce(Buffer data, ReduceOp op, Milliseconds timeout) override;
   void run_broadcast(Buffer data, int root, Milliseconds timeout) override;
-  void run_all_gather(Buffer input, Buffer output, const std::vector<Shard>& parts,
+  void run_all_gather(Buffer input, Buffer output, const Parts& parts,
                       Milliseconds timeout) override;
-  void run_reduce_scatter(Buffer input, Buffer output, ReduceOp op, const std::vector<Shard>& parts,
+  void run_reduce_scatter(Buffer input, Buffer output, ReduceOp op, const Parts& parts,
                           Milliseconds timeout) override;
   void run_barrier(Milliseconds timeout) override;
   void run_send(Buffer data, int dst, std::uint32_t tag, Milliseconds timeout) override;
