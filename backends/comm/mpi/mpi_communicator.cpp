@@ -434,21 +434,6 @@ class Pending {
   std::unique_ptr<Scratch> scratch_;
 };
 
-// Around every blocking collective: refuses once MPI_Finalize has begun, and
-// lets the watchdog end the process if the collective outlives the timeout. No process lock:
-// under MPI_THREAD_MULTIPLE communicators run their collectives at once, so one whose peers
-// are late never holds up another's.
-class Collective {
- public:
-  Collective(mpi_detail::Watchdog& watchdog, const OperationLabel& label,
-             std::chrono::steady_clock::time_point deadline, const char* mpi_call)
-      : usable_(refuse_once_finalizing()), watch_(watchdog, label, deadline, mpi_call) {}
-
- private:
-  [[maybe_unused]] bool usable_;  // checked before the watch begins
-  mpi_detail::Watchdog::Watch watch_;
-};
-
 // kInlineBytes, or ACCEL_MPI_INLINE_BYTES (experiments; mpi_world() asks first).
 std::size_t inline_max_bytes() {
   static const std::size_t bytes =
@@ -621,6 +606,21 @@ MpiCommunicator::~MpiCommunicator() {
   }
 }
 
+// Around every blocking collective: refuses once MPI_Finalize has begun, and lets the
+// watchdog end the process if the collective outlives the timeout (the operation's label and
+// deadline, the base class's). No process lock: under MPI_THREAD_MULTIPLE communicators run
+// their collectives at once, so one whose peers are late never holds up another's.
+class MpiCommunicator::Collective {
+ public:
+  Collective(MpiCommunicator& comm, const char* mpi_call)
+      : usable_(refuse_once_finalizing()),
+        watch_(*comm.state_->watchdog, comm.current_label(), comm.current_deadline(), mpi_call) {}
+
+ private:
+  [[maybe_unused]] bool usable_;  // checked before the watch begins
+  mpi_detail::Watchdog::Watch watch_;
+};
+
 // Every collective is MPI's blocking one, watched (Collective): a rank that never arrives
 // makes the others' watchdogs end their processes after the timeout, naming it, and a rank
 // dying inside one makes Open MPI abort the job. The nonblocking collectives (MPI_Iallreduce,
@@ -634,7 +634,7 @@ void MpiCommunicator::run_all_reduce(Buffer data, ReduceOp op, Milliseconds) {
   const MPI_Datatype type = mpi_type(data.dtype);
   const MPI_Op mop = mpi_op(data.dtype, wire_op(op));
   {
-    Collective watched(*state_->watchdog, current_label(), current_deadline(), "MPI_Allreduce");
+    Collective watched(*this, "MPI_Allreduce");
     for_each_chunk(data.count, [&](std::size_t offset, int n) {
       ACCEL_MPI_CHECK(
           MPI_Allreduce(MPI_IN_PLACE, data.slice(offset, n).data, n, type, mop, state_->comm));
@@ -645,7 +645,7 @@ void MpiCommunicator::run_all_reduce(Buffer data, ReduceOp op, Milliseconds) {
 
 void MpiCommunicator::run_broadcast(Buffer data, int root, Milliseconds) {
   const MPI_Datatype type = mpi_type(data.dtype);
-  Collective watched(*state_->watchdog, current_label(), current_deadline(), "MPI_Bcast");
+  Collective watched(*this, "MPI_Bcast");
   for_each_chunk(data.count, [&](std::size_t offset, int n) {
     ACCEL_MPI_CHECK(MPI_Bcast(data.slice(offset, n).data, n, type, root, state_->comm));
   });
@@ -668,7 +668,7 @@ void MpiCommunicator::run_all_gather(Buffer input, Buffer output, const Parts& p
     // Equal parts: MPI_Allgather, whose algorithms Open MPI tunes more than MPI_Allgatherv's
     // (at world 4, 16 KiB: 38 against 84 us).
     const int n = static_cast<int>(mine.count);
-    Collective watched(*state_->watchdog, current_label(), current_deadline(), "MPI_Allgather");
+    Collective watched(*this, "MPI_Allgather");
     ACCEL_MPI_CHECK(MPI_Allgather(in_place ? MPI_IN_PLACE : input.data, n, type, output.data, n,
                                   type, state_->comm));
     return;
@@ -679,7 +679,7 @@ void MpiCommunicator::run_all_gather(Buffer input, Buffer output, const Parts& p
       counts[r] = static_cast<int>(parts[std::size_t(r)].count);
       displs[r] = static_cast<int>(parts[std::size_t(r)].offset);
     }
-    Collective watched(*state_->watchdog, current_label(), current_deadline(), "MPI_Allgatherv");
+    Collective watched(*this, "MPI_Allgatherv");
     ACCEL_MPI_CHECK(MPI_Allgatherv(in_place ? MPI_IN_PLACE : input.data,
                                    static_cast<int>(input.count), type, output.data, counts.data(),
                                    displs.data(), type, state_->comm));
@@ -688,7 +688,7 @@ void MpiCommunicator::run_all_gather(Buffer input, Buffer output, const Parts& p
   // Offsets past INT_MAX do not fit MPI_Allgatherv's int displacements: every rank broadcasts
   // its own part instead, in chunks.
   if (!in_place) std::memcpy(own.data, input.data, input.bytes());
-  Collective watched(*state_->watchdog, current_label(), current_deadline(), "MPI_Bcast");
+  Collective watched(*this, "MPI_Bcast");
   for (int r = 0; r < world; ++r) {
     const Shard part = parts[std::size_t(r)];
     for_each_chunk(part.count, [&](std::size_t offset, int n) {
@@ -718,20 +718,18 @@ void MpiCommunicator::run_reduce_scatter(Buffer input, Buffer output, ReduceOp o
   if (parts.equal() && input.count <= kMaxCount) {
     // Equal parts: MPI_Reduce_scatter_block, as all_gather takes MPI_Allgather, without
     // building the counts.
-    Collective watched(*state_->watchdog, current_label(), current_deadline(),
-                       "MPI_Reduce_scatter_block");
+    Collective watched(*this, "MPI_Reduce_scatter_block");
     ACCEL_MPI_CHECK(MPI_Reduce_scatter_block(input.data, result.data, static_cast<int>(mine), type,
                                              mop, state_->comm));
   } else if (input.count <= kMaxCount) {
     std::vector<int> counts(static_cast<std::size_t>(world));
     for (int r = 0; r < world; ++r) counts[r] = static_cast<int>(parts[std::size_t(r)].count);
-    Collective watched(*state_->watchdog, current_label(), current_deadline(),
-                       "MPI_Reduce_scatter");
+    Collective watched(*this, "MPI_Reduce_scatter");
     ACCEL_MPI_CHECK(
         MPI_Reduce_scatter(input.data, result.data, counts.data(), type, mop, state_->comm));
   } else {
     // MPI sums the counts in an int: reduce each rank's part to it instead, in chunks.
-    Collective watched(*state_->watchdog, current_label(), current_deadline(), "MPI_Reduce");
+    Collective watched(*this, "MPI_Reduce");
     for (int r = 0; r < world; ++r) {
       const Shard part = parts[std::size_t(r)];
       for_each_chunk(part.count, [&](std::size_t offset, int n) {
@@ -747,7 +745,7 @@ void MpiCommunicator::run_reduce_scatter(Buffer input, Buffer output, ReduceOp o
 }
 
 void MpiCommunicator::run_barrier(Milliseconds) {
-  Collective watched(*state_->watchdog, current_label(), current_deadline(), "MPI_Barrier");
+  Collective watched(*this, "MPI_Barrier");
   ACCEL_MPI_CHECK(MPI_Barrier(state_->comm));
 }
 

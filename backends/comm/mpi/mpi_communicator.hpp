@@ -91,7 +91,8 @@ class MpiCommunicator final : public Communicator {
   // for its own messages: error handling, names, the watchdog, inline execution.
   void adopt(void* comm, void* internal);
 
-  struct State;  // MPI handles; kept out of this header so users need no <mpi.h>
+  struct State;      // MPI handles; kept out of this header so users need no <mpi.h>
+  class Collective;  // around each blocking collective (the .cpp)
   std::unique_ptr<State> state_;
 };
 
