@@ -1,6 +1,7 @@
 // dtypes and the element kernels: 16-bit float conversions (exhaustively over every bit
-// pattern, plus the rounding and range edges), the shard split, reduce_elements for every
-// dtype and op, and the name parsers' errors.
+// pattern, plus the rounding and range edges), the shard split (shard_of, and the
+// communicators' Parts built on it), reduce_elements for every dtype and op, and the name
+// parsers' errors.
 
 #include <doctest/doctest.h>
 
