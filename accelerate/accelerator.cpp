@@ -6,6 +6,7 @@
 #include <cstring>
 #include <utility>
 
+#include "accelerate/malloc_tuning.hpp"
 #include "accelerate/prepared_parameters.hpp"
 #include "accelerate/process_group.hpp"
 #include "backends/comm/local_communicator.hpp"
@@ -215,6 +216,7 @@ std::string prepared_name(const std::string& base, std::size_t model) {
 
 Accelerator::Accelerator(AcceleratorOptions options) : options_(std::move(options)) {
   const config::ResolvedConfig settings = resolve_settings(options_);
+  tune_malloc_for_training();  // before the loop's first step allocates
   accumulation_steps_ = settings.config.gradient_accumulation_steps;
   mixed_precision_ = settings.config.mixed_precision;
   activation_checkpointing_ = settings.config.activation_checkpointing;

@@ -1,0 +1,21 @@
+#pragma once
+// Keeps freed memory for reuse instead of handing it back to the OS (glibc malloc).
+//
+// A training step frees and allocates the same tensor sizes every step. glibc's defaults
+// return the top of the heap to the OS once more than its trim threshold is free there, and
+// whether that happens depends on where small long-lived allocations landed: one program
+// differing from another by an allocation or two can trim and regrow its heap several times a
+// step, every regrown page a fault (fashion_mnist at world 1, stdout to a file: 5.5 s of
+// system time in a 15 s epoch against 0.5 s; bench/README, "Freed memory kept for reuse").
+// With this, blocks up to 32 MiB (glibc's largest mmap threshold) come from the heap and the
+// heap is trimmed only past 1 GiB free at its top.
+//
+// Left alone when the process's GLIBC_TUNABLES already sets a glibc.malloc tunable, or when
+// ACCEL_MALLOC_TUNING=0.
+
+namespace accel {
+
+// Whether it changed malloc's settings. Idempotent; call before the training loop allocates.
+bool tune_malloc_for_training();
+
+}  // namespace accel
