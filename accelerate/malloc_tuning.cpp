@@ -1,6 +1,7 @@
 #include "accelerate/malloc_tuning.hpp"
 
 #include <cstdlib>
+#include <limits>
 #include <string_view>
 
 #if defined(__GLIBC__)
@@ -17,10 +18,10 @@ bool tune_malloc_for_training() {
   const char* tunables = std::getenv("GLIBC_TUNABLES");
   if (tunables && std::string_view(tunables).find("glibc.malloc.") != std::string_view::npos)
     return false;  // the user's choice
-  // glibc refuses a threshold above half its heap size (32 MiB on 64-bit); setting one also
-  // stops its dynamic adjustment, so both are set.
-  constexpr int kMmapThreshold = 32 << 20;
-  constexpr int kTrimThreshold = 1 << 30;
+  // Setting either stops glibc's dynamic adjustment, which caps the mmap threshold at 32 MiB:
+  // a 67 MB Adam temporary of mlp25m would still be mapped fresh every step.
+  constexpr int kMmapThreshold = 1 << 30;
+  constexpr int kTrimThreshold = std::numeric_limits<int>::max();
   return mallopt(M_MMAP_THRESHOLD, kMmapThreshold) == 1 &&
          mallopt(M_TRIM_THRESHOLD, kTrimThreshold) == 1;
 #else

@@ -7,8 +7,10 @@
 // differing from another by an allocation or two can trim and regrow its heap several times a
 // step, every regrown page a fault (fashion_mnist at world 1, stdout to a file: 5.5 s of
 // system time in a 15 s epoch against 0.5 s; bench/README, "Freed memory kept for reuse").
-// With this, blocks up to 32 MiB (glibc's largest mmap threshold) come from the heap and the
-// heap is trimmed only past 1 GiB free at its top.
+// Blocks above the mmap threshold (dynamic, at most 32 MiB) are mapped fresh and unmapped on
+// every allocation: mlp25m's Adam step faults 65k pages a step (step_bench, world 1: 290 ms
+// a step, 176 with this). With this, blocks up to 1 GiB come from the heap, and the heap is
+// trimmed only past 2 GiB free at its top: a process keeps the memory of its largest step.
 //
 // Left alone when the process's GLIBC_TUNABLES already sets a glibc.malloc tunable, or when
 // ACCEL_MALLOC_TUNING=0.
