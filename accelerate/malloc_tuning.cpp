@@ -18,12 +18,13 @@ bool tune_malloc_for_training() {
   const char* tunables = std::getenv("GLIBC_TUNABLES");
   if (tunables && std::string_view(tunables).find("glibc.malloc.") != std::string_view::npos)
     return false;  // the user's choice
-  // Setting either stops glibc's dynamic adjustment, which caps the mmap threshold at 32 MiB:
-  // a 67 MB Adam temporary of mlp25m would still be mapped fresh every step.
-  constexpr int kMmapThreshold = 1 << 30;
-  constexpr int kTrimThreshold = std::numeric_limits<int>::max();
-  return mallopt(M_MMAP_THRESHOLD, kMmapThreshold) == 1 &&
-         mallopt(M_TRIM_THRESHOLD, kTrimThreshold) == 1;
+  // What `accel launch` gives CPU workers (launch/worker_env.hpp, kWorkerMallocTunables, which
+  // says why), as far as mallopt reaches: both thresholds out of reach (mallopt takes an int)
+  // and one arena. Setting a threshold also stops glibc's dynamic one, which stops at 32 MiB.
+  // Huge pages (glibc.malloc.hugetlb) only GLIBC_TUNABLES can ask for, at start.
+  constexpr int kOutOfReach = std::numeric_limits<int>::max();
+  return mallopt(M_MMAP_THRESHOLD, kOutOfReach) == 1 &&
+         mallopt(M_TRIM_THRESHOLD, kOutOfReach) == 1 && mallopt(M_ARENA_MAX, 1) == 1;
 #else
   return false;
 #endif
