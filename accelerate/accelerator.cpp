@@ -216,7 +216,8 @@ std::string prepared_name(const std::string& base, std::size_t model) {
 
 Accelerator::Accelerator(AcceleratorOptions options) : options_(std::move(options)) {
   const config::ResolvedConfig settings = resolve_settings(options_);
-  tune_malloc_for_training();  // before the loop's first step allocates
+  // Before the loop's first step allocates; for CPU work, as `accel launch` does.
+  if (!config::uses_gpu(settings.config)) tune_malloc_for_training();
   accumulation_steps_ = settings.config.gradient_accumulation_steps;
   mixed_precision_ = settings.config.mixed_precision;
   activation_checkpointing_ = settings.config.activation_checkpointing;

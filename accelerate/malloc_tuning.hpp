@@ -12,7 +12,8 @@
 // a step, 176 with this). With this, as `accel launch` sets GLIBC_TUNABLES for its CPU
 // workers: blocks up to 2 GiB come from the heap, the heap is trimmed only past 2 GiB free
 // at its top (a process keeps the memory of its largest step), and threads share one arena.
-// For a process started without those tunables (run directly, under mpirun or torchrun).
+// The Accelerator calls it for CPU work in a process started without those tunables (run
+// directly, under mpirun or torchrun).
 //
 // Left alone when the process's GLIBC_TUNABLES already sets a glibc.malloc tunable, or when
 // ACCEL_MALLOC_TUNING=0.
