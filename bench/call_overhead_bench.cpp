@@ -16,28 +16,18 @@
 #include <vector>
 
 #include "backends/comm/communicator.hpp"
+#include "tests/support/communicator_double.hpp"
 
 namespace {
 
 using namespace accel;
 
-// A backend that accepts every operation and moves nothing, inline at any size.
-class NullCommunicator : public Communicator {
+// The unit tests' double (every operation succeeds and moves nothing), inline at any size.
+class NullCommunicator : public test::CommunicatorDouble {
  public:
-  NullCommunicator(int rank, int world) : Communicator(rank, world, kDefaultCommTimeout) {
+  NullCommunicator(int rank, int world) : CommunicatorDouble(rank, world, kDefaultCommTimeout) {
     set_inline_max_bytes(std::numeric_limits<std::size_t>::max());
   }
-  ~NullCommunicator() override { stop_worker(); }
-  std::string_view backend_name() const override { return "null"; }
-
- protected:
-  void run_all_reduce(Buffer, ReduceOp, Milliseconds) override {}
-  void run_broadcast(Buffer, int, Milliseconds) override {}
-  void run_all_gather(Buffer, Buffer, const Parts&, Milliseconds) override {}
-  void run_reduce_scatter(Buffer, Buffer, ReduceOp, const Parts&, Milliseconds) override {}
-  void run_barrier(Milliseconds) override {}
-  void run_send(Buffer, int, std::uint32_t, Milliseconds) override {}
-  void run_recv(Buffer, int, std::uint32_t, Milliseconds) override {}
 };
 
 struct Options {
