@@ -2,7 +2,7 @@
 // How an all_gather or reduce_scatter splits its buffer among the ranks: rank r's piece,
 // contiguous and in rank order, covering the whole buffer. The even split (shard_of, what the
 // calls without counts use) is computed on demand, not stored: the common call allocates
-// nothing (a heap vector of parts was a third of the front end's time per 4 KiB all_gather,
+// nothing (a heap vector of parts was a quarter of the front end's time per all_gather call,
 // bench/README "The front end's cost per call"). Parts the caller chose are kept as given.
 
 #include <algorithm>
