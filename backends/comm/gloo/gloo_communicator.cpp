@@ -157,8 +157,7 @@ void GlooCommunicator::run_broadcast(Buffer data, int root, Milliseconds timeout
 
 void GlooCommunicator::run_all_gather(Buffer input, Buffer output, const Parts& parts,
                                       Milliseconds timeout) {
-  std::vector<std::size_t> counts(world_size());
-  for (int r = 0; r < world_size(); ++r) counts[r] = parts[std::size_t(r)].count;
+  const std::vector<std::size_t> counts = parts.counts();
   with_element_type(output.dtype, [&](auto element) {
     using T = decltype(element);
     gloo::AllgathervOptions opts(context_);

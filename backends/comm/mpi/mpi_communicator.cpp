@@ -596,10 +596,9 @@ MpiCommunicator::~MpiCommunicator() {
   if (!state_ || state_->comm == MPI_COMM_NULL) return;
   Process& p = process();
   std::lock_guard lock(p.mutex);
-  int finalized = 1;
-  MPI_Finalized(&finalized);
-  // After an abandoned operation MPI may still be using this communicator; leave it be.
-  if (!finalized && !p.abandoned) {
+  // Nothing to free once MPI_Finalize has begun (the flag refuse_once_finalizing reads). After
+  // an abandoned operation MPI may still be using this communicator; leave it be.
+  if (!p.finalizing.load(std::memory_order_acquire) && !p.abandoned) {
     if (state_->watchdog) state_->watchdog->close();
     MPI_Comm_free(&state_->comm);
     MPI_Comm_free(&state_->internal);
