@@ -280,6 +280,16 @@ TEST_CASE(
     // Not an MPI world: Gloo between hosts.
     CHECK(result.workers.at(0).output.find("between hosts: gloo") != std::string::npos);
   }
+  // Hosts numbering their ranks in blocks (as `accel launch` does), runs of round robin and
+  // blocks, and a numbering that fits neither (the leaders' paths).
+  for (const std::string host_of : {"0,0,1,1", "0,1,0,1,2,2", "0,1,1,0"}) {
+    CAPTURE(host_of);
+    const int world = int(host_of.size() + 1) / 2;
+    const auto result = run_ranks(world, "comm_collectives_worker",
+                                  {"--backend", "hierarchical", "--fake_host_of", host_of});
+    expect_all_ranks_pass(result, world);
+    CHECK(count_in_output(result, "no rails") == (host_of == "0,1,1,0" ? world : 0));
+  }
   // "auto" across hosts is the hierarchical one.
   const auto result =
       run_ranks(4, "comm_collectives_worker", {"--backend", "auto", "--fake_hosts", "2"});

@@ -318,6 +318,10 @@ void check_hierarchical_traffic(Communicator& comm, int hosts) {
   auto* hierarchical = dynamic_cast<HierarchicalCommunicator*>(&comm);
   const int world = comm.world_size();
   if (!hierarchical || hosts < 2 || world % hosts != 0) return;
+  if (!hierarchical->has_rails()) {
+    std::printf("rank %d: no rails\n", comm.rank());
+    return;
+  }
   const std::size_t total = std::size_t(world) * 1000;
   const std::uint64_t want = std::uint64_t(hosts - 1) * (total / std::size_t(world)) * 4;
   std::vector<float> full(total, 1.0f), part(total / std::size_t(world));
@@ -522,6 +526,9 @@ int main(int argc, char** argv) {
       fake_hosts = std::atoi(argv[i + 1]);
       test::claim_fake_host(fake_hosts);
     }
+    // --fake_host_of 0,0,1,1: rank r on the r-th host listed.
+    if (std::strcmp(argv[i], "--fake_host_of") == 0)
+      fake_hosts = test::claim_fake_host_of(argv[i + 1]);
   }
   if (absent_rank >= 0) options.timeout = std::chrono::seconds(2);
   try {

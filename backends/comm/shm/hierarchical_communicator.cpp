@@ -52,7 +52,8 @@ HierarchicalCommunicator::HierarchicalCommunicator(const CommOptions& options,
   }
   uniform_ = std::all_of(members_.begin(), members_.end(),
                          [&](const std::vector<int>& m) { return int(m.size()) == widest_host_; });
-  if (hosts_ > 1 && uniform_ && local_index_[rank()] > 0) {
+  if (hosts_ > 1 && uniform_) runs_ = host_runs();
+  if (!runs_.empty() && local_index_[rank()] > 0) {
     CommOptions rail = options;
     rail.rank = host_;
     rail.world_size = hosts_;
@@ -106,8 +107,29 @@ std::string_view HierarchicalCommunicator::between_hosts_backend() const {
   return world_ ? world_->backend_name() : std::string_view();
 }
 
+std::vector<HierarchicalCommunicator::HostRun> HierarchicalCommunicator::host_runs() const {
+  const int locals = widest_host_;
+  // Whether hosts [first, first + k) number their ranks local index first, from their first.
+  const auto fits = [&](int first, int k) {
+    const int base = members_[first].front();
+    for (int h = first; h < first + k; ++h)
+      for (int j = 0; j < locals; ++j)
+        if (members_[h][std::size_t(j)] != base + j * k + (h - first)) return false;
+    return true;
+  };
+  std::vector<HostRun> runs;
+  for (int first = 0; first < hosts_;) {
+    int k = hosts_ - first;
+    while (k > 0 && !fits(first, k)) --k;
+    if (k == 0) return {};
+    runs.push_back({first, k, members_[first].front()});
+    first += k;
+  }
+  return runs;
+}
+
 Communicator* HierarchicalCommunicator::rail() const {
-  if (hosts_ == 1 || !uniform_) return nullptr;
+  if (runs_.empty()) return nullptr;
   return local_index_[rank()] == 0 ? leaders_.get() : rail_.get();
 }
 
@@ -136,83 +158,69 @@ void HierarchicalCommunicator::run_reduce_scatter(Buffer input, Buffer output, R
   if (op == ReduceOp::avg) finish_average(output);
 }
 
-namespace {
+std::vector<std::size_t> HierarchicalCommunicator::rail_counts(const Parts& parts) const {
+  const std::size_t l = std::size_t(local_index_[rank()]);
+  std::vector<std::size_t> counts;
+  for (const auto& m : members_) counts.push_back(parts[std::size_t(m[l])].count);
+  return counts;
+}
 
-// Staging layout for the rails, in elements: [local index l][host h][P], where P is the
-// largest part; slot (l, h) holds the part of rank members_[h][l], zero-padded to P. Local
-// rank l's share of a host reduce_scatter is then rail l's whole input, contiguous.
-struct RailLayout {
-  RailLayout(const Buffer& like, const Parts& parts, int locals, int hosts)
-      : like(like),
-        esize(element_size(like.dtype)),
-        part(parts.largest()),
-        locals(std::size_t(locals)),
-        hosts(std::size_t(hosts)) {}
-  std::size_t rail_count() const { return hosts * part; }  // one rail's elements
-  std::size_t all_count() const { return locals * rail_count(); }
-  std::size_t slot_offset(std::size_t l, std::size_t h) const {
-    return (l * hosts + h) * part * esize;
-  }
-  Buffer view(char* p, std::size_t count) const {
-    return Buffer{p, count, like.dtype, like.device};
-  }
-
-  Buffer like;
-  std::size_t esize, part, locals, hosts;
-};
-
-}  // namespace
+HierarchicalCommunicator::RunRegion HierarchicalCommunicator::region_of(const HostRun& run,
+                                                                        const Parts& parts) const {
+  RunRegion region{parts[std::size_t(run.first_rank)].offset, 0, {}};
+  region.counts.assign(std::size_t(widest_host_), 0);
+  for (int h = run.first_host; h < run.first_host + run.hosts; ++h)
+    for (int j = 0; j < widest_host_; ++j)
+      region.counts[std::size_t(j)] += parts[std::size_t(members_[h][std::size_t(j)])].count;
+  for (std::size_t c : region.counts) region.count += c;
+  return region;
+}
 
 void HierarchicalCommunicator::rail_reduce_scatter(Buffer input, Buffer output, ReduceOp op,
                                                    const Parts& parts, Milliseconds timeout) {
-  const RailLayout rails(input, parts, widest_host_, hosts_);
-  if (rails.part == 0) return;  // every part empty, on every rank alike
-  const std::size_t esize = rails.esize;
-  char* const stage = scratch((rails.all_count() + rails.rail_count() + rails.part) * esize);
-  char* const reduced = stage + rails.all_count() * esize;  // the host sum of this rank's rail
-  // This rank's part, apart from the rail's input: MPI stages an overlapping output in memory
-  // it allocates per call.
-  char* const mine = reduced + rails.rail_count() * esize;
-  for (std::size_t h = 0; h < rails.hosts; ++h)
-    for (std::size_t l = 0; l < rails.locals; ++l) {
-      const Shard s = parts[std::size_t(members_[h][l])];
-      char* const slot = stage + rails.slot_offset(l, h);
-      std::memcpy(slot, static_cast<const char*>(input.data) + s.offset * esize, s.count * esize);
-      std::memset(slot + s.count * esize, 0, (rails.part - s.count) * esize);
-    }
+  if (parts.largest() == 0) return;  // every part empty, on every rank alike
+  const std::size_t esize = element_size(input.dtype);
+  const std::size_t l = std::size_t(local_index_[rank()]);
+  const std::vector<std::size_t> rail_parts = rail_counts(parts);
+  std::size_t total = 0;
+  for (std::size_t c : rail_parts) total += c;
+  // The host sums of this rank's rail, in host order: the rail's reduce_scatter input.
+  char* const reduced = scratch(std::max<std::size_t>(total, 1) * esize);
   const ReduceOp wire = wire_op(op);
-  inner(local_->reduce_scatter(rails.view(stage, rails.all_count()),
-                               rails.view(reduced, rails.rail_count()), wire),
+  std::size_t at = 0;
+  for (const HostRun& run : runs_) {
+    const RunRegion region = region_of(run, parts);
+    const Buffer mine{reduced + at * esize, region.counts[l], input.dtype, input.device};
+    inner(
+        local_->reduce_scatter(input.slice(region.offset, region.count), mine, wire, region.counts),
         timeout, false);
-  inner(rail()->reduce_scatter(rails.view(reduced, rails.rail_count()),
-                               rails.view(mine, rails.part), wire),
+    at += region.counts[l];
+  }
+  inner(rail()->reduce_scatter(Buffer{reduced, total, input.dtype, input.device}, output, wire,
+                               rail_parts),
         timeout, true);
-  std::memcpy(output.data, mine, output.bytes());
   if (op == ReduceOp::avg) finish_average(output);
 }
 
 void HierarchicalCommunicator::rail_all_gather(Buffer input, Buffer output, const Parts& parts,
                                                Milliseconds timeout) {
-  const RailLayout rails(output, parts, widest_host_, hosts_);
-  if (rails.part == 0) return;  // every part empty, on every rank alike
-  char* const stage = scratch(rails.all_count() * rails.esize);
+  if (parts.largest() == 0) return;  // every part empty, on every rank alike
+  const std::size_t esize = element_size(output.dtype);
   const std::size_t l = std::size_t(local_index_[rank()]);
-  char* const my_rail = stage + rails.slot_offset(l, 0);
-  char* const mine = stage + rails.slot_offset(l, std::size_t(host_));
-  std::memcpy(mine, input.data, input.bytes());
-  std::memset(mine + input.bytes(), 0, rails.part * rails.esize - input.bytes());
-  // In place both times: each rank's input is its own slot of the output.
-  inner(rail()->all_gather(rails.view(mine, rails.part), rails.view(my_rail, rails.rail_count())),
+  const std::vector<std::size_t> rail_parts = rail_counts(parts);
+  std::size_t total = 0;
+  for (std::size_t c : rail_parts) total += c;
+  // This rank's rail gathered, in host order: what it contributes to each run's host gather.
+  char* const gathered = scratch(std::max<std::size_t>(total, 1) * esize);
+  inner(rail()->all_gather(input, Buffer{gathered, total, output.dtype, output.device}, rail_parts),
         timeout, true);
-  inner(local_->all_gather(rails.view(my_rail, rails.rail_count()),
-                           rails.view(stage, rails.all_count())),
-        timeout, false);
-  char* const out = static_cast<char*>(output.data);
-  for (int r = 0; r < world_size(); ++r) {
-    const Shard s = parts[std::size_t(r)];
-    const char* const slot =
-        stage + rails.slot_offset(std::size_t(local_index_[r]), std::size_t(host_of_[r]));
-    std::memcpy(out + s.offset * rails.esize, slot, s.count * rails.esize);
+  std::size_t at = 0;
+  for (const HostRun& run : runs_) {
+    const RunRegion region = region_of(run, parts);
+    const Buffer mine{gathered + at * esize, region.counts[l], output.dtype, output.device};
+    inner(local_->all_gather(mine, output.slice(region.offset, region.count), region.counts),
+          timeout, false);
+    at += region.counts[l];
   }
 }
 

@@ -4,17 +4,20 @@
 // ACCEL_HIERARCHICAL_BETWEEN_HOSTS=gloo|mpi overrides).
 //   all_reduce      host sum over shm -> leaders all-reduce -> host broadcast from the leader
 //   broadcast       to the root's leader over shm -> leaders -> every host over shm
-//   reduce_scatter  every host the same number of ranks L ("rails"): the parts rearranged by
-//                   local index, host reduce_scatter over shm (local rank l gets the host sum
-//                   of the parts of every host's l-th rank) -> reduce_scatter over rail l (the
-//                   l-th rank of every host) -> this rank's part. Each byte crosses shm and
-//                   the network once, as in a flat ring: bandwidth-optimal. Hosts of unequal
-//                   sizes: all_reduce on a copy, keep this rank's part
-//   all_gather      the reverse with rails: all_gather over rail l, host all_gather over
-//                   shm, unpack. Unequal hosts: host all_gather into a per-host block (parts
-//                   padded to the largest) -> leaders all_gather the blocks -> host
-//                   broadcast -> unpack
-//   one host        reduce_scatter and all_gather are the shm communicator's own
+//   reduce_scatter  every host the same number of ranks L ("rails"): host reduce_scatters
+//                   over shm (local rank l gets the host sum of the parts of every host's
+//                   l-th rank) -> reduce_scatter over rail l (the l-th rank of every host)
+//                   -> this rank's part. Each byte crosses shm and the network once, as in a
+//                   flat ring: bandwidth-optimal. Nothing is staged: the host reduce_scatters
+//                   read the caller's buffer in place, one per run of hosts (HostRun), so
+//                   hosts must number their ranks in blocks (0-3 on one host, 4-7 on the
+//                   next, as `accel launch` does) or round robin (0, 2 on one, 1, 3 on the
+//                   other), or runs of either. Other numberings, and hosts of unequal sizes:
+//                   all_reduce on a copy, keep this rank's part
+//   all_gather      the reverse: all_gather over rail l into scratch, host all_gathers
+//                   straight into the caller's output. Without rails: host all_gather into
+//                   a per-host block (parts padded to the largest) -> leaders all_gather
+//                   the blocks -> host broadcast -> unpack
 //   barrier         host, leaders, host
 //   send/recv       over shm inside a host; across hosts over a third communicator of the
 //                   whole world made by the same factory (made at construction, because
@@ -46,6 +49,9 @@ class HierarchicalCommunicator final : public Communicator {
   // Bytes this rank has put on the communicators between hosts (counted as bus_bytes counts
   // them), so a test can hold reduce_scatter and all_gather to the bandwidth-optimal volume.
   std::uint64_t between_hosts_bytes() const;
+  // Whether reduce_scatter and all_gather take the rails (hosts of equal size numbering their
+  // ranks in blocks, round robin, or runs of either: see the top of this file).
+  bool has_rails() const { return !runs_.empty(); }
   // What carries the traffic between hosts ("gloo", "mpi"); "" with one host.
   std::string_view between_hosts_backend() const;
 
@@ -65,11 +71,30 @@ class HierarchicalCommunicator final : public Communicator {
   void inner(const WorkPtr& work, Milliseconds timeout, bool between_hosts) const;
   void all_reduce_sum(Buffer data, ReduceOp wire, Milliseconds timeout);
   // The rail of this rank's local index (the leaders' communicator for local index 0); null
-  // when hosts differ in size or there is one host.
+  // without rails (runs_ empty).
   Communicator* rail() const;
-  // Scratch for the rearranged parts, grown on demand and kept: operations run one at a time,
+  // Scratch for the rails' buffers, grown on demand and kept: operations run one at a time,
   // and fresh pages cost more than the copy.
   char* scratch(std::size_t bytes);
+  // Hosts [first_host, first_host + hosts) numbering their ranks local index first: the rank
+  // of local index j on host h is first_rank + j x hosts + (h - first_host). Local rank j's
+  // share of the run is then the parts of its rail's ranks there, contiguous in the buffer,
+  // so one host reduce_scatter (all_gather) covers the run, reading (writing) the caller's
+  // buffer in place.
+  struct HostRun {
+    int first_host, hosts, first_rank;
+  };
+  // The runs covering every host in order, each as long as it can be; empty when some host's
+  // ranks fit no run.
+  std::vector<HostRun> host_runs() const;
+  // A run's piece of the buffer: where it starts, its elements, and each local rank's share.
+  struct RunRegion {
+    std::size_t offset, count;
+    std::vector<std::size_t> counts;
+  };
+  RunRegion region_of(const HostRun& run, const Parts& parts) const;
+  // The parts of this rank's rail's ranks (the l-th rank of every host), in host order.
+  std::vector<std::size_t> rail_counts(const Parts& parts) const;
   void rail_reduce_scatter(Buffer input, Buffer output, ReduceOp op, const Parts& parts,
                            Milliseconds timeout);
   void rail_all_gather(Buffer input, Buffer output, const Parts& parts, Milliseconds timeout);
@@ -78,11 +103,12 @@ class HierarchicalCommunicator final : public Communicator {
   std::vector<int> host_of_, local_index_;
   std::vector<std::vector<int>> members_;  // global ranks of each host, ascending
   int host_ = 0, hosts_ = 1, widest_host_ = 1;
-  CommunicatorPtr local_;    // this host's ranks, over shm
-  CommunicatorPtr leaders_;  // one rank per host; null on the others
-  CommunicatorPtr world_;    // everyone, for send/recv across hosts
-  CommunicatorPtr rail_;     // the l-th rank of every host, for l > 0 (rail())
-  bool uniform_ = false;     // every host has widest_host_ ranks
+  CommunicatorPtr local_;      // this host's ranks, over shm
+  CommunicatorPtr leaders_;    // one rank per host; null on the others
+  CommunicatorPtr world_;      // everyone, for send/recv across hosts
+  CommunicatorPtr rail_;       // the l-th rank of every host, for l > 0 (rail())
+  bool uniform_ = false;       // every host has widest_host_ ranks
+  std::vector<HostRun> runs_;  // empty: no rails (one host, unequal hosts, other numberings)
   std::vector<char> scratch_;
 };
 
