@@ -211,6 +211,77 @@ TEST_CASE("the world of one completes every operation through the same interface
   CHECK_THROWS_AS(comm->send(buffer_of(std::span(in)), 0), InvalidArgument);
 }
 
+namespace {
+// Runs operations of up to 1 KiB inline; records the order operations ran in, and whether two
+// ever ran at once.
+class RecordsOrder final : public test::CommunicatorDouble {
+ public:
+  RecordsOrder() : CommunicatorDouble(0, 2, 10s) { set_inline_max_bytes(1024); }
+  ~RecordsOrder() override { stop_worker(); }
+  std::vector<std::uint64_t> ran;  // sequence numbers, as they ran
+  std::atomic<bool> overlapped{false};
+  // While `hold` is set, an operation of one element signals `held` and waits for `release`.
+  std::atomic<bool> hold{false}, held{false}, release{false};
+
+ protected:
+  void run_all_reduce(Buffer data, ReduceOp, Milliseconds) override {
+    if (running_.exchange(true)) overlapped = true;
+    ran.push_back(current_sequence());
+    if (data.count == 1 && hold) {
+      held = true;
+      while (!release) std::this_thread::yield();
+    }
+    if (data.count > 256) std::this_thread::yield();  // a queued one: let issuers race it
+    running_ = false;
+  }
+
+ private:
+  std::atomic<bool> running_{false};
+};
+}  // namespace
+
+// The inline path ends without the lock: an operation another thread queued meanwhile must
+// still be run (a missed wake-up would leave its wait to time out).
+TEST_CASE("inline and queued operations from several threads run one at a time, in issue order") {
+  RecordsOrder comm;
+  {
+    // One operation queued while an inline one runs, and nothing issued after it.
+    std::vector<float> one(1), large(1024);
+    comm.hold = true;
+    std::thread inline_caller(
+        [&] { comm.all_reduce(buffer_of(std::span(one)), ReduceOp::sum)->wait(); });
+    while (!comm.held) std::this_thread::yield();
+    WorkPtr queued = comm.all_reduce(buffer_of(std::span(large)), ReduceOp::sum);
+    comm.release = true;
+    inline_caller.join();
+    CHECK_NOTHROW(queued->wait(5s));
+    comm.hold = false;
+  }
+  constexpr int kThreads = 4, kOps = 3000;
+  std::vector<std::thread> issuers;
+  std::atomic<int> failed{0};
+  for (int t = 0; t < kThreads; ++t)
+    issuers.emplace_back([&, t] {
+      std::vector<float> small(4), large(1024);  // 16 B runs inline when it can, 4 KiB queues
+      for (int i = 0; i < kOps; ++i) {
+        const bool queue = (i + t) % 3 == 0;
+        auto work = queue ? comm.all_reduce(buffer_of(std::span(large)), ReduceOp::sum)
+                          : comm.all_reduce(buffer_of(std::span(small)), ReduceOp::sum);
+        try {
+          work->wait(5s);
+        } catch (const std::exception&) {
+          ++failed;
+        }
+      }
+    });
+  for (auto& t : issuers) t.join();
+  CHECK(failed == 0);
+  CHECK_FALSE(comm.overlapped);
+  REQUIRE(comm.ran.size() == std::size_t(kThreads * kOps + 2));
+  CHECK(std::is_sorted(comm.ran.begin(), comm.ran.end()));
+  CHECK(comm.ran.back() == std::uint64_t(kThreads * kOps + 2));
+}
+
 // So top -H, perf sched and gdb tell the communicator's thread from the application's.
 TEST_CASE("a communicator's worker thread is named accel-comm") {
   // A worker joined by an earlier test case may leave /proc/self/task a moment after the join.

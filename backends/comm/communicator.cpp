@@ -60,6 +60,7 @@ void Communicator::stop_worker() noexcept {
     std::lock_guard lock(mutex_);
     if (stopping_ && !worker_.joinable()) return;
     stopping_ = true;
+    worker_backlog_.fetch_add(1);  // the worker waits for an inline operation to end, then stops
   }
   queue_cv_.notify_all();
   if (worker_.joinable()) worker_.join();
@@ -169,6 +170,7 @@ void Communicator::worker_loop() {
       if (queue_.empty()) return;  // stopping, drained, nothing in flight
       task = std::move(queue_.front());
       queue_.pop_front();
+      worker_backlog_.fetch_sub(1);
       running_ = true;
     }
     task();
@@ -283,23 +285,26 @@ WorkPtr Communicator::enqueue(OperationLabel label, std::size_t payload_bytes,
   }
   if (inline_enabled_ && payload_bytes <= inline_max_bytes_ && queue_.empty() && !running_) {
     // Nothing ahead of it: run it here, in order, without the round trip to the worker.
-    running_ = true;
+    running_.store(true, std::memory_order_relaxed);  // published by the unlock
     lock.unlock();
     execute(work, run, label, std::move(inputs), /*inline_run=*/true);
-    lock.lock();
-    running_ = false;
-    // Wake the worker only if another thread queued an operation meanwhile: waking it for
-    // nothing costs a context switch per operation, more than a 4 KiB all-reduce itself when
-    // the ranks keep every core busy (perf: futex wake and task switch, about half of an MPI
+    // Without the lock (one lock pair a call less): both sides are seq_cst, so either this
+    // load sees what another thread queued meanwhile, or the worker, checking under the lock
+    // after that thread queued, sees running_ cleared. Waking the worker for nothing would
+    // cost a context switch per operation, more than a 4 KiB all-reduce itself when the
+    // ranks keep every core busy (perf: futex wake and task switch, about half of an MPI
     // 4 KiB all-reduce's time at world 2).
-    const bool queued = !queue_.empty();
-    lock.unlock();
-    if (queued) queue_cv_.notify_all();
+    running_ = false;
+    if (worker_backlog_.load() != 0) {
+      { std::lock_guard relock(mutex_); }  // the worker is now waiting, or will see running_ clear
+      queue_cv_.notify_all();
+    }
     return work;
   }
   queue_.push_back([this, work, run = std::move(run), label, inputs = std::move(inputs)] {
     execute(work, run, label, inputs, /*inline_run=*/false);
   });
+  worker_backlog_.fetch_add(1);
   queue_cv_.notify_all();
   return work;
 }

@@ -244,7 +244,12 @@ class Communicator {
   WorkPtr last_work_;  // new_work's: the last operation's Work, reused once nobody else holds it
   std::atomic<std::uint64_t> bus_bytes_{0};
   bool stopping_ = false;
-  bool running_ = false;          // an operation is executing (on the worker or inline)
+  // An operation is executing (on the worker or inline). Set under mutex_; an inline
+  // operation clears it without the lock (enqueue).
+  std::atomic<bool> running_{false};
+  // queue_.size(), plus 1 once stopping: what the worker waits to do once running_ clears.
+  // Changed under mutex_, read without it by an inline operation ending.
+  std::atomic<std::size_t> worker_backlog_{0};
   OperationLabel current_label_;  // written and read only by whoever executes operations
   std::chrono::steady_clock::time_point current_deadline_;  // as current_label_
   bool inline_enabled_ = false;
