@@ -108,7 +108,13 @@ IFS=, read -ra optimizer_list <<<"$optimizers"
 IFS=, read -ra comm_list <<<"$comms"
 
 # ---- the one environment
-export GLIBC_TUNABLES=glibc.malloc.hugetlb=1:glibc.malloc.mmap_threshold=4294967296:glibc.malloc.trim_threshold=4294967296:glibc.malloc.arena_max=1
+# What `accel launch` gives its CPU workers, asked of it, for the processes it does not start.
+GLIBC_TUNABLES=$("$accel" launch -q --num_machines 1 --num_processes 1 --use_cpu --main_process_port 0 \
+  /usr/bin/printenv GLIBC_TUNABLES | sed 's/^\[rank 0\] //') || {
+  echo "run_step_bench: could not ask accel launch for its GLIBC_TUNABLES" >&2
+  exit 2
+}
+export GLIBC_TUNABLES
 openblas_dir=/usr/lib/x86_64-linux-gnu/openblas-openmp
 if [[ -e "$openblas_dir/libblas.so.3" ]]; then
   export LD_LIBRARY_PATH="$openblas_dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
