@@ -158,70 +158,63 @@ void HierarchicalCommunicator::run_reduce_scatter(Buffer input, Buffer output, R
   if (op == ReduceOp::avg) finish_average(output);
 }
 
-std::vector<std::size_t> HierarchicalCommunicator::rail_counts(const Parts& parts) const {
+HierarchicalCommunicator::RailBuffer HierarchicalCommunicator::rail_buffer(const Parts& parts,
+                                                                           const Buffer& like) {
   const std::size_t l = std::size_t(local_index_[rank()]);
-  std::vector<std::size_t> counts;
-  for (const auto& m : members_) counts.push_back(parts[std::size_t(m[l])].count);
-  return counts;
+  RailBuffer rail;
+  std::size_t total = 0;
+  for (const auto& m : members_) {
+    rail.counts.push_back(parts[std::size_t(m[l])].count);
+    total += rail.counts.back();
+  }
+  char* const data = scratch(std::max<std::size_t>(total, 1) * element_size(like.dtype));
+  rail.data = Buffer{data, total, like.dtype, like.device};
+  return rail;
 }
 
-HierarchicalCommunicator::RunRegion HierarchicalCommunicator::region_of(const HostRun& run,
-                                                                        const Parts& parts) const {
-  RunRegion region{parts[std::size_t(run.first_rank)].offset, 0, {}};
-  region.counts.assign(std::size_t(widest_host_), 0);
-  for (int h = run.first_host; h < run.first_host + run.hosts; ++h)
-    for (int j = 0; j < widest_host_; ++j)
-      region.counts[std::size_t(j)] += parts[std::size_t(members_[h][std::size_t(j)])].count;
-  for (std::size_t c : region.counts) region.count += c;
-  return region;
+template <typename Visit>
+void HierarchicalCommunicator::for_each_run(const Parts& parts, Buffer data, Buffer rail,
+                                            Visit visit) const {
+  const std::size_t l = std::size_t(local_index_[rank()]);
+  std::size_t at = 0;  // elements of `rail` before this run's piece
+  for (const HostRun& run : runs_) {
+    // Local rank j's share: the parts of the run's hosts' j-th ranks, contiguous in `data`.
+    std::vector<std::size_t> counts(std::size_t(widest_host_), 0);
+    for (int h = run.first_host; h < run.first_host + run.hosts; ++h)
+      for (int j = 0; j < widest_host_; ++j)
+        counts[std::size_t(j)] += parts[std::size_t(members_[h][std::size_t(j)])].count;
+    std::size_t count = 0;
+    for (std::size_t c : counts) count += c;
+    visit(data.slice(parts[std::size_t(run.first_rank)].offset, count), rail.slice(at, counts[l]),
+          counts);
+    at += counts[l];
+  }
 }
 
 void HierarchicalCommunicator::rail_reduce_scatter(Buffer input, Buffer output, ReduceOp op,
                                                    const Parts& parts, Milliseconds timeout) {
   if (parts.largest() == 0) return;  // every part empty, on every rank alike
-  const std::size_t esize = element_size(input.dtype);
-  const std::size_t l = std::size_t(local_index_[rank()]);
-  const std::vector<std::size_t> rail_parts = rail_counts(parts);
-  std::size_t total = 0;
-  for (std::size_t c : rail_parts) total += c;
-  // The host sums of this rank's rail, in host order: the rail's reduce_scatter input.
-  char* const reduced = scratch(std::max<std::size_t>(total, 1) * esize);
+  // Filled with the host sums of the rail's parts, run by run: the rail's reduce_scatter input.
+  const RailBuffer sums = rail_buffer(parts, input);
   const ReduceOp wire = wire_op(op);
-  std::size_t at = 0;
-  for (const HostRun& run : runs_) {
-    const RunRegion region = region_of(run, parts);
-    const Buffer mine{reduced + at * esize, region.counts[l], input.dtype, input.device};
-    inner(
-        local_->reduce_scatter(input.slice(region.offset, region.count), mine, wire, region.counts),
-        timeout, false);
-    at += region.counts[l];
-  }
-  inner(rail()->reduce_scatter(Buffer{reduced, total, input.dtype, input.device}, output, wire,
-                               rail_parts),
-        timeout, true);
+  for_each_run(parts, input, sums.data,
+               [&](Buffer region, Buffer mine, const std::vector<std::size_t>& counts) {
+                 inner(local_->reduce_scatter(region, mine, wire, counts), timeout, false);
+               });
+  inner(rail()->reduce_scatter(sums.data, output, wire, sums.counts), timeout, true);
   if (op == ReduceOp::avg) finish_average(output);
 }
 
 void HierarchicalCommunicator::rail_all_gather(Buffer input, Buffer output, const Parts& parts,
                                                Milliseconds timeout) {
   if (parts.largest() == 0) return;  // every part empty, on every rank alike
-  const std::size_t esize = element_size(output.dtype);
-  const std::size_t l = std::size_t(local_index_[rank()]);
-  const std::vector<std::size_t> rail_parts = rail_counts(parts);
-  std::size_t total = 0;
-  for (std::size_t c : rail_parts) total += c;
-  // This rank's rail gathered, in host order: what it contributes to each run's host gather.
-  char* const gathered = scratch(std::max<std::size_t>(total, 1) * esize);
-  inner(rail()->all_gather(input, Buffer{gathered, total, output.dtype, output.device}, rail_parts),
-        timeout, true);
-  std::size_t at = 0;
-  for (const HostRun& run : runs_) {
-    const RunRegion region = region_of(run, parts);
-    const Buffer mine{gathered + at * esize, region.counts[l], output.dtype, output.device};
-    inner(local_->all_gather(mine, output.slice(region.offset, region.count), region.counts),
-          timeout, false);
-    at += region.counts[l];
-  }
+  // The rail's parts gathered: what this rank gives each run's host all_gather.
+  const RailBuffer gathered = rail_buffer(parts, output);
+  inner(rail()->all_gather(input, gathered.data, gathered.counts), timeout, true);
+  for_each_run(parts, output, gathered.data,
+               [&](Buffer region, Buffer mine, const std::vector<std::size_t>& counts) {
+                 inner(local_->all_gather(mine, region, counts), timeout, false);
+               });
 }
 
 void HierarchicalCommunicator::run_all_gather(Buffer input, Buffer output, const Parts& parts,

@@ -87,14 +87,18 @@ class HierarchicalCommunicator final : public Communicator {
   // The runs covering every host in order, each as long as it can be; empty when some host's
   // ranks fit no run.
   std::vector<HostRun> host_runs() const;
-  // A run's piece of the buffer: where it starts, its elements, and each local rank's share.
-  struct RunRegion {
-    std::size_t offset, count;
+  // This rank's rail's parts (those of the l-th rank of every host), in host order, and a
+  // buffer of scratch that holds them all.
+  struct RailBuffer {
     std::vector<std::size_t> counts;
+    Buffer data;
   };
-  RunRegion region_of(const HostRun& run, const Parts& parts) const;
-  // The parts of this rank's rail's ranks (the l-th rank of every host), in host order.
-  std::vector<std::size_t> rail_counts(const Parts& parts) const;
+  RailBuffer rail_buffer(const Parts& parts, const Buffer& like);
+  // visit(region, mine, counts) for each run, in order: the run's region of `data` (the
+  // caller's buffer), this rank's piece of `rail` for it (consecutive pieces, in run order),
+  // and each local rank's elements of the region.
+  template <typename Visit>
+  void for_each_run(const Parts& parts, Buffer data, Buffer rail, Visit visit) const;
   void rail_reduce_scatter(Buffer input, Buffer output, ReduceOp op, const Parts& parts,
                            Milliseconds timeout);
   void rail_all_gather(Buffer input, Buffer output, const Parts& parts, Milliseconds timeout);
