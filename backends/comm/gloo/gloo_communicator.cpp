@@ -194,8 +194,7 @@ void GlooCommunicator::run_reduce_scatter(Buffer input, Buffer output, ReduceOp 
   }
   const ReduceKernel kernel = reduce_kernel(input.dtype, wire_op(op));
   const auto part = [&](int i) { return parts[std::size_t(((i % n) + n) % n)]; };
-  std::size_t largest = 0;
-  for (int i = 0; i < n; ++i) largest = std::max(largest, part(i).count);
+  const std::size_t largest = parts.largest();
 
   // Two staging buffers: the partial sum being sent and the one being received.
   Staging& stage = staging(largest * esize);
