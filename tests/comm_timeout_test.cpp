@@ -327,3 +327,53 @@ TEST_CASE("mismatched shapes are rejected at the call, naming what was wrong") {
   CHECK_THROWS_WITH_AS(create_communicator("nope", CommOptions{}),
                        doctest::Contains("unknown communicator 'nope'"), InvalidArgument);
 }
+
+namespace {
+// Runs operations of up to 1 KiB inline; an all_reduce of two elements fails.
+class FailsOnTwo final : public test::CommunicatorDouble {
+ public:
+  FailsOnTwo() : CommunicatorDouble(0, 2, 10s) { set_inline_max_bytes(1024); }
+  ~FailsOnTwo() override { stop_worker(); }
+
+ protected:
+  void run_all_reduce(Buffer data, ReduceOp, Milliseconds) override {
+    if (data.count == 2) throw CommError("the double refuses two elements");
+  }
+};
+}  // namespace
+
+TEST_CASE("an operation done before its call returns hands out the shared finished Work") {
+  FailsOnTwo comm;
+  std::vector<float> small(4), two(2), large(1024);
+  const WorkPtr first = comm.all_reduce(buffer_of(std::span(small)), ReduceOp::sum);
+  const WorkPtr second = comm.all_reduce(buffer_of(std::span(small)), ReduceOp::sum);
+  // Inline and done: the one finished Work, held without a reference count.
+  CHECK(first->is_completed());
+  CHECK(first.get() == Work::completed().get());
+  CHECK(second.get() == first.get());
+  CHECK(first.use_count() == 0);
+  CHECK_NOTHROW(first->wait(1s));
+  CHECK(first->description() == "an operation that completed before its call returned");
+  // Queued (4 KiB is above the inline limit): a Work of its own, naming the operation.
+  const WorkPtr queued = comm.all_reduce(buffer_of(std::span(large)), ReduceOp::sum);
+  CHECK(queued.get() != Work::completed().get());
+  CHECK(queued->description() == "rank 0: all_reduce(sum, 1024 x f32) #3");
+  queued->wait(5s);
+  // Bus bytes of both paths: 2(n-1)/n x bytes at world 2.
+  CHECK(comm.bus_bytes() == 16 + 16 + 4096);
+  // Failed inline: its own Work, carrying the error.
+  const WorkPtr failed = comm.all_reduce(buffer_of(std::span(two)), ReduceOp::sum);
+  CHECK(failed.get() != Work::completed().get());
+  CHECK(failed->is_completed());
+  CHECK_THROWS_WITH_AS(failed->wait(1s),
+                       doctest::Contains("rank 0: all_reduce(sum, 2 x f32) #4 failed: the double "
+                                         "refuses two elements"),
+                       CommError);
+  // Later operations fail fast, on either path, and still take their numbers.
+  CHECK_THROWS_WITH_AS(comm.all_reduce(buffer_of(std::span(small)), ReduceOp::sum)->wait(1s),
+                       doctest::Contains("#5 not started: the communicator is unusable since"),
+                       CommError);
+  CHECK_THROWS_WITH_AS(comm.all_reduce(buffer_of(std::span(large)), ReduceOp::sum)->wait(5s),
+                       doctest::Contains("#6 not started"), CommError);
+  CHECK(comm.next_sequence() == 7);
+}

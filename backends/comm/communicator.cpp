@@ -58,18 +58,14 @@ Communicator::~Communicator() { stop_worker(); }
 void Communicator::stop_worker() noexcept {
   {
     std::lock_guard lock(mutex_);
-    if (stopping_ && !worker_.joinable()) return;
-    stopping_ = true;
-    worker_backlog_.fetch_add(1);  // the worker waits for an inline operation to end, then stops
+    if ((state_.load() & kStopping) && !worker_.joinable()) return;
+    state_.fetch_or(kStopping);  // the worker waits for an inline operation to end, then stops
   }
   queue_cv_.notify_all();
   if (worker_.joinable()) worker_.join();
 }
 
-std::uint64_t Communicator::next_sequence() const {
-  std::lock_guard lock(mutex_);
-  return next_seq_;
-}
+std::uint64_t Communicator::next_sequence() const { return state_.load() >> kSeqShift; }
 
 void Communicator::finish_average(Buffer data) const {
   divide_elements(data.data, data.count, data.dtype, world_size_);
@@ -151,7 +147,8 @@ void Communicator::worker_loop() {
     std::function<void()> task;
     {
       std::unique_lock lock(mutex_);
-      if (!in_flight_.empty() && (running_ || queue_.empty())) {
+      const auto running = [&] { return (state_.load(std::memory_order_acquire) & kRunning) != 0; };
+      if (!in_flight_.empty() && (running() || queue_.empty())) {
         lock.unlock();
         if (poll_in_flight()) {
           idle_since = std::chrono::steady_clock::now();
@@ -161,24 +158,21 @@ void Communicator::worker_loop() {
         lock.lock();
         if (std::chrono::steady_clock::now() - idle_since > kSpin) {
           pause = std::clamp(pause * 2, std::chrono::microseconds(20), kMaxPause);
-          queue_cv_.wait_for(lock, pause, [&] { return !running_ && !queue_.empty(); });
+          queue_cv_.wait_for(lock, pause, [&] { return !running() && !queue_.empty(); });
         }
         continue;
       }
       // An inline operation may be running on a caller's thread: queued ones wait for it.
-      queue_cv_.wait(lock, [&] { return !running_ && (stopping_ || !queue_.empty()); });
+      queue_cv_.wait(
+          lock, [&] { return !running() && ((state_.load() & kStopping) || !queue_.empty()); });
       if (queue_.empty()) return;  // stopping, drained, nothing in flight
       task = std::move(queue_.front());
       queue_.pop_front();
-      worker_backlog_.fetch_sub(1);
-      running_ = true;
+      // With a backlog no inline claim can be made, so kRunning is clear until this sets it.
+      state_.fetch_add(kRunning - kBacklogOne, std::memory_order_acq_rel);
     }
     task();
-    {
-      std::lock_guard lock(mutex_);
-      running_ = false;
-    }
-    queue_cv_.notify_all();
+    state_.fetch_sub(kRunning, std::memory_order_release);
     // A freshly launched operation: poll it with the short spin first.
     idle_since = std::chrono::steady_clock::now();
     pause = std::chrono::microseconds(0);
@@ -198,33 +192,22 @@ void Communicator::mark_broken(std::string reason) {
 }
 
 template <typename Run>
-void Communicator::execute(const WorkPtr& work, const Run& run, const OperationLabel& label,
-                           std::shared_ptr<void> inputs, bool inline_run) {
-  const std::uint64_t seq = label.seq;
-  // Inline, the caller gets the Work only after this returns: nobody else can hold it yet.
-  auto finish = [&](std::exception_ptr error) {
-    if (inline_run)
-      work->finish_unshared(std::move(error));
-    else
-      work->finish(std::move(error));
-  };
-  if (const std::string broken = broken_reason(); !broken.empty()) {
-    finish(std::make_exception_ptr(
-        CommError(label.text() + " not started: the communicator is unusable since " + broken)));
-    return;
-  }
+std::exception_ptr Communicator::execute(const Run& run, const OperationLabel& label,
+                                         std::shared_ptr<void> inputs, Work* waiting) {
+  if (is_broken_.load(std::memory_order_acquire))
+    return std::make_exception_ptr(CommError(
+        label.text() + " not started: the communicator is unusable since " + broken_reason()));
   std::exception_ptr error;
   current_label_ = label;
   current_inputs_ = std::move(inputs);
-  deferred_.reset();
   // The one clock read of an operation: backends watch this deadline (current_deadline()).
   current_deadline_ = tick_now() + timeout_;
-  if (!inline_run) work->started(current_deadline_);  // for a caller already waiting
+  if (waiting) waiting->started(current_deadline_);  // for a caller already waiting
   std::string missing_text;  // "; ranks not heard from: [1]" after a timeout that knows them
   try {
     run(timeout_);
   } catch (const TimeoutError& e) {
-    const std::vector<int> missing = ranks_not_heard_from(seq);
+    const std::vector<int> missing = ranks_not_heard_from(label.seq);
     if (!missing.empty()) missing_text = "; ranks not heard from: " + format_ranks(missing);
     error = std::make_exception_ptr(TimeoutError(label.text() + " timed out after " +
                                                  std::to_string(timeout_.count()) + " ms" +
@@ -239,13 +222,7 @@ void Communicator::execute(const WorkPtr& work, const Run& run, const OperationL
     mark_broken(label.text() + " failed" + missing_text);
   }
   current_inputs_.reset();
-  if (!error && deferred_) {
-    work->launched(deferred_);
-    in_flight_.push_back({work, std::move(deferred_), current_deadline_, label});
-    return;
-  }
-  deferred_.reset();
-  finish(error);
+  return error;
 }
 
 WorkPtr Communicator::new_work(const OperationLabel& label) {
@@ -260,51 +237,97 @@ WorkPtr Communicator::new_work(const OperationLabel& label) {
   return last_work_;
 }
 
+namespace {
+// A Work for an operation that ended before it was handed out.
+WorkPtr finished_work(const OperationLabel& label, std::exception_ptr error) {
+  if (!error) return Work::completed();
+  auto work = std::make_shared<Work>(label);
+  work->finish_unshared(std::move(error));
+  return work;
+}
+}  // namespace
+
+template <typename Run>
+WorkPtr Communicator::run_inline(const OperationLabel& label, const Run& run) {
+  std::exception_ptr error = execute(run, label, nullptr, nullptr);
+  // Gives the claim back. A thread that queued meanwhile (from another thread) or a stop
+  // left the worker waiting for kRunning to clear: wake it, through mutex_ so that it is
+  // either waiting already or yet to check. Waking it for nothing would cost a context switch
+  // per operation, more than a 4 KiB all-reduce itself when the ranks keep every core busy.
+  if (state_.fetch_sub(kRunning, std::memory_order_acq_rel) & (kBacklogMask | kStopping)) {
+    { std::lock_guard relock(mutex_); }
+    queue_cv_.notify_all();
+  }
+  return finished_work(label, std::move(error));
+}
+
 template <typename Run>
 WorkPtr Communicator::enqueue(OperationLabel label, std::size_t payload_bytes,
                               std::uint64_t bus_bytes, Run run) {
-  std::unique_lock lock(mutex_);
-  // Under the lock that orders the issuing threads, so no locked add (bus_bytes()'s readers
-  // need no more than a relaxed load).
-  bus_bytes_.store(bus_bytes_.load(std::memory_order_relaxed) + bus_bytes,
-                   std::memory_order_relaxed);
   label.rank = rank_;
-  label.seq = next_seq_++;
-  WorkPtr work = new_work(label);
-  if (stopping_) {
-    work->finish(std::make_exception_ptr(CommError(label.text() + ": communicator is shut down")));
-    return work;
+  // inline_* are set in the derived constructor, before any operation.
+  const bool may_inline = inline_enabled_ && payload_bytes <= inline_max_bytes_;
+  if (may_inline) {
+    // Nothing queued, nothing running: claim the run and a sequence number at once and run it
+    // here, in order, without the round trip to the worker (and without mutex_).
+    std::uint64_t s = state_.load(std::memory_order_relaxed);
+    if ((s & (kSeqOne - 1)) == 0 &&
+        state_.compare_exchange_strong(s, s + kSeqOne + kRunning, std::memory_order_acquire,
+                                       std::memory_order_relaxed)) {
+      label.seq = s >> kSeqShift;
+      inline_bus_bytes_.store(inline_bus_bytes_.load(std::memory_order_relaxed) + bus_bytes,
+                              std::memory_order_relaxed);
+      return run_inline(label, run);
+    }
+  }
+  std::unique_lock lock(mutex_);
+  queued_bus_bytes_.store(queued_bus_bytes_.load(std::memory_order_relaxed) + bus_bytes,
+                          std::memory_order_relaxed);
+  std::uint64_t s = state_.load(std::memory_order_relaxed);
+  bool here = false;
+  for (;;) {
+    here = may_inline && (s & (kSeqOne - 1)) == 0;
+    if ((s & kBacklogMask) == kBacklogMask)
+      throw CommError("rank " + std::to_string(rank_) + ": " +
+                      std::to_string(kBacklogMask / kBacklogOne) +
+                      " operations are queued already; wait for some before issuing more");
+    std::uint64_t next = s + kSeqOne;
+    if (here)
+      next += kRunning;
+    else if (!(s & kStopping))
+      next += kBacklogOne;
+    if (state_.compare_exchange_weak(s, next, std::memory_order_acquire, std::memory_order_relaxed))
+      break;
+  }
+  label.seq = s >> kSeqShift;
+  if (s & kStopping)
+    return finished_work(
+        label, std::make_exception_ptr(CommError(label.text() + ": communicator is shut down")));
+  if (here) {
+    lock.unlock();
+    return run_inline(label, run);
   }
   std::shared_ptr<void> inputs;
   try {
     inputs = on_issue(compute_stream_);  // here, in issue order: what the caller queued so far
   } catch (const std::exception& e) {
     mark_broken(label.text() + " failed");
-    work->finish(std::make_exception_ptr(CommError(label.text() + " not issued: " + e.what())));
-    return work;
+    state_.fetch_sub(kBacklogOne);  // not queued after all
+    return finished_work(
+        label, std::make_exception_ptr(CommError(label.text() + " not issued: " + e.what())));
   }
-  if (inline_enabled_ && payload_bytes <= inline_max_bytes_ && queue_.empty() && !running_) {
-    // Nothing ahead of it: run it here, in order, without the round trip to the worker.
-    running_.store(true, std::memory_order_relaxed);  // published by the unlock
-    lock.unlock();
-    execute(work, run, label, std::move(inputs), /*inline_run=*/true);
-    // Without the lock (one lock pair a call less): both sides are seq_cst, so either this
-    // load sees what another thread queued meanwhile, or the worker, checking under the lock
-    // after that thread queued, sees running_ cleared. Waking the worker for nothing would
-    // cost a context switch per operation, more than a 4 KiB all-reduce itself when the
-    // ranks keep every core busy (perf: futex wake and task switch, about half of an MPI
-    // 4 KiB all-reduce's time at world 2).
-    running_ = false;
-    if (worker_backlog_.load() != 0) {
-      { std::lock_guard relock(mutex_); }  // the worker is now waiting, or will see running_ clear
-      queue_cv_.notify_all();
-    }
-    return work;
-  }
+  WorkPtr work = new_work(label);
   queue_.push_back([this, work, run = std::move(run), label, inputs = std::move(inputs)] {
-    execute(work, run, label, inputs, /*inline_run=*/false);
+    deferred_.reset();
+    std::exception_ptr error = execute(run, label, inputs, work.get());
+    if (!error && deferred_) {
+      work->launched(deferred_);
+      in_flight_.push_back({work, std::move(deferred_), current_deadline_, label});
+      return;
+    }
+    deferred_.reset();
+    work->finish(std::move(error));
   });
-  worker_backlog_.fetch_add(1);
   queue_cv_.notify_all();
   return work;
 }
@@ -316,7 +339,8 @@ std::uint64_t Communicator::bus_share(std::size_t bytes, int numerator, int deno
 
 void Communicator::reset_bus_bytes() {
   std::lock_guard lock(mutex_);
-  bus_bytes_.store(0, std::memory_order_relaxed);
+  queued_bus_bytes_.store(0, std::memory_order_relaxed);
+  inline_bus_bytes_.store(0, std::memory_order_relaxed);
 }
 
 WorkPtr Communicator::all_reduce(Buffer data, ReduceOp op) {

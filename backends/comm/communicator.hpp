@@ -139,7 +139,10 @@ class Communicator {
   // algorithm-independent volume: all_reduce 2(n-1)/n x bytes, reduce_scatter (n-1)/n x input
   // bytes, all_gather (n-1)/n x output bytes, broadcast and send their bytes (n > 1), barrier
   // and recv nothing; a world of one moves nothing. Counted when an operation is issued.
-  std::uint64_t bus_bytes() const { return bus_bytes_.load(std::memory_order_relaxed); }
+  std::uint64_t bus_bytes() const {
+    return queued_bus_bytes_.load(std::memory_order_relaxed) +
+           inline_bus_bytes_.load(std::memory_order_relaxed);
+  }
   void reset_bus_bytes();
 
  protected:
@@ -210,23 +213,26 @@ class Communicator {
   template <typename Run>
   WorkPtr enqueue(OperationLabel label, std::size_t payload_bytes, std::uint64_t bus_bytes,
                   Run run);
+  // Runs an operation on the caller's thread, which has claimed kRunning; gives the claim up.
+  template <typename Run>
+  WorkPtr run_inline(const OperationLabel& label, const Run& run);
   WorkPtr issue_all_gather(Buffer input, Buffer output, Parts parts);
   WorkPtr issue_reduce_scatter(Buffer input, Buffer output, ReduceOp op, Parts parts);
   // This rank's bus bytes for an operation on `bytes` (bus_bytes()): x numerator/denominator.
   std::uint64_t bus_share(std::size_t bytes, int numerator, int denominator) const;
-  // The Work for a new operation: the last one again when its caller has let go of it (no
-  // allocation), else a new one. With mutex_ held.
+  // The Work for a new queued operation: the last one again when its caller has let go of it
+  // (no allocation), else a new one. With mutex_ held.
   WorkPtr new_work(const OperationLabel& label);
   Parts parts_of(const char* op, const std::vector<std::size_t>& counts, std::size_t total) const;
   void worker_loop();
   // Worker thread: finishes launched device operations that completed, failed or timed out,
   // in launch order; returns whether any did.
   bool poll_in_flight();
-  // Runs one operation (on the worker, or inline on the caller's thread before its Work is
-  // handed out) and finishes its Work.
+  // Runs one operation (on the worker, or inline on the caller's thread) and returns its
+  // error. `waiting` (queued operations only) learns the operation's deadline as it starts.
   template <typename Run>
-  void execute(const WorkPtr& work, const Run& run, const OperationLabel& label,
-               std::shared_ptr<void> inputs, bool inline_run);
+  std::exception_ptr execute(const Run& run, const OperationLabel& label,
+                             std::shared_ptr<void> inputs, Work* waiting);
   // Whether the communicator failed, and why (broken_); the flag spares every operation the
   // lock and the string copy while it has not.
   std::string broken_reason() const;
@@ -237,19 +243,33 @@ class Communicator {
   const int world_size_;
   const Milliseconds timeout_;
 
+  // Who may execute, and the next sequence number, in one word, so an operation that runs
+  // inline claims both with one compare-and-swap and gives them back with one subtraction,
+  // without mutex_ (bench/README, "One word for the inline path"):
+  //   kRunning   an operation is executing (on the worker, or inline on a caller's thread);
+  //   kStopping  stop_worker() was called;
+  //   backlog    operations queued for the worker (queue_.size(); changed under mutex_);
+  //   sequence   the next operation's number, from bit kSeqShift (40 bits: it wraps after
+  //              2^40 operations, on every rank alike).
+  // An inline claim needs the word's low bits all clear: nothing queued, nothing running, not
+  // stopping. The worker claims kRunning only while it has a backlog, which an inline claim
+  // never has, so the two never both hold it.
+  static constexpr std::uint64_t kRunning = 1;
+  static constexpr std::uint64_t kStopping = 2;
+  static constexpr std::uint64_t kBacklogOne = 4;
+  static constexpr int kSeqShift = 24;
+  static constexpr std::uint64_t kBacklogMask = (std::uint64_t(1) << kSeqShift) - kBacklogOne;
+  static constexpr std::uint64_t kSeqOne = std::uint64_t(1) << kSeqShift;
+  std::atomic<std::uint64_t> state_{kSeqOne};
+
   mutable std::mutex mutex_;
   std::condition_variable queue_cv_;
   std::deque<std::function<void()>> queue_;
-  std::uint64_t next_seq_ = 1;
   WorkPtr last_work_;  // new_work's: the last operation's Work, reused once nobody else holds it
-  std::atomic<std::uint64_t> bus_bytes_{0};
-  bool stopping_ = false;
-  // An operation is executing (on the worker or inline). Set under mutex_; an inline
-  // operation clears it without the lock (enqueue).
-  std::atomic<bool> running_{false};
-  // queue_.size(), plus 1 once stopping: what the worker waits to do once running_ clears.
-  // Changed under mutex_, read without it by an inline operation ending.
-  std::atomic<std::size_t> worker_backlog_{0};
+  // bus_bytes(), in two parts so no issuing path needs a locked add: queued operations' under
+  // mutex_, inline ones' by whoever holds the inline claim (the claims are ordered by state_).
+  std::atomic<std::uint64_t> queued_bus_bytes_{0};
+  std::atomic<std::uint64_t> inline_bus_bytes_{0};
   OperationLabel current_label_;  // written and read only by whoever executes operations
   std::chrono::steady_clock::time_point current_deadline_;  // as current_label_
   bool inline_enabled_ = false;

@@ -36,6 +36,21 @@ std::string OperationLabel::text() const {
   return "rank " + std::to_string(rank) + ": " + what + " #" + std::to_string(seq);
 }
 
+WorkPtr Work::completed() {
+  static Work* const done = [] {
+    auto* work = new Work(OperationLabel{});
+    work->finish_unshared(nullptr);
+    return work;
+  }();
+  // The aliasing constructor with no owner: copies and drops touch no count.
+  return WorkPtr(WorkPtr(), done);
+}
+
+std::string Work::description() const {
+  if (this == completed().get()) return "an operation that completed before its call returned";
+  return label_.text();
+}
+
 template <typename Ready>
 bool Work::wait_for_verdict(std::unique_lock<std::mutex>& lock, std::chrono::milliseconds timeout,
                             Ready ready) {

@@ -68,9 +68,21 @@ struct OperationLabel {
   std::string text() const;
 };
 
+class Work;
+using WorkPtr = std::shared_ptr<Work>;
+
 class Work {
  public:
   explicit Work(const OperationLabel& label) : label_(label) {}
+
+  // The Work of every operation that completed without error before its call returned (run
+  // inline): one object for the whole process, never destroyed, handed out without a
+  // reference count. Copying and dropping a counted shared_ptr are a locked add each, per
+  // call, which cost a 4 KiB MPI all_gather at world 2 as much as the rest of the front end
+  // (bench/README, "One word for the inline path"). It is complete and never changes, so a
+  // holder sees what a Work of its own would show; only description() does not name the
+  // operation.
+  static WorkPtr completed();
 
   // Blocks until the operation finished; rethrows its error. Throws TimeoutError naming the
   // operation when it has not finished within `timeout`, unless the communicator's own
@@ -86,7 +98,7 @@ class Work {
   void wait_stream(DeviceStream stream, std::chrono::milliseconds timeout = kDefaultCommTimeout);
   bool is_completed() const;
   // "rank 1: all_reduce(sum, 16 x f32) #7"
-  std::string description() const { return label_.text(); }
+  std::string description() const;
 
   // Called once by whoever ran the operation.
   void finish(std::exception_ptr error = nullptr);
@@ -96,11 +108,10 @@ class Work {
   // `deadline` (+ kVerdictSlack).
   void started(std::chrono::steady_clock::time_point deadline);
 
-  // An operation run on the caller's thread (inline) is finished before its Work is handed
-  // out, and the communicator reuses a finished Work nobody else holds: no other thread can
-  // see the Work in either case, so neither takes the lock. With wait()'s lock-free check of a
-  // finished Work, an inline operation takes no Work lock at all: at world 1, lock and unlock
-  // were over half of an inline MPI operation's own time (perf).
+  // A Work finished before it is handed out (an inline operation that failed), and one the
+  // communicator reuses because nobody else holds it: no other thread can see the Work, so
+  // neither takes the lock. At world 1, lock and unlock were over half of an inline MPI
+  // operation's own time (perf).
   void finish_unshared(std::exception_ptr error);
   void reuse(const OperationLabel& label);
 
@@ -122,7 +133,5 @@ class Work {
   std::shared_ptr<DeviceCompletion> completion_;  // while launched and not finished
   std::optional<std::chrono::steady_clock::time_point> deadline_;  // once started
 };
-
-using WorkPtr = std::shared_ptr<Work>;
 
 }  // namespace accel
