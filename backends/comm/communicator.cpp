@@ -281,8 +281,6 @@ WorkPtr Communicator::enqueue(OperationLabel label, std::size_t payload_bytes,
     }
   }
   std::unique_lock lock(mutex_);
-  queued_bus_bytes_.store(queued_bus_bytes_.load(std::memory_order_relaxed) + bus_bytes,
-                          std::memory_order_relaxed);
   std::uint64_t s = state_.load(std::memory_order_relaxed);
   bool here = false;
   for (;;) {
@@ -300,6 +298,8 @@ WorkPtr Communicator::enqueue(OperationLabel label, std::size_t payload_bytes,
       break;
   }
   label.seq = s >> kSeqShift;
+  queued_bus_bytes_.store(queued_bus_bytes_.load(std::memory_order_relaxed) + bus_bytes,
+                          std::memory_order_relaxed);
   if (s & kStopping)
     return finished_work(
         label, std::make_exception_ptr(CommError(label.text() + ": communicator is shut down")));
