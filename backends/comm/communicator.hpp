@@ -178,11 +178,12 @@ class Communicator {
   // operation by the base, so a backend that watches the time needs no clock read of its own.
   std::chrono::steady_clock::time_point current_deadline() const { return current_deadline_; }
 
-  // Device backends: runs on the caller's thread as each operation is issued, in issue order
-  // (with the issue lock held: it must not call back into this class); `compute_stream` is
-  // compute_stream() at that moment. What it returns is handed to that operation's run_* as
+  // Device backends: runs on the caller's thread as each queued operation is issued, in issue
+  // order (with the issue lock held: it must not call back into this class); `compute_stream`
+  // is compute_stream() at that moment. What it returns is handed to that operation's run_* as
   // issued_inputs() (NCCL: an event recorded on the compute stream, which its own stream then
-  // waits for). Default: nothing.
+  // waits for). Operations run inline skip it: a backend that opts into inline execution
+  // must not need it. Default: nothing.
   virtual std::shared_ptr<void> on_issue(DeviceStream compute_stream) {
     (void)compute_stream;
     return nullptr;
