@@ -81,11 +81,7 @@ fi
 summary=()
 failed=0
 # What `accel launch` gives its CPU workers, for the runs under a bare mpirun.
-worker_tunables=$("$build/bin/accel" launch -q --num_machines 1 --num_processes 1 --use_cpu --main_process_port 0 \
-  /usr/bin/printenv GLIBC_TUNABLES | sed 's/^\[rank 0\] //') || {
-  echo "run_perf_goals: could not ask accel launch for its GLIBC_TUNABLES" >&2
-  exit 2
-}
+worker_tunables=$("$repo/bench/worker_tunables.sh" "$build/bin/accel") || exit 2
 # Rendezvous ports: random, so that runs beside others (ctest -j) rarely meet on one.
 port_base=$((20000 + RANDOM % 20000))
 

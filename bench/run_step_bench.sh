@@ -108,12 +108,8 @@ IFS=, read -ra optimizer_list <<<"$optimizers"
 IFS=, read -ra comm_list <<<"$comms"
 
 # ---- the one environment
-# What `accel launch` gives its CPU workers, asked of it, for the processes it does not start.
-GLIBC_TUNABLES=$("$accel" launch -q --num_machines 1 --num_processes 1 --use_cpu --main_process_port 0 \
-  /usr/bin/printenv GLIBC_TUNABLES | sed 's/^\[rank 0\] //') || {
-  echo "run_step_bench: could not ask accel launch for its GLIBC_TUNABLES" >&2
-  exit 2
-}
+# What `accel launch` gives its CPU workers, for the processes it does not start.
+GLIBC_TUNABLES=$("$repo/bench/worker_tunables.sh" "$accel") || exit 2
 export GLIBC_TUNABLES
 openblas_dir=/usr/lib/x86_64-linux-gnu/openblas-openmp
 if [[ -e "$openblas_dir/libblas.so.3" ]]; then

@@ -271,7 +271,7 @@ WorkPtr Communicator::enqueue(OperationLabel label, std::size_t payload_bytes,
     // Nothing queued, nothing running: claim the run and a sequence number at once and run it
     // here, in order, without the round trip to the worker (and without mutex_).
     std::uint64_t s = state_.load(std::memory_order_relaxed);
-    if ((s & (kSeqOne - 1)) == 0 &&
+    if ((s & kBusy) == 0 &&
         state_.compare_exchange_strong(s, s + kSeqOne + kRunning, std::memory_order_acquire,
                                        std::memory_order_relaxed)) {
       label.seq = s >> kSeqShift;
@@ -284,7 +284,7 @@ WorkPtr Communicator::enqueue(OperationLabel label, std::size_t payload_bytes,
   std::uint64_t s = state_.load(std::memory_order_relaxed);
   bool here = false;
   for (;;) {
-    here = may_inline && (s & (kSeqOne - 1)) == 0;
+    here = may_inline && (s & kBusy) == 0;
     if ((s & kBacklogMask) == kBacklogMask)
       throw CommError("rank " + std::to_string(rank_) + ": " +
                       std::to_string(kBacklogMask / kBacklogOne) +

@@ -261,6 +261,8 @@ class Communicator {
   static constexpr int kSeqShift = 24;
   static constexpr std::uint64_t kBacklogMask = (std::uint64_t(1) << kSeqShift) - kBacklogOne;
   static constexpr std::uint64_t kSeqOne = std::uint64_t(1) << kSeqShift;
+  // The bits an inline claim needs clear: running, stopping and the backlog.
+  static constexpr std::uint64_t kBusy = kSeqOne - 1;
   std::atomic<std::uint64_t> state_{kSeqOne};
 
   mutable std::mutex mutex_;

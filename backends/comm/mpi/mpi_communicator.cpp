@@ -713,14 +713,13 @@ constexpr std::size_t kRingReduceScatterBytes = std::size_t(256) << 10;
 void MpiCommunicator::run_reduce_scatter(Buffer input, Buffer output, ReduceOp op,
                                          const Parts& parts, Milliseconds) {
   const int world = world_size();
-  const int me = rank();
-  const MPI_Datatype type = mpi_type(input.dtype);
-  const std::size_t largest = parts.largest();
-  if (largest <= kMaxCount && (world == 2 || input.bytes() >= kRingReduceScatterBytes)) {
+  if (parts.largest() <= kMaxCount && (world == 2 || input.bytes() >= kRingReduceScatterBytes)) {
     ring_reduce_scatter(input, output, wire_op(op), parts);
     if (op == ReduceOp::avg) finish_average(output);
     return;
   }
+  const int me = rank();
+  const MPI_Datatype type = mpi_type(input.dtype);
   const MPI_Op mop = mpi_op(input.dtype, wire_op(op));
   // MPI forbids the result overlapping the input (an in-place reduce-scatter, say): reduce
   // into staging then, and copy this rank's part over afterwards.
