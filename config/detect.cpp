@@ -1,28 +1,15 @@
 #include "config/detect.hpp"
 
-#include <sched.h>
-
 #include <algorithm>
 #include <cctype>
 #include <cstdlib>
 #include <filesystem>
 #include <string_view>
-#include <thread>
+
+#include "core/host_cores.hpp"
 
 namespace accel::config {
 namespace {
-
-int count_cpu_cores() {
-  // The affinity mask, not the machine: under a cpuset (containers, taskset, Slurm) only
-  // those cores are ours, and sizing the job by the machine would oversubscribe them.
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof(set), &set) == 0) {
-    const int n = CPU_COUNT(&set);
-    if (n > 0) return n;
-  }
-  return std::max(1u, std::thread::hardware_concurrency());
-}
 
 int count_gpu_devices() {
   // /dev/nvidia0, /dev/nvidia1, ... (not nvidiactl, nvidia-uvm): one per GPU the driver exposes.
@@ -62,7 +49,9 @@ int count_visible(std::string_view list) {
 
 Hardware detect_hardware() {
   Hardware hw;
-  hw.cpu_cores = count_cpu_cores();
+  // The affinity mask, not the machine: under a cpuset (containers, taskset, Slurm) only
+  // those cores are ours, and sizing the job by the machine would oversubscribe them.
+  hw.cpu_cores = usable_cores();
   hw.gpus = count_gpu_devices();
   if (const char* visible = std::getenv("CUDA_VISIBLE_DEVICES"); visible != nullptr)
     hw.gpus = std::min(hw.gpus, count_visible(visible));

@@ -6,6 +6,8 @@
 #include <filesystem>
 #include <set>
 
+#include "core/host_cores.hpp"
+
 namespace accel::launch {
 
 std::string find_mpirun_executable() {
@@ -33,7 +35,7 @@ std::vector<std::string> mpirun_command(const MpirunPlan& plan) {
   if (hostfile) {
     argv.push_back("--hostfile");
     argv.push_back(plan.options.mpi_hostfile);
-  } else if (plan.local_processes > usable_cpu_count()) {
+  } else if (plan.local_processes > usable_cores()) {
     argv.push_back("--oversubscribe");
   }
   argv.insert(argv.end(),

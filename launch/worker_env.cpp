@@ -3,16 +3,15 @@
 #include <arpa/inet.h>
 #include <gnu/libc-version.h>
 #include <netdb.h>
-#include <sched.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <thread>
 
 #include "config/resolve.hpp"
+#include "core/host_cores.hpp"
 
 namespace accel::launch {
 namespace {
@@ -42,12 +41,6 @@ void add_default(WorkerEnvPlan& plan, EnvDefault d) {
 }
 
 }  // namespace
-
-int usable_cpu_count() {
-  cpu_set_t set;
-  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
-  return int(std::max(1u, std::thread::hardware_concurrency()));
-}
 
 bool is_loopback(const std::string& host) {
   return host == "localhost" || host.starts_with("127.") || host == "::1";
@@ -112,7 +105,7 @@ WorkerEnvPlan plan_worker_env(const config::Config& config, const LaunchOptions&
   } else if (options.env_defaults.omp_num_threads && !env_set("OMP_NUM_THREADS")) {
     // Without it every worker's OpenMP (LibTorch, OpenBLAS) starts one thread per core, and
     // N workers oversubscribe the machine N times.
-    const int cores = usable_cpu_count();
+    const int cores = usable_cores();
     const int threads = std::max(1, cores / std::max(1, layout.local_world_size));
     add_default(plan,
                 {"OMP_NUM_THREADS", std::to_string(threads),

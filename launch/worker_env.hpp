@@ -60,9 +60,6 @@ EnvList rank_env(const JobLayout& layout, int local_rank);
 // but for an elastic job growing), the restarts allowed, and TORCHELASTIC_RUN_ID (--rdzv_id).
 EnvList restart_env(int attempt, int restarts, int max_restarts, const std::string& run_id);
 
-// CPUs this process may run on (its affinity mask; the whole machine without one).
-int usable_cpu_count();
-
 // The local address the kernel would use to reach `host` ("" when it has no route): the
 // address Gloo must listen on for the other machines to reach this one.
 std::string local_address_toward(const std::string& host);

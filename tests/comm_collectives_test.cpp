@@ -19,6 +19,7 @@
 #include <cstring>
 
 #include "backends/comm/registry.hpp"
+#include "core/host_cores.hpp"
 #include "tests/support/ranks.hpp"
 #include "tests/support/shm_segments.hpp"
 #include "tests/support/skip.hpp"
@@ -117,6 +118,32 @@ TEST_CASE("mpi: a bad tuning variable is refused at the join, naming it") {
     CHECK(result.exit_code() != 0);
     CHECK(result.workers.at(0).output.find(std::string(name) + "='50us' is not a whole number") !=
           std::string::npos);
+  }
+}
+
+TEST_CASE("mpi: above 4 MiB an operation runs on the caller's thread where no core is spare") {
+  if (skip_unless(communicator_available("mpi"), "mpi communicator not built (no libopenmpi-dev)"))
+    return;
+  if (skip_unless(!find_mpirun().empty(), "mpirun not found (openmpi-bin not installed)")) return;
+  // LOCAL_WORLD_SIZE (read before Open MPI's own count) poses as 1 rank on this host, then as
+  // one rank per core: with a core to spare the 8 MiB all_reduce goes to the worker thread,
+  // without one it runs inline. A 4 KiB one runs inline either way.
+  const std::string eight_mib = std::to_string(8u << 20);
+  for (const int ranks_here : {1, online_cores()}) {
+    CAPTURE(ranks_here);
+    const bool overlap = worker_can_overlap(ranks_here, online_cores(), usable_cores());
+    RanksOptions options;
+    options.env = {{"LOCAL_WORLD_SIZE", std::to_string(ranks_here)}};
+    for (const std::string& bytes : {eight_mib, std::string("4096")}) {
+      CAPTURE(bytes);
+      const auto result = run_under_mpirun(2, "comm_collectives_worker",
+                                           {"--backend", "mpi", "--where_runs", bytes}, options);
+      INFO(describe(result));
+      CHECK(result.exit_code() == 0);
+      const bool queued = overlap && bytes == eight_mib;
+      CHECK(count_in_output(result, bytes + " bytes ran " + (queued ? "queued" : "inline") +
+                                        "; worker can overlap: " + (overlap ? "yes" : "no")) == 2);
+    }
   }
 }
 

@@ -27,6 +27,7 @@
 #include "backends/comm/shm/hierarchical_communicator.hpp"
 #endif
 #include "core/error.hpp"
+#include "core/host_cores.hpp"
 #include "tests/support/fake_hosts.hpp"
 #include "tests/support/staging.hpp"
 #include "tests/support/typed_values.hpp"
@@ -485,6 +486,19 @@ int two_communicators(Communicator& comm) {
   return wrong == 0 ? 0 : 1;
 }
 
+// --where_runs BYTES: one all_reduce of BYTES (f32), then prints "rank R: BYTES bytes ran
+// inline" when the call returned the shared finished Work (it ran on this thread, work.hpp),
+// else "... ran queued", and whether the worker could overlap here (core/host_cores.hpp).
+int where_runs(Communicator& comm, std::size_t bytes) {
+  std::vector<float> data(bytes / sizeof(float), 1.0f);
+  const WorkPtr work = comm.all_reduce(buffer_of(std::span(data)), ReduceOp::sum);
+  const bool ran_inline = work == Work::completed();
+  work->wait();
+  std::printf("rank %d: %zu bytes ran %s; worker can overlap: %s\n", comm.rank(), bytes,
+              ran_inline ? "inline" : "queued", worker_can_overlap() ? "yes" : "no");
+  return data[0] == float(comm.world_size()) ? 0 : 1;
+}
+
 #if ACCEL_TEST_MPI
 // --finalize_first (mpi): after an all_reduce together, the application calls MPI_Finalize
 // itself, then asks for another. That one must fail with a CommError saying MPI is finalised,
@@ -510,6 +524,7 @@ int finalize_first(Communicator& comm) {
 int main(int argc, char** argv) {
   ProcessGroupOptions options;
   int kill_rank = -1, absent_rank = -1, fake_hosts = 0;
+  std::size_t where_runs_bytes = 0;
   bool mismatch = false, two = false;
   [[maybe_unused]] bool finalize = false;  // --finalize_first, with MPI only
   for (int i = 1; i < argc; ++i) {
@@ -521,6 +536,7 @@ int main(int argc, char** argv) {
     if (std::strcmp(argv[i], "--backend") == 0) options.backend = argv[i + 1];
     if (std::strcmp(argv[i], "--kill_rank") == 0) kill_rank = std::atoi(argv[i + 1]);
     if (std::strcmp(argv[i], "--absent_rank") == 0) absent_rank = std::atoi(argv[i + 1]);
+    if (std::strcmp(argv[i], "--where_runs") == 0) where_runs_bytes = std::stoul(argv[i + 1]);
     // --fake_hosts H: one machine looks like H hosts to the hierarchical communicator.
     if (std::strcmp(argv[i], "--fake_hosts") == 0) {
       fake_hosts = std::atoi(argv[i + 1]);
@@ -538,6 +554,7 @@ int main(int argc, char** argv) {
     if (absent_rank >= 0) return absent_from_collective(comm, absent_rank);
     if (mismatch) return symmetric_mismatch(comm);
     if (two) return two_communicators(comm);
+    if (where_runs_bytes > 0) return where_runs(comm, where_runs_bytes);
 #if ACCEL_TEST_MPI
     if (finalize) return finalize_first(comm);
 #endif

@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "config/config.hpp"
+#include "core/host_cores.hpp"
 #include "core/tcp_store.hpp"
 #include "launch/worker_env.hpp"
 #include "tests/support/files.hpp"
@@ -124,7 +125,7 @@ TEST_CASE(
     args.insert(args.end(), show.begin(), show.end());
     return args;
   };
-  const int cores = launch::usable_cpu_count();  // what the launcher divides
+  const int cores = usable_cores();  // what the launcher divides
   const std::string omp = std::to_string(std::max(1, cores / 2));
 
   auto out = accel_command(with({}));

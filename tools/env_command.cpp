@@ -9,11 +9,11 @@
 #include <cstdio>
 #include <fstream>
 #include <string>
-#include <thread>
 
 #include "backends/comm/registry.hpp"
 #include "config/resolve.hpp"
 #include "core/error.hpp"
+#include "core/host_cores.hpp"
 #include "launch/summary.hpp"
 #include "launch/worker_env.hpp"
 #include "tools/commands.hpp"
@@ -107,8 +107,7 @@ int run_env_command(int argc, char** argv) {
   std::string comms;
   for (const auto& c : available_communicators()) comms += (comms.empty() ? "" : ", ") + c;
   row("Communicators", comms);
-  row("CPU cores", std::to_string(launch::usable_cpu_count()) + " usable of " +
-                       std::to_string(std::thread::hardware_concurrency()));
+  row("CPU cores", std::to_string(usable_cores()) + " usable of " + std::to_string(online_cores()));
   row("Memory", memory());
 
   std::puts("\nConfig in effect (command line > environment > config file > default):");

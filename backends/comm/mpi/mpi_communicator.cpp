@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -20,6 +21,7 @@
 #include "backends/comm/mpi/mpi_watchdog.hpp"
 #include "core/env_value.hpp"
 #include "core/error.hpp"
+#include "core/host_cores.hpp"
 #include "core/store_join.hpp"
 
 // The most elements one MPI call is given. MPI counts are int, hence INT_MAX; a test may
@@ -285,12 +287,9 @@ void check_tag(std::uint32_t tag, int tag_ub, const char* op) {
 // asks first, so a bad value fails the join.
 Clock::duration spin_window() {
   static const Clock::duration window = [] {
-    // The launcher's count of ranks on this host (Open MPI, MPICH/Hydra); unknown: yield.
-    const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
-    if (!local || !*local) local = std::getenv("MPI_LOCALNRANKS");
-    const long ranks_here = local && *local ? std::strtol(local, nullptr, 10) : 0;
-    const long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    const bool spin = ranks_here >= 1 && ranks_here <= cores;
+    // Ranks on this host unknown: yield.
+    const int ranks_here = ranks_on_this_host();
+    const bool spin = ranks_here >= 1 && ranks_here <= online_cores();
     return Clock::duration(std::chrono::microseconds(env_uint("ACCEL_MPI_SPIN_US", spin ? 50 : 0)));
   }();
   return window;
@@ -437,10 +436,13 @@ class Pending {
   std::unique_ptr<Scratch> scratch_;
 };
 
-// kInlineBytes, or ACCEL_MPI_INLINE_BYTES (experiments; mpi_world() asks first).
+// kInlineBytes where the worker thread can run beside the caller, else every size (the
+// hand-off then buys no overlap: bench/README, "MPI on the caller's thread when no core is
+// spare"); ACCEL_MPI_INLINE_BYTES overrides (experiments; mpi_world() asks first).
 std::size_t inline_max_bytes() {
-  static const std::size_t bytes =
-      env_uint("ACCEL_MPI_INLINE_BYTES", MpiCommunicator::kInlineBytes);
+  static const std::size_t bytes = env_uint(
+      "ACCEL_MPI_INLINE_BYTES", worker_can_overlap() ? MpiCommunicator::kInlineBytes
+                                                     : std::numeric_limits<std::size_t>::max());
   return bytes;
 }
 

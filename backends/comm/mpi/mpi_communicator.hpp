@@ -27,8 +27,11 @@
 // with comm_bench at world 2 (bench/README): a 4 KiB all-reduce 16.6 us queued, 8.2 us inline;
 // at 512 KiB to 2 MiB, queued ran at 0.64-0.88 of raw MPI's speed, inline at 0.89-1.00. Above
 // 4 MiB the hand-off is a few percent of the operation, and a caller that goes on computing
-// (DDP's buckets during backward) keeps the overlap. ACCEL_MPI_INLINE_BYTES overrides the
-// limit (0: only barriers), for experiments.
+// (DDP's buckets during backward) keeps the overlap -- where the worker has a core to run on
+// beside the caller (core/host_cores.hpp, worker_can_overlap). Where it has none (as many
+// ranks on the host as cores, or a rank bound to one core), every operation runs inline: the
+// worker would only take turns with the caller. ACCEL_MPI_INLINE_BYTES overrides the limit
+// (0: only barriers), for experiments.
 //
 // Counts above INT_MAX (MPI counts are int) are not rejected: all_reduce and broadcast run
 // as several MPI calls of at most INT_MAX elements; all_gather and reduce_scatter fall back

@@ -1,6 +1,5 @@
 #include "backends/comm/shm/shm_communicator.hpp"
 
-#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -11,6 +10,7 @@
 
 #include "core/env_value.hpp"
 #include "core/error.hpp"
+#include "core/host_cores.hpp"
 #include "core/prefix_store.hpp"
 
 namespace accel {
@@ -18,13 +18,6 @@ namespace {
 
 constexpr std::size_t kDefaultSlotBytes = 1u << 20;
 constexpr std::size_t kMaxMailboxBytes = 64u << 10;
-
-int usable_cpus() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof set, &set) != 0) return int(sysconf(_SC_NPROCESSORS_ONLN));
-  return CPU_COUNT(&set);
-}
 
 // Slots must hold whole elements of every dtype, and world windows of them (reduce_scatter).
 std::size_t slot_bytes_for(int world) {
@@ -52,7 +45,7 @@ ShmCommunicator::ShmCommunicator(const CommOptions& options)
   // Otherwise the core is this rank's anyway, and a futex sleep costs tens of microseconds to
   // wake from: measured on an idle 2-core machine, a 4 KiB all-reduce at world 2 averaged
   // 3.6-10 us with a 200 us spin against 10-41 us with 20 us.
-  const bool oversubscribed = world_size() > usable_cpus();
+  const bool oversubscribed = world_size() > usable_cores();
   policy_.spin =
       std::chrono::microseconds(env_uint("ACCEL_SHM_SPIN_US", oversubscribed ? 2 : 200, 1));
   // Measured on a loaded 2-core machine: yielding while spinning halved to quartered the
