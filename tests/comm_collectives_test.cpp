@@ -155,6 +155,7 @@ TEST_CASE("gloo and shm: a bad tuning variable is refused at the join, naming it
        {Knob{"gloo", "ACCEL_GLOO_INLINE_BYTES", "-1", "is not a whole number"},
         Knob{"gloo", "ACCEL_GLOO_LOOP_BATCH", "2", "is not a whole number from 0 to 1"},
         Knob{"shm", "ACCEL_SHM_SYMMETRIC", "yes", "is not a whole number from 0 to 1"},
+        Knob{"shm", "ACCEL_SHM_INLINE_BYTES", "-1", "is not a whole number"},
         Knob{"shm", "ACCEL_SHM_SPIN_US", "0", "is not a whole number of at least 1"}}) {
     CAPTURE(k.name);
     if (skip_unless(communicator_available(k.backend), "communicator not built")) continue;

@@ -62,7 +62,7 @@ ShmCommunicator::ShmCommunicator(const CommOptions& options)
   symmetric_enabled_ = env_uint("ACCEL_SHM_SYMMETRIC", 0, 0, 1) == 1;
   sent_.assign(world_size(), 0);
   taken_.assign(world_size(), 0);
-  set_inline_max_bytes(kInlineBytes);
+  set_inline_max_bytes(env_uint("ACCEL_SHM_INLINE_BYTES", kInlineBytes));
 }
 
 ShmCommunicator::~ShmCommunicator() { stop_worker(); }

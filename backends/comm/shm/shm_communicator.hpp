@@ -27,6 +27,10 @@
 //   ACCEL_SHM_SLOT_BYTES   bytes per rank and chunk (default 1 MiB)
 //   ACCEL_SHM_SPIN_US      busy-wait before sleeping (default 200, 2 when ranks outnumber cores)
 //   ACCEL_SHM_YIELD        1 (default): sched_yield while spinning; 2: pure spin
+//   ACCEL_SHM_INLINE_BYTES the inline limit (default kInlineBytes). Unlike mpi's, it stays
+//                          when the worker has no core of its own: DDP's step over shm was
+//                          slower with every bucket inline (bench/README, "MPI on the
+//                          caller's thread when no core is spare")
 //   ACCEL_SHM_SYMMETRIC    0 (default): allocate_symmetric gives nothing (callers stage);
 //                          1: it gives symmetric memory. Off by default because DDP, its one
 //                          user, did not gain on the 2-core AMD VM (bench/README, "Symmetric
