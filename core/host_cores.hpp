@@ -18,8 +18,8 @@ int ranks_on_this_host();
 
 // Whether a communicator's worker thread can run while the caller computes: the process may
 // use two cores or more, and the host has more cores than ranks (ranks_here 0: not known,
-// assumed so). Otherwise the worker only takes turns with the ranks' own threads, and handing
-// it an operation buys no overlap, only two wake-ups.
+// assumed so). Otherwise the worker shares the ranks' cores: it can still take the wait for
+// a peer off the caller, but not compute beside it.
 bool worker_can_overlap(int ranks_here, int online, int usable);
 bool worker_can_overlap();  // this process, on this host
 

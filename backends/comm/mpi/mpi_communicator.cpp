@@ -436,9 +436,8 @@ class Pending {
   std::unique_ptr<Scratch> scratch_;
 };
 
-// kInlineBytes where the worker thread can run beside the caller, else every size (the
-// hand-off then buys no overlap: bench/README, "MPI on the caller's thread when no core is
-// spare"); ACCEL_MPI_INLINE_BYTES overrides (experiments; mpi_world() asks first).
+// kInlineBytes where the worker thread can run beside the caller, else every size (see the
+// header); ACCEL_MPI_INLINE_BYTES overrides (experiments; mpi_world() asks first).
 std::size_t inline_max_bytes() {
   static const std::size_t bytes = env_uint(
       "ACCEL_MPI_INLINE_BYTES", worker_can_overlap() ? MpiCommunicator::kInlineBytes
