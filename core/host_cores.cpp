@@ -16,8 +16,8 @@ int online_cores() {
 int usable_cores() {
   cpu_set_t set;
   CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof set, &set) != 0) return online_cores();
-  return CPU_COUNT(&set) > 0 ? CPU_COUNT(&set) : online_cores();
+  const int n = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 0;
+  return n > 0 ? n : online_cores();
 }
 
 int ranks_on_this_host() {

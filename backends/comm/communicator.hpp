@@ -269,8 +269,9 @@ class Communicator {
   std::condition_variable queue_cv_;
   std::deque<std::function<void()>> queue_;
   WorkPtr last_work_;  // new_work's: the last operation's Work, reused once nobody else holds it
-  // bus_bytes(), in two parts so no issuing path needs a locked add: queued operations' under
-  // mutex_, inline ones' by whoever holds the inline claim (the claims are ordered by state_).
+  // bus_bytes(), in two parts so no issuing path needs a locked add: what is issued under
+  // mutex_ (queued operations, and inline ones that took it), and what the lock-free inline
+  // claim issues (its holders are ordered by state_).
   std::atomic<std::uint64_t> queued_bus_bytes_{0};
   std::atomic<std::uint64_t> inline_bus_bytes_{0};
   OperationLabel current_label_;  // written and read only by whoever executes operations

@@ -1,7 +1,6 @@
 #include "backends/comm/mpi/mpi_communicator.hpp"
 
 #include <sched.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>

@@ -1,7 +1,5 @@
 #include "backends/comm/shm/shm_communicator.hpp"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
