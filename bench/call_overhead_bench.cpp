@@ -4,7 +4,12 @@
 // the part of a small collective that comm_bench's raw baselines do not pay (bench/README,
 // "The front end's cost per call"). One process, no peers; prints a table.
 //
-//   call_overhead_bench [--calls N] [--rounds R] [--world W]
+// In a tight loop the front end's code and data stay in the core's caches. Between two real
+// collectives they do not (the library's own work evicts them): --evict BYTES writes that
+// much other memory before each call and times each call on its own, less the clock's own
+// cost, to show what a call costs from colder caches.
+//
+//   call_overhead_bench [--calls N] [--rounds R] [--world W] [--evict BYTES]
 
 #include <algorithm>
 #include <chrono>
@@ -34,12 +39,13 @@ struct Options {
   long calls = 1'000'000;
   int rounds = 7;
   int world = 2;
+  long evict = 0;  // bytes written between calls (0: a tight loop)
 };
 
 [[noreturn]] void usage(const char* why) {
   std::fprintf(stderr,
                "call_overhead_bench: %s\nusage: call_overhead_bench [--calls N] "
-               "[--rounds R] [--world W]\n",
+               "[--rounds R] [--world W] [--evict BYTES]\n",
                why);
   std::exit(2);
 }
@@ -57,6 +63,8 @@ Options parse(int argc, char** argv) {
       o.rounds = int(value);
     else if (flag == "--world")
       o.world = int(value);
+    else if (flag == "--evict")
+      o.evict = value;
     else
       usage(("unknown flag " + flag).c_str());
   }
@@ -88,19 +96,68 @@ int main(int argc, char** argv) {
       {"barrier", [](Communicator& c, Buffer, Buffer) { c.barrier()->wait(); }},
   };
 
-  std::printf(
-      "# the front end's time per call, a backend that moves nothing, inline; world %d,"
-      " %ld calls a round, %d rounds taking turns\n",
-      o.world, o.calls, o.rounds);
+  using Clock = std::chrono::steady_clock;
+  const auto nanos = [](Clock::duration d) {
+    return std::chrono::duration<double, std::nano>(d).count();
+  };
+  std::vector<unsigned char> scrub(std::size_t(o.evict));
+  unsigned char stamp = 0;
+  // Writes every cache line of `scrub`: the front end's lines leave the core's caches.
+  const auto evict = [&] {
+    ++stamp;
+    for (std::size_t i = 0; i < scrub.size(); i += 64) scrub[i] = stamp;
+  };
+  // One call timed on its own after an eviction, less the mean of an empty timed interval.
+  double clock_ns = 0;
+  if (o.evict > 0) {
+    std::vector<double> empty;
+    empty.reserve(10000);
+    for (int i = 0; i < 10000; ++i) {
+      const auto t0 = Clock::now();
+      empty.push_back(nanos(Clock::now() - t0));
+    }
+    std::sort(empty.begin(), empty.end());
+    double sum = 0;
+    for (std::size_t i = 1000; i < 9000; ++i) sum += empty[i];
+    clock_ns = sum / 8000;  // the middle 80%, as for the calls
+  }
+
+  if (o.evict > 0)
+    std::printf(
+        "# the front end's time per call, a backend that moves nothing, inline; world %d,"
+        " %ld calls a round, each after writing %ld bytes elsewhere and timed alone (the"
+        " clock's own %.1f ns taken off), %d rounds taking turns\n",
+        o.world, o.calls, o.evict, clock_ns, o.rounds);
+  else
+    std::printf(
+        "# the front end's time per call, a backend that moves nothing, inline; world %d,"
+        " %ld calls a round, %d rounds taking turns\n",
+        o.world, o.calls, o.rounds);
   std::printf("# %-16s %10s %10s\n", "op", "median_ns", "min_ns");
   std::vector<std::vector<double>> ns(std::size(rows));
   for (int round = 0; round < o.rounds; ++round) {
     for (std::size_t r = 0; r < std::size(rows); ++r) {
-      const auto start = std::chrono::steady_clock::now();
+      if (o.evict > 0) {  // each call alone
+        std::vector<double> calls;
+        calls.reserve(std::size_t(o.calls));
+        for (long i = 0; i < o.calls; ++i) {
+          evict();
+          const auto t0 = Clock::now();
+          rows[r].call(comm, f, p);
+          calls.push_back(nanos(Clock::now() - t0) - clock_ns);
+        }
+        // The clock ticks in steps of ~10 ns here: the mean of the middle 80% of the calls
+        // resolves less than a step, and leaves out interrupts.
+        std::sort(calls.begin(), calls.end());
+        const std::size_t cut = calls.size() / 10;
+        double sum = 0;
+        for (std::size_t i = cut; i < calls.size() - cut; ++i) sum += calls[i];
+        ns[r].push_back(sum / double(calls.size() - 2 * cut));
+        continue;
+      }
+      const auto start = Clock::now();
       for (long i = 0; i < o.calls; ++i) rows[r].call(comm, f, p);
-      const std::chrono::duration<double, std::nano> took =
-          std::chrono::steady_clock::now() - start;
-      ns[r].push_back(took.count() / double(o.calls));
+      ns[r].push_back(nanos(Clock::now() - start) / double(o.calls));
     }
   }
   for (std::size_t r = 0; r < std::size(rows); ++r) {
