@@ -120,6 +120,14 @@ struct Buffer {
   Buffer slice(std::size_t offset, std::size_t n) const;
 };
 
+// Whether two buffers share a byte (an empty buffer shares none).
+inline bool overlaps(const Buffer& a, const Buffer& b) {
+  if (a.count == 0 || b.count == 0) return false;
+  const auto a0 = reinterpret_cast<std::uintptr_t>(a.data);
+  const auto b0 = reinterpret_cast<std::uintptr_t>(b.data);
+  return a0 < b0 + b.bytes() && b0 < a0 + a.bytes();
+}
+
 template <typename T>
 Buffer buffer_of(std::span<T> s, DeviceKind device = DeviceKind::cpu) {
   return Buffer{const_cast<std::remove_const_t<T>*>(s.data()), s.size(),

@@ -232,6 +232,34 @@ void check_all_gather_in_place(Communicator& comm, DType dtype, std::size_t tota
   }
 }
 
+// The input inside the output but not as this rank's part: half of it over its own part, half
+// over a neighbour's (the CPU communicators take any input; NCCL only in place).
+void check_all_gather_overlapping(Communicator& comm, DType dtype, std::size_t total) {
+  // Every rank or none: a rank alone in a collective would wait for the others. From 2 ranks
+  // and 8 elements per rank up, every rank's shifted input fits after its part or before it
+  // (at world 1 the part is the whole output: only in place is possible).
+  if (comm.world_size() < 2 || total < 8 * std::size_t(comm.world_size())) return;
+  const Shard mine = shard_of(total, comm.world_size(), comm.rank());
+  const std::size_t shift = mine.count / 2 + 1;
+  const std::size_t at =
+      mine.offset + shift + mine.count <= total ? mine.offset + shift : mine.offset - shift;
+  OwnedBuffer out(dtype, total);
+  for (std::size_t j = 0; j < total; ++j)
+    set_value(
+        out.view, j,
+        at <= j && j < at + mine.count ? input_value(comm.rank(), mine.offset + j - at) : -99);
+  Staged staged_out(comm, out);
+  staged_out.upload();
+  comm.all_gather(staged_out.view().slice(at, mine.count), staged_out.view())->wait();
+  staged_out.download();
+  const std::string what = label("all_gather", dtype, total, "input elsewhere in the output");
+  for (int r = 0; r < comm.world_size(); ++r) {
+    const Shard s = shard_of(total, comm.world_size(), r);
+    for (std::size_t k = 0; k < s.count; ++k)
+      expect_equal(what, out.view, s.offset + k, input_value(r, s.offset + k));
+  }
+}
+
 // The same uneven parts gathered (ZeRO-3 gathers a unit so): out of place, and in place (the
 // input is this rank's part of the output).
 void check_all_gather_parts(Communicator& comm, DType dtype, std::size_t total, bool in_place) {
@@ -577,6 +605,7 @@ int main(int argc, char** argv) {
           check_all_gather_parts(comm, dtype, count, in_place);
         }
         check_all_gather_in_place(comm, dtype, count);
+        if (comm.device() != DeviceKind::cuda) check_all_gather_overlapping(comm, dtype, count);
       }
     for (std::size_t count : {std::size_t(1), std::size_t(4097)}) check_send_recv(comm, count);
     check_async(comm);

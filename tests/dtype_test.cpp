@@ -125,6 +125,21 @@ TEST_CASE("dtype names, sizes and parse errors") {
   CHECK_THROWS_AS(parse_reduce_op("prod"), InvalidArgument);
 }
 
+TEST_CASE("overlaps: buffers sharing a byte, by their byte extents; empty ones share none") {
+  std::vector<double> storage(16);
+  const Buffer whole{storage.data(), storage.size(), DType::f64};
+  CHECK(overlaps(whole, whole));
+  CHECK(overlaps(whole.slice(0, 4), whole.slice(3, 4)));
+  CHECK(overlaps(whole.slice(3, 4), whole.slice(0, 4)));
+  CHECK_FALSE(overlaps(whole.slice(0, 4), whole.slice(4, 4)));  // adjacent
+  CHECK_FALSE(overlaps(whole.slice(4, 4), whole.slice(0, 4)));
+  CHECK_FALSE(overlaps(whole.slice(2, 0), whole));  // empty
+  // The extents are in bytes: 4 f64 from element 0 reach into the float view's 8th element.
+  const Buffer as_float{storage.data(), 32, DType::f32};
+  CHECK(overlaps(whole.slice(0, 4), as_float.slice(7, 1)));
+  CHECK_FALSE(overlaps(whole.slice(0, 4), as_float.slice(8, 1)));
+}
+
 TEST_CASE("shard_of: shards tile the buffer in rank order and differ by at most one") {
   for (std::size_t total : {0u, 1u, 2u, 7u, 10u, 64u, 1001u}) {
     for (int world = 1; world <= 9; ++world) {

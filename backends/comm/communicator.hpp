@@ -20,7 +20,10 @@
 //   broadcast(data, root)          in place
 //   all_gather(input, output)      output holds all ranks' parts in rank order; this rank's
 //                                  part is shard_of(output.count, world, rank) and input has
-//                                  exactly that many elements (counts need not divide)
+//                                  exactly that many elements (counts need not divide); input
+//                                  may lie inside output, as this rank's part (in place) or
+//                                  anywhere (CPU communicators: what it holds at the call is
+//                                  what this rank gives; NCCL: only in place)
 //   all_gather(input, output, counts)
 //                                  the same with parts the caller chooses: rank r contributes
 //                                  counts[r] elements, in rank order (ZeRO-3: a unit's overlap

@@ -163,12 +163,12 @@ void GlooCommunicator::run_all_gather(Buffer input, Buffer output, const Parts& 
     gloo::AllgathervOptions opts(context_);
     // Gloo reads the input even when empty; give it a valid pointer for a zero-sized part.
     T dummy{};
-    // In place (input is this rank's part of the output, as ZeRO gathers its parameters):
-    // Gloo memcpy's the input into the output, which must not overlap it, so it gets a copy.
+    // An input inside the output (in place: this rank's part of it, as ZeRO gathers its
+    // parameters; or anywhere else): Gloo memcpy's the input into the output, which must not
+    // overlap it, so it gets a copy.
     std::vector<T> copy;
-    const Shard mine = parts[std::size_t(rank())];
     T* in = input.count ? static_cast<T*>(input.data) : &dummy;
-    if (input.count && input.data == output.slice(mine.offset, mine.count).data) {
+    if (overlaps(input, output)) {
       copy.assign(in, in + input.count);
       in = copy.data();
     }

@@ -229,13 +229,6 @@ void for_each_chunk(std::size_t count, F&& f) {
   } while (offset < count);
 }
 
-bool overlaps(const Buffer& a, const Buffer& b) {
-  if (a.count == 0 || b.count == 0) return false;
-  const auto a0 = reinterpret_cast<std::uintptr_t>(a.data);
-  const auto b0 = reinterpret_cast<std::uintptr_t>(b.data);
-  return a0 < b0 + b.bytes() && b0 < a0 + a.bytes();
-}
-
 // How one send or recv describes its buffer: as a single message whatever the count, so a
 // receiver always sees a size mismatch (pieces sent separately could pair up wrongly). Up to
 // kMaxCount elements that is the element type itself; beyond, a struct of kMaxCount-element

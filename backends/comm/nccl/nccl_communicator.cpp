@@ -103,13 +103,6 @@ void require_cuda(const Buffer& b, const char* op) {
                           ": NCCL moves CUDA device memory, but the buffer is marked cpu");
 }
 
-bool overlaps(const Buffer& a, const Buffer& b) {
-  if (a.count == 0 || b.count == 0) return false;
-  const auto a0 = reinterpret_cast<std::uintptr_t>(a.data);
-  const auto b0 = reinterpret_cast<std::uintptr_t>(b.data);
-  return a0 < b0 + b.bytes() && b0 < a0 + a.bytes();
-}
-
 }  // namespace
 
 struct NcclCommunicator::State {

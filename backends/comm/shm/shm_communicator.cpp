@@ -334,7 +334,9 @@ void ShmCommunicator::run_all_gather(Buffer input, Buffer output, const Parts& p
   const auto deadline = begin(timeout);
   const std::size_t window = segment_->slot_bytes() / esize;
   const std::size_t largest = parts.largest();
-  const char* const in = static_cast<const char*>(input.data);
+  // This rank's part is read from its place in the output, where no peer's part lands: an
+  // input lying elsewhere in the output would be overwritten by the first window's parts.
+  const char* const in = out + own.offset * esize;
   for (std::size_t lo = 0; lo < largest; lo += window) {
     if (lo < own.count)
       std::memcpy(segment_->slot(r), in + lo * esize, std::min(window, own.count - lo) * esize);
