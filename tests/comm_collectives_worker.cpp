@@ -171,6 +171,29 @@ void check_reduce_scatter(Communicator& comm, DType dtype, ReduceOp op, std::siz
     expect_equal(what + " input", in.view, i, input_value(comm.rank(), i));
 }
 
+// The output inside the input but not as this rank's part: shifted by half of it over a
+// neighbour's part (the CPU communicators take any output; NCCL only in place). The result is
+// the reduction of what the inputs held at the call.
+void check_reduce_scatter_overlapping(Communicator& comm, DType dtype, std::size_t total) {
+  // Every rank or none (as check_all_gather_overlapping).
+  if (comm.world_size() < 2 || total < 8 * std::size_t(comm.world_size())) return;
+  const Shard mine = shard_of(total, comm.world_size(), comm.rank());
+  const std::size_t shift = mine.count / 2 + 1;
+  const std::size_t at =
+      mine.offset + shift + mine.count <= total ? mine.offset + shift : mine.offset - shift;
+  OwnedBuffer in(dtype, total);
+  for (std::size_t i = 0; i < total; ++i) set_value(in.view, i, input_value(comm.rank(), i));
+  Staged staged_in(comm, in);
+  staged_in.upload();
+  comm.reduce_scatter(staged_in.view(), staged_in.view().slice(at, mine.count), ReduceOp::sum)
+      ->wait();
+  staged_in.download();
+  const std::string what = label("reduce_scatter", dtype, total, "output elsewhere in the input");
+  for (std::size_t k = 0; k < mine.count; ++k)
+    expect_near(what, in.view, at + k,
+                reference_reduce(ReduceOp::sum, comm.world_size(), mine.offset + k, dtype), 0.0);
+}
+
 // Parts the caller chooses (ZeRO's buckets and units): rank r's part grows with r, rank 0's is
 // often empty.
 std::vector<Shard> uneven_parts(std::size_t total, std::size_t world) {
@@ -605,7 +628,10 @@ int main(int argc, char** argv) {
           check_all_gather_parts(comm, dtype, count, in_place);
         }
         check_all_gather_in_place(comm, dtype, count);
-        if (comm.device() != DeviceKind::cuda) check_all_gather_overlapping(comm, dtype, count);
+        if (comm.device() != DeviceKind::cuda) {
+          check_all_gather_overlapping(comm, dtype, count);
+          check_reduce_scatter_overlapping(comm, dtype, count);
+        }
       }
     for (std::size_t count : {std::size_t(1), std::size_t(4097)}) check_send_recv(comm, count);
     check_async(comm);

@@ -4,7 +4,10 @@
 #include <time.h>
 
 #include <algorithm>
+#include <cstdint>
+#include <cstring>
 #include <sstream>
+#include <vector>
 
 #include "core/error.hpp"
 
@@ -425,9 +428,24 @@ WorkPtr Communicator::issue_reduce_scatter(Buffer input, Buffer output, ReduceOp
   OperationLabel label = label_of(Kind::reduce_scatter, input);
   label.op = op;
   const std::uint64_t bus = bus_share(input.bytes(), world_size_ - 1, world_size_);
+  // Host memory only: NCCL refuses such an output itself.
+  const bool on_copy = input.device == DeviceKind::cpu && overlaps(input, output) &&
+                       output.data != input.slice(mine.offset, mine.count).data;
   return enqueue(label, input.bytes(), bus, [=, this, parts = std::move(parts)](Milliseconds t) {
-    if (input.count > 0) run_reduce_scatter(input, output, op, parts, t);
+    if (input.count == 0) return;
+    if (on_copy)
+      run_reduce_scatter_on_copy(input, output, op, parts, t);
+    else
+      run_reduce_scatter(input, output, op, parts, t);
   });
+}
+
+void Communicator::run_reduce_scatter_on_copy(Buffer input, Buffer output, ReduceOp op,
+                                              const Parts& parts, Milliseconds timeout) {
+  std::vector<std::uint64_t> copy((input.bytes() + 7) / 8);  // 8-byte aligned for any dtype
+  std::memcpy(copy.data(), input.data, input.bytes());
+  run_reduce_scatter(Buffer{copy.data(), input.count, input.dtype, input.device}, output, op, parts,
+                     timeout);
 }
 
 WorkPtr Communicator::barrier() {

@@ -29,7 +29,10 @@
 //                                  counts[r] elements, in rank order (ZeRO-3: a unit's overlap
 //                                  with each rank's owned slice)
 //   reduce_scatter(input, output)  output gets this rank's part shard_of(input.count, ...)
-//                                  of the element-wise reduction of every rank's input
+//                                  of the element-wise reduction of every rank's input; output
+//                                  may lie inside input, as this rank's part (in place) or
+//                                  anywhere (CPU communicators: the reduction is of what the
+//                                  inputs held at the call; NCCL: only in place)
 //   reduce_scatter(input, output, op, counts)
 //                                  the same with parts the caller chooses: rank r gets
 //                                  counts[r] elements, in rank order (ZeRO-2: a gradient
@@ -222,6 +225,10 @@ class Communicator {
   WorkPtr run_inline(const OperationLabel& label, const Run& run);
   WorkPtr issue_all_gather(Buffer input, Buffer output, Parts parts);
   WorkPtr issue_reduce_scatter(Buffer input, Buffer output, ReduceOp op, Parts parts);
+  // reduce_scatter with an output inside the input elsewhere than this rank's part: the
+  // backend would overwrite input it has yet to read, so it reduces a copy of the input.
+  void run_reduce_scatter_on_copy(Buffer input, Buffer output, ReduceOp op, const Parts& parts,
+                                  Milliseconds timeout);
   // This rank's bus bytes for an operation on `bytes` (bus_bytes()): x numerator/denominator.
   std::uint64_t bus_share(std::size_t bytes, int numerator, int denominator) const;
   // The Work for a new queued operation: the last one again when its caller has let go of it
