@@ -173,7 +173,7 @@ void check_reduce_scatter(Communicator& comm, DType dtype, ReduceOp op, std::siz
 
 // The output inside the input but not as this rank's part: shifted by half of it over a
 // neighbour's part (the CPU communicators take any output; NCCL only in place). The result is
-// the reduction of what the inputs held at the call.
+// as if the output were a separate buffer.
 void check_reduce_scatter_overlapping(Communicator& comm, DType dtype, std::size_t total) {
   // Every rank or none (as check_all_gather_overlapping).
   if (comm.world_size() < 2 || total < 8 * std::size_t(comm.world_size())) return;

@@ -22,8 +22,8 @@
 //                                  part is shard_of(output.count, world, rank) and input has
 //                                  exactly that many elements (counts need not divide); input
 //                                  may lie inside output, as this rank's part (in place) or
-//                                  anywhere (CPU communicators: what it holds at the call is
-//                                  what this rank gives; NCCL: only in place)
+//                                  anywhere (CPU communicators: the result is as if it were a
+//                                  separate buffer; NCCL: only in place)
 //   all_gather(input, output, counts)
 //                                  the same with parts the caller chooses: rank r contributes
 //                                  counts[r] elements, in rank order (ZeRO-3: a unit's overlap
@@ -31,8 +31,8 @@
 //   reduce_scatter(input, output)  output gets this rank's part shard_of(input.count, ...)
 //                                  of the element-wise reduction of every rank's input; output
 //                                  may lie inside input, as this rank's part (in place) or
-//                                  anywhere (CPU communicators: the reduction is of what the
-//                                  inputs held at the call; NCCL: only in place)
+//                                  anywhere (CPU communicators: the result is as if it were a
+//                                  separate buffer; NCCL: only in place)
 //   reduce_scatter(input, output, op, counts)
 //                                  the same with parts the caller chooses: rank r gets
 //                                  counts[r] elements, in rank order (ZeRO-2: a gradient
