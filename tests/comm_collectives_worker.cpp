@@ -16,6 +16,7 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <thread>
@@ -171,16 +172,25 @@ void check_reduce_scatter(Communicator& comm, DType dtype, ReduceOp op, std::siz
     expect_equal(what + " input", in.view, i, input_value(comm.rank(), i));
 }
 
-// The output inside the input but not as this rank's part: shifted by half of it over a
-// neighbour's part (the CPU communicators take any output; NCCL only in place). The result is
-// as if the output were a separate buffer.
-void check_reduce_scatter_overlapping(Communicator& comm, DType dtype, std::size_t total) {
-  // Every rank or none (as check_all_gather_overlapping).
-  if (comm.world_size() < 2 || total < 8 * std::size_t(comm.world_size())) return;
+// Where an overlap check puts this rank's part instead of at its own offset: shifted by half
+// of it over a neighbour's part, after its own where there is room, before it otherwise. Every
+// rank or none runs such a check (a rank alone in a collective would wait for the others): from
+// 2 ranks and 8 elements per rank up every rank has room (checked for worlds 2-16 up to 20000
+// elements); at world 1 the part is the whole buffer, so only in place is possible.
+std::optional<std::size_t> shifted_offset(const Communicator& comm, std::size_t total) {
+  if (comm.world_size() < 2 || total < 8 * std::size_t(comm.world_size())) return std::nullopt;
   const Shard mine = shard_of(total, comm.world_size(), comm.rank());
   const std::size_t shift = mine.count / 2 + 1;
-  const std::size_t at =
-      mine.offset + shift + mine.count <= total ? mine.offset + shift : mine.offset - shift;
+  return mine.offset + shift + mine.count <= total ? mine.offset + shift : mine.offset - shift;
+}
+
+// The output inside the input but not as this rank's part (shifted_offset). The CPU
+// communicators take any output, NCCL only in place; the result is as if it were separate.
+void check_reduce_scatter_overlapping(Communicator& comm, DType dtype, std::size_t total) {
+  const std::optional<std::size_t> shifted = shifted_offset(comm, total);
+  if (!shifted) return;
+  const std::size_t at = *shifted;
+  const Shard mine = shard_of(total, comm.world_size(), comm.rank());
   OwnedBuffer in(dtype, total);
   for (std::size_t i = 0; i < total; ++i) set_value(in.view, i, input_value(comm.rank(), i));
   Staged staged_in(comm, in);
@@ -255,17 +265,13 @@ void check_all_gather_in_place(Communicator& comm, DType dtype, std::size_t tota
   }
 }
 
-// The input inside the output but not as this rank's part: half of it over its own part, half
-// over a neighbour's (the CPU communicators take any input; NCCL only in place).
+// The input inside the output but not as this rank's part (shifted_offset). The CPU
+// communicators take any input, NCCL only in place; the result is as if it were separate.
 void check_all_gather_overlapping(Communicator& comm, DType dtype, std::size_t total) {
-  // Every rank or none: a rank alone in a collective would wait for the others. From 2 ranks
-  // and 8 elements per rank up, every rank's shifted input fits after its part or before it
-  // (at world 1 the part is the whole output: only in place is possible).
-  if (comm.world_size() < 2 || total < 8 * std::size_t(comm.world_size())) return;
+  const std::optional<std::size_t> shifted = shifted_offset(comm, total);
+  if (!shifted) return;
+  const std::size_t at = *shifted;
   const Shard mine = shard_of(total, comm.world_size(), comm.rank());
-  const std::size_t shift = mine.count / 2 + 1;
-  const std::size_t at =
-      mine.offset + shift + mine.count <= total ? mine.offset + shift : mine.offset - shift;
   OwnedBuffer out(dtype, total);
   for (std::size_t j = 0; j < total; ++j)
     set_value(
