@@ -18,6 +18,7 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backends/comm/communicator.hpp"
@@ -107,19 +108,24 @@ int main(int argc, char** argv) {
     ++stamp;
     for (std::size_t i = 0; i < scrub.size(); i += 64) scrub[i] = stamp;
   };
-  // One call timed on its own after an eviction, less the mean of an empty timed interval.
+  // The clock ticks in steps of ~10 ns here: the mean of the middle 80% of many timings
+  // resolves less than a step, and leaves out interrupts.
+  const auto middle_mean = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    const std::size_t cut = v.size() / 10;
+    double sum = 0;
+    for (std::size_t i = cut; i < v.size() - cut; ++i) sum += v[i];
+    return sum / double(v.size() - 2 * cut);
+  };
+  // One call timed on its own after an eviction, less the clock's own time (an empty interval).
   double clock_ns = 0;
   if (o.evict > 0) {
-    std::vector<double> empty;
-    empty.reserve(10000);
-    for (int i = 0; i < 10000; ++i) {
+    std::vector<double> empty(10000);
+    for (double& e : empty) {
       const auto t0 = Clock::now();
-      empty.push_back(nanos(Clock::now() - t0));
+      e = nanos(Clock::now() - t0);
     }
-    std::sort(empty.begin(), empty.end());
-    double sum = 0;
-    for (std::size_t i = 1000; i < 9000; ++i) sum += empty[i];
-    clock_ns = sum / 8000;  // the middle 80%, as for the calls
+    clock_ns = middle_mean(std::move(empty));
   }
 
   if (o.evict > 0)
@@ -146,13 +152,7 @@ int main(int argc, char** argv) {
           rows[r].call(comm, f, p);
           calls.push_back(nanos(Clock::now() - t0) - clock_ns);
         }
-        // The clock ticks in steps of ~10 ns here: the mean of the middle 80% of the calls
-        // resolves less than a step, and leaves out interrupts.
-        std::sort(calls.begin(), calls.end());
-        const std::size_t cut = calls.size() / 10;
-        double sum = 0;
-        for (std::size_t i = cut; i < calls.size() - cut; ++i) sum += calls[i];
-        ns[r].push_back(sum / double(calls.size() - 2 * cut));
+        ns[r].push_back(middle_mean(std::move(calls)));
         continue;
       }
       const auto start = Clock::now();

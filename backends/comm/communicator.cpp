@@ -4,10 +4,7 @@
 #include <time.h>
 
 #include <algorithm>
-#include <cstdint>
-#include <cstring>
 #include <sstream>
-#include <vector>
 
 #include "core/error.hpp"
 
@@ -442,10 +439,9 @@ WorkPtr Communicator::issue_reduce_scatter(Buffer input, Buffer output, ReduceOp
 
 void Communicator::run_reduce_scatter_on_copy(Buffer input, Buffer output, ReduceOp op,
                                               const Parts& parts, Milliseconds timeout) {
-  std::vector<std::uint64_t> copy((input.bytes() + 7) / 8);  // 8-byte aligned for any dtype
-  std::memcpy(copy.data(), input.data, input.bytes());
-  run_reduce_scatter(Buffer{copy.data(), input.count, input.dtype, input.device}, output, op, parts,
-                     timeout);
+  const DeviceBuffer copy(input.count, input.dtype, MemoryKind::host);
+  copy_buffer(copy.view(), input, nullptr);
+  run_reduce_scatter(copy.view(), output, op, parts, timeout);
 }
 
 WorkPtr Communicator::barrier() {
