@@ -35,11 +35,11 @@ DType parse_dtype(std::string_view name) {
 
 bool is_floating(DType dtype) { return dtype != DType::i32 && dtype != DType::i64; }
 
-Buffer Buffer::slice(std::size_t offset, std::size_t n) const {
-  ACCEL_CHECK_ARG(offset + n <= count, "slice [" + std::to_string(offset) + ", " +
-                                           std::to_string(offset + n) + ") outside a buffer of " +
-                                           std::to_string(count) + " elements");
-  return Buffer{static_cast<char*>(data) + offset * element_size(dtype), n, dtype, device};
+void Buffer::throw_slice_outside(std::size_t offset, std::size_t n) const {
+  throw InvalidArgument(with_location("slice [" + std::to_string(offset) + ", " +
+                                          std::to_string(offset + n) + ") outside a buffer of " +
+                                          std::to_string(count) + " elements",
+                                      __FILE__, __LINE__));
 }
 
 float to_float(BFloat16 b) { return std::bit_cast<float>(std::uint32_t(b.bits) << 16); }

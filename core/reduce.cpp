@@ -136,13 +136,10 @@ void divide_elements(void* data, std::size_t count, DType dtype, int divisor) {
   });
 }
 
-Shard shard_of(std::size_t total, int world, int rank) {
-  ACCEL_CHECK_ARG(
-      world > 0 && rank >= 0 && rank < world,
-      "shard_of: rank " + std::to_string(rank) + " outside world " + std::to_string(world));
-  const std::size_t w = std::size_t(world), r = std::size_t(rank);
-  const std::size_t base = total / w, extra = total % w;
-  return Shard{r * base + std::min(r, extra), base + (r < extra ? 1 : 0)};
+void throw_shard_outside(int world, int rank) {
+  throw InvalidArgument(with_location(
+      "shard_of: rank " + std::to_string(rank) + " outside world " + std::to_string(world),
+      __FILE__, __LINE__));
 }
 
 }  // namespace accel

@@ -41,6 +41,14 @@ struct Shard {
   std::size_t offset = 0;
   std::size_t count = 0;
 };
-Shard shard_of(std::size_t total, int world, int rank);
+// Inline, its error out of line: the calls without counts ask on every operation.
+[[noreturn]] void throw_shard_outside(int world, int rank);
+inline Shard shard_of(std::size_t total, int world, int rank) {
+  if (world <= 0 || rank < 0 || rank >= world) [[unlikely]]
+    throw_shard_outside(world, rank);
+  const std::size_t w = std::size_t(world), r = std::size_t(rank);
+  const std::size_t base = total / w, extra = total % w;
+  return Shard{r * base + (r < extra ? r : extra), base + (r < extra ? 1 : 0)};
+}
 
 }  // namespace accel

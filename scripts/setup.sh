@@ -5,14 +5,15 @@
 #   scripts/setup.sh           what the build and the tests need
 #   scripts/setup.sh --bench   also what the benchmarks compare against and draw with:
 #                              Debian's python3-torch (PyTorch's own DDP,
-#                              bench/run_step_bench.sh) and python3-matplotlib (bench/'s plots)
+#                              bench/run_step_bench.sh), python3-matplotlib (bench/'s plots)
+#                              and valgrind (bench/cache_misses_per_call.sh)
 set -euo pipefail
 
 bench=0
 for arg in "$@"; do
   case "$arg" in
     --bench) bench=1 ;;
-    -h|--help) sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "setup: unknown argument '$arg' (--bench, --help)" >&2; exit 2 ;;
   esac
 done
@@ -37,7 +38,7 @@ packages=(
   python3-protobuf
 )
 # Benchmark baselines only (about 20 packages, mostly Python); the Python is /usr/bin/python3.
-[[ $bench -eq 1 ]] && packages+=(python3-torch python3-matplotlib)
+[[ $bench -eq 1 ]] && packages+=(python3-torch python3-matplotlib valgrind)
 
 missing=()
 for p in "${packages[@]}"; do

@@ -138,6 +138,11 @@ TEST_CASE("overlaps: buffers sharing a byte, by their byte extents; empty ones s
   const Buffer as_float{storage.data(), 32, DType::f32};
   CHECK(overlaps(whole.slice(0, 4), as_float.slice(7, 1)));
   CHECK_FALSE(overlaps(whole.slice(0, 4), as_float.slice(8, 1)));
+  // A slice past the end names the range asked for and the buffer's size.
+  CHECK(whole.slice(12, 4).count == 4);
+  CHECK_THROWS_WITH_AS(whole.slice(13, 4),
+                       doctest::Contains("slice [13, 17) outside a buffer of 16 elements"),
+                       InvalidArgument);
 }
 
 TEST_CASE("shard_of: shards tile the buffer in rank order and differ by at most one") {
@@ -158,7 +163,8 @@ TEST_CASE("shard_of: shards tile the buffer in rank order and differ by at most 
       CHECK(largest - smallest <= 1);
     }
   }
-  CHECK_THROWS_AS(shard_of(10, 4, 4), InvalidArgument);
+  CHECK_THROWS_WITH_AS(shard_of(10, 4, 4), doctest::Contains("shard_of: rank 4 outside world 4"),
+                       InvalidArgument);
   CHECK_THROWS_AS(shard_of(10, 4, -1), InvalidArgument);
   CHECK_THROWS_AS(shard_of(10, 0, 0), InvalidArgument);
 }

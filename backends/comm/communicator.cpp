@@ -194,18 +194,33 @@ void Communicator::mark_broken(std::string reason) {
 template <typename Run>
 std::exception_ptr Communicator::execute(const Run& run, const OperationLabel& label,
                                          std::shared_ptr<void> inputs, Work* waiting) {
-  if (is_broken_.load(std::memory_order_acquire))
-    return std::make_exception_ptr(CommError(
-        label.text() + " not started: the communicator is unusable since " + broken_reason()));
-  std::exception_ptr error;
+  if (is_broken_.load(std::memory_order_acquire)) [[unlikely]]
+    return not_started(label);
   current_label_ = label;
   current_inputs_ = std::move(inputs);
   // The one clock read of an operation: backends watch this deadline (current_deadline()).
   current_deadline_ = tick_now() + timeout_;
   if (waiting) waiting->started(current_deadline_);  // for a caller already waiting
-  std::string missing_text;  // "; ranks not heard from: [1]" after a timeout that knows them
+  std::exception_ptr error;
   try {
     run(timeout_);
+  } catch (...) {
+    error = failed(label, std::current_exception());
+  }
+  current_inputs_.reset();
+  return error;
+}
+
+std::exception_ptr Communicator::not_started(const OperationLabel& label) const {
+  return std::make_exception_ptr(CommError(
+      label.text() + " not started: the communicator is unusable since " + broken_reason()));
+}
+
+std::exception_ptr Communicator::failed(const OperationLabel& label, std::exception_ptr caught) {
+  std::exception_ptr error;
+  std::string missing_text;  // "; ranks not heard from: [1]" after a timeout that knows them
+  try {
+    std::rethrow_exception(caught);
   } catch (const TimeoutError& e) {
     const std::vector<int> missing = ranks_not_heard_from(label.seq);
     if (!missing.empty()) missing_text = "; ranks not heard from: " + format_ranks(missing);
@@ -215,13 +230,10 @@ std::exception_ptr Communicator::execute(const Run& run, const OperationLabel& l
   } catch (const std::exception& e) {
     error = std::make_exception_ptr(CommError(label.text() + " failed: " + e.what()));
   }
-  if (error) {
-    // Ranks are now out of step: refuse later collectives instead of mismatching them. Later
-    // errors repeat who was not heard from: the cause, whichever error the caller sees first.
-    std::lock_guard lock(mutex_);
-    mark_broken(label.text() + " failed" + missing_text);
-  }
-  current_inputs_.reset();
+  // Ranks are now out of step: refuse later collectives instead of mismatching them. Later
+  // errors repeat who was not heard from: the cause, whichever error the caller sees first.
+  std::lock_guard lock(mutex_);
+  mark_broken(label.text() + " failed" + missing_text);
   return error;
 }
 
@@ -280,6 +292,12 @@ WorkPtr Communicator::enqueue(OperationLabel label, std::size_t payload_bytes,
       return run_inline(label, run);
     }
   }
+  return enqueue_locked(label, may_inline, bus_bytes, std::move(run));
+}
+
+template <typename Run>
+WorkPtr Communicator::enqueue_locked(OperationLabel label, bool may_inline, std::uint64_t bus_bytes,
+                                     Run run) {
   std::unique_lock lock(mutex_);
   std::uint64_t s = state_.load(std::memory_order_relaxed);
   bool here = false;

@@ -220,6 +220,13 @@ class Communicator {
   template <typename Run>
   WorkPtr enqueue(OperationLabel label, std::size_t payload_bytes, std::uint64_t bus_bytes,
                   Run run);
+  // The rest of enqueue, under mutex_: queues the operation (or runs it inline when the
+  // lock-free claim lost a race). Out of line, as are execute's errors (not_started, failed):
+  // the inline path stays a few cache lines, where a small operation between two real
+  // collectives finds its code evicted (bench/README, "The issuing path's instruction cache").
+  template <typename Run>
+  [[gnu::noinline]] WorkPtr enqueue_locked(OperationLabel label, bool may_inline,
+                                           std::uint64_t bus_bytes, Run run);
   // Runs an operation on the caller's thread, which has claimed kRunning; gives the claim up.
   template <typename Run>
   WorkPtr run_inline(const OperationLabel& label, const Run& run);
@@ -244,6 +251,11 @@ class Communicator {
   template <typename Run>
   std::exception_ptr execute(const Run& run, const OperationLabel& label,
                              std::shared_ptr<void> inputs, Work* waiting);
+  // execute's errors: the communicator is broken already; `caught` ended the operation
+  // (named, the communicator then marked broken).
+  [[gnu::noinline]] std::exception_ptr not_started(const OperationLabel& label) const;
+  [[gnu::noinline]] std::exception_ptr failed(const OperationLabel& label,
+                                              std::exception_ptr caught);
   // Whether the communicator failed, and why (broken_); the flag spares every operation the
   // lock and the string copy while it has not.
   std::string broken_reason() const;

@@ -86,20 +86,6 @@ void Watchdog::quiesce() {
   quiesced = true;
 }
 
-void Watchdog::enter(const OperationLabel& label, Clock::time_point deadline,
-                     const char* mpi_call) {
-  label_ = &label;
-  call_ = mpi_call;
-  deadline_ns_.store(
-      std::chrono::duration_cast<std::chrono::nanoseconds>(deadline.time_since_epoch()).count(),
-      std::memory_order_relaxed);
-  // One writer (operations never run concurrently on a communicator): no locked add.
-  entered_.store(entered_.load(std::memory_order_relaxed) + 1, std::memory_order_release);
-  inside_.store(true, std::memory_order_release);
-}
-
-void Watchdog::leave() { inside_.store(false, std::memory_order_release); }
-
 void Watchdog::loop() {
   const Milliseconds tick = tick_for(timeout_);
   std::unique_lock lock(mutex_);

@@ -113,4 +113,20 @@ class Watchdog {
   std::thread thread_;
 };
 
+// Inline: the path every small collective pays (bench/README, "The issuing path's instruction
+// cache").
+inline void Watchdog::enter(const OperationLabel& label,
+                            std::chrono::steady_clock::time_point deadline, const char* mpi_call) {
+  label_ = &label;
+  call_ = mpi_call;
+  deadline_ns_.store(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(deadline.time_since_epoch()).count(),
+      std::memory_order_relaxed);
+  // One writer (operations never run concurrently on a communicator): no locked add.
+  entered_.store(entered_.load(std::memory_order_relaxed) + 1, std::memory_order_release);
+  inside_.store(true, std::memory_order_release);
+}
+
+inline void Watchdog::leave() { inside_.store(false, std::memory_order_release); }
+
 }  // namespace accel::mpi_detail
