@@ -37,7 +37,8 @@ packages=(
   # tensorboard_events_test: Google's protobuf decodes the event files written
   python3-protobuf
 )
-# Benchmark baselines only (about 20 packages, mostly Python); the Python is /usr/bin/python3.
+# Benchmarks only: baselines and tools (about 20 packages, mostly Python); the Python is
+# /usr/bin/python3.
 [[ $bench -eq 1 ]] && packages+=(python3-torch python3-matplotlib valgrind)
 
 missing=()
