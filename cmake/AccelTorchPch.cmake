@@ -1,10 +1,10 @@
 # One precompiled <torch/torch.h> shared by every executable that links LibTorch.
 #
-# Parsing LibTorch's umbrella header takes ~20 s of a translation unit's 25-40 s on the 2-core
-# development VM, and some 35 executables (tests, test programs, benches, examples) include it.
-# Precompiled once (~35 s), it takes ~10 s off each. Executables only: GCC accepts a PCH only
-# under the -fPIE/-fPIC setting it was made with, and the libraries include narrower headers.
-# -DCMAKE_DISABLE_PRECOMPILE_HEADERS=ON builds without it.
+# On the 2-core development VM, parsing LibTorch's umbrella header alone takes ~19 s, and 36
+# translation units of executables (tests, test programs, benches, examples, a tool) take
+# 25-45 s each with it. Precompiled once (~39 s), it took 1008 s of their compile time to 539.
+# Executables only: GCC accepts a PCH only under the -fPIE/-fPIC setting it was made with, and
+# the libraries include narrower headers. -DCMAKE_DISABLE_PRECOMPILE_HEADERS=ON builds without.
 
 # out: TRUE when `target` links the imported `torch` target, directly or through a target it links.
 function(_accel_links_torch target out)
