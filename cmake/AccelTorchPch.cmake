@@ -8,29 +8,25 @@
 
 # out: TRUE when `target` links the imported `torch` target, directly or through a target it links.
 function(_accel_links_torch target out)
-  set(found FALSE)
-  set(pending ${target})
+  set(${out} FALSE PARENT_SCOPE)
+  get_target_property(pending ${target} LINK_LIBRARIES)
   set(seen "")
-  while(pending AND NOT found)
+  while(pending)
     list(POP_FRONT pending current)
     if(current IN_LIST seen OR NOT TARGET ${current})
       continue()
     endif()
-    list(APPEND seen ${current})
     if(current STREQUAL "torch")
-      set(found TRUE)
-      break()
+      set(${out} TRUE PARENT_SCOPE)
+      return()
     endif()
-    set(property INTERFACE_LINK_LIBRARIES)  # what a target passes on to those that link it
-    if(current STREQUAL target)
-      set(property LINK_LIBRARIES)
-    endif()
-    get_target_property(links ${current} ${property})
+    list(APPEND seen ${current})
+    # What a linked target passes on to those that link it.
+    get_target_property(links ${current} INTERFACE_LINK_LIBRARIES)
     if(links)
       list(APPEND pending ${links})
     endif()
   endwhile()
-  set(${out} ${found} PARENT_SCOPE)
 endfunction()
 
 # The targets defined in `dir` and every directory under it.
