@@ -12,7 +12,9 @@
 #   2 DDP            run_step_bench.sh: world-2 DDP over shm (the communicator `auto` picks
 #                    on one machine) against one process using both cores, throughput
 #                    (thr_shm), every model and optimizer: at least 1.0. Beside it the
-#                    ceiling: two unrelated 1-thread processes at once (thr_indep)
+#                    ceiling: two unrelated 1-thread processes at once (thr_indep), and
+#                    ZeRO-1 over shm (thr_zero1_shm): each rank steps only its shard of
+#                    the optimizer, which DDP as defined does not
 #   3 hierarchical   comm_bench at world 4 posing as 2 hosts of 2 ranks, Gloo and then MPI
 #                    between the hosts: reduce_scatter and all_gather time over all_reduce
 #                    time at 16-64 MiB (the verdict Gloo's: MPI between these fake hosts
@@ -165,8 +167,8 @@ fi
 if wants 2; then
   echo
   echo "== 2. world-2 DDP over shm against one process with both cores (thr_shm = 2 x plain2 / shm step time)"
-  step_args=(--comms shm --no_pytorch --repeat 3 --log "$log")
-  [[ $quick == 1 ]] && step_args=(--comms shm --no_pytorch --quick --log "$log")
+  step_args=(--comms shm,zero1_shm --no_pytorch --repeat 3 --log "$log")
+  [[ $quick == 1 ]] && step_args=(--comms shm,zero1_shm --no_pytorch --quick --log "$log")
   out=$("$repo/bench/run_step_bench.sh" --build "$build" "${step_args[@]}" 2>&1) ||
     { echo "run_perf_goals: run_step_bench.sh failed; see $log" >&2; failed=1; }
   printf '%s\n' "$out" | sed -n '/^ms per step, median/,/^load at the end/p' | sed '$d'
@@ -183,6 +185,8 @@ if wants 2; then
   summary+=("goal 2 (world-2 DDP at least 1.0x one process, every model and optimizer): $verdict (the lowest $value, $row)")
   IFS='|' read -r _ value row <<<"$(lowest thr_indep)"
   summary+=("       (the ceiling on this machine, two unrelated 1-thread processes at once, thr_indep: the lowest $value, $row)")
+  IFS='|' read -r _ value row <<<"$(lowest thr_zero1_shm)"
+  summary+=("       (ZeRO-1 over shm instead of DDP, each rank stepping its shard, thr_zero1_shm: the lowest $value, $row)")
   w1=$(awk 'NF { if (m == "" || $2 + 0 > m) { m = $2 + 0; at = $1 } } END { printf "%.2f (%s)", m, at }' <<<"$ratios")
   summary+=("       (step-level world-1 overhead, w1/plain2, the highest: $w1)")
 fi

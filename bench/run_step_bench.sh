@@ -9,7 +9,8 @@
 #   w1      ours at world 1, 2 threads                       (step_bench --mode accel, alone)
 #   <comm>  ours, DDP at world 2, 1 thread per rank, per communicator in --comms:
 #           gloo, shm and others through `accel launch --num_processes 2`, mpi through
-#           `accel launch --use_mpi` (one mpirun -np 2)
+#           `accel launch --use_mpi` (one mpirun -np 2); zero1_shm: ZeRO stage 1 over shm
+#           instead of DDP (each rank steps its shard of the optimizer state)
 #   pt_ddp  PyTorch DistributedDataParallel, gloo, world 2, 1 thread per rank, started by
 #           torch's own launcher (python3 -m torch.distributed.run --nproc_per_node 2)
 #   pt1     PyTorch, one process, 2 threads (no DDP)
@@ -56,8 +57,8 @@ usage() {
 flags:
   --models LIST      cnn,mlp2m,mlp25m        (default all)
   --optimizers LIST  sgd,adam                (default both)
-  --comms LIST       our world-2 communicators, any name create_communicator knows
-                     (default gloo,mpi,shm)
+  --comms LIST       our world-2 communicators, any name create_communicator knows,
+                     and zero1_shm (ZeRO-1 over shm)         (default gloo,mpi,shm)
   --no_pytorch       skip the PyTorch columns
   --quick            5 steps after 2 warm-up steps (a smoke run)
   --steps N, --warmup N   timed and warm-up steps of every run (default per model:
@@ -235,6 +236,9 @@ for model in "${model_list[@]}"; do
         launch=("$accel" launch -q --use_mpi --num_processes 2 --main_process_port 0 --comm_backend mpi)
       elif [[ $c =~ ^(gloo|shm|auto|hierarchical)$ ]]; then
         launch=("$accel" launch -q --num_processes 2 --main_process_port 0 --comm_backend "$c")
+      elif [[ $c == zero1_shm ]]; then
+        launch=("$accel" launch -q --num_processes 2 --main_process_port 0 --comm_backend shm
+          --use_zero --zero_stage 1)
       else
         # A communicator the config schema may not list yet: chosen by the variable the
         # library reads (a user's own ACCEL_COMM_BACKEND wins over the launcher's choice).
