@@ -194,6 +194,12 @@ record() {
     failed=1
     return
   fi
+  # The ZeRO-1 column is only what it says when the strategy was ZeRO-1 (step_bench names it).
+  if [[ $key == */zero1_shm && $line != *" strategy=zero1 "* ]]; then
+    echo "run_step_bench: $key ran under $(grep -o 'strategy=[^ ]*' <<<"$line"), not ZeRO-1; see $log" >&2
+    failed=1
+    return
+  fi
   local med min sps
   med=$(grep -o 'median_ms=[^ ]*' <<<"$line" | cut -d= -f2)
   min=$(grep -o 'min_ms=[^ ]*' <<<"$line" | cut -d= -f2)

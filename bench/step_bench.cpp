@@ -17,7 +17,7 @@
 // layers, cross-entropy loss. bench/pytorch_ddp_step.py is the same in PyTorch.
 //
 // Rank 0 prints one line of key=value pairs (bench/run_step_bench.sh reads it):
-//   step_bench: impl=accel-cpp mode=accel comm=gloo world=2 model=mlp2m params=1863690 ...
+//   step_bench: impl=accel-cpp mode=accel comm=gloo strategy=ddp world=2 model=mlp2m ...
 //     median_ms=.. mean_ms=.. min_ms=.. max_ms=.. samples_per_s=.. (world x batch / mean step)
 //     zero_ms= fwd_ms= bwd_ms= opt_ms= (medians of the phases; bwd includes the all-reduce
 //     wait in accel mode) minflt_per_step= (minor page faults of the whole process per
@@ -276,16 +276,17 @@ Timings run_steps(const Flags& flags, const Model& model, const Loop& loop, int 
   return t;
 }
 
-void print_result(const Flags& flags, const std::string& comm, int world, std::int64_t params,
-                  const Timings& t) {
+void print_result(const Flags& flags, const std::string& comm, const std::string& strategy,
+                  int world, std::int64_t params, const Timings& t) {
   const double mean = std::accumulate(t.total.begin(), t.total.end(), 0.0) / double(t.total.size());
   std::printf(
-      "step_bench: impl=accel-cpp mode=%s comm=%s world=%d model=%s params=%lld optimizer=%s "
+      "step_bench: impl=accel-cpp mode=%s comm=%s strategy=%s world=%d model=%s params=%lld "
+      "optimizer=%s "
       "batch=%d threads=%d steps=%d warmup=%d median_ms=%.3f mean_ms=%.3f min_ms=%.3f "
       "max_ms=%.3f samples_per_s=%.1f zero_ms=%.3f fwd_ms=%.3f bwd_ms=%.3f opt_ms=%.3f "
       "minflt_per_step=%.1f cpu_ms_per_step=%.3f zero_cpu_ms=%.3f fwd_cpu_ms=%.3f "
       "bwd_cpu_ms=%.3f opt_cpu_ms=%.3f bwd_main_cpu_ms=%.3f loss=%.4f\n",
-      flags.mode.c_str(), comm.c_str(), world, flags.model.c_str(), static_cast<long long>(params),
+      flags.mode.c_str(), comm.c_str(), strategy.c_str(), world, flags.model.c_str(), static_cast<long long>(params),
       flags.optimizer.c_str(), flags.batch_size, at::get_num_threads(), flags.steps, flags.warmup,
       median(t.total), mean, *std::min_element(t.total.begin(), t.total.end()),
       *std::max_element(t.total.begin(), t.total.end()),
@@ -320,7 +321,7 @@ int main(int argc, char** argv) {
       const Loop loop{[&] { optimizer->zero_grad(); },
                       [](const torch::Tensor& loss) { loss.backward(); },
                       [&] { optimizer->step(); }};
-      print_result(flags, "none", 1, params, run_steps(flags, model, loop, 0));
+      print_result(flags, "none", "none", 1, params, run_steps(flags, model, loop, 0));
       return 0;
     }
 
@@ -330,7 +331,8 @@ int main(int argc, char** argv) {
                     [&](const torch::Tensor& loss) { acc.backward(loss); }, [&] { opt.step(); }};
     const Timings t = run_steps(flags, model, loop, acc.process_index());
     if (acc.is_main_process())
-      print_result(flags, std::string(acc.comm().backend_name()), acc.num_processes(), params, t);
+      print_result(flags, std::string(acc.comm().backend_name()), std::string(acc.strategy().name()),
+                   acc.num_processes(), params, t);
     acc.wait_for_everyone();
     return 0;
   } catch (const std::exception& e) {
