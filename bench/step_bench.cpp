@@ -281,14 +281,14 @@ void print_result(const Flags& flags, const std::string& comm, const std::string
   const double mean = std::accumulate(t.total.begin(), t.total.end(), 0.0) / double(t.total.size());
   std::printf(
       "step_bench: impl=accel-cpp mode=%s comm=%s strategy=%s world=%d model=%s params=%lld "
-      "optimizer=%s "
-      "batch=%d threads=%d steps=%d warmup=%d median_ms=%.3f mean_ms=%.3f min_ms=%.3f "
-      "max_ms=%.3f samples_per_s=%.1f zero_ms=%.3f fwd_ms=%.3f bwd_ms=%.3f opt_ms=%.3f "
+      "optimizer=%s batch=%d threads=%d steps=%d warmup=%d median_ms=%.3f mean_ms=%.3f "
+      "min_ms=%.3f max_ms=%.3f samples_per_s=%.1f zero_ms=%.3f fwd_ms=%.3f bwd_ms=%.3f opt_ms=%.3f "
       "minflt_per_step=%.1f cpu_ms_per_step=%.3f zero_cpu_ms=%.3f fwd_cpu_ms=%.3f "
       "bwd_cpu_ms=%.3f opt_cpu_ms=%.3f bwd_main_cpu_ms=%.3f loss=%.4f\n",
-      flags.mode.c_str(), comm.c_str(), strategy.c_str(), world, flags.model.c_str(), static_cast<long long>(params),
-      flags.optimizer.c_str(), flags.batch_size, at::get_num_threads(), flags.steps, flags.warmup,
-      median(t.total), mean, *std::min_element(t.total.begin(), t.total.end()),
+      flags.mode.c_str(), comm.c_str(), strategy.c_str(), world, flags.model.c_str(),
+      static_cast<long long>(params), flags.optimizer.c_str(), flags.batch_size,
+      at::get_num_threads(), flags.steps, flags.warmup, median(t.total), mean,
+      *std::min_element(t.total.begin(), t.total.end()),
       *std::max_element(t.total.begin(), t.total.end()),
       double(world) * flags.batch_size * 1000.0 / mean, median(t.zero), median(t.fwd),
       median(t.bwd), median(t.opt), double(t.minflt) / flags.steps, t.cpu_ms / flags.steps,
@@ -331,8 +331,8 @@ int main(int argc, char** argv) {
                     [&](const torch::Tensor& loss) { acc.backward(loss); }, [&] { opt.step(); }};
     const Timings t = run_steps(flags, model, loop, acc.process_index());
     if (acc.is_main_process())
-      print_result(flags, std::string(acc.comm().backend_name()), std::string(acc.strategy().name()),
-                   acc.num_processes(), params, t);
+      print_result(flags, std::string(acc.comm().backend_name()),
+                   std::string(acc.strategy().name()), acc.num_processes(), params, t);
     acc.wait_for_everyone();
     return 0;
   } catch (const std::exception& e) {
