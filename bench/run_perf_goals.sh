@@ -167,8 +167,8 @@ fi
 if wants 2; then
   echo
   echo "== 2. world-2 DDP over shm against one process with both cores (thr_shm = 2 x plain2 / shm step time)"
-  step_args=(--comms shm,zero1_shm --no_pytorch --repeat 3 --log "$log")
-  [[ $quick == 1 ]] && step_args=(--comms shm,zero1_shm --no_pytorch --quick --log "$log")
+  step_args=(--comms shm,zero1_shm --no_pytorch --log "$log")
+  if [[ $quick == 1 ]]; then step_args+=(--quick); else step_args+=(--repeat 3); fi
   out=$("$repo/bench/run_step_bench.sh" --build "$build" "${step_args[@]}" 2>&1) ||
     { echo "run_perf_goals: run_step_bench.sh failed; see $log" >&2; failed=1; }
   printf '%s\n' "$out" | sed -n '/^ms per step, median/,/^load at the end/p' | sed '$d'
