@@ -18,8 +18,9 @@
 //      lent:  no storage (ZeRO-2): the framework allocates a gradient per backward and lends
 //             it, lend_grad(i, grad), before grad_ready(i); once the strategy copied it,
 //             take_released() lists i and the framework frees it ("released"). A parameter
-//             with nothing lent counts as zero; withdraw_grads() says the framework freed
-//             every lent gradient (zero_grad's set_to_none).
+//             with nothing lent counts as zero. What a released gradient contributed stays
+//             in the strategy's shards until the loop resets it: withdraw_grad(i) for one
+//             parameter (a module's zero_grad()), withdraw_grads() for all (the optimizer's).
 //
 // Parameter units (ZeRO-3, parameters_sharded()): each rank keeps only its slice of the
 // parameters; a unit's full values exist only between gather_unit(u, pass) and
@@ -229,7 +230,10 @@ class Strategy {
   virtual void lend_grad(std::size_t index, Buffer grad);
   // lent: the parameters whose lent gradient the strategy no longer reads, since the last call.
   virtual std::vector<std::size_t> take_released() { return {}; }
-  // lent: the framework freed every lent gradient.
+  // lent: the loop reset parameter `index`'s gradient: nothing is lent for it any more, and
+  // what it contributed since its last reset is forgotten (it counts as zero from here).
+  virtual void withdraw_grad(std::size_t /*index*/) {}
+  // lent: withdraw_grad for every parameter (the framework freed every lent gradient).
   virtual void withdraw_grads() {}
   // Whether the strategy keeps the parameters' values in storage of its own (ZeRO's flat
   // buffers) that the framework may make its parameters live in: param_slot(i) is parameter

@@ -44,7 +44,11 @@ at::Tensor AcceleratedOptimizer::step(LossClosure closure) {
   step_was_skipped_ = !accelerator_.sync_gradients_happened();
   accelerator_.check_backward_went_through_accelerator();
   if (step_was_skipped_) return loss;
-  accelerator_.check_gradients_unchanged_since_sync(*accelerator_.prepared_[model_]);
+  PreparedTensors& model = *accelerator_.prepared_[model_];
+  accelerator_.check_gradients_unchanged_since_sync(model);
+  // A gradient the loop reset after backward (a module's zero_grad()) is stepped as it is now.
+  if (model.lent) model.lent->reconcile(accelerator_.strategy(model_));
+  show_gradients(true);
   sync_learning_rates();
   optimizer_.step();
   accelerator_.strategy(model_).after_optimizer_step();      // ZeRO: all-gather the parameters

@@ -14,6 +14,7 @@
 #include <torch/optim/optimizer.h>
 
 #include "accelerate/torch/accelerated_optimizer.hpp"
+#include "accelerate/torch/lent_gradients.hpp"
 #include "accelerate/torch/sharded_units.hpp"
 
 namespace torch::autograd {
@@ -38,6 +39,8 @@ struct PreparedTensors {
   std::unique_ptr<AcceleratedOptimizer> optimizer;
   at::Tensor probe_at_sync;  // ZeRO-1: gradient_probe at the last sync
   ShardedUnits units;        // ZeRO-3 (sharded_units.cpp)
+  // ZeRO-2/3's lent gradients (null under slots); after params and accumulators, which it uses.
+  std::unique_ptr<LentGradients> lent;
 };
 
 }  // namespace accel

@@ -175,17 +175,21 @@ std::size_t TorchAccelerator::index_of_module(const torch::nn::Module& module) c
 }
 
 void TorchAccelerator::free_released_grads(PreparedTensors& model) {
-  for (std::size_t i : strategy(model.index).take_released())
-    model.params[i].mutable_grad() = at::Tensor();
+  for (std::size_t i : strategy(model.index).take_released()) model.lent->released(i);
+}
+
+void TorchAccelerator::reconcile_gradients(PreparedTensors& model) {
+  // What the loop did to .grad() since the last backward (a module's zero_grad(), set_to_none
+  // or not, or an assignment) reaches the strategy before this backward adds to it.
+  if (model.lent) return model.lent->reconcile(strategy(model.index));
+  for (std::size_t i = 0; i < model.params.size(); ++i) adopt_bucket_view(model, i);
 }
 
 void TorchAccelerator::adopt_bucket_view(PreparedTensors& model, std::size_t i) {
   at::Tensor& grad = model.params[i].mutable_grad();
   const at::Tensor& view = model.grad_views[i];
-  if (!view.defined()) {  // lent (ZeRO-2): the strategy reads autograd's gradient where it is
-    if (grad.defined())
-      strategy(model.index)
-          .lend_grad(i, tensor_buffer(grad, "the gradient of parameter " + std::to_string(i)));
+  if (!view.defined()) {  // lent (ZeRO-2/3): the strategy reads autograd's gradient where it is
+    model.lent->accumulated(i, strategy(model.index));
     return;
   }
   if (grad.defined() && grad.data_ptr() == view.data_ptr()) return;
@@ -215,18 +219,17 @@ void TorchAccelerator::check_backward_went_through_accelerator() const {
 }
 
 void TorchAccelerator::zero_gradients(PreparedTensors& model) {
+  if (model.lent) {  // lent (ZeRO-2/3): gradients are freed, as set_to_none
+    strategy(model.index).withdraw_grads();
+    model.lent->withdrawn_all();
+    return;
+  }
   for (std::size_t i = 0; i < model.params.size(); ++i) {
     const at::Tensor& view = model.grad_views[i];
     at::Tensor& grad = model.params[i].mutable_grad();
-    if (!view.defined()) {  // lent (ZeRO-2): gradients are freed, as set_to_none
-      grad = at::Tensor();
-      continue;
-    }
     if (!grad.defined() || grad.data_ptr() != view.data_ptr()) grad = view;
     view.zero_();
   }
-  Strategy& strategy = this->strategy(model.index);
-  if (strategy.gradient_storage() == GradientStorage::lent) strategy.withdraw_grads();
   if (replicas_ != nullptr && model.index == 0) replicas_->zero_grads();  // DataParallel's
 }
 
@@ -242,6 +245,7 @@ void TorchAccelerator::sync_buffers() {
 
 bool TorchAccelerator::backward(const torch::Tensor& loss) {
   ACCEL_CHECK_ARG(!prepared_.empty(), "backward: prepare the model first");
+  for (const auto& model : prepared_) reconcile_gradients(*model);
   sync_buffers();
   ReplicaSet* dp = strategy(0).replicas();  // DATA_PARALLEL: its one model
   if (dp != nullptr) replicas_->begin_backward(*dp);

@@ -458,8 +458,10 @@ class TorchAccelerator : public Accelerator, private ShardedParameterOwner {
   void shard_optimizer(PreparedTensors& model, torch::optim::Optimizer& optimizer);
   // The options of a slice tensor for `segment` (its group's parameters' dtype and device).
   at::TensorOptions segment_options(const PreparedTensors& model, const ParamSegment& segment);
-  // Lent gradients (ZeRO-2): frees those the strategy released (backend.hpp's contract).
+  // Lent gradients (ZeRO-2/3): those the strategy released become stand-ins (LentGradients).
   void free_released_grads(PreparedTensors& model);
+  // Before each backward: the loop's own resets of .grad() reach the strategy.
+  void reconcile_gradients(PreparedTensors& model);
   // Points parameter i's .grad() at its bucket slot, keeping the values it had.
   void adopt_bucket_view(PreparedTensors& model, std::size_t i);
   void zero_gradients(PreparedTensors& model);

@@ -257,8 +257,7 @@ void TorchAccelerator::hook_gradients(PreparedTensors& model) {
                         at::TensorOptions().dtype(param.scalar_type()).device(param.device())));
       adopt_bucket_view(model, i);
     } else {
-      model.grad_views.emplace_back();  // lent (ZeRO-2): autograd's gradient, freed once released
-      param.mutable_grad() = at::Tensor();
+      model.grad_views.emplace_back();  // lent (ZeRO-2/3): autograd's own (LentGradients)
     }
     // The parameter holds its AccumulateGrad node only weakly: without our reference a new
     // node (without the hook) would be made for the next graph.
@@ -268,6 +267,7 @@ void TorchAccelerator::hook_gradients(PreparedTensors& model) {
         node->add_post_hook(std::make_unique<GradReadyHook>(*this, model, i)));
     model.accumulators.push_back(std::move(node));
   }
+  if (!has_slots) model.lent = std::make_unique<LentGradients>(model.params, model.accumulators);
 }
 
 void TorchAccelerator::register_checkpoint_states(PreparedTensors& model,

@@ -165,6 +165,20 @@ std::vector<std::size_t> ZeroStrategy::take_released() {
   return std::exchange(released_, {});
 }
 
+void ZeroStrategy::withdraw_grad(std::size_t index) {
+  ACCEL_CHECK_ARG(index < params_.size(), "ZeRO: no parameter " + std::to_string(index));
+  std::lock_guard lock(mutex_);
+  if (!lent_) return;
+  params_[index].grad = gradient_wanted(params_[index].data);  // none: zeros
+  std::erase(released_, index);
+  if (slices_withdrawn_) return;  // the next sync replaces the slices anyway
+  // What earlier syncs reduced into this rank's part of it (every rank zeroes its own part).
+  const OwnedPiece piece = owned_piece(index);
+  if (piece.count > 0)
+    zero_buffer(grad_slice(layout_.flat_of(index)).slice(piece.in_slice, piece.count),
+                comm_.compute_stream());
+}
+
 void ZeroStrategy::withdraw_grads() {
   std::lock_guard lock(mutex_);
   if (!lent_) return;
@@ -172,7 +186,7 @@ void ZeroStrategy::withdraw_grads() {
   released_.clear();
   // Every gradient is zero now: the next sync's reductions replace what the slices hold (a
   // GAN's discriminator, synced again by the generator's backward after its own step).
-  first_sync_of_step_ = true;
+  slices_withdrawn_ = true;
 }
 
 void ZeroStrategy::use_param_slots() {
@@ -220,17 +234,23 @@ void ZeroStrategy::reload_parameters() {
   }
 }
 
+ZeroStrategy::OwnedPiece ZeroStrategy::owned_piece(std::size_t index) const {
+  const std::size_t offset = layout_.offset_of(index);
+  const Shard own = layout_.owned(layout_.flat_of(index));
+  const std::size_t lo = std::max(offset, own.offset);
+  const std::size_t hi = std::min(offset + params_[index].data.count, own.offset + own.count);
+  if (lo >= hi) return {};
+  return {lo - offset, lo - own.offset, hi - lo};
+}
+
 // Stage 3: the part of each parameter (whole in values[i]) that this rank's slices hold.
 void ZeroStrategy::copy_owned_parts_in(const std::vector<Buffer>& values) {
   const DeviceStream stream = comm_.compute_stream();
   for (std::size_t i = 0; i < params_.size(); ++i) {
-    const std::size_t f = layout_.flat_of(i), offset = layout_.offset_of(i);
-    const Shard own = layout_.owned(f);
-    const std::size_t lo = std::max(offset, own.offset);
-    const std::size_t hi = std::min(offset + params_[i].data.count, own.offset + own.count);
-    if (lo >= hi) continue;
-    copy_buffer(param_store_[f].view().slice(lo - own.offset, hi - lo),
-                values[i].slice(lo - offset, hi - lo), stream);
+    const OwnedPiece piece = owned_piece(i);
+    if (piece.count == 0) continue;
+    copy_buffer(param_store_[layout_.flat_of(i)].view().slice(piece.in_slice, piece.count),
+                values[i].slice(piece.in_param, piece.count), stream);
   }
 }
 
@@ -372,7 +392,7 @@ void ZeroStrategy::finish(Bucket& b) {
   // Released gradients are gone from the loop's storage: what an earlier backward of this
   // step reduced lives only in the slice, so this one adds to it (as autograd adds into
   // .grad()). Gradients the loop keeps hold everything since its zero_grad: they replace it.
-  if (lent_ && !first_sync_of_step_)
+  if (lent_ && !slices_withdrawn_)
     weighted_sum(dst, std::span(&part, 1), kPlainSum, 1.0, compute_context(comm_));
   else
     copy_buffer(dst, part, stream);
@@ -415,7 +435,7 @@ void ZeroStrategy::sync_gradients() {
     }
     launch_ready_buckets();
     finish_all();
-    first_sync_of_step_ = false;
+    slices_withdrawn_ = false;
   }
   average_across_replicas();
   if (!offload_) return;
@@ -441,7 +461,6 @@ void ZeroStrategy::average_across_replicas() {
 }
 
 void ZeroStrategy::after_optimizer_step() {
-  first_sync_of_step_ = true;  // the next step's gradients start afresh in the slices
   const DeviceStream stream = comm_.compute_stream();
   if (gatherer_) {  // stage 3: nothing gathered is current; the persistent ones follow
     for (std::size_t f = 0; offload_ && f < layout_.groups().size(); ++f)

@@ -95,6 +95,7 @@ class ZeroStrategy final : public Strategy {
   // framework allocates a new one each micro-batch); the next grad_ready(i) reads it there.
   void lend_grad(std::size_t index, Buffer grad) override;
   std::vector<std::size_t> take_released() override;
+  void withdraw_grad(std::size_t index) override;
   void withdraw_grads() override;
   // The bucket ranges (flat index, begin, end) in launch order, for tests.
   const std::vector<FlatBucket>& bucket_layout() const { return bucket_ranges_; }
@@ -114,6 +115,12 @@ class ZeroStrategy final : public Strategy {
   void average_across_replicas();  // HYBRID_SHARD's second step of a sync
   // Stage 3: this rank's parts of each parameter's full values (index for index).
   void copy_owned_parts_in(const std::vector<Buffer>& values);
+  // The part of parameter `index` this rank's slices hold: where it starts in the parameter
+  // and in the slice, and how long it is (0: none of it).
+  struct OwnedPiece {
+    std::size_t in_param = 0, in_slice = 0, count = 0;
+  };
+  OwnedPiece owned_piece(std::size_t index) const;
   void copy_owned_to_host();
   Buffer own_part(const Bucket& b, Buffer bucket_data) const;  // within the bucket
   Buffer own_slice_part(const Bucket& b) const;                // the same within the slice
@@ -147,11 +154,14 @@ class ZeroStrategy final : public Strategy {
   int next_slot_ = 0;
   std::array<Bucket*, 2> in_slot_{};
   bool sync_enabled_ = true;
-  bool first_sync_of_step_ = true;  // no sync since the last optimizer step
+  // Every lent gradient was withdrawn since the last sync: what the slices hold is stale, and
+  // the next sync's reductions replace it instead of adding to it.
+  bool slices_withdrawn_ = true;
   bool flat_parameters_ = false;
   bool gathered_views_ = false;  // stage 3: the ParamRefs' buffers are not the framework's
   // Stage 2 with gradients asked of it: they are lent, released once in a bucket (released_
-  // until take_released), and a later backward of the step adds to the slice.
+  // until take_released), and a later backward adds to the slice until the loop withdraws
+  // them (its zero_grad), as autograd adds into .grad().
   bool lent_ = false;
   std::vector<std::size_t> released_;
   std::mutex mutex_;  // hooks may fire on autograd's threads

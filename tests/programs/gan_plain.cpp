@@ -1,6 +1,8 @@
 // A GAN in DCGAN's shape (pytorch/examples cpp/dcgan): a generator and a discriminator, two
 // Adams, the discriminator's two backwards (a real batch, then a detached fake one) before its
-// step, then the generator's loss through the discriminator. gan_plain.cpp is the plain
+// step, then the generator's loss through the discriminator; gradients reset by the modules'
+// zero_grad() as DCGAN's loop does (the generator's loss leaves a gradient in the
+// discriminator that its next zero_grad() must drop). gan_plain.cpp is the plain
 // LibTorch program, gan.cpp the same converted by the README's recipe (programs_test counts
 // the lines).
 
@@ -50,7 +52,7 @@ int main(int argc, char** argv) {
   int step = 0;
   while (step < flags.steps) {
     for (auto& batch : *loader) {
-      d_optimizer.zero_grad();
+      discriminator->zero_grad(flags.set_to_none);  // the module's, as DCGAN's loop
       auto d_real = bce(discriminator(batch.data), 1.0);
       d_real.backward();
       auto z = torch::randn({flags.batch, kNz});
@@ -58,7 +60,7 @@ int main(int argc, char** argv) {
       auto d_fake = bce(discriminator(fake.detach()), 0.0);
       d_fake.backward();
       d_optimizer.step();
-      g_optimizer.zero_grad();
+      generator->zero_grad(flags.set_to_none);
       auto g_loss = bce(discriminator(fake), 1.0);
       g_loss.backward();
       g_optimizer.step();

@@ -11,6 +11,7 @@
 //   --workers N          custom_dataset: DataLoaderOptions::workers (default 2)
 //   --noise X            custom_dataset: the random per-sample transform's scale (default 0.1)
 //   --target X           early_stop: stop once the loss is below X (default 0.3)
+//   --set_to_none 0|1    gan: the modules' zero_grad(set_to_none) (default 0, LibTorch's)
 // Each step prints "step S loss L" (L with 17 digits, so a test compares it exactly).
 
 #include <unistd.h>
@@ -35,6 +36,7 @@ struct Flags {
   std::int64_t workers = 2;
   double noise = 0.1;
   double target = 0.3;
+  bool set_to_none = false;
 };
 
 inline Flags parse_flags(int argc, char** argv) {
@@ -61,6 +63,8 @@ inline Flags parse_flags(int argc, char** argv) {
       f.noise = std::stod(value);
     } else if (flag == "--target") {
       f.target = std::stod(value);
+    } else if (flag == "--set_to_none" && (value == "0" || value == "1")) {
+      f.set_to_none = value == "1";
     } else if (flag == "--dtype" && (value == "float" || value == "double")) {
       torch::set_default_dtype(value == "float" ? caffe2::TypeMeta::Make<float>()
                                                 : caffe2::TypeMeta::Make<double>());

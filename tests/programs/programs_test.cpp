@@ -291,7 +291,9 @@ TEST_CASE("a plain module object trained through train(..., torch::optim::Optimi
   check_program(shape);
 }
 
-TEST_CASE("a GAN: two models, two Adams, the generator's loss through the discriminator") {
+TEST_CASE(
+    "a GAN: two models, two Adams, the generator's loss through the discriminator, module "
+    "zero_grad()") {
   if (gloo_missing()) return;
   // 14 lines: the models and optimizers are the user's objects renamed (4 lines), then prepared
   // in one call (C++ cannot rebind a name as Python's `G, D, opt_g, opt_d =
@@ -315,7 +317,12 @@ TEST_CASE("a GAN: two models, two Adams, the generator's loss through the discri
                                                     .magnitude = 200});
                     }};
   check_changed_lines(shape);
-  check_equivalence(shape);
+  for (const std::string set_to_none : {"0", "1"}) {  // the modules' zero_grad(set_to_none)
+    CAPTURE(set_to_none);
+    Shape reset = shape;
+    reset.args = {"--set_to_none", set_to_none};
+    check_equivalence(reset);
+  }
   // A GAN's losses need not fall; under bf16 the numbers differ from fp32 and stay finite.
   const auto args = std::vector<std::string>{"--dtype", "float",
                                              "--steps", std::to_string(kSteps),
