@@ -9,6 +9,7 @@
 #include "accelerate/malloc_tuning.hpp"
 #include "accelerate/prepared_parameters.hpp"
 #include "accelerate/process_group.hpp"
+#include "accelerate/uncaught_error.hpp"
 #include "backends/comm/local_communicator.hpp"
 #include "backends/optim/clip.hpp"
 #include "backends/optim/elementwise.hpp"
@@ -215,6 +216,7 @@ std::string prepared_name(const std::string& base, std::size_t model) {
 }
 
 Accelerator::Accelerator(AcceleratorOptions options) : options_(std::move(options)) {
+  exit_cleanly_on_uncaught_errors(-1);  // a refusal below already ends the program cleanly
   const config::ResolvedConfig settings = resolve_settings(options_);
   // Before the loop's first step allocates; for CPU work, as `accel launch` does.
   if (!config::uses_gpu(settings.config)) tune_malloc_for_training();
@@ -239,6 +241,7 @@ Accelerator::Accelerator(AcceleratorOptions options) : options_(std::move(option
   pg.timeout = options_.timeout;
   group_ = init_process_group(pg);
   env_ = group_->env();
+  exit_cleanly_on_uncaught_errors(env_.rank);
   rng_ = rank_rng(seed_, env_.rank);
   if (settings.config.hybrid_shard) make_hybrid_groups(settings.origins.at("hybrid_shard"));
   global_batch_size_ = std::size_t(settings.config.global_batch_size);

@@ -43,6 +43,11 @@ class ConfigError : public Error {
   using Error::Error;
 };
 
+// An accel::Error that escapes a program's main() ends it with exit code 1 and one line on
+// stderr, "[rank R] uncaught KIND: MESSAGE" (accelerate/uncaught_error.hpp); the launcher's
+// failure report quotes it. This is the part of the line both look for.
+inline constexpr const char* kUncaughtTag = "] uncaught ";
+
 // "what (file:line)" for the checking macros.
 std::string with_location(const std::string& what, const char* file, int line);
 

@@ -127,8 +127,10 @@ void start(Worker& w) {
 void emit_line(Worker& w, const WorkerGroupOptions& opt, const std::string& line, bool is_err) {
   const unsigned wanted = is_err ? unsigned(Streams::err) : unsigned(Streams::out);
   if (opt.echo && (unsigned(opt.echo_streams) & wanted)) {
-    write_all(is_err ? STDERR_FILENO : STDOUT_FILENO,
-              (opt.prefix_output ? "[" + w.spec->label + "] " : "") + line + "\n");
+    // A line that names its worker already (an uncaught error's) is not prefixed twice.
+    const std::string prefix = "[" + w.spec->label + "] ";
+    const bool prefixed = !opt.prefix_output || line.compare(0, prefix.size(), prefix) == 0;
+    write_all(is_err ? STDERR_FILENO : STDOUT_FILENO, (prefixed ? "" : prefix) + line + "\n");
   }
   if (w.log) *w.log << line << '\n' << std::flush;
   if (opt.capture) w.exit.output += line + "\n";
@@ -413,8 +415,20 @@ std::string describe_exit(int exit_code, int signal) {
   return "exited with code " + std::to_string(exit_code);
 }
 
+namespace {
+// The uncaught accel::Error a worker reported last (its kind and message's first line), or "".
+std::string uncaught_error_in(const std::string& tail) {
+  const auto at = tail.rfind(kUncaughtTag);
+  if (at == std::string::npos) return "";
+  const auto from = at + std::strlen(kUncaughtTag);
+  return tail.substr(from, tail.find('\n', from) - from);
+}
+}  // namespace
+
 std::string describe_failure(const WorkerExit& e) {
-  const std::string what = e.label + " " + describe_exit(e.exit_code, e.signal);
+  std::string what = e.label + " " + describe_exit(e.exit_code, e.signal);
+  if (const std::string error = uncaught_error_in(e.stderr_tail); !error.empty())
+    what += ": " + error;
   // The communicator's words (communicator.cpp), the last time they were said.
   static const std::string kTag = "ranks not heard from: [";
   const auto at = e.stderr_tail.rfind(kTag);
