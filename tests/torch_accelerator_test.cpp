@@ -1018,6 +1018,132 @@ TEST_CASE(
   expect_ok(run_ranks(1, "torch_two_backward_worker", {}, dp), 1);
 }
 
+// acc.save(optimizer, path) under every strategy writes what a plain torch::optim::Adam loads
+// (FSDP's FULL_STATE_DICT under ZeRO: the slices gathered), and the plain program stepping from
+// there equals the accelerated run (torch_full_state_worker checks).
+TEST_CASE(
+    "acc.save(optimizer) writes the full state a plain Adam loads, under DDP and ZeRO-1/2/3") {
+  if (skip_unless(communicator_available("gloo"), "gloo communicator not built")) return;
+  using Env = std::vector<std::pair<std::string, std::string>>;
+  Env zero3 = zero_env(3);
+  zero3.emplace_back("ACCEL_ZERO3_PARAM_PERSISTENCE_THRESHOLD", "0");  // every one sharded
+  const std::vector<std::pair<std::string, Env>> strategies = {
+      {"ddp", {}}, {"zero1", zero_env(1)}, {"zero2", zero_env(2)}, {"zero3", zero3}};
+  for (const auto& [name, env] : strategies)
+    for (int world : {1, 2}) {
+      CAPTURE(name);
+      CAPTURE(world);
+      TempDir dir("accel_full_state");
+      RanksOptions options;
+      options.env = env;
+      options.env.emplace_back("ACCEL_COMM_BACKEND", world == 1 ? "local" : "gloo");
+      const auto result = run_ranks(world, "torch_full_state_worker", {dir.path.string()}, options);
+      INFO(describe(result));
+      CHECK(result.exit_code() == 0);
+      const std::string& out = result.workers.at(0).output;
+      const auto at = out.find("ok full optimizer state");
+      CHECK(at != std::string::npos);
+      if (at != std::string::npos) MESSAGE(out.substr(at, out.find('\n', at) - at));
+    }
+}
+
+TEST_CASE("DATA_PARALLEL takes a plain torch::nn::Module with a replica factory") {
+  TempDir dir("accel_full_state");
+  RanksOptions dp;
+  dp.env = {{"ACCEL_DISTRIBUTED_TYPE", "DATA_PARALLEL"},
+            {"ACCEL_USE_CPU", "true"},
+            {"ACCEL_DATA_PARALLEL_REPLICAS", "2"}};
+  const auto result =
+      run_ranks(1, "torch_full_state_worker", {dir.path.string(), "--replica_factory"}, dp);
+  INFO(describe(result));
+  CHECK(result.exit_code() == 0);
+  CHECK(result.workers.at(0).output.find("ok full optimizer state (data_parallel") !=
+        std::string::npos);
+}
+
+namespace {
+struct PlainBnNet : torch::nn::Module {  // not Cloneable, with a buffer
+  explicit PlainBnNet(std::int64_t hidden = 8)
+      : fc(register_module("fc", torch::nn::Linear(6, hidden))),
+        bn(register_module("bn", torch::nn::BatchNorm1d(hidden))) {}
+  torch::Tensor forward(const torch::Tensor& x) { return bn(fc(x)); }
+  torch::nn::Linear fc;
+  torch::nn::BatchNorm1d bn;
+};
+}  // namespace
+
+TEST_CASE(
+    "a DATA_PARALLEL replica factory's modules get the model's values; another shape is refused") {
+  AcceleratorOptions options = local_options();
+  options.distributed_type = "DATA_PARALLEL";
+  options.data_parallel_replicas = 2;
+  {
+    TorchAccelerator acc(options);
+    PlainBnNet net;
+    net.to(torch::kDouble);  // after construction, as loops do: the replicas follow
+    net.bn->running_mean.fill_(0.5);
+    torch::optim::SGD sgd(net.parameters(), torch::optim::SGDOptions(0.1));
+    auto [model, opt] = acc.prepare(net, sgd, [] { return PlainBnNet(); });
+    torch::nn::Module& replica = acc.replica_module(1);
+    const auto ours = net.named_parameters(), theirs = replica.named_parameters();
+    for (const auto& item : ours) CHECK(torch::equal(item.value(), theirs[item.key()]));
+    const auto our_buffers = net.named_buffers(), their_buffers = replica.named_buffers();
+    for (const auto& item : our_buffers)
+      CHECK(torch::equal(item.value(), their_buffers[item.key()]));
+  }
+  TorchAccelerator acc(options);
+  PlainBnNet net;
+  torch::optim::SGD sgd(net.parameters(), torch::optim::SGDOptions(0.1));
+  CHECK_THROWS_WITH_AS(acc.prepare(net, sgd, [] { return std::make_shared<PlainBnNet>(4); }),
+                       doctest::Contains("parameter 'fc.weight' has another shape"),
+                       InvalidArgument);
+}
+
+// A refusal the library raises inside a user's main() (no try/catch) under `accel launch`:
+// each rank prints it once, as "[rank R] uncaught accel::InvalidArgument: ...", and exits 1
+// (no abort, no "terminate called", no LibTorch stack frames); the launcher's summary names
+// the rank and the message.
+TEST_CASE("an accel error escaping main() ends each rank with its message and exit code 1") {
+  if (skip_unless(communicator_available("gloo"), "gloo communicator not built")) return;
+  struct Refusal {
+    std::vector<std::string> flags;
+    int world;
+    std::string message;
+  };
+  const std::vector<Refusal> refusals = {
+      {{"--use_zero", "--zero_stage", "2", "--state_dict_type", "SHARDED_STATE_DICT",
+        "--comm_backend", "gloo"},
+       2,
+       "acc.save(optimizer) under ZeRO with state_dict_type SHARDED_STATE_DICT"},
+      {{"--data_parallel", "--data_parallel_replicas", "2"},
+       1,
+       "Pass a factory that builds the module"}};
+  for (const Refusal& r : refusals) {
+    CAPTURE(r.message);
+    TempDir dir("accel_uncaught");
+    std::vector<std::string> args = {"launch", "--num_processes", std::to_string(r.world)};
+    args.insert(args.end(), r.flags.begin(), r.flags.end());
+    args.insert(args.end(), {bin_path("torch_full_state_worker"), dir.path.string()});
+    const auto result = run_accel(args, {}, std::chrono::seconds(120));
+    INFO(describe(result));
+    const std::string& out = result.workers.at(0).output;
+    CHECK(result.workers.at(0).exit_code == 1);
+    for (int rank = 0; rank < r.world; ++rank) {
+      const std::string line =
+          "[rank " + std::to_string(rank) + "] uncaught accel::InvalidArgument: ";
+      // Once from the rank, and once more where the launcher's report quotes its stderr.
+      const bool quoted =
+          out.find("rank " + std::to_string(rank) + " exited with code 1: ") != std::string::npos;
+      CHECK(count_in_output(result, line) == (quoted ? 2 : 1));
+    }
+    CHECK(count_in_output(result, r.message) >= r.world);
+    CHECK(out.find("exited with code 1: accel::InvalidArgument: ") != std::string::npos);
+    CHECK(out.find("terminate called") == std::string::npos);
+    CHECK(out.find("frame #") == std::string::npos);
+    CHECK(out.find("killed by signal") == std::string::npos);
+  }
+}
+
 TEST_CASE("DDP over mpi equals one process") {
   if (skip_unless(communicator_available("mpi") && !find_mpirun().empty(),
                   "mpi communicator or mpirun not available"))

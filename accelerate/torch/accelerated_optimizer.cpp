@@ -82,8 +82,9 @@ void AcceleratedOptimizer::save(torch::serialize::OutputArchive& archive) const 
   if (accelerator_.prepared_[model_]->sharded_optimizer != nullptr)
     throw InvalidArgument(
         "torch::save(optimizer) under ZeRO: each rank's optimizer holds only its slices, which "
-        "plain LibTorch cannot load. Save with acc.save_state(dir) (it resumes at any number of "
-        "processes), and get plain weights with `accel merge-weights`");
+        "plain LibTorch cannot load. Save with acc.save(optimizer, path), called on every rank "
+        "(it gathers the full state to the main process and writes what a plain LibTorch "
+        "optimizer loads), or acc.save_state(dir) (it resumes at any number of processes)");
   const_cast<AcceleratedOptimizer*>(this)->sync_learning_rates();
   optimizer_.save(archive);
 }

@@ -25,8 +25,9 @@ class TorchAccelerator;
 //  - zero_grad() through a plain Optimizer& is LibTorch's (not virtual), and still right:
 //    between accumulation boundaries the aliases carry no gradient, so it zeroes nothing;
 //  - torch::save(optimizer) writes the user's optimizer (a plain LibTorch one loads it) under
-//    DDP; under ZeRO, where a rank holds only slices, it is refused naming save_state and
-//    `accel merge-weights`. state() is empty here: optimizer().state() is the user's.
+//    DDP; under ZeRO, where a rank holds only slices, it is refused naming acc.save(optimizer,
+//    path), which gathers the full state (TorchAccelerator::save), and save_state.
+//    state() is empty here: optimizer().state() is the user's.
 class AcceleratedOptimizer : public torch::optim::Optimizer {
  public:
   // A real optimizer step only when the last backward() ended at an accumulation boundary
@@ -35,10 +36,8 @@ class AcceleratedOptimizer : public torch::optim::Optimizer {
   at::Tensor step(LossClosure closure = nullptr) override;
   // Zeroes the gradients in place (they live in the DDP buckets, so they are never freed).
   // While gradients are accumulating (the last backward() did not end in a sync) it does
-  // nothing, so it may be called before the forward or after step() alike. Under ZeRO-2 it is
-  // the one call that clears the gradients already reduced into this rank's shards: a
-  // module's zero_grad() finds them freed, so what a later backward synced into a model after
-  // its step (a GAN's generator loss through the discriminator) would reach its next step.
+  // nothing, so it may be called before the forward or after step() alike. A module's own
+  // zero_grad() means the same under every strategy (lent_gradients.hpp under ZeRO-2/3).
   void zero_grad();
   // Accelerate's optimizer.step_was_skipped: whether the last step() did not step. Use it to
   // step an LR scheduler only when the optimizer stepped.

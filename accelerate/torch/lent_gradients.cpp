@@ -28,8 +28,9 @@ class LentGradients::MakeWay final : public torch::autograd::FunctionPreHook {
   std::size_t index_;
 };
 
-LentGradients::LentGradients(std::vector<at::Tensor>& params,
-                             const std::vector<std::shared_ptr<torch::autograd::Node>>& accumulators)
+LentGradients::LentGradients(
+    std::vector<at::Tensor>& params,
+    const std::vector<std::shared_ptr<torch::autograd::Node>>& accumulators)
     : params_(params),
       accumulators_(accumulators),
       standins_(params.size()),

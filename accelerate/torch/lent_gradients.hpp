@@ -4,10 +4,11 @@
 // LibTorch. Once the strategy has reduced a gradient into its shards (released it), .grad() is
 // a stand-in: zeros of the parameter's shape over one element of memory. A module's
 // zero_grad() visibly resets it (set_to_none: undefined; otherwise detached and zeroed), as
-// do an optimizer's over the same tensors (zeroed in place) and an assignment; a gradient the strategy has not reduced yet (accumulating without a
-// sync) is autograd's own, watched by its version. reconcile() hands every reset to the
-// strategy (withdraw_grad: what the parameter contributed so far is forgotten).
-// Private to the LibTorch adapter; one per prepared model under a lent strategy.
+// do an optimizer's over the same tensors (zeroed in place) and an assignment; a gradient the
+// strategy has not reduced yet (accumulating without a sync) is autograd's own, watched by its
+// version. reconcile() hands every reset to the strategy (withdraw_grad: what the parameter
+// contributed so far is forgotten). Private to the LibTorch adapter; one per prepared model under a
+// lent strategy.
 
 #include <cstddef>
 #include <cstdint>

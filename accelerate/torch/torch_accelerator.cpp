@@ -22,6 +22,7 @@
 #include <c10/cuda/CUDAStream.h>
 #endif
 
+#include "accelerate/torch/full_optimizer_state.hpp"
 #include "accelerate/torch/prepared_tensors.hpp"
 #include "accelerate/torch/tensor_buffer.hpp"
 #include "accelerate/torch/torch_optimizer_state.hpp"
@@ -297,6 +298,41 @@ void TorchAccelerator::check_gradients_unchanged_since_sync(const PreparedTensor
       ".grad()). Under ZeRO the optimizer steps this rank's reduced gradient slices, which such a "
       "change does not reach: clip with acc.clip_grad_norm(max_norm), which is correct under "
       "every strategy");
+}
+
+void TorchAccelerator::save(const AcceleratedOptimizer& optimizer, const std::string& path) {
+  const PreparedTensors& model = *prepared_.at(optimizer.model_);
+  if (model.sharded_optimizer == nullptr)  // the user's optimizer holds the whole parameters
+    return save<torch::optim::Optimizer>(optimizer, path);
+  ACCEL_CHECK_ARG(state_dict_type() != "SHARDED_STATE_DICT",
+                  "acc.save(optimizer) under ZeRO with state_dict_type SHARDED_STATE_DICT: each "
+                  "rank holds only its slices, which a plain LibTorch optimizer cannot load. Set "
+                  "state_dict_type FULL_STATE_DICT (the default) to gather the full state to the "
+                  "main process, or save with acc.save_state(dir)");
+  // Where each whole parameter starts among its group's parameters laid end to end (strategy
+  // order), for the user's groups (the aliases, in the user's order).
+  const std::vector<ParamRef>& refs = strategy(model.index).params();
+  std::vector<std::size_t> offset_of(refs.size()), group_end;
+  for (std::size_t i = 0; i < refs.size(); ++i) {
+    if (group_end.size() <= refs[i].group) group_end.resize(refs[i].group + 1);
+    offset_of[i] = group_end[refs[i].group];
+    group_end[refs[i].group] += refs[i].data.count;
+  }
+  std::unordered_map<const void*, std::size_t> index_of;
+  for (std::size_t i = 0; i < model.params.size(); ++i)
+    index_of.emplace(model.params[i].unsafeGetTensorImpl(), i);
+  ShardedOptimizer sharded{
+      &optimizer.optimizer_, strategy(model.index).segments(), model.slices, &optimizer, {}};
+  std::size_t next = 0;  // aliases_ lists the groups' parameters in order
+  for (const auto& group : optimizer.param_groups()) {
+    sharded.offsets.emplace_back();
+    for (std::size_t j = 0; j < group.params().size(); ++j)
+      sharded.offsets.back().push_back(
+          offset_of.at(index_of.at(optimizer.aliases_.at(next++).second.unsafeGetTensorImpl())));
+  }
+  const std::string bytes = full_optimizer_archive(sharded, *this);
+  if (is_main_process()) write_file_atomically(path, bytes);
+  wait_for_everyone();
 }
 
 void TorchAccelerator::write_file_atomically(const std::string& path, const std::string& bytes) {

@@ -68,6 +68,7 @@
 #include "accelerate/torch/prepared_script.hpp"
 #include "accelerate/torch/sharded_parameter_access.hpp"
 #include "accelerate/torch/sharded_unit.hpp"
+#include "accelerate/torch/torch_replicas.hpp"
 
 namespace torch::autograd {
 struct Node;
@@ -128,6 +129,24 @@ class TorchAccelerator : public Accelerator, private ShardedParameterOwner {
           M& module, torch::optim::Optimizer& optimizer) {
     return prepare(std::shared_ptr<M>(&module, [](M*) {}), optimizer);  // not owned
   }
+  // ... with a factory for DATA_PARALLEL's replicas of a module that is not Cloneable (a plain
+  // torch::nn::Module): `acc.prepare(net, optimizer, [] { return Net(); })`. Each replica is
+  // built by it and given the model's parameters and buffers; the other strategies make no
+  // replica and never call it. It may return a ModuleHolder, a std::shared_ptr or a module.
+  template <TorchModel Model, std::invocable Factory>
+  std::pair<PreparedModel<Model>, AcceleratedOptimizer&> prepare(Model model,
+                                                                 torch::optim::Optimizer& optimizer,
+                                                                 Factory make_replica) {
+    AcceleratedOptimizer& wrapped =
+        prepare_module(*model, optimizer, replica_factory(std::move(make_replica)));
+    return {PreparedModel<Model>(std::move(model), *this), wrapped};
+  }
+  template <typename M, std::invocable Factory>
+  requires std::derived_from<M, torch::nn::Module>
+      std::pair<PreparedModel<std::shared_ptr<M>>, AcceleratedOptimizer&> prepare(
+          M& module, torch::optim::Optimizer& optimizer, Factory make_replica) {
+    return prepare(std::shared_ptr<M>(&module, [](M*) {}), optimizer, std::move(make_replica));
+  }
   // ... or a TorchScript module (torch::jit::load), frozen parts allowed (prepared_script.hpp).
   std::pair<PreparedScriptModule, AcceleratedOptimizer&> prepare(
       torch::jit::Module module, torch::optim::Optimizer& optimizer) {
@@ -172,7 +191,8 @@ class TorchAccelerator : public Accelerator, private ShardedParameterOwner {
         prepared_result(args, wrapped)...);
   }
   AcceleratedOptimizer& prepare_module(torch::nn::Module& module,
-                                       torch::optim::Optimizer& optimizer);
+                                       torch::optim::Optimizer& optimizer,
+                                       ReplicaFactory make_replica = {});
   AcceleratedOptimizer& prepare_script(const torch::jit::Module& module,
                                        torch::optim::Optimizer& optimizer);
   // Accelerate's unwrap_model: the user's model behind what prepare returned.
@@ -183,6 +203,11 @@ class TorchAccelerator : public Accelerator, private ShardedParameterOwner {
   static torch::jit::Module& unwrap_model(const PreparedScriptModule& model) { return model.get(); }
   // Accelerate's save: torch::save(value, path) on the main process only (written aside and
   // renamed, so `path` is never half-written), then every rank waits for it.
+  // A prepared optimizer under ZeRO is FSDP's full optimizer state dict (state_dict_type
+  // FULL_STATE_DICT, the default): every rank's slices gathered to the main process, written as
+  // the user's kind of optimizer over the whole model, which a plain one torch::load()s (SGD,
+  // Adam, AdamW); every rank calls it. Under SHARDED_STATE_DICT it is refused.
+  void save(const AcceleratedOptimizer& optimizer, const std::string& path);
   template <typename Value>
   void save(const Value& value, const std::string& path) {
     if (is_main_process()) {
@@ -446,7 +471,8 @@ class TorchAccelerator : public Accelerator, private ShardedParameterOwner {
   // its ready hook; then the model and optimizer states for checkpoints (flat_state: the
   // optimizer's per-parameter state in flat coordinates).
   AcceleratedOptimizer& prepare_tensors(const ModuleTensors& tensors,
-                                        torch::optim::Optimizer& optimizer);
+                                        torch::optim::Optimizer& optimizer,
+                                        const ReplicaFactory& make_replica = {});
   std::vector<ParamRef> collect_parameters(PreparedTensors& model, const ModuleTensors& tensors,
                                            torch::optim::Optimizer& optimizer);
   std::vector<Buffer> collect_buffers(PreparedTensors& model, const ModuleTensors& tensors);

@@ -49,11 +49,7 @@ std::size_t expected_slots(Kind kind, const torch::optim::OptimizerOptions& opti
   return 0;
 }
 
-// One parameter's state: its arrays (in the saved order) and Adam's step (0 for SGD).
-struct Slots {
-  std::vector<at::Tensor> arrays;
-  std::int64_t step = 0;
-};
+using Slots = TensorState;
 
 template <typename AdamState>
 Slots adam_slots(const torch::optim::OptimizerParamState& state) {
@@ -237,6 +233,47 @@ std::function<void()> load(torch::optim::Optimizer& optimizer,
     for (const std::string& key : keys) optimizer.state().erase(key);
     for (auto& [key, state] : *states) optimizer.state()[key] = std::move(state);
   };
+}
+
+namespace {
+Kind kind_or_refuse(const torch::optim::Optimizer& optimizer) {
+  const std::optional<Kind> kind = kind_of(optimizer);
+  ACCEL_CHECK_ARG(kind.has_value(),
+                  "optimizer state: only SGD, Adam and AdamW keep element-wise state, which can "
+                  "be gathered or resharded; save another optimizer's with acc.save_state(dir)");
+  return *kind;
+}
+}  // namespace
+
+TensorState state_of(const torch::optim::Optimizer& optimizer, const at::Tensor& tensor) {
+  const Kind kind = kind_or_refuse(optimizer);
+  const auto it = optimizer.state().find(state_key(tensor));
+  return it == optimizer.state().end() ? TensorState{} : slots_of(kind, *it->second);
+}
+
+std::size_t arrays_per_tensor(const torch::optim::Optimizer& optimizer, std::size_t group) {
+  return expected_slots(kind_or_refuse(optimizer), optimizer.param_groups().at(group).options());
+}
+
+void set_state(torch::optim::Optimizer& optimizer, const at::Tensor& tensor, TensorState state) {
+  optimizer.state()[state_key(tensor)] =
+      make_state(kind_or_refuse(optimizer), std::move(state.arrays), state.step);
+}
+
+std::unique_ptr<torch::optim::Optimizer> make_like(
+    const torch::optim::Optimizer& like, std::vector<torch::optim::OptimizerParamGroup> groups) {
+  switch (kind_or_refuse(like)) {
+    case Kind::sgd:
+      return std::make_unique<torch::optim::SGD>(
+          std::move(groups), static_cast<const torch::optim::SGDOptions&>(like.defaults()));
+    case Kind::adam:
+      return std::make_unique<torch::optim::Adam>(
+          std::move(groups), static_cast<const torch::optim::AdamOptions&>(like.defaults()));
+    case Kind::adamw:
+      return std::make_unique<torch::optim::AdamW>(
+          std::move(groups), static_cast<const torch::optim::AdamWOptions&>(like.defaults()));
+  }
+  return nullptr;
 }
 
 }  // namespace accel::torch_optimizer_state

@@ -18,7 +18,9 @@
 // says why, and the adapter then saves the LibTorch archive as it is (one process or rank's
 // own, so such a checkpoint resumes with the same number of processes only).
 
+#include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -49,5 +51,21 @@ std::function<void()> load(torch::optim::Optimizer& optimizer,
                            const std::vector<ParamSegment>& segments,
                            const std::vector<at::Tensor>& tensors, const std::string& bytes,
                            const std::string& where);
+
+// One tensor's element-wise state: its arrays in save()'s order (none: no state yet) and
+// Adam's step count (0 for SGD).
+struct TensorState {
+  std::vector<at::Tensor> arrays;
+  std::int64_t step = 0;
+};
+// What `optimizer` (SGD, Adam or AdamW) holds for `tensor`.
+TensorState state_of(const torch::optim::Optimizer& optimizer, const at::Tensor& tensor);
+// How many arrays per tensor param group `group`'s options make `optimizer` keep.
+std::size_t arrays_per_tensor(const torch::optim::Optimizer& optimizer, std::size_t group);
+// Gives `tensor` that state in `optimizer` (SGD, Adam or AdamW).
+void set_state(torch::optim::Optimizer& optimizer, const at::Tensor& tensor, TensorState state);
+// A plain optimizer of `like`'s kind (SGD, Adam or AdamW) with `like`'s defaults over `groups`.
+std::unique_ptr<torch::optim::Optimizer> make_like(
+    const torch::optim::Optimizer& like, std::vector<torch::optim::OptimizerParamGroup> groups);
 
 }  // namespace accel::torch_optimizer_state

@@ -108,8 +108,9 @@ class TorchAccelerator::GradReadyHook final : public torch::autograd::FunctionPo
 // The steps are prepare_tensors' helpers below; in order: what the strategy gets, the
 // replicas, the strategy, the gradients' storage and hooks, ZeRO's slices, the checkpoints.
 AcceleratedOptimizer& TorchAccelerator::prepare_module(torch::nn::Module& module,
-                                                       torch::optim::Optimizer& optimizer) {
-  return prepare_tensors(module_tensors(module), optimizer);
+                                                       torch::optim::Optimizer& optimizer,
+                                                       ReplicaFactory make_replica) {
+  return prepare_tensors(module_tensors(module), optimizer, make_replica);
 }
 
 AcceleratedOptimizer& TorchAccelerator::prepare_script(const torch::jit::Module& module,
@@ -121,7 +122,8 @@ AcceleratedOptimizer& TorchAccelerator::prepare_script(const torch::jit::Module&
 }
 
 AcceleratedOptimizer& TorchAccelerator::prepare_tensors(const ModuleTensors& tensors,
-                                                        torch::optim::Optimizer& optimizer) {
+                                                        torch::optim::Optimizer& optimizer,
+                                                        const ReplicaFactory& make_replica) {
   for (const auto& other : prepared_)
     ACCEL_CHECK_ARG(&other->optimizer->optimizer() != &optimizer,
                     "prepare: this optimizer was already prepared with " +
@@ -142,8 +144,8 @@ AcceleratedOptimizer& TorchAccelerator::prepare_tensors(const ModuleTensors& ten
 #endif
   // DATA_PARALLEL's copies (none for one replica; DATA_PARALLEL takes one model)
   if (tensors.module != nullptr && prepared_.empty())
-    replicas_ = std::make_unique<TorchReplicas>(*tensors.module, refs.size(),
-                                                strategy_options_to_prepare().data_parallel);
+    replicas_ = std::make_unique<TorchReplicas>(
+        *tensors.module, refs.size(), strategy_options_to_prepare().data_parallel, make_replica);
   agree_at_prepare(optimizer_agreement(optimizer));
   const std::size_t ungrouped = optimizer.param_groups().size();
   std::vector<std::string> names;

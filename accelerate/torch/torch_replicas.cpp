@@ -7,6 +7,7 @@
 #include <ATen/Functions.h>
 #include <ATen/Parallel.h>
 #include <ATen/autocast_mode.h>
+#include <c10/util/Exception.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include "accelerate/torch/autocast.hpp"
@@ -14,7 +15,6 @@
 #include "core/error.hpp"
 
 namespace accel {
-namespace {}  // namespace
 
 std::vector<std::pair<std::string, at::Tensor>> trainable_parameters(torch::nn::Module& module) {
   std::vector<std::pair<std::string, at::Tensor>> out;
@@ -28,7 +28,7 @@ std::vector<std::pair<std::string, at::Tensor>> trainable_parameters(torch::nn::
 }
 
 TorchReplicas::TorchReplicas(torch::nn::Module& module, std::size_t trainable,
-                             DataParallelOptions& options) {
+                             DataParallelOptions& options, const ReplicaFactory& factory) {
   // The replicas are clone()s in the module's own memory and the forward fans out on the CPU;
   // GPU replicas (cloning to each device, scattering inputs, gathering outputs) are only
   // implemented for the raw API, and a CUDA LibTorch is not available to test them here.
@@ -38,7 +38,7 @@ TorchReplicas::TorchReplicas(torch::nn::Module& module, std::size_t trainable,
                   "with one process per GPU, as PyTorch recommends over DataParallel");
   modules_.push_back({});
   for (const auto& m : module.modules(/*include_self=*/true)) modules_[0].push_back(m.get());
-  for (int k = 1; k < options.replicas; ++k) clone_replica(module, k, trainable, options);
+  for (int k = 1; k < options.replicas; ++k) add_replica(module, k, trainable, options, factory);
   // Each worker's intra-op threads: this thread's share. LibTorch's OpenMP thread count is
   // per thread (the OpenMP ICV of the calling thread), so this leaves the caller's alone
   // (data_parallel_test checks it).
@@ -46,17 +46,65 @@ TorchReplicas::TorchReplicas(torch::nn::Module& module, std::size_t trainable,
   options.worker_init = [threads](int) { at::set_num_threads(threads); };
 }
 
-void TorchReplicas::clone_replica(torch::nn::Module& module, int k, std::size_t trainable,
-                                  DataParallelOptions& options) {
-  std::shared_ptr<torch::nn::Module> copy;
+namespace {
+
+// A c10::Error's message without LibTorch's stack frames.
+std::string message_of(const std::exception& e) {
+  std::string text = e.what();
+  if (const auto* c10 = dynamic_cast<const c10::Error*>(&e)) text = c10->what_without_backtrace();
+  while (!text.empty() && (text.back() == '.' || text.back() == '\n')) text.pop_back();
+  return text;
+}
+
+std::shared_ptr<torch::nn::Module> clone_of(torch::nn::Module& module) {
   try {
-    copy = module.clone();
+    return module.clone();
   } catch (const std::exception& e) {
     throw InvalidArgument(
-        "prepare: DATA_PARALLEL copies the model with module->clone(), which failed (derive "
-        "the module from torch::nn::Cloneable<Impl> and build its submodules in reset()): " +
-        std::string(e.what()));
+        "prepare: DATA_PARALLEL copies the model with module->clone(), which failed: " +
+        message_of(e) +
+        ". Pass a factory that builds the module, acc.prepare(model, optimizer, [] { return "
+        "Net(); }) (prepare copies the values into each replica), or derive the module from "
+        "torch::nn::Cloneable<Impl> and build its submodules in reset()");
   }
+}
+
+// Replica `k` from the loop's factory, holding the model's values.
+std::shared_ptr<torch::nn::Module> built_copy_of(torch::nn::Module& module, int k,
+                                                 const ReplicaFactory& factory) {
+  std::shared_ptr<torch::nn::Module> copy = factory();
+  ACCEL_CHECK_ARG(copy != nullptr, "prepare: the replica factory returned no module");
+  const std::string which =
+      "prepare: DATA_PARALLEL replica " + std::to_string(k) + " (built by the factory)";
+  auto copy_named = [&](const torch::OrderedDict<std::string, at::Tensor>& from,
+                        const torch::OrderedDict<std::string, at::Tensor>& to, const char* what) {
+    ACCEL_CHECK_ARG(from.size() == to.size(), which + " has " + std::to_string(to.size()) + " " +
+                                                  what + "s, the model " +
+                                                  std::to_string(from.size()));
+    for (const auto& item : from) {
+      const at::Tensor* target = to.find(item.key());
+      ACCEL_CHECK_ARG(target != nullptr, which + " has no " + what + " '" + item.key() + "'");
+      if (!item.value().defined()) continue;
+      ACCEL_CHECK_ARG(
+          target->defined() && target->sizes() == item.value().sizes(),
+          which + ": " + what + " '" + item.key() + "' has another shape than the " + "model's");
+      // The model's values, dtype and device (the loop may have moved the model after building it).
+      at::Tensor(*target).set_data(item.value().detach().clone());
+    }
+  };
+  torch::NoGradGuard no_grad;
+  copy_named(module.named_parameters(/*recurse=*/true), copy->named_parameters(true), "parameter");
+  copy_named(module.named_buffers(/*recurse=*/true), copy->named_buffers(true), "buffer");
+  copy->train(module.is_training());
+  return copy;
+}
+
+}  // namespace
+
+void TorchReplicas::add_replica(torch::nn::Module& module, int k, std::size_t trainable,
+                                DataParallelOptions& options, const ReplicaFactory& factory) {
+  std::shared_ptr<torch::nn::Module> copy =
+      factory ? built_copy_of(module, k, factory) : clone_of(module);
   std::vector<ParamRef> refs;
   std::vector<at::Tensor> params;
   for (auto& [name, p] : trainable_parameters(*copy)) {

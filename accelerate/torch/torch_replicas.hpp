@@ -4,7 +4,8 @@
 // their own graphs run backward on the strategy's ReplicaSet workers.
 // Contract:
 //  - construction (before prepare_parameters): clones the module (module->clone(), so it must
-//    be Cloneable) and hands each clone's trainable parameters and buffers to the strategy
+//    be Cloneable, or the loop's factory builds each replica and the values are copied in) and
+//    hands each clone's trainable parameters and buffers to the strategy
 //    (DataParallelOptions::replica_params / replica_buffers) with a worker_init that gives each
 //    worker its share of the intra-op threads; replicas run on CPU threads only;
 //  - attach (after prepare_parameters): replica k's parameters' .grad() alias the strategy's
@@ -17,6 +18,7 @@
 // threads at once: which replica draws which numbers is not deterministic.
 // The TorchAccelerator holds one TorchReplicas and delegates.
 
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -36,10 +38,32 @@ namespace accel {
 // module order: the order the strategy knows them in.
 std::vector<std::pair<std::string, at::Tensor>> trainable_parameters(torch::nn::Module& module);
 
+// Builds one more replica of a module that is not Cloneable (a plain torch::nn::Module): the
+// loop's own constructor, e.g. [] { return Net(); }; prepare copies the values into it.
+using ReplicaFactory = std::function<std::shared_ptr<torch::nn::Module>()>;
+
+// The loop's factory as a ReplicaFactory, whether it returns a ModuleHolder (TORCH_MODULE
+// types), a std::shared_ptr or a module object.
+template <typename Factory>
+ReplicaFactory replica_factory(Factory make) {
+  return [make = std::move(make)]() mutable -> std::shared_ptr<torch::nn::Module> {
+    auto built = make();
+    using Built = decltype(built);
+    if constexpr (std::derived_from<Built, torch::nn::Module>)
+      return std::make_shared<Built>(std::move(built));
+    else if constexpr (requires { built.ptr(); })
+      return built.ptr();
+    else
+      return built;
+  };
+}
+
 class TorchReplicas {
  public:
-  // `trainable`: the module's trainable parameter count, which every clone must match.
-  TorchReplicas(torch::nn::Module& module, std::size_t trainable, DataParallelOptions& options);
+  // `trainable`: the module's trainable parameter count, which every replica must match.
+  // Replicas are module.clone()s, or made by `factory` when there is one.
+  TorchReplicas(torch::nn::Module& module, std::size_t trainable, DataParallelOptions& options,
+                const ReplicaFactory& factory);
 
   // Replica k's module (k >= 1; replica 0 is the prepared module).
   torch::nn::Module& module(int k);
@@ -66,8 +90,8 @@ class TorchReplicas {
     int replica;
     at::Tensor output, leaf;
   };
-  void clone_replica(torch::nn::Module& module, int k, std::size_t trainable,
-                     DataParallelOptions& options);
+  void add_replica(torch::nn::Module& module, int k, std::size_t trainable,
+                   DataParallelOptions& options, const ReplicaFactory& factory);
   void point_grads(std::size_t k);  // replica k's .grad() at its slots
   void follow_training_flags();
 

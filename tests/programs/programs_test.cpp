@@ -291,9 +291,7 @@ TEST_CASE("a plain module object trained through train(..., torch::optim::Optimi
   check_program(shape);
 }
 
-TEST_CASE(
-    "a GAN: two models, two Adams, the generator's loss through the discriminator, module "
-    "zero_grad()") {
+TEST_CASE("a GAN in DCGAN's loop: two models, two Adams, the modules' zero_grad()") {
   if (gloo_missing()) return;
   // 14 lines: the models and optimizers are the user's objects renamed (4 lines), then prepared
   // in one call (C++ cannot rebind a name as Python's `G, D, opt_g, opt_d =
