@@ -93,14 +93,15 @@ int main(int argc, char** argv) {
   Net net;
   net.to(torch::kDouble);
   torch::optim::Adam adam(net.parameters(), torch::optim::AdamOptions(kLr));
-  auto [model, optimizer] = factory ? acc.prepare(net, adam, [] { return Net(); })
-                                    : acc.prepare(net, adam);
+  auto [model, optimizer] =
+      factory ? acc.prepare(net, adam, [] { return Net(); }) : acc.prepare(net, adam);
   auto train = [&](int from, int to) {
     for (int step = from; step < to; ++step) {
       const Batch b = global_batch(step, world);
       optimizer.zero_grad();
-      acc.backward(torch::nn::functional::cross_entropy(
-          model(b.x.narrow(0, rank * kPerRank, kPerRank)), b.y.narrow(0, rank * kPerRank, kPerRank)));
+      acc.backward(
+          torch::nn::functional::cross_entropy(model(b.x.narrow(0, rank * kPerRank, kPerRank)),
+                                               b.y.narrow(0, rank * kPerRank, kPerRank)));
       optimizer.step();
     }
   };
@@ -110,7 +111,8 @@ int main(int argc, char** argv) {
   train(3, 6);
   const torch::Tensor ours = flat(values_of(acc.get_state_dict(model)));
   if (!acc.is_main_process()) return 0;
-  const double diff = (ours - plain_continuation(saved, file, true, world)).abs().max().item<double>();
+  const double diff =
+      (ours - plain_continuation(saved, file, true, world)).abs().max().item<double>();
   const double fresh =
       (ours - plain_continuation(saved, file, false, world)).abs().max().item<double>();
   // 3 Adam steps (fp64) after the saved point, each gradient a mean of the global batch's rows
@@ -123,9 +125,9 @@ int main(int argc, char** argv) {
        .longest_sum = std::size_t(kPerRank * world + kHidden + 1 + world),
        .magnitude = 100});
   const bool ok = diff <= limit && fresh > limit;
-  std::printf("%s full optimizer state (%s, world %d): max |diff| %.3g with the loaded state, "
-              "%.3g without (limit %.3g)\n",
-              ok ? "ok" : "FAIL", std::string(acc.strategy().name()).c_str(), world, diff, fresh,
-              limit);
+  std::printf(
+      "%s full optimizer state (%s, world %d): max |diff| %.3g with the loaded state, "
+      "%.3g without (limit %.3g)\n",
+      ok ? "ok" : "FAIL", std::string(acc.strategy().name()).c_str(), world, diff, fresh, limit);
   return ok ? 0 : 1;
 }

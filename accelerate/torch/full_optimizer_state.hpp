@@ -20,7 +20,7 @@ class TorchAccelerator;
 
 struct ShardedOptimizer {
   const torch::optim::Optimizer* sharded = nullptr;  // the user's: its groups hold `slices`
-  std::vector<ParamSegment> segments;                 // this rank's; slices[k] steps segments[k]
+  std::vector<ParamSegment> segments;                // this rank's; slices[k] steps segments[k]
   std::vector<at::Tensor> slices;
   // The user's groups over the whole parameters, and where each starts among its group's
   // parameters laid end to end (ParamSegment::offset's coordinates): offsets[g][j] for

@@ -139,6 +139,20 @@ launch::GroupResult run_accel(const std::vector<std::string>& args,
   for (const auto& key : config::schema()) spec.unset_env.push_back(config::env_var_for(key.name));
   spec.env = env;
   spec.env.emplace_back("XDG_CONFIG_HOME", "/nonexistent-accel-test-config");
+  // A launch that names no port (nor a config file that might) hosts its store on a free one,
+  // not the default 29500 that another job on the machine may hold.
+  auto names_port = [](const std::string& arg) {
+    for (const char* flag : {"--main_process_port", "--master_port", "--rdzv_endpoint",
+                             "--standalone", "--config_file", "--num_machines", "--nnodes"})
+      if (arg.rfind(flag, 0) == 0) return true;
+    return false;
+  };
+  const bool env_port = std::any_of(env.begin(), env.end(), [](const auto& kv) {
+    return kv.first == "ACCEL_MAIN_PROCESS_PORT" || kv.first == "MASTER_PORT";
+  });
+  if (!args.empty() && args[0] == "launch" && !env_port &&
+      std::none_of(args.begin(), args.end(), names_port))
+    spec.env.emplace_back("ACCEL_MAIN_PROCESS_PORT", "0");
   launch::WorkerGroupOptions options;
   options.capture = true;
   options.echo = false;
