@@ -847,16 +847,23 @@ std::string value_hint(std::string_view key) {
   return values.size() <= 4 ? join(values, "|") : "N";
 }
 
-std::string unknown_key_problem(std::string_view key) {
+std::string closest_name(std::string_view name, const std::vector<std::string>& candidates) {
   std::string best;
   std::size_t best_distance = 4;  // farther than this is no suggestion, only noise
-  for (const auto& spec : schema()) {
-    const auto d = edit_distance(key, spec.name);
+  for (const std::string& candidate : candidates) {
+    const auto d = edit_distance(name, candidate);
     if (d < best_distance) {
       best_distance = d;
-      best = spec.name;
+      best = candidate;
     }
   }
+  return best;
+}
+
+std::string unknown_key_problem(std::string_view key) {
+  std::vector<std::string> names;
+  for (const auto& spec : schema()) names.emplace_back(spec.name);
+  const std::string best = closest_name(key, names);
   std::string problem = "unknown key";
   if (!best.empty()) problem += " (did you mean '" + best + "'?)";
   return problem;

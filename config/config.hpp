@@ -217,6 +217,10 @@ std::optional<std::string> consistency_problem(const Config&, std::string_view k
 // "unknown key (did you mean 'num_processes'?)": the problem for a key not in the schema.
 std::string unknown_key_problem(std::string_view key);
 
+// The candidate nearest to `name` by edit distance when it is close enough to be a typo
+// (fewer than 4 edits), else "": the one "did you mean" of keys and flags.
+std::string closest_name(std::string_view name, const std::vector<std::string>& candidates);
+
 // Accelerate keys that mean nothing here: read, ignored, noted. The note for `key`, or
 // nullopt when the key is not one of them. `section` is "" or "deepspeed_config".
 std::optional<std::string> ignored_key_note(std::string_view section, std::string_view key);

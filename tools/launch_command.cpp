@@ -328,27 +328,9 @@ std::map<std::string, Flag> flag_table(launch::LaunchOptions& o) {
 }
 
 std::string suggestion(const std::map<std::string, Flag>& table, const std::string& name) {
-  // The closest known flag by edit distance, when it is close enough to be a typo.
-  std::string best;
-  std::size_t best_d = 4;
-  for (const auto& [known, flag] : table) {
-    std::vector<std::size_t> row(known.size() + 1);
-    for (std::size_t j = 0; j <= known.size(); ++j) row[j] = j;
-    for (std::size_t i = 1; i <= name.size(); ++i) {
-      std::size_t diag = row[0];
-      row[0] = i;
-      for (std::size_t j = 1; j <= known.size(); ++j) {
-        const std::size_t up = row[j];
-        row[j] =
-            std::min({row[j] + 1, row[j - 1] + 1, diag + (name[i - 1] == known[j - 1] ? 0 : 1)});
-        diag = up;
-      }
-    }
-    if (row[known.size()] < best_d) {
-      best_d = row[known.size()];
-      best = known;
-    }
-  }
+  std::vector<std::string> known;
+  for (const auto& [flag, unused] : table) known.push_back(flag);
+  const std::string best = config::closest_name(name, known);
   return best.empty() ? "" : " (did you mean --" + best + "?)";
 }
 
