@@ -63,6 +63,8 @@
 
 namespace accel::config {
 enum class MixedPrecision;  // config/config.hpp
+enum class AutoWrapPolicy;  // config/config.hpp
+enum class StateDictType;   // config/config.hpp
 }  // namespace accel::config
 
 namespace accel {
@@ -148,9 +150,9 @@ class Accelerator {
   // ShardedUnit blocks).
   bool activation_checkpointing() const { return activation_checkpointing_; }
   // The config's auto_wrap_policy (LibTorch under zero_stage 3: TRANSFORMER_BASED_WRAP, NO_WRAP).
-  const std::string& auto_wrap_policy() const { return auto_wrap_policy_; }
+  config::AutoWrapPolicy auto_wrap_policy() const { return auto_wrap_policy_; }
   // The config's state_dict_type (LibTorch checkpoints: FULL_STATE_DICT, SHARDED_STATE_DICT).
-  const std::string& state_dict_type() const { return state_dict_type_; }
+  config::StateDictType state_dict_type() const { return state_dict_type_; }
   Communicator& comm();
   // The CUDA stream (a cudaStream_t) the loop computes on, when its buffers live on a GPU
   // (NCCL); default: the legacy default stream. The strategies copy gradients and order the
@@ -574,8 +576,8 @@ class Accelerator {
   int accumulation_steps_ = 1;
   bool uses_gpu_ = false;  // the config's choice (use_cpu false, or MULTI_GPU)
   bool activation_checkpointing_ = false;
-  std::string auto_wrap_policy_;
-  std::string state_dict_type_;
+  config::AutoWrapPolicy auto_wrap_policy_{};  // TRANSFORMER_BASED_WRAP
+  config::StateDictType state_dict_type_{};    // FULL_STATE_DICT
   std::string log_with_, project_dir_, logging_dir_;
   bool automatic_checkpoint_naming_ = false;
   int total_limit_ = 0;

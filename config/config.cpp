@@ -268,6 +268,10 @@ constexpr DistributedType kDistributedTypes[] = {
     DistributedType::MULTI_GPU, DistributedType::ZERO};
 constexpr MixedPrecision kMixedPrecisions[] = {MixedPrecision::no, MixedPrecision::fp16,
                                                MixedPrecision::bf16};
+constexpr AutoWrapPolicy kAutoWrapPolicies[] = {AutoWrapPolicy::TRANSFORMER_BASED_WRAP,
+                                                AutoWrapPolicy::NO_WRAP};
+constexpr StateDictType kStateDictTypes[] = {StateDictType::FULL_STATE_DICT,
+                                             StateDictType::SHARDED_STATE_DICT};
 
 // ---- The table: every key, declared once.
 
@@ -480,7 +484,7 @@ std::vector<KeySpec> make_schema() {
        .kind = K::choice,
        .field = &Config::auto_wrap_policy,
        .aliases = {"fsdp_auto_wrap_policy"},
-       .choices = {"TRANSFORMER_BASED_WRAP", "NO_WRAP"},
+       .choices = names_of(kAutoWrapPolicies),
        .help = "zero_stage 3, LibTorch: each child of the model's ModuleLists and Sequentials is "
                "a unit (TRANSFORMER_BASED_WRAP), or only the root and ShardedUnit blocks are "
                "(NO_WRAP)",
@@ -493,7 +497,7 @@ std::vector<KeySpec> make_schema() {
        .kind = K::choice,
        .field = &Config::state_dict_type,
        .aliases = {"fsdp_state_dict_type"},
-       .choices = {"FULL_STATE_DICT", "SHARDED_STATE_DICT"},
+       .choices = names_of(kStateDictTypes),
        .help = "LibTorch checkpoints: the model as one LibTorch archive from rank 0 "
                "(FULL_STATE_DICT), or each rank's own slices, merged by accel merge-weights "
                "(SHARDED_STATE_DICT)"},
@@ -643,6 +647,14 @@ std::string to_string(MixedPrecision p) {
       return "bf16";
   }
   return "?";
+}
+
+std::string to_string(AutoWrapPolicy p) {
+  return p == AutoWrapPolicy::NO_WRAP ? "NO_WRAP" : "TRANSFORMER_BASED_WRAP";
+}
+
+std::string to_string(StateDictType t) {
+  return t == StateDictType::SHARDED_STATE_DICT ? "SHARDED_STATE_DICT" : "FULL_STATE_DICT";
 }
 
 std::string to_string(Source s) {

@@ -20,12 +20,16 @@ namespace accel::config {
 
 enum class DistributedType { NO, DATA_PARALLEL, MULTI_CPU, MULTI_GPU, ZERO };
 enum class MixedPrecision { no, fp16, bf16 };
+enum class AutoWrapPolicy { TRANSFORMER_BASED_WRAP, NO_WRAP };     // FSDP's names
+enum class StateDictType { FULL_STATE_DICT, SHARDED_STATE_DICT };  // FSDP's names
 // default_value: built in (main_process_port 29500); detected: derived from this machine's
 // GPUs and cores (num_processes); the others: given by the user.
 enum class Source { default_value, detected, config_file, environment, command_line };
 
 std::string to_string(DistributedType);
 std::string to_string(MixedPrecision);
+std::string to_string(AutoWrapPolicy);
+std::string to_string(StateDictType);
 std::string to_string(
     Source);  // "default", "detected", "config file", "environment", "command line"
 
@@ -63,11 +67,11 @@ struct Config {
   // zero_stage 3, LibTorch: TRANSFORMER_BASED_WRAP makes each child of the model's ModuleLists
   // and Sequentials a unit (gathered when first used); NO_WRAP keeps the root (and any
   // ShardedUnit blocks) the only units (FSDP's auto_wrap_policy).
-  std::string auto_wrap_policy = "TRANSFORMER_BASED_WRAP";
+  AutoWrapPolicy auto_wrap_policy = AutoWrapPolicy::TRANSFORMER_BASED_WRAP;
   // LibTorch checkpoints: the model as one LibTorch archive written by rank 0
   // (FULL_STATE_DICT), or each rank's own slices and the layout that reshards them, merged by
   // accel merge-weights (SHARDED_STATE_DICT: nothing gathered at save). FSDP's state_dict_type.
-  std::string state_dict_type = "FULL_STATE_DICT";
+  StateDictType state_dict_type = StateDictType::FULL_STATE_DICT;
   // Experiment tracking (Accelerate's names): the trackers init_trackers starts (none;
   // tensorboard, csv, jsonl, mlflow, or all, comma-separated), the project's directory and where
   // the trackers write (project_dir when empty).
@@ -142,8 +146,9 @@ inline constexpr int kMinZeroStage = 1;
 inline constexpr int kMaxZeroStage = 3;
 
 // Where a key's value lives in Config.
-using Field = std::variant<std::string Config::*, int Config::*, bool Config::*,
-                           DistributedType Config::*, MixedPrecision Config::*>;
+using Field =
+    std::variant<std::string Config::*, int Config::*, bool Config::*, DistributedType Config::*,
+                 MixedPrecision Config::*, AutoWrapPolicy Config::*, StateDictType Config::*>;
 
 // One answer the wizard's menu offers.
 struct Option {

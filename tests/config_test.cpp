@@ -248,9 +248,9 @@ TEST_CASE("Accelerate's FSDP config maps onto ZERO: the sharding strategy is the
   CHECK(full.config.reshard_after_forward);
   CHECK(full.origins.at("zero_stage") == path + ":9");
   CHECK(full.notes.size() == 2);  // prefetch, version
-  CHECK(full.config.auto_wrap_policy == "TRANSFORMER_BASED_WRAP");
+  CHECK(full.config.auto_wrap_policy == config::AutoWrapPolicy::TRANSFORMER_BASED_WRAP);
   CHECK(full.origins.at("auto_wrap_policy") == path + ":4");
-  CHECK(full.config.state_dict_type == "SHARDED_STATE_DICT");
+  CHECK(full.config.state_dict_type == config::StateDictType::SHARDED_STATE_DICT);
   CHECK_FALSE(full.config.hybrid_shard);
   // HYBRID_SHARD: stage 3 within each machine, replicated across; its ZeRO-2 form stage 2.
   for (const char* hybrid : {"HYBRID_SHARD", "hybrid_shard", "4"}) {

@@ -25,6 +25,7 @@
 #include <torch/torch.h>
 
 #include "accelerate/torch/torch_accelerator.hpp"
+#include "config/config.hpp"
 
 using namespace accel;
 
@@ -131,7 +132,7 @@ int main(int argc, char** argv) {
     if (acc.is_main_process() && !out.empty())
       std::ofstream(out, std::ios::binary | std::ios::trunc) << raw_values(*model);
     if (acc.is_main_process() && !checkpoint.empty() &&
-        acc.state_dict_type() == "FULL_STATE_DICT") {
+        acc.state_dict_type() == accel::config::StateDictType::FULL_STATE_DICT) {
       auto plain = make_net();
       torch::load(plain, checkpoint + "/state.model");
       const bool same = raw_values(*plain) == raw_values(*model);

@@ -444,7 +444,7 @@ TEST_CASE("the ZeRO stage menu offers only the stages the schema accepts") {
   CHECK(c.zero_stage == 3);
   CHECK(c.zero3_param_persistence_threshold == 100000);
   CHECK_FALSE(c.reshard_after_forward);
-  CHECK(c.auto_wrap_policy == "NO_WRAP");
+  CHECK(c.auto_wrap_policy == config::AutoWrapPolicy::NO_WRAP);
   CHECK(c.num_processes == 2);
   CHECK(contains(out, "stage 3: shard optimizer state, gradients and parameters"));
   CHECK(contains(out, "'4' is not a choice: type 1-3"));

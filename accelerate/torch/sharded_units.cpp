@@ -33,6 +33,7 @@
 #include "accelerate/torch/sharded_unit.hpp"
 #include "accelerate/torch/tensor_buffer.hpp"
 #include "accelerate/torch/torch_accelerator.hpp"
+#include "config/config.hpp"
 #include "core/error.hpp"
 
 namespace accel {
@@ -160,7 +161,7 @@ void TorchAccelerator::assign_units(PreparedTensors& model, const ModuleTensors&
     for (const auto& item : root.named_children())
       units.emplace_back(item.key(), item.value().get());
     model.units.sequential = true;
-  } else if (stage3 && units.empty() && auto_wrap_policy() != "NO_WRAP") {
+  } else if (stage3 && units.empty() && auto_wrap_policy() != config::AutoWrapPolicy::NO_WRAP) {
     // The children of each outermost ModuleList or Sequential (a transformer's layers).
     for (const auto& item : root.named_modules("", /*include_self=*/false)) {
       if (!is_container(*item.value())) continue;
@@ -475,7 +476,7 @@ void TorchAccelerator::before_save_state() {
   // Rank 0 (each machine's first rank, saved on each node) writes the model as a LibTorch
   // archive ("model"): its parameters get whole copies, gathered unit by unit on every rank.
   // SHARDED_STATE_DICT: each rank writes its slices, nothing is gathered.
-  if (state_dict_type() == "SHARDED_STATE_DICT") return;
+  if (state_dict_type() == config::StateDictType::SHARDED_STATE_DICT) return;
   const bool keep = writes_shared_checkpoint_files();
   for (const auto& model : prepared_) {
     if (!model->units.active) continue;

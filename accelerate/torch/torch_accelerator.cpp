@@ -304,7 +304,7 @@ void TorchAccelerator::save(const AcceleratedOptimizer& optimizer, const std::st
   const PreparedTensors& model = *prepared_.at(optimizer.model_);
   if (model.sharded_optimizer == nullptr)  // the user's optimizer holds the whole parameters
     return save<torch::optim::Optimizer>(optimizer, path);
-  ACCEL_CHECK_ARG(state_dict_type() != "SHARDED_STATE_DICT",
+  ACCEL_CHECK_ARG(state_dict_type() != config::StateDictType::SHARDED_STATE_DICT,
                   "acc.save(optimizer) under ZeRO with state_dict_type SHARDED_STATE_DICT: each "
                   "rank holds only its slices, which a plain LibTorch optimizer cannot load. Set "
                   "state_dict_type FULL_STATE_DICT (the default) to gather the full state to the "

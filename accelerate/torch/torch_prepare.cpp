@@ -24,6 +24,7 @@
 #include "accelerate/torch/torch_optimizer_state.hpp"
 #include "accelerate/torch/torch_replicas.hpp"
 #include "accelerate/torch/torch_state.hpp"
+#include "config/config.hpp"
 #include "core/error.hpp"
 
 namespace accel {
@@ -281,7 +282,7 @@ void TorchAccelerator::register_checkpoint_states(PreparedTensors& model,
   // accelerate-cpp) instead of the Accelerator's raw parameter blob: "model", "model_1" ...
   // SHARDED_STATE_DICT keeps the blob: each rank's slices under ZeRO (nothing gathered) and
   // the layout that reshards them; accel merge-weights makes the archive.
-  if (state_dict_type() != "SHARDED_STATE_DICT") {
+  if (state_dict_type() != config::StateDictType::SHARDED_STATE_DICT) {
     set_checkpoint_parameters(false);
     std::function<void(const std::string&)> load_model = tensors.load;
     if (model.units.active)  // ZeRO-3: read whole, each rank keeps its slices
