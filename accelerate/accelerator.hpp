@@ -46,6 +46,7 @@
 
 #include "accelerate/checkpoint.hpp"
 #include "accelerate/loss_scaler.hpp"
+#include "accelerate/optimizer_state.hpp"
 #include "accelerate/print.hpp"
 #include "accelerate/process_env.hpp"
 #include "accelerate/progress_bar.hpp"
@@ -83,10 +84,6 @@ enum class StateScope {
   shared,    // equal on every rank (DDP's optimizer state): rank 0 saves it, every rank loads it
   per_rank,  // differs per rank (a shard, a per-rank RNG): each rank saves and loads its own
 };
-
-// A front end's optimizer state loader (Accelerator::register_optimizer_state).
-using OptimizerStateLoader =
-    std::function<std::function<void()>(const std::string& bytes, const std::string& where)>;
 
 struct AcceleratorOptions {
   std::optional<std::string> communicator;  // "auto", "gloo", "mpi", "nccl", "shm", "local", ...

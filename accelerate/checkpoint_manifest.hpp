@@ -32,13 +32,6 @@
 
 namespace accel {
 
-// A checkpoint that cannot be written, found, read or trusted. The message names the file
-// and what is wrong with it.
-class CheckpointError : public Error {
- public:
-  using Error::Error;
-};
-
 inline constexpr int kCheckpointFormatVersion = 1;
 
 // Where the training loop was when it saved, and what it needs to continue.

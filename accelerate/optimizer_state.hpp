@@ -9,6 +9,7 @@
 // themselves; the LibTorch adapter converts a LibTorch optimizer's state to it
 // (accelerate/torch/torch_optimizer_state.hpp).
 
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -17,6 +18,11 @@
 #include "backends/optim/optimizer.hpp"
 
 namespace accel {
+
+// A front end's optimizer state loader (Accelerator::register_optimizer_state): checks `bytes`
+// and returns what applies them.
+using OptimizerStateLoader =
+    std::function<std::function<void()>(const std::string& bytes, const std::string& where)>;
 
 // `optimizer_bytes`: Optimizer::save_state's format, for `segments`.
 std::string pack_optimizer_state(const std::string& optimizer_bytes,

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "accelerate/accelerator.hpp"
+#include "accelerate/optimizer_state.hpp"
 #include "accelerate/parameter_layout.hpp"
 #include "accelerate/replicas.hpp"
 #include "backends/backend.hpp"

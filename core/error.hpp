@@ -43,6 +43,13 @@ class ConfigError : public Error {
   using Error::Error;
 };
 
+// A checkpoint that cannot be written, found, read or trusted. The message names the file
+// and what is wrong with it.
+class CheckpointError : public Error {
+ public:
+  using Error::Error;
+};
+
 // An accel::Error that escapes a program's main() ends it with exit code 1 and one line on
 // stderr, "[rank R] uncaught KIND: MESSAGE" (accelerate/uncaught_error.hpp); the launcher's
 // failure report quotes it. This is the part of the line both look for.
