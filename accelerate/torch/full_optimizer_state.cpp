@@ -10,6 +10,7 @@
 
 #include "accelerate/torch/torch_accelerator.hpp"
 #include "accelerate/torch/torch_optimizer_state.hpp"
+#include "core/error.hpp"
 
 namespace accel {
 
@@ -38,6 +39,13 @@ std::string full_optimizer_archive(const ShardedOptimizer& in, TorchAccelerator&
   const std::size_t n = in.segments.size();
   // The state exists once the optimizer stepped (an optimizer of another kind is refused here,
   // on every rank, before any collective): the step count, the same on every rank.
+  for (std::size_t k = 0; k < n; ++k)
+    for (std::size_t j = 0; j < k; ++j)
+      ACCEL_CHECK_ARG(in.segments[j].group != in.segments[k].group,
+                      "acc.save(optimizer) under ZeRO: param group " +
+                          std::to_string(in.segments[k].group) +
+                          " mixes parameter dtypes (one flat buffer each, overlapping in the "
+                          "group's coordinates); give each dtype a param group of its own");
   std::vector<tos::TensorState> states;
   std::int64_t step = -1;
   for (const at::Tensor& slice : in.slices) {
