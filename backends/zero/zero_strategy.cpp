@@ -389,9 +389,10 @@ void ZeroStrategy::finish(Bucket& b) {
   b.slot = -1;
   if (part.count == 0) return;
   const Buffer dst = own_slice_part(b);
-  // Released gradients are gone from the loop's storage: what an earlier backward of this
-  // step reduced lives only in the slice, so this one adds to it (as autograd adds into
-  // .grad()). Gradients the loop keeps hold everything since its zero_grad: they replace it.
+  // Released gradients are gone from the loop's storage: what an earlier backward since the
+  // loop's last reset reduced lives only in the slice, so this one adds to it (as autograd
+  // adds into .grad()). Gradients the loop keeps hold everything since its zero_grad: they
+  // replace it.
   if (lent_ && !slices_withdrawn_)
     weighted_sum(dst, std::span(&part, 1), kPlainSum, 1.0, compute_context(comm_));
   else
