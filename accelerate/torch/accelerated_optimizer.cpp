@@ -1,7 +1,5 @@
 #include "accelerate/torch/accelerated_optimizer.hpp"
 
-#include "accelerate/torch/prepared_tensors.hpp"
-#include "accelerate/torch/torch_accelerator.hpp"
 #include "core/error.hpp"
 
 namespace accel {
@@ -24,11 +22,11 @@ std::vector<torch::optim::OptimizerParamGroup> alias_groups(
 }
 }  // namespace
 
-AcceleratedOptimizer::AcceleratedOptimizer(TorchAccelerator& accelerator, std::size_t model,
+AcceleratedOptimizer::AcceleratedOptimizer(OptimizerHost& host, std::size_t model,
                                            torch::optim::Optimizer& optimizer,
                                            const std::vector<std::vector<at::Tensor>>& groups)
     : torch::optim::Optimizer(alias_groups(optimizer, groups), optimizer.defaults().clone()),
-      accelerator_(accelerator),
+      host_(host),
       model_(model),
       optimizer_(optimizer) {
   for (std::size_t g = 0; g < groups.size(); ++g)
@@ -41,24 +39,18 @@ AcceleratedOptimizer::AcceleratedOptimizer(TorchAccelerator& accelerator, std::s
 at::Tensor AcceleratedOptimizer::step(LossClosure closure) {
   at::Tensor loss;
   if (closure) loss = closure();
-  step_was_skipped_ = !accelerator_.sync_gradients_happened();
-  accelerator_.check_backward_went_through_accelerator();
+  step_was_skipped_ = true;
+  step_was_skipped_ = !host_.ready_to_step();
   if (step_was_skipped_) return loss;
-  PreparedTensors& model = *accelerator_.prepared_[model_];
-  accelerator_.check_gradients_unchanged_since_sync(model);
-  // A gradient the loop reset after backward (a module's zero_grad()) is stepped as it is now.
-  if (model.lent) model.lent->reconcile(accelerator_.strategy(model_));
+  host_.before_step(model_);
   show_gradients(true);
   sync_learning_rates();
   optimizer_.step();
-  accelerator_.strategy(model_).after_optimizer_step();      // ZeRO: all-gather the parameters
-  accelerator_.settle_all(*accelerator_.prepared_[model_]);  // ZeRO-3: nothing gathered now
+  host_.after_step(model_);
   return loss;
 }
 
-void AcceleratedOptimizer::zero_grad() {
-  if (!accelerator_.accumulating()) accelerator_.zero_gradients(*accelerator_.prepared_[model_]);
-}
+void AcceleratedOptimizer::zero_grad() { host_.zero_grad(model_); }
 
 void AcceleratedOptimizer::sync_learning_rates() {
   auto& inner = optimizer_.param_groups();
@@ -79,7 +71,7 @@ void AcceleratedOptimizer::show_gradients(bool at_boundary) {
 }
 
 void AcceleratedOptimizer::save(torch::serialize::OutputArchive& archive) const {
-  if (accelerator_.prepared_[model_]->sharded_optimizer != nullptr)
+  if (host_.holds_slices(model_))
     throw InvalidArgument(
         "torch::save(optimizer) under ZeRO: each rank's optimizer holds only its slices, which "
         "plain LibTorch cannot load. Save with acc.save(optimizer, path), called on every rank "
@@ -90,7 +82,7 @@ void AcceleratedOptimizer::save(torch::serialize::OutputArchive& archive) const 
 }
 
 void AcceleratedOptimizer::load(torch::serialize::InputArchive& archive) {
-  ACCEL_CHECK_ARG(accelerator_.prepared_[model_]->sharded_optimizer == nullptr,
+  ACCEL_CHECK_ARG(!host_.holds_slices(model_),
                   "torch::load(optimizer) under ZeRO: load with acc.load_state(dir)");
   optimizer_.load(archive);
   adopt_learning_rates();

@@ -13,7 +13,25 @@
 
 namespace accel {
 
-class TorchAccelerator;
+// What an AcceleratedOptimizer asks of the accelerator that prepared its model (TorchAccelerator
+// is one), by the accelerator's model index.
+class OptimizerHost {
+ public:
+  // Whether the last backward() ended at an accumulation boundary (gradients synchronised);
+  // refuses a backward that went around the accelerator (loss.backward() called directly).
+  virtual bool ready_to_step() const = 0;
+  // Around the user's optimizer step: the gradients checked and reconciled before; after, the
+  // parameters as the strategy has them (ZeRO: all-gathered).
+  virtual void before_step(std::size_t model) = 0;
+  virtual void after_step(std::size_t model) = 0;
+  // The model's gradients zeroed, unless they are accumulating.
+  virtual void zero_grad(std::size_t model) = 0;
+  // Whether the user's optimizer holds this rank's slices (ZeRO) instead of the parameters.
+  virtual bool holds_slices(std::size_t model) const = 0;
+
+ protected:
+  ~OptimizerHost() = default;
+};
 
 // The user's optimizer, stepped only where gradients are synchronised. It is a
 // torch::optim::Optimizer itself, so it goes wherever one is expected (a train(...,
@@ -48,13 +66,14 @@ class AcceleratedOptimizer : public torch::optim::Optimizer {
   void save(torch::serialize::OutputArchive& archive) const override;
   void load(torch::serialize::InputArchive& archive) override;
 
- private:
-  friend class TorchAccelerator;
+  // ---- the accelerator's side (prepare makes it)
   // `groups`: the user's param groups' parameters as the model holds them (before ZeRO put
-  // slices in their place).
-  AcceleratedOptimizer(TorchAccelerator& accelerator, std::size_t model,
-                       torch::optim::Optimizer& optimizer,
+  // slices in their place); `model`: the host's index of the model it steps.
+  AcceleratedOptimizer(OptimizerHost& host, std::size_t model, torch::optim::Optimizer& optimizer,
                        const std::vector<std::vector<at::Tensor>>& groups);
+  std::size_t model() const { return model_; }
+  // (alias in param_groups(), the model's parameter), the groups' parameters in order.
+  const std::vector<std::pair<at::Tensor, at::Tensor>>& aliases() const { return aliases_; }
   // The learning rates, both ways: whichever side changed since the last step wins.
   void sync_learning_rates();
   // After the user's optimizer was loaded (torch::load, load_state): its rates are both sides'.
@@ -63,7 +82,8 @@ class AcceleratedOptimizer : public torch::optim::Optimizer {
   // accumulating (so LibTorch's zero_grad through an Optimizer& keeps the accumulation).
   void show_gradients(bool at_boundary);
 
-  TorchAccelerator& accelerator_;
+ private:
+  OptimizerHost& host_;
   std::size_t model_;  // the accelerator's index of the model it steps
   torch::optim::Optimizer& optimizer_;
   std::vector<std::pair<at::Tensor, at::Tensor>> aliases_;  // (in param_groups(), parameter)
@@ -76,14 +96,12 @@ class AcceleratedOptimizer : public torch::optim::Optimizer {
 // under gradient accumulation the schedule still counts optimizer steps.
 class AcceleratedScheduler {
  public:
+  AcceleratedScheduler(AcceleratedOptimizer& optimizer, torch::optim::LRScheduler& scheduler)
+      : optimizer_(optimizer), scheduler_(scheduler) {}
   void step();
   torch::optim::LRScheduler& scheduler() { return scheduler_; }
 
  private:
-  friend class TorchAccelerator;
-  AcceleratedScheduler(AcceleratedOptimizer& optimizer, torch::optim::LRScheduler& scheduler)
-      : optimizer_(optimizer), scheduler_(scheduler) {}
-
   AcceleratedOptimizer& optimizer_;
   torch::optim::LRScheduler& scheduler_;
 };

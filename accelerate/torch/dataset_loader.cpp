@@ -3,7 +3,6 @@
 #include <algorithm>
 
 #include "accelerate/accelerator.hpp"
-#include "accelerate/torch/torch_accelerator.hpp"
 #include "core/error.hpp"
 
 namespace accel {
@@ -95,21 +94,5 @@ std::pair<std::shared_ptr<RankSampler::Plan>, std::size_t> plan_loader(
 }
 
 }  // namespace detail
-
-// TorchAccelerator's members for the Dataset form, kept beside it.
-torch::Tensor TorchAccelerator::gather_for_metrics(const torch::Tensor& t,
-                                                   const DatasetLoaderBase& loader) {
-  at::Tensor all = gather(t);
-  const auto padding = std::int64_t(loader.padding());
-  if (loader.batch_index() + 1 == loader.size() && padding <= all.size(0))
-    all = all.narrow(0, 0, all.size(0) - padding);
-  return all;
-}
-
-torch::Tensor TorchAccelerator::split_between_processes(const torch::Tensor& t) const {
-  ACCEL_CHECK_ARG(t.dim() >= 1, "split_between_processes: the tensor needs a dimension 0");
-  const auto [begin, end] = split_between_processes(std::size_t(t.size(0)));
-  return t.narrow(0, std::int64_t(begin), std::int64_t(end - begin));
-}
 
 }  // namespace accel

@@ -8,7 +8,8 @@
 #include <torch/csrc/autograd/grad_mode.h>
 #include <torch/serialize.h>
 
-#include "accelerate/torch/torch_accelerator.hpp"
+#include "accelerate/accelerator.hpp"
+#include "accelerate/torch/tensor_collectives.hpp"
 #include "accelerate/torch/torch_optimizer_state.hpp"
 #include "core/error.hpp"
 
@@ -33,7 +34,7 @@ std::vector<std::int64_t> group_lengths(const ShardedOptimizer& in) {
 
 }  // namespace
 
-std::string full_optimizer_archive(const ShardedOptimizer& in, TorchAccelerator& acc) {
+std::string full_optimizer_archive(const ShardedOptimizer& in, Accelerator& acc) {
   torch::NoGradGuard no_grad;
   const int world = acc.num_processes();
   const std::size_t n = in.segments.size();
@@ -59,7 +60,8 @@ std::string full_optimizer_archive(const ShardedOptimizer& in, TorchAccelerator&
     placed.push_back(std::int64_t(s.values.count));
   }
   const std::vector<std::int64_t> everyone = acc.gather(placed);
-  step = acc.reduce(at::full({1}, step, at::kLong), ReduceOp::max).item<std::int64_t>();
+  step = tensor_collectives::reduce(acc.comm(), at::full({1}, step, at::kLong), ReduceOp::max)
+             .item<std::int64_t>();
   const bool main = acc.is_main_process();
   const std::vector<std::int64_t> lengths = group_lengths(in);
   // full[g][a]: state array a of group g, whole (every parameter of the group end to end).
@@ -72,8 +74,8 @@ std::string full_optimizer_archive(const ShardedOptimizer& in, TorchAccelerator&
       const at::Tensor mine = a < states[k].arrays.size()
                                   ? states[k].arrays[a].reshape(-1)
                                   : at::zeros({slice.numel()}, slice.options());
-      const at::Tensor padded = acc.pad_across_processes(mine);
-      const at::Tensor all = acc.gather(padded);  // world x padded
+      const at::Tensor padded = tensor_collectives::pad_across_processes(acc.comm(), mine, 0.0);
+      const at::Tensor all = tensor_collectives::gather(acc.comm(), padded);  // world x padded
       if (!main) continue;
       if (full[g].size() <= a) full[g].push_back(at::zeros({lengths[g]}, mine.options()));
       for (int r = 0; r < world; ++r) {

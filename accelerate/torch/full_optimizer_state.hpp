@@ -16,7 +16,7 @@
 
 namespace accel {
 
-class TorchAccelerator;
+class Accelerator;
 
 struct ShardedOptimizer {
   const torch::optim::Optimizer* sharded = nullptr;  // the user's: its groups hold `slices`
@@ -30,6 +30,6 @@ struct ShardedOptimizer {
 };
 
 // Collective: every process calls it. The main process gets the archive's bytes, the others "".
-std::string full_optimizer_archive(const ShardedOptimizer& optimizer, TorchAccelerator& acc);
+std::string full_optimizer_archive(const ShardedOptimizer& optimizer, Accelerator& acc);
 
 }  // namespace accel

@@ -10,14 +10,14 @@
 
 #include <torch/csrc/jit/api/module.h>
 
-namespace accel {
+#include "accelerate/torch/autocast.hpp"
 
-class TorchAccelerator;
+namespace accel {
 
 class PreparedScriptModule {
  public:
-  PreparedScriptModule(torch::jit::Module module, TorchAccelerator& accelerator)
-      : module_(std::move(module)), accelerator_(&accelerator) {}
+  PreparedScriptModule(torch::jit::Module module, AutocastSettings autocast)
+      : module_(std::move(module)), autocast_(autocast) {}
 
   // module.forward(inputs) under the accelerator's autocast; a tensor output comes back fp32.
   torch::jit::IValue forward(std::vector<torch::jit::IValue> inputs) const;
@@ -30,7 +30,7 @@ class PreparedScriptModule {
 
  private:
   mutable torch::jit::Module module_;  // a handle: copies share the module
-  TorchAccelerator* accelerator_;
+  AutocastSettings autocast_;
 };
 
 }  // namespace accel

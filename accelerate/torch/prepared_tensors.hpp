@@ -15,7 +15,7 @@
 
 #include "accelerate/torch/accelerated_optimizer.hpp"
 #include "accelerate/torch/lent_gradients.hpp"
-#include "accelerate/torch/sharded_units.hpp"
+#include "accelerate/torch/zero3/zero3_units.hpp"
 
 namespace torch::autograd {
 struct Node;
@@ -38,7 +38,9 @@ struct PreparedTensors {
   std::vector<std::uintptr_t> hook_keys;
   std::unique_ptr<AcceleratedOptimizer> optimizer;
   at::Tensor probe_at_sync;  // ZeRO-1: gradient_probe at the last sync
-  ShardedUnits units;        // ZeRO-3 (sharded_units.cpp)
+  // Its units (a torch::nn::Module's; null for TorchScript): ZeRO-3, and the ShardedUnit
+  // blocks' activation checkpointing under every strategy.
+  std::unique_ptr<Zero3Units> units;
   // ZeRO-2/3's lent gradients (null under slots); after params and accumulators, which it uses.
   std::unique_ptr<LentGradients> lent;
 };

@@ -22,28 +22,19 @@
 #include <c10/cuda/CUDAStream.h>
 #endif
 
+#include "accelerate/prepared_parameters.hpp"
 #include "accelerate/torch/full_optimizer_state.hpp"
 #include "accelerate/torch/prepared_tensors.hpp"
 #include "accelerate/torch/tensor_buffer.hpp"
+#include "accelerate/torch/tensor_collectives.hpp"
 #include "accelerate/torch/torch_optimizer_state.hpp"
 #include "accelerate/torch/torch_replicas.hpp"
 #include "accelerate/torch/torch_state.hpp"
-#include "backends/optim/host_collectives.hpp"
 #include "config/config.hpp"
 #include "config/config_file.hpp"
 #include "core/error.hpp"
 
 namespace accel {
-namespace {
-
-// Collectives need one of the communicators' dtypes: others (bool, uint8 ...) travel as int.
-at::Tensor communicable(const at::Tensor& t) {
-  const at::Tensor c = t.contiguous();
-  return to_dtype(c.scalar_type()) ? c : c.to(at::kInt);
-}
-
-}  // namespace
-
 namespace {
 // True while it lives: the gradient hooks tell acc.backward's backward from a direct one.
 class ScopedFlag {
@@ -80,7 +71,7 @@ TorchAccelerator::~TorchAccelerator() {
   // The hooks point at this object and the gradients into its buckets: detach both so the
   // models outlive the accelerator safely.
   for (const auto& model : prepared_) {
-    detach_units(*model);
+    if (model->units) model->units->detach_blocks();
     for (std::size_t i = 0; i < model->accumulators.size(); ++i)
       model->accumulators[i]->del_post_hook(model->hook_keys[i]);
     for (std::size_t i = 0; i < model->grad_views.size(); ++i) {
@@ -90,8 +81,8 @@ TorchAccelerator::~TorchAccelerator() {
         grad = grad.clone();
     }
     if (!model->sharded_optimizer) continue;
-    if (model->units.active) {  // ZeRO-3: see detach_sharded
-      detach_sharded(*model);
+    if (model->units && model->units->active()) {  // ZeRO-3: see Zero3Units::leave_model
+      model->units->leave_model();
       continue;
     }
     // The parameters' values and the optimizer's slices live in the strategy's buffers: give
@@ -155,7 +146,7 @@ AcceleratedScheduler& TorchAccelerator::prepare_scheduler(torch::optim::LRSchedu
     ACCEL_CHECK_ARG(&s->scheduler() != &scheduler,
                     "prepare_scheduler: this scheduler was already prepared");
   const std::string name = prepared_name("scheduler", schedulers_.size());
-  schedulers_.emplace_back(new AcceleratedScheduler(optimizer, scheduler));
+  schedulers_.push_back(std::make_unique<AcceleratedScheduler>(optimizer, scheduler));
   register_state(
       name, [&scheduler] { return torch_state::save_scheduler(scheduler); },
       [&scheduler](const std::string& bytes) { torch_state::load_scheduler(scheduler, bytes); });
@@ -208,15 +199,46 @@ void TorchAccelerator::on_grad_accumulated(PreparedTensors& model, std::size_t i
   adopt_bucket_view(model, i);
   grad_ready(model.index, i);
   free_released_grads(model);  // lent: what the strategy has copied into its buckets
-  unit_gradient_accumulated(model, i);
+  if (model.units) model.units->gradient_accumulated(i);
 }
 
-void TorchAccelerator::check_backward_went_through_accelerator() const {
-  if (!backward_outside_) return;
-  throw InvalidArgument(
-      "optimizer step: a backward ran through the prepared model without the accelerator "
-      "(loss.backward() called directly), so its gradients were never synchronised and this "
-      "step would silently do nothing. Call acc.backward(loss) instead of loss.backward()");
+// ---- OptimizerHost
+
+bool TorchAccelerator::ready_to_step() const {
+  // A gradient hook fired outside acc.backward: refused instead of silently not stepping.
+  if (backward_outside_)
+    throw InvalidArgument(
+        "optimizer step: a backward ran through the prepared model without the accelerator "
+        "(loss.backward() called directly), so its gradients were never synchronised and this "
+        "step would silently do nothing. Call acc.backward(loss) instead of loss.backward()");
+  return synced_;
+}
+
+void TorchAccelerator::before_step(std::size_t index) {
+  PreparedTensors& model = *prepared_.at(index);
+  check_gradients_unchanged_since_sync(model);
+  // A gradient the loop reset after backward (a module's zero_grad()) is stepped as it is now.
+  if (model.lent) model.lent->reconcile(strategy(index));
+}
+
+void TorchAccelerator::after_step(std::size_t index) {
+  strategy(index).after_optimizer_step();  // ZeRO: all-gather the parameters
+  PreparedTensors& model = *prepared_.at(index);
+  if (model.units) model.units->settle_all();  // ZeRO-3: nothing gathered now
+}
+
+void TorchAccelerator::zero_grad(std::size_t index) {
+  if (!accumulating_) zero_gradients(*prepared_.at(index));
+}
+
+bool TorchAccelerator::holds_slices(std::size_t index) const {
+  return prepared_.at(index)->sharded_optimizer != nullptr;
+}
+
+RootForward TorchAccelerator::root_forward(const torch::nn::Module& module) {
+  if (prepared_.empty()) return {};
+  PreparedTensors& model = *prepared_[index_of_module(module)];
+  return model.units ? model.units->root_forward() : RootForward();
 }
 
 void TorchAccelerator::zero_gradients(PreparedTensors& model) {
@@ -259,7 +281,8 @@ bool TorchAccelerator::backward(const torch::Tensor& loss) {
     else
       (loss * scale).backward();
   }
-  end_backward_units();  // ZeRO-3: what is still gathered
+  for (const auto& model : prepared_)  // ZeRO-3: what is still gathered
+    if (model->units) model->units->release_in_use();
   if (dp != nullptr) {
     const ScopedFlag in_backward(in_backward_);
     replicas_->backward(*dp);
@@ -301,7 +324,7 @@ void TorchAccelerator::check_gradients_unchanged_since_sync(const PreparedTensor
 }
 
 void TorchAccelerator::save(const AcceleratedOptimizer& optimizer, const std::string& path) {
-  const PreparedTensors& model = *prepared_.at(optimizer.model_);
+  const PreparedTensors& model = *prepared_.at(optimizer.model());
   if (model.sharded_optimizer == nullptr)  // the user's optimizer holds the whole parameters
     return save<torch::optim::Optimizer>(optimizer, path);
   ACCEL_CHECK_ARG(state_dict_type() != config::StateDictType::SHARDED_STATE_DICT,
@@ -322,17 +345,48 @@ void TorchAccelerator::save(const AcceleratedOptimizer& optimizer, const std::st
   for (std::size_t i = 0; i < model.params.size(); ++i)
     index_of.emplace(model.params[i].unsafeGetTensorImpl(), i);
   ShardedOptimizer sharded{
-      &optimizer.optimizer_, strategy(model.index).segments(), model.slices, &optimizer, {}};
+      &optimizer.optimizer(), strategy(model.index).segments(), model.slices, &optimizer, {}};
   std::size_t next = 0;  // aliases_ lists the groups' parameters in order
   for (const auto& group : optimizer.param_groups()) {
     sharded.offsets.emplace_back();
     for (std::size_t j = 0; j < group.params().size(); ++j)
       sharded.offsets.back().push_back(
-          offset_of.at(index_of.at(optimizer.aliases_.at(next++).second.unsafeGetTensorImpl())));
+          offset_of.at(index_of.at(optimizer.aliases().at(next++).second.unsafeGetTensorImpl())));
   }
   const std::string bytes = full_optimizer_archive(sharded, *this);
   if (is_main_process()) write_file_atomically(path, bytes);
   wait_for_everyone();
+}
+
+void TorchAccelerator::before_save_state() {
+  // ZeRO-3: rank 0 (each machine's first rank, saved on each node) writes the model as a
+  // LibTorch archive ("model"): its parameters get whole copies, gathered unit by unit on every
+  // rank. SHARDED_STATE_DICT: each rank writes its slices, nothing is gathered.
+  if (state_dict_type() == config::StateDictType::SHARDED_STATE_DICT) return;
+  const bool keep = writes_shared_checkpoint_files();
+  for (const auto& model : prepared_)
+    if (model->units && model->units->active()) model->units->gather_whole(keep);
+}
+
+void TorchAccelerator::after_save_state() {
+  for (const auto& model : prepared_)
+    if (model->units && model->units->active()) model->units->settle_all();  // copies freed
+}
+
+void TorchAccelerator::load_parameter_values(const PreparedParameters& prepared,
+                                             const FullParameters& values) {
+  PreparedTensors& model = *prepared_.at(prepared.index);
+  if (!model.units || !model.units->active())
+    return Accelerator::load_parameter_values(prepared, values);
+  // ZeRO-3 (SHARDED_STATE_DICT): the strategy keeps each rank's parts of the whole values.
+  std::vector<Buffer> whole;
+  for (std::size_t i = 0; i < prepared.params.size(); ++i) {
+    const Buffer& like = prepared.params[i].data;
+    whole.push_back(
+        {const_cast<char*>(values.params[i].data()), like.count, like.dtype, DeviceKind::cpu});
+  }
+  model.units->load_values(whole);
+  copy_buffers_in(prepared, values);
 }
 
 void TorchAccelerator::write_file_atomically(const std::string& path, const std::string& bytes) {
@@ -341,7 +395,7 @@ void TorchAccelerator::write_file_atomically(const std::string& path, const std:
 
 std::vector<std::pair<std::string, at::Tensor>> TorchAccelerator::state_dict_of(std::size_t index) {
   PreparedTensors& model = *prepared_.at(index);
-  if (model.units.active) return sharded_state_dict(model);
+  if (model.units && model.units->active()) return model.units->state_dict(*model.module);
   const torch::nn::Module& module = *model.module;
   std::vector<std::pair<std::string, at::Tensor>> out;
   for (const auto& item : module.named_parameters(/*recurse=*/true))
@@ -361,12 +415,7 @@ TorchAccelerator::DataLoader TorchAccelerator::prepare_data_loader(torch::Tensor
 }
 
 torch::Tensor TorchAccelerator::gather(const torch::Tensor& t) {
-  const at::Tensor local = communicable(t.dim() == 0 ? t.reshape({1}) : t);
-  std::vector<std::int64_t> shape = local.sizes().vec();
-  shape[0] *= num_processes();
-  at::Tensor out = at::empty(shape, local.options());
-  comm().all_gather(tensor_buffer(local, "gather"), tensor_buffer(out, "gather"))->wait();
-  return out.to(t.scalar_type());
+  return tensor_collectives::gather(comm(), t);
 }
 
 torch::Tensor TorchAccelerator::gather_for_metrics(const torch::Tensor& t, const DataLoader& loader,
@@ -378,41 +427,42 @@ torch::Tensor TorchAccelerator::gather_for_metrics(const torch::Tensor& t, const
   return all;
 }
 
+torch::Tensor TorchAccelerator::gather_for_metrics(const torch::Tensor& t,
+                                                   const DatasetLoaderBase& loader) {
+  at::Tensor all = gather(t);
+  const auto padding = std::int64_t(loader.padding());
+  if (loader.batch_index() + 1 == loader.size() && padding <= all.size(0))
+    all = all.narrow(0, 0, all.size(0) - padding);
+  return all;
+}
+
+torch::Tensor TorchAccelerator::split_between_processes(const torch::Tensor& t) const {
+  ACCEL_CHECK_ARG(t.dim() >= 1, "split_between_processes: the tensor needs a dimension 0");
+  const auto [begin, end] = split_between_processes(std::size_t(t.size(0)));
+  return t.narrow(0, std::int64_t(begin), std::int64_t(end - begin));
+}
+
 torch::Tensor TorchAccelerator::reduce(const torch::Tensor& t, ReduceOp op) {
-  at::Tensor out = communicable(t).clone();
-  comm().all_reduce(tensor_buffer(out, "reduce"), op)->wait();
-  return out.to(t.scalar_type());
+  return tensor_collectives::reduce(comm(), t, op);
 }
 
 void TorchAccelerator::broadcast(torch::Tensor& t, int root) {
-  ACCEL_CHECK_ARG(t.is_contiguous(), "broadcast: the tensor must be contiguous");
-  if (to_dtype(t.scalar_type())) {
-    comm().broadcast(tensor_buffer(t, "broadcast"), root)->wait();
-    return;
-  }
-  at::Tensor staged = communicable(t);
-  comm().broadcast(tensor_buffer(staged, "broadcast"), root)->wait();
-  t.copy_(staged);
+  tensor_collectives::broadcast(comm(), t, root);
 }
 
 torch::Tensor TorchAccelerator::pad_across_processes(const torch::Tensor& t, double value) {
-  ACCEL_CHECK_ARG(t.dim() >= 1, "pad_across_processes: the tensor needs a dimension 0");
-  std::int64_t longest = t.size(0);
-  all_reduce_values(comm(), buffer_of(std::span(&longest, 1)), ReduceOp::max);  // NCCL too
-  if (longest == t.size(0)) return t;
-  std::vector<std::int64_t> shape = t.sizes().vec();
-  shape[0] = longest - t.size(0);
-  return at::cat({t, at::full(shape, value, t.options())}, 0);
+  return tensor_collectives::pad_across_processes(comm(), t, value);
 }
 
-AutocastGuard TorchAccelerator::autocast() const {
-  const bool cuda = device() == DeviceKind::cuda;
-  return AutocastGuard(precision() != config::MixedPrecision::no,
-                       cuda ? c10::DeviceType::CUDA : c10::DeviceType::CPU,
-                       precision() == config::MixedPrecision::fp16 ? at::kHalf : at::kBFloat16);
+AutocastSettings TorchAccelerator::autocast_settings() const {
+  return {precision() != config::MixedPrecision::no,
+          device() == DeviceKind::cuda ? c10::DeviceType::CUDA : c10::DeviceType::CPU,
+          precision() == config::MixedPrecision::fp16 ? at::kHalf : at::kBFloat16};
 }
 
-std::vector<at::Tensor> TorchAccelerator::optimizer_gradients(const PreparedTensors& model) const {
+AutocastGuard TorchAccelerator::autocast() const { return AutocastGuard(autocast_settings()); }
+
+std::vector<at::Tensor> TorchAccelerator::optimizer_gradients(const PreparedTensors& model) {
   if (model.slices.empty()) return model.grad_views;  // DDP: the full gradients
   std::vector<at::Tensor> out;                        // ZeRO: this rank's reduced slices
   for (const at::Tensor& slice : model.slices) out.push_back(slice.grad());

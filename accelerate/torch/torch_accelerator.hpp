@@ -27,7 +27,8 @@
 //    options but steps this rank's slices (stage 1: .grad() in the flat buffer; stage 2:
 //    gradients lent and released at the boundary); step() all-gathers the parameters;
 //  - ZeRO-3: each rank keeps only its slices; the prepared call gathers the units
-//    (sharded_unit.hpp), and the parameters' storage is empty outside them;
+//    (zero3/sharded_unit.hpp; one Zero3Units per model, zero3/zero3_units.hpp), and the
+//    parameters' storage is empty outside them;
 //  - DATA_PARALLEL: replicas made and driven by TorchReplicas (torch_replicas.hpp);
 //  - checkpoints: save_state / load_state carry model, optimizer, scheduler and RNG state as
 //    torch_state.hpp and torch_optimizer_state.hpp describe, resharding to any world size
@@ -66,9 +67,9 @@
 #include "accelerate/torch/module_tensors.hpp"
 #include "accelerate/torch/prepared_model.hpp"
 #include "accelerate/torch/prepared_script.hpp"
-#include "accelerate/torch/sharded_parameter_access.hpp"
-#include "accelerate/torch/sharded_unit.hpp"
 #include "accelerate/torch/torch_replicas.hpp"
+#include "accelerate/torch/zero3/root_forward.hpp"
+#include "accelerate/torch/zero3/sharded_unit.hpp"
 
 namespace torch::autograd {
 struct Node;
@@ -84,7 +85,7 @@ template <typename Model>
 concept TorchModel =
     std::derived_from<std::remove_cvref_t<decltype(*std::declval<Model&>())>, torch::nn::Module>;
 
-class TorchAccelerator : public Accelerator, private ShardedParameterOwner {
+class TorchAccelerator : public Accelerator, private OptimizerHost {
  public:
   using Batch = TorchBatch;
   using DataLoader = TorchDataLoader;
@@ -151,7 +152,7 @@ class TorchAccelerator : public Accelerator, private ShardedParameterOwner {
   std::pair<PreparedScriptModule, AcceleratedOptimizer&> prepare(
       torch::jit::Module module, torch::optim::Optimizer& optimizer) {
     AcceleratedOptimizer& wrapped = prepare_script(module, optimizer);
-    return {PreparedScriptModule(std::move(module), *this), wrapped};
+    return {PreparedScriptModule(std::move(module), autocast_settings()), wrapped};
   }
   // ... or several models and their optimizers in one call, in any order (Accelerate's
   // prepare(G, D, opt_g, opt_d)): each optimizer goes with the model holding its parameters,
@@ -353,44 +354,15 @@ class TorchAccelerator : public Accelerator, private ShardedParameterOwner {
   // Pads dim 0 with `value` up to the longest dim 0 on any rank (so gather can follow).
   torch::Tensor pad_across_processes(const torch::Tensor& t, double value = 0.0);
 
-  // ---- ZeRO-3 units (sharded_unit.hpp): what the prepared call and ShardedUnit's forward use
-  // The prepared call's scope: under ZeRO-3 the root unit is gathered for the forward (and,
-  // with grad mode, until backward() ends); nothing elsewhere.
-  class RootForward {
-   public:
-    RootForward() = default;
-    RootForward(TorchAccelerator* accelerator, std::size_t model, bool sequential)
-        : accelerator_(accelerator), model_(model), sequential_(sequential) {}
-    RootForward(RootForward&& o) noexcept
-        : accelerator_(std::exchange(o.accelerator_, nullptr)),
-          model_(o.model_),
-          sequential_(o.sequential_) {}
-    RootForward& operator=(RootForward&&) = delete;
-    ~RootForward();
-    // Whether the call runs the root Sequential's children as units, and the model's index.
-    bool sequential_units() const { return accelerator_ != nullptr && sequential_; }
-    std::size_t model() const { return model_; }
-
-   private:
-    TorchAccelerator* accelerator_ = nullptr;
-    std::size_t model_ = 0;
-    bool sequential_ = false;
-  };
+  // ---- ZeRO-3 (zero3/): the prepared call's scope, in which the model's root unit is gathered
+  // (RootForward; it does nothing outside ZeRO-3).
   [[nodiscard]] RootForward root_forward(const torch::nn::Module& module);
-  // Unit `unit` of model `model`: gathered, fn(inputs) (recomputed in backward with
-  // activation_checkpointing when checkpointable), released; its backward gathers it again.
-  at::Tensor run_unit(std::size_t model, std::size_t unit, std::vector<at::Tensor> inputs,
-                      const std::function<at::Tensor(const std::vector<at::Tensor>&)>& fn,
-                      bool checkpointable);
-  // The autograd functions' calls: a unit's backward begins (its output's gradient arrived)
-  // and ends (its inputs' gradients are computed).
-  void unit_backward_begins(std::size_t model, std::size_t unit);
-  void unit_backward_ends(std::size_t model, std::size_t unit);
 
   // ---- mixed precision
   // A guard enabling autocast on this rank's device while it lives, in the mixed_precision
   // dtype (bf16, or fp16 on CUDA); a guard that does nothing when mixed_precision is no.
   AutocastGuard autocast() const;
+  AutocastSettings autocast_settings() const;
 
  protected:
   // fp16 loss scaling with tensor operations (the gradients may live on a GPU).
@@ -405,16 +377,21 @@ class TorchAccelerator : public Accelerator, private ShardedParameterOwner {
   // ZeRO-3 under SHARDED_STATE_DICT: the loaded values go to the strategy (load_parameters).
   void load_parameter_values(const PreparedParameters& model,
                              const FullParameters& values) override;
+
+ private:
+  class GradReadyHook;
+  // OptimizerHost (accelerated_optimizer.hpp): what the prepared optimizers ask.
+  bool ready_to_step() const override;
+  void before_step(std::size_t model) override;
+  void after_step(std::size_t model) override;
+  void zero_grad(std::size_t model) override;
+  bool holds_slices(std::size_t model) const override;
   // What the optimizer of `model` steps on: the full gradients (DDP), this rank's slices
   // (ZeRO).
-  std::vector<at::Tensor> optimizer_gradients(const PreparedTensors& model) const;
+  static std::vector<at::Tensor> optimizer_gradients(const PreparedTensors& model);
   // The tensors the optimizer holds for strategy().segments(), in order (its state's keys):
   // this rank's slices (ZeRO), the parameters (DDP; undefined for one in no param group).
   std::vector<at::Tensor> optimizer_tensors(PreparedTensors& model);
-
- private:
-  friend class AcceleratedOptimizer;
-  class GradReadyHook;
   // config::write_file_atomically: a temporary beside `path`, synced, renamed into place.
   static void write_file_atomically(const std::string& path, const std::string& bytes);
   std::vector<std::pair<std::string, at::Tensor>> state_dict_of(std::size_t model);
@@ -454,7 +431,7 @@ class TorchAccelerator : public Accelerator, private ShardedParameterOwner {
         if (optimizer == &arg) return static_cast<AcceleratedOptimizer&>(*accelerated);
       throw InvalidArgument("prepare: an optimizer holds the parameters of no model given");
     } else if constexpr (std::is_same_v<Arg, torch::jit::Module>) {
-      return PreparedScriptModule(arg, *this);
+      return PreparedScriptModule(arg, autocast_settings());
     } else if constexpr (std::derived_from<Arg, torch::nn::Module>) {
       return PreparedModel<std::shared_ptr<Arg>>(std::shared_ptr<Arg>(&arg, [](Arg*) {}), *this);
     } else {
@@ -496,36 +473,6 @@ class TorchAccelerator : public Accelerator, private ShardedParameterOwner {
   // probed elements as they were (clip_grad_norm_ that found nothing to clip) goes unseen.
   static at::Tensor gradient_probe(const PreparedTensors& model);
   void check_gradients_unchanged_since_sync(const PreparedTensors& model) const;
-  // A gradient hook fired outside acc.backward (loss.backward() called directly): the step
-  // refuses instead of silently not stepping.
-  void check_backward_went_through_accelerator() const;
-  // ZeRO-3 (sharded_units.cpp): the units given to the strategy (ParamRef::unit), the
-  // parameters' storage handed to it, each unit gathered and released with its state,
-  // whole parameters for checkpoints and get_state_dict, and the model left at destruction.
-  void assign_units(PreparedTensors& model, const ModuleTensors& tensors,
-                    std::vector<ParamRef>& refs);
-  void shard_parameters(PreparedTensors& model);
-  // A sharded parameter used: released, its automatic unit gathered (or an error naming it); a
-  // unit kept from its forward (reshard_after_forward false) starts its backward.
-  void sharded_parameter_used(std::size_t model, std::size_t param, bool released) override;
-  void check_checkpointable(const torch::nn::Module& root, bool wrapped) const;
-  void attach_units(PreparedTensors& model);  // the ShardedUnits' forwards call run_unit
-  void detach_units(PreparedTensors& model);
-  void point_unit(PreparedTensors& model, std::size_t unit);
-  void gather_unit_for(PreparedTensors& model, std::size_t unit, UnitPass pass);
-  void release_unit_for(PreparedTensors& model, std::size_t unit, UnitPass pass);
-  void settle(PreparedTensors& model, std::size_t unit);  // storage and state as the strategy's
-  void settle_all(PreparedTensors& model);
-  void finish_root_forward(std::size_t model);
-  void unit_gradient_accumulated(PreparedTensors& model, std::size_t i);
-  void end_backward_units();
-  void release_units_in_use(PreparedTensors& model);  // those in a forward or backward
-  void for_each_gathered(PreparedTensors& model,
-                         const std::function<void(std::size_t, const Buffer&)>& use);
-  void load_sharded_model(PreparedTensors& model, const ModuleTensors& tensors,
-                          const std::string& bytes);
-  std::vector<std::pair<std::string, at::Tensor>> sharded_state_dict(PreparedTensors& model);
-  void detach_sharded(PreparedTensors& model);
   std::atomic<bool> in_backward_{false};
   std::atomic<bool> backward_outside_{false};
 
@@ -540,18 +487,6 @@ class TorchAccelerator : public Accelerator, private ShardedParameterOwner {
   int custom_checkpoints_ = 0;  // register_for_checkpointing's count
 };
 
-namespace detail {
-// Accelerate's convert_outputs_to_fp32: a forward under autocast hands the loop fp32 outputs,
-// so the loss and everything after it run as in the fp32 loop.
-template <typename Out>
-Out outputs_to_fp32(Out out) {
-  if constexpr (std::is_same_v<std::remove_cvref_t<Out>, at::Tensor>)
-    if (out.defined() && (out.scalar_type() == at::kBFloat16 || out.scalar_type() == at::kHalf))
-      return out.to(at::kFloat);
-  return out;
-}
-}  // namespace detail
-
 template <typename Model>
 template <typename... Args>
 auto PreparedModel<Model>::operator()(Args&&... args) const {
@@ -559,16 +494,16 @@ auto PreparedModel<Model>::operator()(Args&&... args) const {
   // mixed_precision bf16/fp16: the forward runs under autocast by itself, as Accelerate
   // wraps the prepared model's forward (autocast is per thread: each replica sets its own).
   const AutocastGuard autocast = accelerator_->autocast();
-  // ZeRO-3: the root unit gathered while the forward runs (sharded_unit.hpp).
-  const TorchAccelerator::RootForward root = accelerator_->root_forward(*model_);
+  // ZeRO-3: the root unit gathered while the forward runs (zero3/root_forward.hpp).
+  RootForward root = accelerator_->root_forward(*model_);
   if constexpr (std::is_same_v<Impl, torch::nn::SequentialImpl> && sizeof...(Args) == 1) {
     // ZeRO-3: a Sequential's children are its units (recomputed with activation_checkpointing).
     if (root.sequential_units()) {
       at::Tensor x = at::Tensor(std::forward<Args>(args)...);
       std::size_t unit = 1;
       for (auto& child : *model_)
-        x = accelerator_->run_unit(
-            root.model(), unit++, {x},
+        x = root.run_unit(
+            unit++, {x},
             [&child](const std::vector<at::Tensor>& in) { return child.forward(in[0]); }, true);
       return detail::outputs_to_fp32(std::move(x));
     }

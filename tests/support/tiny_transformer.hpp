@@ -1,6 +1,6 @@
 #pragma once
 // A transformer-style LibTorch model for the ZeRO-3 checks, in the three forms a model takes
-// units in (accelerate/torch/sharded_unit.hpp): token embedding plus learned positions,
+// units in (accelerate/torch/zero3/sharded_unit.hpp): token embedding plus learned positions,
 // pre-LayerNorm blocks (attention written with matmul and softmax, causal; a GELU MLP),
 // a final LayerNorm and the output projection tied to the embedding.
 //  - Units::root: the blocks in a ModuleList, plain, under auto_wrap_policy NO_WRAP (the root
@@ -18,7 +18,7 @@
 
 #include <torch/torch.h>
 
-#include "accelerate/torch/sharded_unit.hpp"
+#include "accelerate/torch/zero3/sharded_unit.hpp"
 
 namespace accel::test {
 

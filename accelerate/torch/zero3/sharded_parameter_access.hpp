@@ -1,6 +1,6 @@
 #pragma once
 // Every operation on a ZeRO-3 sharded parameter passes through one check first, so a parameter
-// whose unit is not gathered is never read as an empty storage: its owner (the accelerator)
+// whose unit is not gathered is never read as an empty storage: its owner (Zero3Units)
 // gathers the unit (automatic units: the children of a ModuleList or Sequential, touched in
 // their forward or backward) or refuses, naming the parameter. LibTorch modules have no forward
 // hooks; the dispatcher is the one place every use of a tensor goes through.

@@ -18,7 +18,7 @@
 // arguments, passed through) and returns one tensor. With activation_checkpointing on, a unit
 // whose arguments are all tensors is recomputed in backward, unless it shares a parameter with
 // another unit (a tied embedding): the recomputes' backwards would each report it.
-// How it works (sharded_units.cpp): the parameters keep their tensors, whose storage points
+// How it works (zero3_units.cpp): the parameters keep their tensors, whose storage points
 // into the strategy's gathered slot while their unit is gathered and is empty otherwise (a
 // use then gathers an automatic unit, or fails naming the parameter); an autograd function on the
 // unit's output gathers it again before its backward, and the unit is released once its gradients
@@ -37,29 +37,28 @@
 
 namespace accel {
 
-class TorchAccelerator;
+class Zero3Units;
 
-// What the accelerator finds among a prepared model's modules and attaches to.
+// What prepare finds among a model's modules and attaches to its units (zero3_units.hpp).
 class ShardedUnitBase {
  public:
   virtual ~ShardedUnitBase() = default;
-  // Set by prepare under ZeRO-3 (null otherwise: the forward is the block's).
-  void attach(TorchAccelerator* accelerator, std::size_t model, std::size_t unit) {
-    accelerator_ = accelerator;
-    model_ = model;
+  // Set by prepare (null: not prepared, the forward is the block's).
+  void attach(Zero3Units* units, std::size_t unit) {
+    units_ = units;
     unit_ = unit;
   }
 
  protected:
   using UnitFn = std::function<at::Tensor(const std::vector<at::Tensor>&)>;
-  // TorchAccelerator::run_unit (defined with it): gathers, runs fn on the inputs, attaches
-  // the backward gather, releases.
+  // Zero3Units::run_unit (defined with it): gathers, runs fn on the inputs, attaches the
+  // backward gather, releases.
   at::Tensor run(std::vector<at::Tensor> inputs, const UnitFn& fn, bool checkpointable);
-  bool attached() const { return accelerator_ != nullptr; }
+  bool attached() const { return units_ != nullptr; }
 
  private:
-  TorchAccelerator* accelerator_ = nullptr;
-  std::size_t model_ = 0, unit_ = 0;
+  Zero3Units* units_ = nullptr;
+  std::size_t unit_ = 0;
 };
 
 namespace detail {

@@ -1,7 +1,9 @@
-// TorchAccelerator::prepare's steps: a model's tensors to the strategy, its gradients' storage
-// and ready hooks, ZeRO's slices under the user's optimizer, and its checkpoint states. One
-// PreparedTensors per prepared model (prepared_tensors.hpp).
+// TorchAccelerator::prepare's steps (the hub's own definitions, beside torch_accelerator.cpp): a
+// model's tensors to the strategy, its gradients' storage and ready hooks, ZeRO's slices under the
+// user's optimizer, and its checkpoint states. One PreparedTensors per prepared model
+// (prepared_tensors.hpp).
 
+#include <optional>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -151,12 +153,26 @@ AcceleratedOptimizer& TorchAccelerator::prepare_tensors(const ModuleTensors& ten
   const std::size_t ungrouped = optimizer.param_groups().size();
   std::vector<std::string> names;
   for (const ParamRef& r : refs) names.push_back(r.group == ungrouped ? r.name : std::string());
-  assign_units(model, tensors, refs);  // ZeRO-3
+  // The units, before the strategy lays out its buffers: under ZeRO-3 each parameter's.
+  StrategyOptions& options = strategy_options_to_prepare();
+  const bool stage3 = options.kind == StrategyKind::zero && options.zero.stage == 3;
+  ACCEL_CHECK_ARG(!stage3 || tensors.module != nullptr,
+                  "zero_stage 3: a TorchScript module has no forward the accelerator can gather "
+                  "its parameters around; prepare a torch::nn::Module, or use zero_stage 2");
+  std::optional<UnitPlan> units;
+  if (tensors.module != nullptr)
+    units = plan_units(*tensors.module, model.params, stage3, auto_wrap_policy(),
+                       activation_checkpointing());
+  options.zero.root_unit = stage3 && units->units() > 1;
+  for (std::size_t i = 0; stage3 && i < refs.size(); ++i) refs[i].unit = units->unit_of[i];
   TensorNames tensor_names = names_of(tensors);
   model.index = prepare_parameters(std::move(refs), std::move(buffers));  // broadcasts
   name_tensors(model.index, std::move(tensor_names));
   prepared_.push_back(std::move(owned));
   Strategy& strategy = this->strategy(model.index);
+  if (units)
+    model.units = std::make_unique<Zero3Units>(std::move(*units), strategy, model.params,
+                                               in_backward_, activation_checkpointing());
   const bool sharded = strategy.gradients_sharded();
   for (const std::string& name : names)
     ACCEL_CHECK_ARG(!sharded || name.empty(),
@@ -170,7 +186,8 @@ AcceleratedOptimizer& TorchAccelerator::prepare_tensors(const ModuleTensors& ten
   for (const auto& group : optimizer.param_groups()) groups.push_back(group.params());
   if (sharded) shard_optimizer(model, optimizer);
   if (strategy.replicas() != nullptr) replicas_->attach(strategy);
-  model.optimizer.reset(new AcceleratedOptimizer(*this, model.index, optimizer, groups));
+  model.optimizer = std::make_unique<AcceleratedOptimizer>(static_cast<OptimizerHost&>(*this),
+                                                           model.index, optimizer, groups);
   register_checkpoint_states(model, tensors, optimizer, flat_state, sharded);
   return *model.optimizer;
 }
@@ -248,8 +265,10 @@ std::vector<Buffer> TorchAccelerator::collect_buffers(PreparedTensors& model,
 
 void TorchAccelerator::hook_gradients(PreparedTensors& model) {
   Strategy& strategy = this->strategy(model.index);
-  if (strategy.parameters_sharded()) shard_parameters(model);  // ZeRO-3: storage to the strategy
-  attach_units(model);
+  if (model.units) {
+    if (strategy.parameters_sharded()) model.units->shard();  // ZeRO-3: storage to the strategy
+    model.units->attach_blocks();
+  }
   const bool has_slots = strategy.gradient_storage() == GradientStorage::slots;
   for (std::size_t i = 0; i < model.params.size(); ++i) {
     at::Tensor& param = model.params[i];
@@ -285,9 +304,9 @@ void TorchAccelerator::register_checkpoint_states(PreparedTensors& model,
   if (state_dict_type() != config::StateDictType::SHARDED_STATE_DICT) {
     set_checkpoint_parameters(false);
     std::function<void(const std::string&)> load_model = tensors.load;
-    if (model.units.active)  // ZeRO-3: read whole, each rank keeps its slices
-      load_model = [this, m, tensors](const std::string& bytes) {
-        load_sharded_model(*m, tensors, bytes);
+    if (model.units && model.units->active())  // ZeRO-3: read whole, each rank keeps its slices
+      load_model = [m, load = tensors.load](const std::string& bytes) {
+        m->units->load_archive(load, bytes);
       };
     register_state(prepared_name("model", model.index), tensors.save, load_model);
   }
