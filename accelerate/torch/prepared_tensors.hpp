@@ -14,7 +14,7 @@
 #include <torch/optim/optimizer.h>
 
 #include "accelerate/torch/accelerated_optimizer.hpp"
-#include "accelerate/torch/lent_gradients.hpp"
+#include "accelerate/torch/model_gradients.hpp"
 #include "accelerate/torch/zero3/zero3_units.hpp"
 
 namespace torch::autograd {
@@ -27,7 +27,6 @@ struct PreparedTensors {
   std::size_t index = 0;                      // the Accelerator's model index
   const torch::nn::Module* module = nullptr;  // the root module (null: TorchScript)
   std::vector<at::Tensor> params;             // the trainable parameters, in strategy order
-  std::vector<at::Tensor> grad_views;         // params[i]'s bucket slot (empty: ZeRO-2)
   // ZeRO: the optimizer whose groups hold this rank's slices, and the slices.
   torch::optim::Optimizer* sharded_optimizer = nullptr;
   std::vector<at::Tensor> slices;
@@ -37,12 +36,11 @@ struct PreparedTensors {
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;
   std::vector<std::uintptr_t> hook_keys;
   std::unique_ptr<AcceleratedOptimizer> optimizer;
-  at::Tensor probe_at_sync;  // ZeRO-1: gradient_probe at the last sync
   // Its units (a torch::nn::Module's; null for TorchScript): ZeRO-3, and the ShardedUnit
   // blocks' activation checkpointing under every strategy.
   std::unique_ptr<Zero3Units> units;
-  // ZeRO-2/3's lent gradients (null under slots); after params and accumulators, which it uses.
-  std::unique_ptr<LentGradients> lent;
+  // Its gradients' storage (slots or lent); after params and accumulators, which it uses.
+  std::unique_ptr<ModelGradients> gradients;
 };
 
 }  // namespace accel

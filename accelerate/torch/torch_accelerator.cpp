@@ -74,12 +74,7 @@ TorchAccelerator::~TorchAccelerator() {
     if (model->units) model->units->detach_blocks();
     for (std::size_t i = 0; i < model->accumulators.size(); ++i)
       model->accumulators[i]->del_post_hook(model->hook_keys[i]);
-    for (std::size_t i = 0; i < model->grad_views.size(); ++i) {
-      at::Tensor& grad = model->params[i].mutable_grad();
-      const at::Tensor& view = model->grad_views[i];
-      if (grad.defined() && view.defined() && grad.data_ptr() == view.data_ptr())
-        grad = grad.clone();
-    }
+    if (model->gradients) model->gradients->leave_model();
     if (!model->sharded_optimizer) continue;
     if (model->units && model->units->active()) {  // ZeRO-3: see Zero3Units::leave_model
       model->units->leave_model();
@@ -166,39 +161,13 @@ std::size_t TorchAccelerator::index_of_module(const torch::nn::Module& module) c
   throw InvalidArgument("this model was not prepared by this accelerator (acc.prepare)");
 }
 
-void TorchAccelerator::free_released_grads(PreparedTensors& model) {
-  for (std::size_t i : strategy(model.index).take_released()) model.lent->released(i);
-}
-
-void TorchAccelerator::reconcile_gradients(PreparedTensors& model) {
-  // What the loop did to .grad() since the last backward (a module's zero_grad(), set_to_none
-  // or not, or an assignment) reaches the strategy before this backward adds to it.
-  if (model.lent) return model.lent->reconcile(strategy(model.index));
-  for (std::size_t i = 0; i < model.params.size(); ++i) adopt_bucket_view(model, i);
-}
-
-void TorchAccelerator::adopt_bucket_view(PreparedTensors& model, std::size_t i) {
-  at::Tensor& grad = model.params[i].mutable_grad();
-  const at::Tensor& view = model.grad_views[i];
-  if (!view.defined()) {  // lent (ZeRO-2/3): the strategy reads autograd's gradient where it is
-    model.lent->accumulated(i, strategy(model.index));
-    return;
-  }
-  if (grad.defined() && grad.data_ptr() == view.data_ptr()) return;
-  if (grad.defined())
-    view.copy_(grad);
-  else
-    view.zero_();
-  grad = view;
-}
-
 void TorchAccelerator::on_grad_accumulated(PreparedTensors& model, std::size_t i) {
   // Autograd adds into an existing gradient in place; it only replaces the tensor under
   // create_graph or when the user reset the gradient. Then the new values move into the slot.
   if (!in_backward_) backward_outside_ = true;  // loss.backward() called directly
-  adopt_bucket_view(model, i);
+  model.gradients->accumulated(i);
   grad_ready(model.index, i);
-  free_released_grads(model);  // lent: what the strategy has copied into its buckets
+  model.gradients->free_released();  // lent: what the strategy has copied into its buckets
   if (model.units) model.units->gradient_accumulated(i);
 }
 
@@ -215,10 +184,7 @@ bool TorchAccelerator::ready_to_step() const {
 }
 
 void TorchAccelerator::before_step(std::size_t index) {
-  PreparedTensors& model = *prepared_.at(index);
-  check_gradients_unchanged_since_sync(model);
-  // A gradient the loop reset after backward (a module's zero_grad()) is stepped as it is now.
-  if (model.lent) model.lent->reconcile(strategy(index));
+  prepared_.at(index)->gradients->before_step();
 }
 
 void TorchAccelerator::after_step(std::size_t index) {
@@ -228,7 +194,9 @@ void TorchAccelerator::after_step(std::size_t index) {
 }
 
 void TorchAccelerator::zero_grad(std::size_t index) {
-  if (!accumulating_) zero_gradients(*prepared_.at(index));
+  if (accumulating_) return;
+  prepared_.at(index)->gradients->zero();
+  if (replicas_ != nullptr && index == 0) replicas_->zero_grads();  // DataParallel's
 }
 
 bool TorchAccelerator::holds_slices(std::size_t index) const {
@@ -239,21 +207,6 @@ RootForward TorchAccelerator::root_forward(const torch::nn::Module& module) {
   if (prepared_.empty()) return {};
   PreparedTensors& model = *prepared_[index_of_module(module)];
   return model.units ? model.units->root_forward() : RootForward();
-}
-
-void TorchAccelerator::zero_gradients(PreparedTensors& model) {
-  if (model.lent) {  // lent (ZeRO-2/3): gradients are freed, as set_to_none
-    strategy(model.index).withdraw_grads();
-    model.lent->withdrawn_all();
-    return;
-  }
-  for (std::size_t i = 0; i < model.params.size(); ++i) {
-    const at::Tensor& view = model.grad_views[i];
-    at::Tensor& grad = model.params[i].mutable_grad();
-    if (!grad.defined() || grad.data_ptr() != view.data_ptr()) grad = view;
-    view.zero_();
-  }
-  if (replicas_ != nullptr && model.index == 0) replicas_->zero_grads();  // DataParallel's
 }
 
 void TorchAccelerator::sync_buffers() {
@@ -268,7 +221,7 @@ void TorchAccelerator::sync_buffers() {
 
 bool TorchAccelerator::backward(const torch::Tensor& loss) {
   ACCEL_CHECK_ARG(!prepared_.empty(), "backward: prepare the model first");
-  for (const auto& model : prepared_) reconcile_gradients(*model);
+  for (const auto& model : prepared_) model->gradients->reconcile();
   sync_buffers();
   ReplicaSet* dp = strategy(0).replicas();  // DATA_PARALLEL: its one model
   if (dp != nullptr) replicas_->begin_backward(*dp);
@@ -290,37 +243,11 @@ bool TorchAccelerator::backward(const torch::Tensor& loss) {
   synced_ = sync_gradients();
   accumulating_ = !synced_ && !optimizer_step_was_skipped();
   for (const auto& model : prepared_) {
-    model->probe_at_sync =
-        synced_ && !model->slices.empty() ? gradient_probe(*model) : at::Tensor();
-    free_released_grads(*model);
+    model->gradients->remember_at_sync(synced_ && !model->slices.empty());
+    model->gradients->free_released();
     model->optimizer->show_gradients(!accumulating_);
   }
   return synced_;
-}
-
-at::Tensor TorchAccelerator::gradient_probe(const PreparedTensors& model) {
-  // The first few elements of every gradient: clipping or scaling changes every non-zero one.
-  constexpr std::int64_t kProbed = 4;
-  std::vector<at::Tensor> heads;
-  for (const at::Tensor& view : model.grad_views)
-    if (view.defined() && view.numel() > 0)
-      heads.push_back(
-          view.reshape(-1).narrow(0, 0, std::min(kProbed, view.numel())).to(at::kDouble));
-  return heads.empty() ? at::Tensor() : at::cat(heads).cpu();
-}
-
-void TorchAccelerator::check_gradients_unchanged_since_sync(const PreparedTensors& model) const {
-  // ZeRO-1: the parameters' .grad() are this rank's local gradients (what it accumulated);
-  // the optimizer steps the reduced slices, so changing .grad() after the sync (LibTorch's
-  // clip_grad_norm_, a manual scaling) would silently not reach the step.
-  if (!model.probe_at_sync.defined() || at::equal(model.probe_at_sync, gradient_probe(model)))
-    return;
-  throw InvalidArgument(
-      "optimizer step: the prepared parameters' gradients were changed after backward() "
-      "synchronised them (torch::nn::utils::clip_grad_norm_, or an in-place change of "
-      ".grad()). Under ZeRO the optimizer steps this rank's reduced gradient slices, which such a "
-      "change does not reach: clip with acc.clip_grad_norm(max_norm), which is correct under "
-      "every strategy");
 }
 
 void TorchAccelerator::save(const AcceleratedOptimizer& optimizer, const std::string& path) {
@@ -462,18 +389,12 @@ AutocastSettings TorchAccelerator::autocast_settings() const {
 
 AutocastGuard TorchAccelerator::autocast() const { return AutocastGuard(autocast_settings()); }
 
-std::vector<at::Tensor> TorchAccelerator::optimizer_gradients(const PreparedTensors& model) {
-  if (model.slices.empty()) return model.grad_views;  // DDP: the full gradients
-  std::vector<at::Tensor> out;                        // ZeRO: this rank's reduced slices
-  for (const at::Tensor& slice : model.slices) out.push_back(slice.grad());
-  return out;
-}
-
 bool TorchAccelerator::unscale_gradients(double scale, const std::vector<std::size_t>& models) {
   torch::NoGradGuard no_grad;
   std::vector<at::Tensor> grads;
   for (std::size_t m : models)
-    for (const at::Tensor& g : optimizer_gradients(*prepared_[m])) grads.push_back(g);
+    for (const at::Tensor& g : prepared_[m]->gradients->for_optimizer(prepared_[m]->slices))
+      grads.push_back(g);
   // One flag for all gradients, read once: on a GPU each read is a synchronisation.
   at::Tensor finite = at::ones(
       {}, grads.empty() ? at::TensorOptions(at::kBool) : grads[0].options().dtype(at::kBool));
@@ -484,12 +405,7 @@ bool TorchAccelerator::unscale_gradients(double scale, const std::vector<std::si
 }
 
 void TorchAccelerator::discard_gradients(const std::vector<std::size_t>& models) {
-  torch::NoGradGuard no_grad;
-  for (std::size_t m : models) {
-    for (const at::Tensor& g : optimizer_gradients(*prepared_[m])) g.zero_();
-    for (const at::Tensor& g : prepared_[m]->grad_views)  // ZeRO-1's full slots
-      if (g.defined()) g.zero_();
-  }
+  for (std::size_t m : models) prepared_[m]->gradients->discard(prepared_[m]->slices);
 }
 
 }  // namespace accel

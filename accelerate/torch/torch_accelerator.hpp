@@ -386,9 +386,6 @@ class TorchAccelerator : public Accelerator, private OptimizerHost {
   void after_step(std::size_t model) override;
   void zero_grad(std::size_t model) override;
   bool holds_slices(std::size_t model) const override;
-  // What the optimizer of `model` steps on: the full gradients (DDP), this rank's slices
-  // (ZeRO).
-  static std::vector<at::Tensor> optimizer_gradients(const PreparedTensors& model);
   // The tensors the optimizer holds for strategy().segments(), in order (its state's keys):
   // this rank's slices (ZeRO), the parameters (DDP; undefined for one in no param group).
   std::vector<at::Tensor> optimizer_tensors(PreparedTensors& model);
@@ -450,29 +447,10 @@ class TorchAccelerator : public Accelerator, private OptimizerHost {
   AcceleratedOptimizer& prepare_tensors(const ModuleTensors& tensors,
                                         torch::optim::Optimizer& optimizer,
                                         const ReplicaFactory& make_replica = {});
-  std::vector<ParamRef> collect_parameters(PreparedTensors& model, const ModuleTensors& tensors,
-                                           torch::optim::Optimizer& optimizer);
-  std::vector<Buffer> collect_buffers(PreparedTensors& model, const ModuleTensors& tensors);
   void hook_gradients(PreparedTensors& model);
   void register_checkpoint_states(PreparedTensors& model, const ModuleTensors& tensors,
                                   torch::optim::Optimizer& optimizer, bool flat_state,
                                   bool sharded);
-  // Under ZeRO: parameters into the flat buffers, the optimizer onto the slices.
-  void shard_optimizer(PreparedTensors& model, torch::optim::Optimizer& optimizer);
-  // The options of a slice tensor for `segment` (its group's parameters' dtype and device).
-  at::TensorOptions segment_options(const PreparedTensors& model, const ParamSegment& segment);
-  // Lent gradients (ZeRO-2/3): those the strategy released become stand-ins (LentGradients).
-  void free_released_grads(PreparedTensors& model);
-  // Before each backward: the loop's own resets of .grad() reach the strategy.
-  void reconcile_gradients(PreparedTensors& model);
-  // Points parameter i's .grad() at its bucket slot, keeping the values it had.
-  void adopt_bucket_view(PreparedTensors& model, std::size_t i);
-  void zero_gradients(PreparedTensors& model);
-  // ZeRO-1: a few elements of every gradient view at the last sync, so the step can refuse
-  // gradients changed after it (check_gradients_unchanged_since_sync). A change that left the
-  // probed elements as they were (clip_grad_norm_ that found nothing to clip) goes unseen.
-  static at::Tensor gradient_probe(const PreparedTensors& model);
-  void check_gradients_unchanged_since_sync(const PreparedTensors& model) const;
   std::atomic<bool> in_backward_{false};
   std::atomic<bool> backward_outside_{false};
 

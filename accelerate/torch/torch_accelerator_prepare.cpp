@@ -88,6 +88,97 @@ std::vector<AgreedValue> optimizer_agreement(const torch::optim::Optimizer& opti
   return v;
 }
 
+// The trainable parameters as the strategy gets them (model.params filled); `prepared`: the
+// models prepared before.
+std::vector<ParamRef> collect_parameters(
+    PreparedTensors& model, const ModuleTensors& tensors, torch::optim::Optimizer& optimizer,
+    const std::vector<std::unique_ptr<PreparedTensors>>& prepared) {
+  // ZeRO lays out one flat buffer per optimizer param group (and dtype).
+  std::unordered_map<const void*, std::size_t> group_of;
+  for (std::size_t g = 0; g < optimizer.param_groups().size(); ++g)
+    for (const at::Tensor& p : optimizer.param_groups()[g].params())
+      group_of.emplace(p.unsafeGetTensorImpl(), g);
+  // A parameter another prepared model has (a shared embedding) would be synchronised twice.
+  std::unordered_set<const void*> elsewhere;
+  for (const auto& other : prepared)
+    for (const at::Tensor& p : other->params) elsewhere.insert(p.unsafeGetTensorImpl());
+  std::vector<ParamRef> refs;
+  std::unordered_set<const void*> seen;
+  for (const auto& [name, p] : tensors.trainable) {
+    ACCEL_CHECK_ARG(!elsewhere.count(p.unsafeGetTensorImpl()),
+                    "prepare: parameter '" + name +
+                        "' belongs to a model prepared before; a parameter two prepared models "
+                        "share would be synchronised twice: prepare the model holding both");
+    seen.insert(p.unsafeGetTensorImpl());
+    const Buffer data = tensor_buffer(p, "parameter '" + name + "'");
+    const auto group = group_of.find(p.unsafeGetTensorImpl());
+    // Gradients asked of the strategy (backend.hpp's contract): its slots (DDP, ZeRO-1,
+    // DataParallel), or autograd's own, lent to it (ZeRO-2).
+    // The param group is ZeRO's flat buffer and, under every strategy, the coordinates the
+    // optimizer state is saved in; a parameter the optimizer does not hold (DDP only) gets a
+    // group of its own, which has no state.
+    refs.push_back({name, data, gradient_wanted(data),
+                    group != group_of.end() ? group->second : optimizer.param_groups().size(),
+                    p.sizes().vec()});
+    model.params.push_back(p);
+  }
+  for (const auto& group : optimizer.param_groups())
+    for (const at::Tensor& p : group.params())
+      ACCEL_CHECK_ARG(seen.count(p.unsafeGetTensorImpl()),
+                      "prepare: the optimizer holds a parameter that is not a trainable "
+                      "parameter of the model, so its gradient would never be synchronised");
+  return refs;
+}
+
+std::vector<Buffer> collect_buffers(PreparedTensors& model, const ModuleTensors& tensors) {
+  std::vector<Buffer> buffers;
+  for (const auto& [name, tensor] : tensors.buffers) {
+    buffers.push_back(tensor_buffer(tensor, "buffer '" + name + "'"));
+    model.buffers.push_back(tensor);
+    model.buffer_data.push_back(buffers.back().data);
+  }
+  return buffers;
+}
+
+// The options of a slice tensor for `segment` (its group's parameters' dtype and device).
+at::TensorOptions segment_options(const PreparedTensors& model, const Strategy& strategy,
+                                  const ParamSegment& segment) {
+  const std::vector<ParamRef>& refs = strategy.params();
+  for (std::size_t i = 0; i < refs.size(); ++i)
+    if (refs[i].group == segment.group && refs[i].data.dtype == segment.values.dtype)
+      return model.params[i].options();
+  throw InvalidArgument("prepare: no parameter of param group " + std::to_string(segment.group) +
+                        " for the strategy's segment");
+}
+
+// Under ZeRO: parameters into the flat buffers, the optimizer onto the slices.
+void shard_optimizer(PreparedTensors& model, Strategy& z, torch::optim::Optimizer& optimizer) {
+  torch::NoGradGuard no_grad;
+  // The parameters become views of the flat buffers (which hold their values since prepare),
+  // so the all-gather after each step updates the model in place.
+  if (z.has_param_slots()) {
+    for (std::size_t i = 0; i < model.params.size(); ++i) {
+      const Buffer view = z.param_slot(i);
+      model.params[i].set_data(
+          at::from_blob(view.data, model.params[i].sizes(), model.params[i].options()));
+    }
+    z.use_param_slots();
+  }
+  model.sharded_optimizer = &optimizer;
+  auto& groups = optimizer.param_groups();
+  for (auto& group : groups) group.params().clear();
+  // One tensor per flat buffer: this rank's slice, its .grad() the reduced gradient slice,
+  // with the options of a parameter of its group and dtype.
+  for (const ParamSegment& segment : z.segments()) {
+    const auto options = segment_options(model, z, segment);
+    const auto n = std::int64_t(segment.values.count);
+    at::Tensor slice = at::from_blob(segment.values.data, {n}, options);
+    slice.mutable_grad() = at::from_blob(segment.grad.data, {n}, options);
+    groups[segment.group].params().push_back(slice);
+    model.slices.push_back(slice);
+  }
+}
+
 }  // namespace
 
 // Runs after AccumulateGrad has added a micro-batch's gradient into param.grad() (PyTorch's
@@ -135,7 +226,7 @@ AcceleratedOptimizer& TorchAccelerator::prepare_tensors(const ModuleTensors& ten
   auto owned = std::make_unique<PreparedTensors>();
   PreparedTensors& model = *owned;
   model.module = tensors.module;
-  std::vector<ParamRef> refs = collect_parameters(model, tensors, optimizer);
+  std::vector<ParamRef> refs = collect_parameters(model, tensors, optimizer, prepared_);
   std::vector<Buffer> buffers = collect_buffers(model, tensors);
   // On a GPU the loop computes on LibTorch's current stream of the parameters' device: the
   // communicator orders its collectives and the strategies their copies against it. Debian's
@@ -184,7 +275,7 @@ AcceleratedOptimizer& TorchAccelerator::prepare_tensors(const ModuleTensors& ten
   const bool flat_state = torch_optimizer_state::unsupported_reason(optimizer).empty();
   std::vector<std::vector<at::Tensor>> groups;  // as the model holds them, before ZeRO's slices
   for (const auto& group : optimizer.param_groups()) groups.push_back(group.params());
-  if (sharded) shard_optimizer(model, optimizer);
+  if (sharded) shard_optimizer(model, strategy, optimizer);
   if (strategy.replicas() != nullptr) replicas_->attach(strategy);
   model.optimizer = std::make_unique<AcceleratedOptimizer>(static_cast<OptimizerHost&>(*this),
                                                            model.index, optimizer, groups);
@@ -212,75 +303,14 @@ torch::optim::Optimizer& TorchAccelerator::optimizer_of(
   return *found;
 }
 
-std::vector<ParamRef> TorchAccelerator::collect_parameters(PreparedTensors& model,
-                                                           const ModuleTensors& tensors,
-                                                           torch::optim::Optimizer& optimizer) {
-  // ZeRO lays out one flat buffer per optimizer param group (and dtype).
-  std::unordered_map<const void*, std::size_t> group_of;
-  for (std::size_t g = 0; g < optimizer.param_groups().size(); ++g)
-    for (const at::Tensor& p : optimizer.param_groups()[g].params())
-      group_of.emplace(p.unsafeGetTensorImpl(), g);
-  // A parameter another prepared model has (a shared embedding) would be synchronised twice.
-  std::unordered_set<const void*> elsewhere;
-  for (const auto& other : prepared_)
-    for (const at::Tensor& p : other->params) elsewhere.insert(p.unsafeGetTensorImpl());
-  std::vector<ParamRef> refs;
-  std::unordered_set<const void*> seen;
-  for (const auto& [name, p] : tensors.trainable) {
-    ACCEL_CHECK_ARG(!elsewhere.count(p.unsafeGetTensorImpl()),
-                    "prepare: parameter '" + name +
-                        "' belongs to a model prepared before; a parameter two prepared models "
-                        "share would be synchronised twice: prepare the model holding both");
-    seen.insert(p.unsafeGetTensorImpl());
-    const Buffer data = tensor_buffer(p, "parameter '" + name + "'");
-    const auto group = group_of.find(p.unsafeGetTensorImpl());
-    // Gradients asked of the strategy (backend.hpp's contract): its slots (DDP, ZeRO-1,
-    // DataParallel), or autograd's own, lent to it (ZeRO-2).
-    // The param group is ZeRO's flat buffer and, under every strategy, the coordinates the
-    // optimizer state is saved in; a parameter the optimizer does not hold (DDP only) gets a
-    // group of its own, which has no state.
-    refs.push_back({name, data, gradient_wanted(data),
-                    group != group_of.end() ? group->second : optimizer.param_groups().size(),
-                    p.sizes().vec()});
-    model.params.push_back(p);
-  }
-  for (const auto& group : optimizer.param_groups())
-    for (const at::Tensor& p : group.params())
-      ACCEL_CHECK_ARG(seen.count(p.unsafeGetTensorImpl()),
-                      "prepare: the optimizer holds a parameter that is not a trainable "
-                      "parameter of the model, so its gradient would never be synchronised");
-  return refs;
-}
-
-std::vector<Buffer> TorchAccelerator::collect_buffers(PreparedTensors& model,
-                                                      const ModuleTensors& tensors) {
-  std::vector<Buffer> buffers;
-  for (const auto& [name, tensor] : tensors.buffers) {
-    buffers.push_back(tensor_buffer(tensor, "buffer '" + name + "'"));
-    model.buffers.push_back(tensor);
-    model.buffer_data.push_back(buffers.back().data);
-  }
-  return buffers;
-}
-
 void TorchAccelerator::hook_gradients(PreparedTensors& model) {
   Strategy& strategy = this->strategy(model.index);
   if (model.units) {
     if (strategy.parameters_sharded()) model.units->shard();  // ZeRO-3: storage to the strategy
     model.units->attach_blocks();
   }
-  const bool has_slots = strategy.gradient_storage() == GradientStorage::slots;
   for (std::size_t i = 0; i < model.params.size(); ++i) {
     at::Tensor& param = model.params[i];
-    if (has_slots) {
-      const Buffer slot = strategy.grad_slot(0, i);
-      model.grad_views.push_back(
-          at::from_blob(slot.data, param.sizes(),
-                        at::TensorOptions().dtype(param.scalar_type()).device(param.device())));
-      adopt_bucket_view(model, i);
-    } else {
-      model.grad_views.emplace_back();  // lent (ZeRO-2/3): autograd's own (LentGradients)
-    }
     // The parameter holds its AccumulateGrad node only weakly: without our reference a new
     // node (without the hook) would be made for the next graph.
     std::shared_ptr<torch::autograd::Node> node = torch::autograd::impl::grad_accumulator(param);
@@ -289,7 +319,8 @@ void TorchAccelerator::hook_gradients(PreparedTensors& model) {
         node->add_post_hook(std::make_unique<GradReadyHook>(*this, model, i)));
     model.accumulators.push_back(std::move(node));
   }
-  if (!has_slots) model.lent = std::make_unique<LentGradients>(model.params, model.accumulators);
+  // Each .grad() at its bucket slot (DDP, ZeRO-1), or autograd's own lent (ZeRO-2/3).
+  model.gradients = std::make_unique<ModelGradients>(strategy, model.params, model.accumulators);
 }
 
 void TorchAccelerator::register_checkpoint_states(PreparedTensors& model,
@@ -359,44 +390,6 @@ std::vector<at::Tensor> TorchAccelerator::optimizer_tensors(PreparedTensors& mod
     out.push_back(s.group < groups && it != by_data.end() ? *it->second : at::Tensor());
   }
   return out;
-}
-
-void TorchAccelerator::shard_optimizer(PreparedTensors& model, torch::optim::Optimizer& optimizer) {
-  Strategy& z = strategy(model.index);
-  torch::NoGradGuard no_grad;
-  // The parameters become views of the flat buffers (which hold their values since prepare),
-  // so the all-gather after each step updates the model in place.
-  if (z.has_param_slots()) {
-    for (std::size_t i = 0; i < model.params.size(); ++i) {
-      const Buffer view = z.param_slot(i);
-      model.params[i].set_data(
-          at::from_blob(view.data, model.params[i].sizes(), model.params[i].options()));
-    }
-    z.use_param_slots();
-  }
-  model.sharded_optimizer = &optimizer;
-  auto& groups = optimizer.param_groups();
-  for (auto& group : groups) group.params().clear();
-  // One tensor per flat buffer: this rank's slice, its .grad() the reduced gradient slice,
-  // with the options of a parameter of its group and dtype.
-  for (const ParamSegment& segment : z.segments()) {
-    const auto options = segment_options(model, segment);
-    const auto n = std::int64_t(segment.values.count);
-    at::Tensor slice = at::from_blob(segment.values.data, {n}, options);
-    slice.mutable_grad() = at::from_blob(segment.grad.data, {n}, options);
-    groups[segment.group].params().push_back(slice);
-    model.slices.push_back(slice);
-  }
-}
-
-at::TensorOptions TorchAccelerator::segment_options(const PreparedTensors& model,
-                                                    const ParamSegment& segment) {
-  const std::vector<ParamRef>& refs = strategy(model.index).params();
-  for (std::size_t i = 0; i < refs.size(); ++i)
-    if (refs[i].group == segment.group && refs[i].data.dtype == segment.values.dtype)
-      return model.params[i].options();
-  throw InvalidArgument("prepare: no parameter of param group " + std::to_string(segment.group) +
-                        " for the strategy's segment");
 }
 
 }  // namespace accel
