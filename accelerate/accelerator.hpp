@@ -44,9 +44,9 @@
 #include <utility>
 #include <vector>
 
-#include "accelerate/checkpoint.hpp"
+#include "accelerate/checkpointing/checkpoint.hpp"
 #include "accelerate/loss_scaler.hpp"
-#include "accelerate/optimizer_state.hpp"
+#include "accelerate/checkpointing/optimizer_state.hpp"
 #include "accelerate/print.hpp"
 #include "accelerate/process_env.hpp"
 #include "accelerate/progress_bar.hpp"
@@ -71,8 +71,8 @@ enum class StateDictType;   // config/config.hpp
 namespace accel {
 
 class ProcessGroup;
-struct FullParameters;      // accelerate/parameter_layout.hpp
-struct TensorNames;         // accelerate/parameter_layout.hpp
+struct FullParameters;      // accelerate/checkpointing/parameter_layout.hpp
+struct TensorNames;         // accelerate/checkpointing/parameter_layout.hpp
 struct PreparedParameters;  // accelerate/prepared_parameters.hpp: one prepared model
 
 // A checkpoint name of the model prepared `model`-th (0-based), as Accelerate numbers its
@@ -171,7 +171,7 @@ class Accelerator {
   // prepare_parameters plus a built-in optimizer (accel::Sgd, accel::AdamW; ParamRef::group
   // picks its param group): optimizer_step() then steps it on what this rank updates, and its
   // state is saved in checkpoints ("optimizer": one blob under DDP, each rank's slices under
-  // ZeRO) and loads under another world size or strategy (accelerate/optimizer_state.hpp).
+  // ZeRO) and loads under another world size or strategy (accelerate/checkpointing/optimizer_state.hpp).
   std::size_t prepare(std::vector<ParamRef> params, Optimizer& optimizer,
                       std::vector<Buffer> buffers = {});
   // At an accumulation boundary (sync_gradients() returned true), after any clipping: steps
@@ -463,7 +463,7 @@ class Accelerator {
   std::uint64_t epoch() const { return epoch_; }
   std::uint64_t batch_in_epoch() const { return next_batch_; }  // batches of epoch() done
 
-  // ---- checkpoints (accelerate/checkpoint.hpp has the directory format and crash rules)
+  // ---- checkpoints (accelerate/checkpointing/checkpoint.hpp has the directory format and crash rules)
   // State the Accelerator does not know about (optimizer, LR scheduler, a framework's
   // model): save() returns its bytes, load() restores them. A shared state's save() is
   // called on rank 0 only, so it must not communicate. Register in the same order with the

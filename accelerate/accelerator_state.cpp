@@ -1,7 +1,7 @@
 // Accelerator::save_state / load_state / register_state: what the Accelerator puts into a
-// checkpoint (accelerate/checkpoint.hpp does the directory, atomicity and verification).
+// checkpoint (accelerate/checkpointing/checkpoint.hpp does the directory, atomicity and verification).
 //
-// Blobs: the prepared parameters' values as accelerate/parameter_layout.hpp describes them
+// Blobs: the prepared parameters' values as accelerate/checkpointing/parameter_layout.hpp describes them
 // ("parameters": under DDP every value, under ZeRO the buffers only; "parameters.rankR": rank
 // R's slices under ZeRO) with "parameters.layout" (names, dtypes, shapes, flat offsets and
 // every blob's slices, so any strategy and world size reassembles them and a model that
@@ -23,9 +23,9 @@
 #include <vector>
 
 #include "accelerate/accelerator.hpp"
-#include "accelerate/checkpoint.hpp"
-#include "accelerate/optimizer_state.hpp"
-#include "accelerate/parameter_layout.hpp"
+#include "accelerate/checkpointing/checkpoint.hpp"
+#include "accelerate/checkpointing/optimizer_state.hpp"
+#include "accelerate/checkpointing/parameter_layout.hpp"
 #include "accelerate/prepared_parameters.hpp"
 #include "backends/optim/host_collectives.hpp"
 #include "core/device_memory.hpp"

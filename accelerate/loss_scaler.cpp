@@ -3,7 +3,7 @@
 #include <cmath>
 #include <sstream>
 
-#include "accelerate/checkpoint_manifest.hpp"
+#include "accelerate/checkpointing/checkpoint_manifest.hpp"
 #include "backends/optim/host_collectives.hpp"
 #include "core/error.hpp"
 

@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "accelerate/optimizer_state.hpp"
-#include "accelerate/parameter_layout.hpp"
+#include "accelerate/checkpointing/optimizer_state.hpp"
+#include "accelerate/checkpointing/parameter_layout.hpp"
 #include "accelerate/replicas.hpp"
 #include "backends/backend.hpp"
 #include "backends/optim/optimizer.hpp"

@@ -18,9 +18,9 @@
 #include <iterator>
 
 #include "accelerate/accelerator.hpp"
-#include "accelerate/checkpoint.hpp"
-#include "accelerate/checkpoint_manifest.hpp"
-#include "accelerate/optimizer_state.hpp"
+#include "accelerate/checkpointing/checkpoint.hpp"
+#include "accelerate/checkpointing/checkpoint_manifest.hpp"
+#include "accelerate/checkpointing/optimizer_state.hpp"
 #include "backends/comm/local_communicator.hpp"
 #include "backends/comm/registry.hpp"
 #include "backends/optim/sgd.hpp"

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "accelerate/checkpoint_manifest.hpp"
+#include "accelerate/checkpointing/checkpoint_manifest.hpp"
 #include "accelerate/loss_scaler.hpp"
 #include "backends/comm/local_communicator.hpp"
 #include "backends/comm/registry.hpp"

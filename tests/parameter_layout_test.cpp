@@ -1,4 +1,4 @@
-// parameters.layout (accelerate/parameter_layout.hpp) in one process: the blobs a ZeRO job of
+// parameters.layout (accelerate/checkpointing/parameter_layout.hpp) in one process: the blobs a ZeRO job of
 // any world size writes reassemble into the parameters, the text round-trips, the first format
 // still reads, and what does not fit is reported naming the blob or the line.
 
@@ -7,8 +7,8 @@
 #include <map>
 #include <numeric>
 
-#include "accelerate/checkpoint_manifest.hpp"
-#include "accelerate/parameter_layout.hpp"
+#include "accelerate/checkpointing/checkpoint_manifest.hpp"
+#include "accelerate/checkpointing/parameter_layout.hpp"
 
 using namespace accel;
 

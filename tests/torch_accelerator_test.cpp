@@ -18,9 +18,9 @@
 #include <limits>
 #include <map>
 
-#include "accelerate/checkpoint.hpp"
+#include "accelerate/checkpointing/checkpoint.hpp"
 #include "accelerate/torch/torch_accelerator.hpp"
-#include "accelerate/torch/torch_state.hpp"
+#include "accelerate/torch/checkpointing/torch_state.hpp"
 #include "backends/comm/registry.hpp"
 #include "backends/ddp/ddp_strategy.hpp"
 #include "tests/support/files.hpp"

@@ -21,8 +21,8 @@
 
 #include <unistd.h>
 
-#include "accelerate/checkpoint.hpp"
-#include "accelerate/parameter_layout.hpp"
+#include "accelerate/checkpointing/checkpoint.hpp"
+#include "accelerate/checkpointing/parameter_layout.hpp"
 #include "accelerate/progress_bar.hpp"
 #include "core/error.hpp"
 #include "tools/commands.hpp"

@@ -8,9 +8,9 @@
 #include <torch/serialize/input-archive.h>
 #include <torch/serialize/output-archive.h>
 
-#include "accelerate/checkpoint_manifest.hpp"
+#include "accelerate/checkpointing/checkpoint_manifest.hpp"
 #include "accelerate/torch/torch_replicas.hpp"
-#include "accelerate/torch/torch_state.hpp"
+#include "accelerate/torch/checkpointing/torch_state.hpp"
 #include "core/error.hpp"
 
 namespace accel {

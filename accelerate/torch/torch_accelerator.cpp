@@ -23,13 +23,13 @@
 #endif
 
 #include "accelerate/prepared_parameters.hpp"
-#include "accelerate/torch/full_optimizer_state.hpp"
+#include "accelerate/torch/checkpointing/full_optimizer_state.hpp"
 #include "accelerate/torch/prepared_tensors.hpp"
 #include "accelerate/torch/tensor_buffer.hpp"
 #include "accelerate/torch/tensor_collectives.hpp"
-#include "accelerate/torch/torch_optimizer_state.hpp"
+#include "accelerate/torch/checkpointing/torch_optimizer_state.hpp"
 #include "accelerate/torch/torch_replicas.hpp"
-#include "accelerate/torch/torch_state.hpp"
+#include "accelerate/torch/checkpointing/torch_state.hpp"
 #include "config/config.hpp"
 #include "config/config_file.hpp"
 #include "core/error.hpp"

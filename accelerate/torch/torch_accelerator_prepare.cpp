@@ -19,13 +19,13 @@
 #include <c10/cuda/CUDAStream.h>
 #endif
 
-#include "accelerate/parameter_layout.hpp"
+#include "accelerate/checkpointing/parameter_layout.hpp"
 #include "accelerate/torch/prepared_tensors.hpp"
 #include "accelerate/torch/tensor_buffer.hpp"
 #include "accelerate/torch/torch_accelerator.hpp"
-#include "accelerate/torch/torch_optimizer_state.hpp"
+#include "accelerate/torch/checkpointing/torch_optimizer_state.hpp"
 #include "accelerate/torch/torch_replicas.hpp"
-#include "accelerate/torch/torch_state.hpp"
+#include "accelerate/torch/checkpointing/torch_state.hpp"
 #include "config/config.hpp"
 #include "core/error.hpp"
 

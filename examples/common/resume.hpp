@@ -6,7 +6,7 @@
 #include <string>
 
 #include "accelerate/accelerator.hpp"
-#include "accelerate/checkpoint.hpp"
+#include "accelerate/checkpointing/checkpoint.hpp"
 
 namespace examples {
 

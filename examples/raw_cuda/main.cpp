@@ -32,7 +32,7 @@
 #include <vector>
 
 #include "accelerate/accelerator.hpp"
-#include "accelerate/checkpoint.hpp"
+#include "accelerate/checkpointing/checkpoint.hpp"
 #include "backends/optim/adamw.hpp"
 #include "backends/optim/sgd.hpp"
 #include "examples/common/flags.hpp"

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "accelerate/accelerator.hpp"
-#include "accelerate/checkpoint.hpp"
+#include "accelerate/checkpointing/checkpoint.hpp"
 #include "backends/optim/host_collectives.hpp"
 #include "core/error.hpp"
 

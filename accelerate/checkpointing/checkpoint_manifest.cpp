@@ -1,4 +1,4 @@
-#include "accelerate/checkpoint_manifest.hpp"
+#include "accelerate/checkpointing/checkpoint_manifest.hpp"
 
 #include <zlib.h>
 

@@ -1,4 +1,4 @@
-#include "accelerate/checkpoint.hpp"
+#include "accelerate/checkpointing/checkpoint.hpp"
 
 #include <fcntl.h>
 #include <sys/random.h>

@@ -48,7 +48,7 @@
 #include <string_view>
 #include <vector>
 
-#include "accelerate/checkpoint_manifest.hpp"
+#include "accelerate/checkpointing/checkpoint_manifest.hpp"
 #include "backends/comm/communicator.hpp"
 
 namespace accel {

@@ -1,7 +1,7 @@
 #pragma once
 // A LibTorch optimizer's per-parameter state in flat, world-size-free coordinates, so a
 // checkpoint of the LibTorch adapter resumes under any strategy and number of processes:
-// accelerate/optimizer_state.hpp packs it with the segment map and reshards it, as it does the
+// accelerate/checkpointing/optimizer_state.hpp packs it with the segment map and reshards it, as it does the
 // built-in optimizers' state (Accelerator::register_optimizer_state).
 //
 // The state tensors of torch::optim::SGD (momentum_buffer), Adam and AdamW (exp_avg,

@@ -1,4 +1,4 @@
-#include "accelerate/torch/torch_state.hpp"
+#include "accelerate/torch/checkpointing/torch_state.hpp"
 
 #include <cstring>
 #include <mutex>
@@ -19,7 +19,7 @@
 #include <torch/serialize/input-archive.h>
 #include <torch/serialize/output-archive.h>
 
-#include "accelerate/checkpoint_manifest.hpp"
+#include "accelerate/checkpointing/checkpoint_manifest.hpp"
 
 namespace accel::torch_state {
 namespace {

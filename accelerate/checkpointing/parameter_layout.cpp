@@ -1,4 +1,4 @@
-#include "accelerate/parameter_layout.hpp"
+#include "accelerate/checkpointing/parameter_layout.hpp"
 
 #include <algorithm>
 #include <cstring>
@@ -6,7 +6,7 @@
 #include <set>
 #include <sstream>
 
-#include "accelerate/checkpoint_manifest.hpp"
+#include "accelerate/checkpointing/checkpoint_manifest.hpp"
 #include "backends/zero/flat_layout.hpp"
 
 namespace accel {

@@ -1,4 +1,4 @@
-#include "accelerate/torch/full_optimizer_state.hpp"
+#include "accelerate/torch/checkpointing/full_optimizer_state.hpp"
 
 #include <algorithm>
 #include <cstdint>
@@ -10,7 +10,7 @@
 
 #include "accelerate/accelerator.hpp"
 #include "accelerate/torch/tensor_collectives.hpp"
-#include "accelerate/torch/torch_optimizer_state.hpp"
+#include "accelerate/torch/checkpointing/torch_optimizer_state.hpp"
 #include "core/error.hpp"
 
 namespace accel {

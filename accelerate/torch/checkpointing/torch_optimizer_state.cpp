@@ -1,4 +1,4 @@
-#include "accelerate/torch/torch_optimizer_state.hpp"
+#include "accelerate/torch/checkpointing/torch_optimizer_state.hpp"
 
 #include <cstdint>
 #include <cstring>
@@ -14,8 +14,8 @@
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
 
-#include "accelerate/checkpoint_manifest.hpp"
-#include "accelerate/optimizer_state.hpp"
+#include "accelerate/checkpointing/checkpoint_manifest.hpp"
+#include "accelerate/checkpointing/optimizer_state.hpp"
 
 namespace accel::torch_optimizer_state {
 namespace {

@@ -1,9 +1,9 @@
-#include "accelerate/optimizer_state.hpp"
+#include "accelerate/checkpointing/optimizer_state.hpp"
 
 #include <cstring>
 #include <map>
 
-#include "accelerate/checkpoint_manifest.hpp"
+#include "accelerate/checkpointing/checkpoint_manifest.hpp"
 #include "core/error.hpp"
 
 namespace accel {

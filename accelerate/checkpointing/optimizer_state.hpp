@@ -7,7 +7,7 @@
 // size rebuilds each slot of each group from every saved blob and cuts out what this rank's
 // segments cover (zeros past the end: padding). The built-in optimizers write that format
 // themselves; the LibTorch adapter converts a LibTorch optimizer's state to it
-// (accelerate/torch/torch_optimizer_state.hpp).
+// (accelerate/torch/checkpointing/torch_optimizer_state.hpp).
 
 #include <functional>
 #include <string>
