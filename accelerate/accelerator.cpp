@@ -6,10 +6,10 @@
 #include <cstring>
 #include <utility>
 
-#include "accelerate/malloc_tuning.hpp"
+#include "accelerate/process/malloc_tuning.hpp"
 #include "accelerate/prepared_parameters.hpp"
-#include "accelerate/process_group.hpp"
-#include "accelerate/uncaught_error.hpp"
+#include "accelerate/process/process_group.hpp"
+#include "accelerate/process/uncaught_error.hpp"
 #include "backends/comm/local_communicator.hpp"
 #include "backends/optim/clip.hpp"
 #include "backends/optim/elementwise.hpp"

@@ -48,7 +48,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "accelerate/process_group.hpp"
+#include "accelerate/process/process_group.hpp"
 #include "backends/comm/registry.hpp"
 #include "core/device_memory.hpp"
 #include "core/error.hpp"

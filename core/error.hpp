@@ -51,7 +51,7 @@ class CheckpointError : public Error {
 };
 
 // An accel::Error that escapes a program's main() ends it with exit code 1 and one line on
-// stderr, "[rank R] uncaught KIND: MESSAGE" (accelerate/uncaught_error.hpp); the launcher's
+// stderr, "[rank R] uncaught KIND: MESSAGE" (accelerate/process/uncaught_error.hpp); the launcher's
 // failure report quotes it. This is the part of the line both look for.
 inline constexpr const char* kUncaughtTag = "] uncaught ";
 

@@ -22,7 +22,7 @@
 #include <thread>
 #include <vector>
 
-#include "accelerate/process_group.hpp"
+#include "accelerate/process/process_group.hpp"
 #include "backends/comm/registry.hpp"
 #if ACCEL_TEST_HIERARCHICAL
 #include "backends/comm/shm/hierarchical_communicator.hpp"

@@ -14,7 +14,7 @@
 #include <random>
 #include <string>
 
-#include "accelerate/process_group.hpp"
+#include "accelerate/process/process_group.hpp"
 #include "backends/ddp/ddp_strategy.hpp"
 #include "examples/raw_mlp/mlp.hpp"
 #include "tests/support/mlp_magnitude.hpp"

@@ -9,7 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "accelerate/malloc_tuning.hpp"
+#include "accelerate/process/malloc_tuning.hpp"
 #include "core/error.hpp"
 
 using namespace accel;

@@ -4,7 +4,7 @@
 #include <cstdio>
 #include <exception>
 
-#include "accelerate/process_env.hpp"
+#include "accelerate/process/process_env.hpp"
 
 int main() {
   try {

@@ -1,5 +1,5 @@
 // Ranks that must agree and do not are refused on every rank, naming the rank and both
-// values, before any collective shaped by what differs (accelerate/rank_agreement.hpp):
+// values, before any collective shaped by what differs (accelerate/process/rank_agreement.hpp):
 // rank_agreement_worker over real processes with one thing different on rank 1, over shm and
 // Gloo; and the repro, `accel launch` with rank 1 given other flags through `sh -c`.
 // The LibTorch adapter's own values (param group options, its data loader) are checked in

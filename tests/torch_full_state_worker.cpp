@@ -10,7 +10,7 @@
 //   torch_full_state_worker DIR --replica_factory
 // The same model prepared with a factory for DATA_PARALLEL's replicas (prepare(net, adam,
 // [] { return Net(); })); without it, DATA_PARALLEL refuses the module: the refusal escapes
-// main() and must end the program cleanly (accelerate/uncaught_error.hpp), as must
+// main() and must end the program cleanly (accelerate/process/uncaught_error.hpp), as must
 // acc.save(optimizer) under state_dict_type SHARDED_STATE_DICT.
 
 #include <cstdio>

@@ -43,7 +43,7 @@
 #include <random>
 #include <string>
 
-#include "accelerate/process_group.hpp"
+#include "accelerate/process/process_group.hpp"
 #include "backends/optim/adamw.hpp"
 #include "backends/optim/clip.hpp"
 #include "backends/optim/host_collectives.hpp"

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "accelerate/process_group.hpp"
+#include "accelerate/process/process_group.hpp"
 #include "core/error.hpp"
 #include "core/reduce.hpp"
 #include "tools/commands.hpp"

@@ -5,7 +5,7 @@
 #include <numeric>
 #include <vector>
 
-#include "accelerate/process_group.hpp"
+#include "accelerate/process/process_group.hpp"
 
 int main() {
   try {

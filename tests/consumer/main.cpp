@@ -3,7 +3,7 @@
 #include <cstdio>
 #include <vector>
 
-#include "accelerate/process_group.hpp"
+#include "accelerate/process/process_group.hpp"
 #include "backends/comm/registry.hpp"
 
 int main() {

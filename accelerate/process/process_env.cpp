@@ -1,4 +1,4 @@
-#include "accelerate/process_env.hpp"
+#include "accelerate/process/process_env.hpp"
 
 #include <charconv>
 #include <cstdlib>

@@ -1,4 +1,4 @@
-#include "accelerate/uncaught_error.hpp"
+#include "accelerate/process/uncaught_error.hpp"
 
 #include <cxxabi.h>
 

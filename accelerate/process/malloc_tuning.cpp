@@ -1,4 +1,4 @@
-#include "accelerate/malloc_tuning.hpp"
+#include "accelerate/process/malloc_tuning.hpp"
 
 #include <cstdlib>
 #include <limits>

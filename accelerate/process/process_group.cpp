@@ -1,4 +1,4 @@
-#include "accelerate/process_group.hpp"
+#include "accelerate/process/process_group.hpp"
 
 #include <atomic>
 #include <charconv>

@@ -8,7 +8,7 @@
 #include <optional>
 #include <string>
 
-#include "accelerate/process_env.hpp"
+#include "accelerate/process/process_env.hpp"
 #include "backends/comm/communicator.hpp"
 
 namespace accel {

@@ -1,4 +1,4 @@
-#include "accelerate/rank_agreement.hpp"
+#include "accelerate/process/rank_agreement.hpp"
 
 #include <algorithm>
 #include <charconv>
