@@ -53,7 +53,7 @@
 #include "accelerate/progress_range.hpp"
 #include "accelerate/process/rank_agreement.hpp"
 #include "accelerate/replicas.hpp"
-#include "accelerate/sharded_sampler.hpp"
+#include "accelerate/data/sharded_sampler.hpp"
 #include "accelerate/trackers/tracker_set.hpp"
 #include "backends/backend.hpp"
 #include "backends/comm/communicator.hpp"

@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <map>
 
-#include "accelerate/sharded_sampler.hpp"
+#include "accelerate/data/sharded_sampler.hpp"
 #include "core/error.hpp"
 
 using namespace accel;

@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "accelerate/sharded_sampler.hpp"
+#include "accelerate/data/sharded_sampler.hpp"
 
 namespace accel::test {
 

@@ -15,7 +15,7 @@
 #include <c10/util/Optional.h>
 #include <torch/data/samplers/base.h>
 
-#include "accelerate/sharded_sampler.hpp"
+#include "accelerate/data/sharded_sampler.hpp"
 
 namespace accel {
 

@@ -1,4 +1,4 @@
-#include "accelerate/sharded_sampler.hpp"
+#include "accelerate/data/sharded_sampler.hpp"
 
 #include <algorithm>
 #include <numeric>

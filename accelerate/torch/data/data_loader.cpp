@@ -1,4 +1,4 @@
-#include "accelerate/torch/data_loader.hpp"
+#include "accelerate/torch/data/data_loader.hpp"
 
 #include <algorithm>
 

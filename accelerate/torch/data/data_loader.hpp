@@ -23,7 +23,7 @@
 #include <ATen/Tensor.h>
 #include <c10/core/Device.h>
 
-#include "accelerate/sharded_sampler.hpp"
+#include "accelerate/data/sharded_sampler.hpp"
 
 namespace accel {
 

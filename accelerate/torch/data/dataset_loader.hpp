@@ -42,7 +42,7 @@
 #include <torch/data/samplers/random.h>
 #include <torch/data/samplers/sequential.h>
 
-#include "accelerate/torch/rank_sampler.hpp"
+#include "accelerate/torch/data/rank_sampler.hpp"
 
 namespace accel {
 

@@ -1,4 +1,4 @@
-#include "accelerate/torch/dataset_loader.hpp"
+#include "accelerate/torch/data/dataset_loader.hpp"
 
 #include <algorithm>
 

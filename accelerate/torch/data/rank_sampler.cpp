@@ -1,4 +1,4 @@
-#include "accelerate/torch/rank_sampler.hpp"
+#include "accelerate/torch/data/rank_sampler.hpp"
 
 #include <algorithm>
 #include <string>
