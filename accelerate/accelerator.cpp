@@ -13,7 +13,7 @@
 #include "backends/comm/local_communicator.hpp"
 #include "backends/optim/clip.hpp"
 #include "backends/optim/elementwise.hpp"
-#include "backends/optim/host_collectives.hpp"
+#include "backends/comm/host_collectives.hpp"
 #include "backends/strategy_factory.hpp"
 #include "config/detect.hpp"
 #include "config/resolve.hpp"

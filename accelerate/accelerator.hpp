@@ -52,7 +52,7 @@
 #include "accelerate/progress_bar.hpp"
 #include "accelerate/progress_range.hpp"
 #include "accelerate/process/rank_agreement.hpp"
-#include "accelerate/replicas.hpp"
+#include "accelerate/replicated_model.hpp"
 #include "accelerate/data/sharded_sampler.hpp"
 #include "accelerate/trackers/tracker_set.hpp"
 #include "backends/backend.hpp"
@@ -202,7 +202,7 @@ class Accelerator {
     std::size_t model_;
   };
   // prepare(params_of(model), optimizer), and under DATA_PARALLEL also K-1 copies of the model
-  // (copy-constructed now, kept in a ModelReplicas: accelerate/replicas.hpp) whose parameters
+  // (copy-constructed now, kept in a ModelReplicas: accelerate/replicated_model.hpp) whose parameters
   // params_of gives the strategy. On GPUs copy k is constructed with replica k's device
   // current, so a copy constructor that allocates with cudaMalloc and copies with
   // cudaMemcpy(..., cudaMemcpyDefault) puts the replica on its GPU.

@@ -27,7 +27,7 @@
 #include "accelerate/checkpointing/optimizer_state.hpp"
 #include "accelerate/checkpointing/parameter_layout.hpp"
 #include "accelerate/prepared_parameters.hpp"
-#include "backends/optim/host_collectives.hpp"
+#include "backends/comm/host_collectives.hpp"
 #include "core/device_memory.hpp"
 #include "core/error.hpp"
 

@@ -4,7 +4,7 @@
 #include <sstream>
 
 #include "accelerate/checkpointing/checkpoint_manifest.hpp"
-#include "backends/optim/host_collectives.hpp"
+#include "backends/comm/host_collectives.hpp"
 #include "core/error.hpp"
 
 namespace accel {

@@ -10,7 +10,7 @@
 
 #include "accelerate/checkpointing/optimizer_state.hpp"
 #include "accelerate/checkpointing/parameter_layout.hpp"
-#include "accelerate/replicas.hpp"
+#include "accelerate/replicated_model.hpp"
 #include "backends/backend.hpp"
 #include "backends/optim/optimizer.hpp"
 

@@ -46,7 +46,7 @@
 #include "accelerate/process/process_group.hpp"
 #include "backends/optim/adamw.hpp"
 #include "backends/optim/clip.hpp"
-#include "backends/optim/host_collectives.hpp"
+#include "backends/comm/host_collectives.hpp"
 #include "backends/optim/sgd.hpp"
 #include "backends/strategy_factory.hpp"
 #include "backends/zero/zero_strategy.hpp"

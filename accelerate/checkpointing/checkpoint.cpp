@@ -13,7 +13,7 @@
 #include <filesystem>
 #include <set>
 
-#include "backends/optim/host_collectives.hpp"
+#include "backends/comm/host_collectives.hpp"
 
 namespace accel {
 namespace fs = std::filesystem;

@@ -7,7 +7,7 @@
 #include <sstream>
 
 #include "accelerate/checkpointing/checkpoint_manifest.hpp"
-#include "backends/zero/flat_layout.hpp"
+#include "backends/flat_layout.hpp"
 
 namespace accel {
 namespace {

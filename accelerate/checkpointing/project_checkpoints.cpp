@@ -15,7 +15,7 @@
 
 #include "accelerate/accelerator.hpp"
 #include "accelerate/checkpointing/checkpoint.hpp"
-#include "backends/optim/host_collectives.hpp"
+#include "backends/comm/host_collectives.hpp"
 #include "core/error.hpp"
 
 namespace accel {

@@ -6,7 +6,7 @@
 #include <cstring>
 #include <span>
 
-#include "backends/optim/host_collectives.hpp"
+#include "backends/comm/host_collectives.hpp"
 
 namespace accel {
 namespace {

@@ -7,7 +7,7 @@
 #include <ATen/Functions.h>
 
 #include "accelerate/torch/tensor_buffer.hpp"
-#include "backends/optim/host_collectives.hpp"
+#include "backends/comm/host_collectives.hpp"
 #include "core/error.hpp"
 
 namespace accel::tensor_collectives {

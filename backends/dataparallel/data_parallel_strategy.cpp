@@ -5,7 +5,7 @@
 #include <string>
 
 #include "backends/optim/elementwise.hpp"
-#include "backends/replicas.hpp"
+#include "backends/replica_sync.hpp"
 #include "core/device_memory.hpp"
 #include "core/error.hpp"
 

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "backends/replicas.hpp"
+#include "backends/replica_sync.hpp"
 #include "core/device_memory.hpp"
 #include "core/error.hpp"
 

@@ -3,7 +3,7 @@
 #include <cmath>
 
 #include "backends/optim/elementwise.hpp"
-#include "backends/optim/host_collectives.hpp"
+#include "backends/comm/host_collectives.hpp"
 
 namespace accel {
 

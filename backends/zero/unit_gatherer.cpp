@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <functional>
 
-#include "backends/optim/host_collectives.hpp"
-#include "backends/replicas.hpp"
+#include "backends/comm/host_collectives.hpp"
+#include "backends/replica_sync.hpp"
 #include "core/error.hpp"
 
 namespace accel {

@@ -29,7 +29,7 @@
 #include <vector>
 
 #include "backends/backend.hpp"
-#include "backends/zero/flat_layout.hpp"
+#include "backends/flat_layout.hpp"
 #include "core/device_memory.hpp"
 
 namespace accel {

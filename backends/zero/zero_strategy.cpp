@@ -5,7 +5,7 @@
 #include <utility>
 
 #include "backends/optim/elementwise.hpp"
-#include "backends/replicas.hpp"
+#include "backends/replica_sync.hpp"
 #include "core/error.hpp"
 
 namespace accel {

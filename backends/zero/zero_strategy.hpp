@@ -32,7 +32,7 @@
 #include <vector>
 
 #include "backends/backend.hpp"
-#include "backends/zero/flat_layout.hpp"
+#include "backends/flat_layout.hpp"
 #include "backends/zero/unit_gatherer.hpp"
 #include "core/device_memory.hpp"
 

@@ -1,4 +1,4 @@
-#include "backends/optim/host_collectives.hpp"
+#include "backends/comm/host_collectives.hpp"
 
 #include <string>
 

@@ -1,4 +1,4 @@
-#include "backends/zero/flat_layout.hpp"
+#include "backends/flat_layout.hpp"
 
 #include <algorithm>
 
