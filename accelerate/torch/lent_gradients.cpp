@@ -1,4 +1,4 @@
-#include "accelerate/torch/lent_gradients.hpp"
+#include "accelerate/torch/detail/lent_gradients.hpp"
 
 #include <algorithm>
 #include <string>
@@ -8,7 +8,7 @@
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/function_hook.h>
 
-#include "accelerate/torch/tensor_buffer.hpp"
+#include "accelerate/torch/detail/tensor_buffer.hpp"
 #include "backends/backend.hpp"
 
 namespace accel {

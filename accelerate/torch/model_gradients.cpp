@@ -1,4 +1,4 @@
-#include "accelerate/torch/model_gradients.hpp"
+#include "accelerate/torch/detail/model_gradients.hpp"
 
 #include <algorithm>
 #include <cstdint>

@@ -1,4 +1,4 @@
-#include "accelerate/torch/tensor_collectives.hpp"
+#include "accelerate/torch/detail/tensor_collectives.hpp"
 
 #include <cstdint>
 #include <span>
@@ -6,7 +6,7 @@
 
 #include <ATen/Functions.h>
 
-#include "accelerate/torch/tensor_buffer.hpp"
+#include "accelerate/torch/detail/tensor_buffer.hpp"
 #include "backends/comm/host_collectives.hpp"
 #include "core/error.hpp"
 

@@ -24,9 +24,9 @@
 
 #include "accelerate/prepared_parameters.hpp"
 #include "accelerate/torch/checkpointing/full_optimizer_state.hpp"
-#include "accelerate/torch/prepared_tensors.hpp"
-#include "accelerate/torch/tensor_buffer.hpp"
-#include "accelerate/torch/tensor_collectives.hpp"
+#include "accelerate/torch/detail/prepared_tensors.hpp"
+#include "accelerate/torch/detail/tensor_buffer.hpp"
+#include "accelerate/torch/detail/tensor_collectives.hpp"
 #include "accelerate/torch/checkpointing/torch_optimizer_state.hpp"
 #include "accelerate/torch/torch_replicas.hpp"
 #include "accelerate/torch/checkpointing/torch_state.hpp"

@@ -20,8 +20,8 @@
 #endif
 
 #include "accelerate/checkpointing/parameter_layout.hpp"
-#include "accelerate/torch/prepared_tensors.hpp"
-#include "accelerate/torch/tensor_buffer.hpp"
+#include "accelerate/torch/detail/prepared_tensors.hpp"
+#include "accelerate/torch/detail/tensor_buffer.hpp"
 #include "accelerate/torch/torch_accelerator.hpp"
 #include "accelerate/torch/checkpointing/torch_optimizer_state.hpp"
 #include "accelerate/torch/torch_replicas.hpp"

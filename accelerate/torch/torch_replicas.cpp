@@ -11,7 +11,7 @@
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include "accelerate/torch/autocast.hpp"
-#include "accelerate/torch/tensor_buffer.hpp"
+#include "accelerate/torch/detail/tensor_buffer.hpp"
 #include "core/error.hpp"
 
 namespace accel {

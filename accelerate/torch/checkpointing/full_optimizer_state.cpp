@@ -9,7 +9,7 @@
 #include <torch/serialize.h>
 
 #include "accelerate/accelerator.hpp"
-#include "accelerate/torch/tensor_collectives.hpp"
+#include "accelerate/torch/detail/tensor_collectives.hpp"
 #include "accelerate/torch/checkpointing/torch_optimizer_state.hpp"
 #include "core/error.hpp"
 

@@ -5,7 +5,7 @@
 // released, the owner gathers it or throws. A process that also loads torchdistx would meet
 // a second fallback on the key at load time (LibTorch refuses the duplicate by name).
 
-#include "accelerate/torch/zero3/sharded_parameter_access.hpp"
+#include "accelerate/torch/zero3/detail/sharded_parameter_access.hpp"
 
 #include <mutex>
 #include <unordered_map>

@@ -26,10 +26,10 @@
 #include <map>
 #include <unordered_map>
 
-#include "accelerate/torch/zero3/zero3_units.hpp"
+#include "accelerate/torch/zero3/detail/zero3_units.hpp"
 
 #include "accelerate/torch/activation_checkpoint.hpp"
-#include "accelerate/torch/tensor_buffer.hpp"
+#include "accelerate/torch/detail/tensor_buffer.hpp"
 #include "accelerate/torch/zero3/sharded_unit.hpp"
 #include "core/error.hpp"
 

@@ -20,7 +20,7 @@
 #include <ATen/Tensor.h>
 
 #include "accelerate/torch/zero3/root_forward.hpp"
-#include "accelerate/torch/zero3/sharded_parameter_access.hpp"
+#include "accelerate/torch/zero3/detail/sharded_parameter_access.hpp"
 #include "backends/backend.hpp"
 #include "config/config.hpp"
 

@@ -11,7 +11,7 @@
 
 #include <ATen/Tensor.h>
 
-#include "accelerate/torch/lent_gradients.hpp"
+#include "accelerate/torch/detail/lent_gradients.hpp"
 #include "backends/backend.hpp"
 
 namespace torch::autograd {

@@ -14,8 +14,8 @@
 #include <torch/optim/optimizer.h>
 
 #include "accelerate/torch/accelerated_optimizer.hpp"
-#include "accelerate/torch/model_gradients.hpp"
-#include "accelerate/torch/zero3/zero3_units.hpp"
+#include "accelerate/torch/detail/model_gradients.hpp"
+#include "accelerate/torch/zero3/detail/zero3_units.hpp"
 
 namespace torch::autograd {
 struct Node;
