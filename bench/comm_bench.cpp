@@ -52,7 +52,7 @@
 #include "backends/comm/registry.hpp"
 #include "core/device_memory.hpp"
 #include "core/error.hpp"
-#include "core/prefix_store.hpp"
+#include "core/store/prefix_store.hpp"
 
 #if ACCEL_BENCH_GLOO
 #include <gloo/allgather.h>

@@ -20,7 +20,7 @@
 
 #include "core/device_stream.hpp"
 #include "core/dtype.hpp"
-#include "core/store.hpp"
+#include "core/store/store.hpp"
 #include "core/timeout.hpp"
 
 namespace accel {

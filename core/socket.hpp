@@ -10,7 +10,7 @@
 #include <cstddef>
 #include <string>
 
-#include "core/store.hpp"
+#include "core/store/store.hpp"
 
 namespace accel {
 

@@ -7,7 +7,7 @@
 
 #include <string>
 
-#include "core/store.hpp"
+#include "core/store/store.hpp"
 #include "launch/node_rendezvous.hpp"
 #include "launch/restart_loop.hpp"
 

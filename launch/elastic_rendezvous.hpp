@@ -24,7 +24,7 @@
 #include <string>
 #include <vector>
 
-#include "core/store.hpp"
+#include "core/store/store.hpp"
 
 namespace accel::launch {
 

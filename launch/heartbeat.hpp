@@ -15,7 +15,7 @@
 #include <thread>
 #include <vector>
 
-#include "core/store.hpp"
+#include "core/store/store.hpp"
 
 namespace accel::launch {
 

@@ -13,7 +13,7 @@
 
 #include "config/resolve.hpp"
 #include "core/error.hpp"
-#include "core/tcp_store.hpp"
+#include "core/store/tcp_store.hpp"
 #include "launch/elastic_agent.hpp"
 #include "launch/mpirun.hpp"
 #include "launch/node_rendezvous.hpp"

@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "core/error.hpp"
-#include "core/store.hpp"
+#include "core/store/store.hpp"
 #include "launch/heartbeat.hpp"
 
 namespace accel::launch {

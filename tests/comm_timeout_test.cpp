@@ -15,7 +15,7 @@
 
 #include "backends/comm/registry.hpp"
 #include "core/error.hpp"
-#include "core/memory_store.hpp"
+#include "core/store/memory_store.hpp"
 #include "tests/support/communicator_double.hpp"
 #include "tests/support/skip.hpp"
 

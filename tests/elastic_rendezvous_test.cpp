@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "core/error.hpp"
-#include "core/tcp_store.hpp"
+#include "core/store/tcp_store.hpp"
 #include "launch/elastic_rendezvous.hpp"
 
 using namespace accel;

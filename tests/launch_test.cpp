@@ -16,7 +16,7 @@
 
 #include "config/config.hpp"
 #include "core/host_cores.hpp"
-#include "core/tcp_store.hpp"
+#include "core/store/tcp_store.hpp"
 #include "launch/worker_env.hpp"
 #include "tests/support/files.hpp"
 #include "tests/support/ranks.hpp"

@@ -15,7 +15,7 @@
 #include "backends/strategy_factory.hpp"
 #include "backends/zero/zero_strategy.hpp"
 #include "core/device_memory.hpp"
-#include "core/memory_store.hpp"
+#include "core/store/memory_store.hpp"
 #include "tests/support/ranks.hpp"
 #include "tests/support/skip.hpp"
 #include "tests/support/staging.hpp"

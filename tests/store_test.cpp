@@ -27,11 +27,11 @@
 #include <vector>
 
 #include "core/error.hpp"
-#include "core/memory_store.hpp"
-#include "core/prefix_store.hpp"
+#include "core/store/memory_store.hpp"
+#include "core/store/prefix_store.hpp"
 #include "core/socket.hpp"
-#include "core/store_protocol.hpp"
-#include "core/tcp_store.hpp"
+#include "core/store/store_protocol.hpp"
+#include "core/store/tcp_store.hpp"
 #include "tests/support/files.hpp"
 #include "tests/support/ranks.hpp"
 #include "tests/support/skip.hpp"

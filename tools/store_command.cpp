@@ -9,7 +9,7 @@
 #include <string>
 
 #include "core/error.hpp"
-#include "core/tcp_store.hpp"
+#include "core/store/tcp_store.hpp"
 #include "tools/commands.hpp"
 
 namespace accel::tools {

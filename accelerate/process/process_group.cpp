@@ -6,9 +6,9 @@
 
 #include "backends/comm/registry.hpp"
 #include "core/error.hpp"
-#include "core/prefix_store.hpp"
+#include "core/store/prefix_store.hpp"
 #include "core/process_group_records.hpp"
-#include "core/tcp_store.hpp"
+#include "core/store/tcp_store.hpp"
 
 namespace accel {
 namespace {

@@ -71,7 +71,7 @@
 #include "core/device_memory.hpp"
 #include "core/dtype.hpp"
 #include "core/reduce.hpp"
-#include "core/store.hpp"
+#include "core/store/store.hpp"
 #include "core/timeout.hpp"
 
 namespace accel {

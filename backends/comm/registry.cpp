@@ -15,7 +15,7 @@
 #include "backends/comm/shm/hierarchical_communicator.hpp"
 #include "backends/comm/shm/host_identity.hpp"
 #include "backends/comm/shm/shm_communicator.hpp"
-#include "core/prefix_store.hpp"
+#include "core/store/prefix_store.hpp"
 #endif
 
 #include <algorithm>

@@ -18,8 +18,8 @@
 #include "backends/comm/gloo/tcp_device.hpp"
 #include "core/env_value.hpp"
 #include "core/error.hpp"
-#include "core/prefix_store.hpp"
-#include "core/store_join.hpp"
+#include "core/store/prefix_store.hpp"
+#include "core/store/store_join.hpp"
 
 namespace accel {
 namespace {

@@ -4,7 +4,7 @@
 
 #include <gloo/rendezvous/store.h>
 
-#include "core/store.hpp"
+#include "core/store/store.hpp"
 
 namespace accel {
 

@@ -21,7 +21,7 @@
 #include "core/env_value.hpp"
 #include "core/error.hpp"
 #include "core/host_cores.hpp"
-#include "core/store_join.hpp"
+#include "core/store/store_join.hpp"
 
 // The most elements one MPI call is given. MPI counts are int, hence INT_MAX; a test may
 // build this file with a tiny value to exercise the chunked paths on small buffers.

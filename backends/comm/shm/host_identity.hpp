@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "core/store.hpp"
+#include "core/store/store.hpp"
 
 namespace accel::shm {
 

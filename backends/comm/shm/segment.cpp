@@ -17,7 +17,7 @@
 
 #include "backends/comm/communicator.hpp"
 #include "core/error.hpp"
-#include "core/store_join.hpp"
+#include "core/store/store_join.hpp"
 
 namespace accel::shm {
 namespace {

@@ -20,7 +20,7 @@
 #include <string>
 
 #include "core/error.hpp"
-#include "core/store.hpp"
+#include "core/store/store.hpp"
 
 namespace accel::shm {
 

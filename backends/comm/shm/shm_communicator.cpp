@@ -9,7 +9,7 @@
 #include "core/env_value.hpp"
 #include "core/error.hpp"
 #include "core/host_cores.hpp"
-#include "core/prefix_store.hpp"
+#include "core/store/prefix_store.hpp"
 
 namespace accel {
 namespace {

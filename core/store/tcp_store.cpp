@@ -1,4 +1,4 @@
-#include "core/tcp_store.hpp"
+#include "core/store/tcp_store.hpp"
 
 #include <cstdlib>
 

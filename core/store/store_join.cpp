@@ -1,4 +1,4 @@
-#include "core/store_join.hpp"
+#include "core/store/store_join.hpp"
 
 #include "core/error.hpp"
 

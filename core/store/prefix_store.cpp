@@ -1,4 +1,4 @@
-#include "core/prefix_store.hpp"
+#include "core/store/prefix_store.hpp"
 
 #include "core/error.hpp"
 

@@ -1,4 +1,4 @@
-#include "core/memory_store.hpp"
+#include "core/store/memory_store.hpp"
 
 #include <algorithm>
 #include <charconv>

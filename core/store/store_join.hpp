@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "core/store.hpp"
+#include "core/store/store.hpp"
 #include "core/timeout.hpp"
 
 namespace accel {

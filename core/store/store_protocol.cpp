@@ -1,4 +1,4 @@
-#include "core/store_protocol.hpp"
+#include "core/store/store_protocol.hpp"
 
 #include <algorithm>
 #include <cstdio>

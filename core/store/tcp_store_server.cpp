@@ -1,4 +1,4 @@
-#include "core/tcp_store.hpp"
+#include "core/store/tcp_store.hpp"
 
 #include <poll.h>
 #include <sys/eventfd.h>
@@ -16,7 +16,7 @@
 #include <unordered_map>
 
 #include "core/error.hpp"
-#include "core/memory_store.hpp"
+#include "core/store/memory_store.hpp"
 
 namespace accel {
 

@@ -10,7 +10,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "core/store.hpp"
+#include "core/store/store.hpp"
 
 namespace accel {
 

@@ -15,8 +15,8 @@
 #include <vector>
 
 #include "core/socket.hpp"
-#include "core/store.hpp"
-#include "core/store_protocol.hpp"
+#include "core/store/store.hpp"
+#include "core/store/store_protocol.hpp"
 
 namespace accel {
 
