@@ -17,7 +17,7 @@
 #include "backends/strategy_factory.hpp"
 #include "config/detect.hpp"
 #include "config/resolve.hpp"
-#include "core/error.hpp"
+#include "foundation/error.hpp"
 
 namespace accel {
 namespace {

@@ -58,9 +58,9 @@
 #include "backends/backend.hpp"
 #include "backends/comm/communicator.hpp"
 #include "backends/optim/optimizer.hpp"
-#include "core/device_memory.hpp"
-#include "core/error.hpp"
-#include "core/reduce.hpp"
+#include "foundation/device_memory.hpp"
+#include "foundation/error.hpp"
+#include "foundation/reduce.hpp"
 
 namespace accel::config {
 enum class MixedPrecision;  // config/config.hpp

@@ -28,8 +28,8 @@
 #include "accelerate/checkpointing/parameter_layout.hpp"
 #include "accelerate/prepared_parameters.hpp"
 #include "backends/comm/host_collectives.hpp"
-#include "core/device_memory.hpp"
-#include "core/error.hpp"
+#include "foundation/device_memory.hpp"
+#include "foundation/error.hpp"
 
 namespace accel {
 namespace {

@@ -5,7 +5,7 @@
 
 #include "accelerate/checkpointing/checkpoint_manifest.hpp"
 #include "backends/comm/host_collectives.hpp"
-#include "core/error.hpp"
+#include "foundation/error.hpp"
 
 namespace accel {
 

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "backends/backend.hpp"
-#include "core/device_memory.hpp"
+#include "foundation/device_memory.hpp"
 
 namespace accel {
 

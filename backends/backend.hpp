@@ -36,8 +36,8 @@
 #include <vector>
 
 #include "backends/comm/communicator.hpp"
-#include "core/error.hpp"
-#include "core/reduce.hpp"
+#include "foundation/error.hpp"
+#include "foundation/reduce.hpp"
 
 namespace accel {
 

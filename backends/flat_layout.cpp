@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "core/error.hpp"
+#include "foundation/error.hpp"
 
 namespace accel {
 

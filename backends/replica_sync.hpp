@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "backends/backend.hpp"
-#include "core/device_memory.hpp"
-#include "core/error.hpp"
+#include "foundation/device_memory.hpp"
+#include "foundation/error.hpp"
 
 namespace accel {
 

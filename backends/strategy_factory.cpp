@@ -3,7 +3,7 @@
 #include "backends/dataparallel/data_parallel_strategy.hpp"
 #include "backends/ddp/ddp_strategy.hpp"
 #include "backends/zero/zero_strategy.hpp"
-#include "core/error.hpp"
+#include "foundation/error.hpp"
 
 namespace accel {
 

@@ -50,9 +50,9 @@
 
 #include "accelerate/process/process_group.hpp"
 #include "backends/comm/registry.hpp"
-#include "core/device_memory.hpp"
-#include "core/error.hpp"
-#include "core/store/prefix_store.hpp"
+#include "foundation/device_memory.hpp"
+#include "foundation/error.hpp"
+#include "foundation/store/prefix_store.hpp"
 
 #if ACCEL_BENCH_GLOO
 #include <gloo/allgather.h>

@@ -11,7 +11,7 @@
 #include <type_traits>
 #include <variant>
 
-#include "core/error.hpp"
+#include "foundation/error.hpp"
 
 namespace accel::config {
 

@@ -17,8 +17,8 @@
 
 #include "config/detect.hpp"
 #include "config/layers.hpp"
-#include "core/error.hpp"
-#include "core/file_io.hpp"
+#include "foundation/error.hpp"
+#include "foundation/file_io.hpp"
 
 namespace accel::config {
 namespace {

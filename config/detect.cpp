@@ -6,7 +6,7 @@
 #include <filesystem>
 #include <string_view>
 
-#include "core/host_cores.hpp"
+#include "foundation/host_cores.hpp"
 
 namespace accel::config {
 namespace {

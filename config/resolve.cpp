@@ -6,7 +6,7 @@
 
 #include "config/config_file.hpp"
 #include "config/layers.hpp"
-#include "core/error.hpp"
+#include "foundation/error.hpp"
 
 namespace accel::config {
 namespace detail {

@@ -9,7 +9,7 @@
 #include <cerrno>
 #include <stdexcept>
 
-#include "core/error.hpp"
+#include "foundation/error.hpp"
 
 namespace accel::config {
 namespace {

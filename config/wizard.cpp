@@ -7,7 +7,7 @@
 
 #include "config/layers.hpp"
 #include "config/terminal.hpp"
-#include "core/error.hpp"
+#include "foundation/error.hpp"
 
 namespace accel::config {
 namespace {

@@ -7,7 +7,7 @@
 
 #include <string>
 
-#include "core/store/store.hpp"
+#include "foundation/store/store.hpp"
 #include "launch/node_rendezvous.hpp"
 #include "launch/restart_loop.hpp"
 

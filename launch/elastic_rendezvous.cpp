@@ -4,7 +4,7 @@
 #include <optional>
 #include <thread>
 
-#include "core/error.hpp"
+#include "foundation/error.hpp"
 
 namespace accel::launch {
 namespace {

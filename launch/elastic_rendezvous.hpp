@@ -24,7 +24,7 @@
 #include <string>
 #include <vector>
 
-#include "core/store/store.hpp"
+#include "foundation/store/store.hpp"
 
 namespace accel::launch {
 

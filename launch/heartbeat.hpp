@@ -15,7 +15,7 @@
 #include <thread>
 #include <vector>
 
-#include "core/store/store.hpp"
+#include "foundation/store/store.hpp"
 
 namespace accel::launch {
 

@@ -12,8 +12,8 @@
 #include <filesystem>
 
 #include "config/resolve.hpp"
-#include "core/error.hpp"
-#include "core/store/tcp_store.hpp"
+#include "foundation/error.hpp"
+#include "foundation/store/tcp_store.hpp"
 #include "launch/elastic_agent.hpp"
 #include "launch/mpirun.hpp"
 #include "launch/node_rendezvous.hpp"

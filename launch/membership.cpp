@@ -1,6 +1,6 @@
 #include "launch/membership.hpp"
 
-#include "core/process_group_records.hpp"
+#include "foundation/process_group_records.hpp"
 
 namespace accel::launch {
 

@@ -10,7 +10,7 @@
 #include <optional>
 #include <string>
 
-#include "core/store/store.hpp"
+#include "foundation/store/store.hpp"
 
 namespace accel::launch {
 

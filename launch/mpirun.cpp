@@ -6,7 +6,7 @@
 #include <filesystem>
 #include <set>
 
-#include "core/host_cores.hpp"
+#include "foundation/host_cores.hpp"
 
 namespace accel::launch {
 

@@ -3,7 +3,7 @@
 #include <thread>
 #include <vector>
 
-#include "core/error.hpp"
+#include "foundation/error.hpp"
 
 namespace accel::launch {
 namespace {

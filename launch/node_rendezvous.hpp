@@ -21,8 +21,8 @@
 #include <string>
 #include <vector>
 
-#include "core/error.hpp"
-#include "core/store/store.hpp"
+#include "foundation/error.hpp"
+#include "foundation/store/store.hpp"
 #include "launch/heartbeat.hpp"
 
 namespace accel::launch {

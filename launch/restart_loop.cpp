@@ -7,7 +7,7 @@
 #include <cstring>
 #include <optional>
 
-#include "core/error.hpp"
+#include "foundation/error.hpp"
 
 namespace accel::launch {
 namespace {

@@ -11,7 +11,7 @@
 #include <cstdlib>
 
 #include "config/resolve.hpp"
-#include "core/host_cores.hpp"
+#include "foundation/host_cores.hpp"
 
 namespace accel::launch {
 namespace {

@@ -17,7 +17,7 @@
 #include <memory>
 #include <set>
 
-#include "core/error.hpp"
+#include "foundation/error.hpp"
 #include "launch/reaper.hpp"
 
 extern char** environ;

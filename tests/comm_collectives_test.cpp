@@ -19,7 +19,7 @@
 #include <cstring>
 
 #include "backends/comm/registry.hpp"
-#include "core/host_cores.hpp"
+#include "foundation/host_cores.hpp"
 #include "tests/support/ranks.hpp"
 #include "tests/support/shm_segments.hpp"
 #include "tests/support/skip.hpp"

@@ -27,8 +27,8 @@
 #if ACCEL_TEST_HIERARCHICAL
 #include "backends/comm/shm/hierarchical_communicator.hpp"
 #endif
-#include "core/error.hpp"
-#include "core/host_cores.hpp"
+#include "foundation/error.hpp"
+#include "foundation/host_cores.hpp"
 #include "tests/support/fake_hosts.hpp"
 #include "tests/support/staging.hpp"
 #include "tests/support/typed_values.hpp"
@@ -545,7 +545,7 @@ int two_communicators(Communicator& comm) {
 
 // --where_runs BYTES: one all_reduce of BYTES (f32), then prints "rank R: BYTES bytes ran
 // inline" when the call returned the shared finished Work (it ran on this thread, work.hpp),
-// else "... ran queued", and whether the worker could overlap here (core/host_cores.hpp).
+// else "... ran queued", and whether the worker could overlap here (foundation/host_cores.hpp).
 int where_runs(Communicator& comm, std::size_t bytes) {
   std::vector<float> data(bytes / sizeof(float), 1.0f);
   const WorkPtr work = comm.all_reduce(buffer_of(std::span(data)), ReduceOp::sum);

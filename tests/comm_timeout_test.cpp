@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "backends/comm/registry.hpp"
-#include "core/error.hpp"
-#include "core/store/memory_store.hpp"
+#include "foundation/error.hpp"
+#include "foundation/store/memory_store.hpp"
 #include "tests/support/communicator_double.hpp"
 #include "tests/support/skip.hpp"
 

@@ -20,7 +20,7 @@
 #include "config/detect.hpp"
 #include "config/layers.hpp"
 #include "config/resolve.hpp"
-#include "core/error.hpp"
+#include "foundation/error.hpp"
 #include "tests/support/files.hpp"
 #include "tests/support/ranks.hpp"
 

@@ -24,7 +24,7 @@
 #include "backends/optim/adamw.hpp"
 #include "backends/optim/elementwise.hpp"
 #include "backends/optim/sgd.hpp"
-#include "core/error.hpp"
+#include "foundation/error.hpp"
 #include "tests/support/skip.hpp"
 #include "tests/support/staging.hpp"
 

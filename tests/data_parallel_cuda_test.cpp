@@ -22,8 +22,8 @@
 #include "backends/comm/local_communicator.hpp"
 #include "backends/dataparallel/data_parallel_strategy.hpp"
 #include "backends/optim/elementwise.hpp"
-#include "core/device_memory.hpp"
-#include "core/error.hpp"
+#include "foundation/device_memory.hpp"
+#include "foundation/error.hpp"
 #include "tests/support/skip.hpp"
 #include "tests/support/staging.hpp"
 

@@ -15,8 +15,8 @@
 #include <vector>
 
 #include "backends/comm/communicator.hpp"
-#include "core/device_memory.hpp"
-#include "core/error.hpp"
+#include "foundation/device_memory.hpp"
+#include "foundation/error.hpp"
 #include "tests/support/communicator_double.hpp"
 #include "tests/support/staging.hpp"
 

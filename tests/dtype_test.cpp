@@ -14,9 +14,9 @@
 #include <vector>
 
 #include "backends/comm/parts.hpp"
-#include "core/dtype.hpp"
-#include "core/error.hpp"
-#include "core/reduce.hpp"
+#include "foundation/dtype.hpp"
+#include "foundation/error.hpp"
+#include "foundation/reduce.hpp"
 
 namespace accel {
 namespace {

@@ -14,8 +14,8 @@
 #include <thread>
 #include <vector>
 
-#include "core/error.hpp"
-#include "core/store/tcp_store.hpp"
+#include "foundation/error.hpp"
+#include "foundation/store/tcp_store.hpp"
 #include "launch/elastic_rendezvous.hpp"
 
 using namespace accel;

@@ -1,4 +1,4 @@
-// core/host_cores: how many ranks the launcher put on this host, and whether a communicator's
+// foundation/host_cores: how many ranks the launcher put on this host, and whether a communicator's
 // worker thread has a core to run on beside the caller.
 
 #include <doctest/doctest.h>
@@ -6,7 +6,7 @@
 
 #include <initializer_list>
 
-#include "core/host_cores.hpp"
+#include "foundation/host_cores.hpp"
 
 namespace accel {
 namespace {

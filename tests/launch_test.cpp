@@ -15,8 +15,8 @@
 #include <thread>
 
 #include "config/config.hpp"
-#include "core/host_cores.hpp"
-#include "core/store/tcp_store.hpp"
+#include "foundation/host_cores.hpp"
+#include "foundation/store/tcp_store.hpp"
 #include "launch/worker_env.hpp"
 #include "tests/support/files.hpp"
 #include "tests/support/ranks.hpp"

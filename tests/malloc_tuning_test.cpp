@@ -10,7 +10,7 @@
 #include <cstring>
 
 #include "accelerate/process/malloc_tuning.hpp"
-#include "core/error.hpp"
+#include "foundation/error.hpp"
 
 using namespace accel;
 

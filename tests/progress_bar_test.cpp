@@ -16,7 +16,7 @@
 
 #include "accelerate/accelerator.hpp"
 #include "accelerate/progress_bar.hpp"
-#include "core/error.hpp"
+#include "foundation/error.hpp"
 
 using namespace accel;
 

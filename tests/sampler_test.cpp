@@ -7,7 +7,7 @@
 #include <map>
 
 #include "accelerate/data/sharded_sampler.hpp"
-#include "core/error.hpp"
+#include "foundation/error.hpp"
 
 using namespace accel;
 

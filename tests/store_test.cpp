@@ -26,12 +26,12 @@
 #include <thread>
 #include <vector>
 
-#include "core/error.hpp"
-#include "core/store/memory_store.hpp"
-#include "core/store/prefix_store.hpp"
-#include "core/socket.hpp"
-#include "core/store/store_protocol.hpp"
-#include "core/store/tcp_store.hpp"
+#include "foundation/error.hpp"
+#include "foundation/store/memory_store.hpp"
+#include "foundation/store/prefix_store.hpp"
+#include "foundation/socket.hpp"
+#include "foundation/store/store_protocol.hpp"
+#include "foundation/store/tcp_store.hpp"
 #include "tests/support/files.hpp"
 #include "tests/support/ranks.hpp"
 #include "tests/support/skip.hpp"

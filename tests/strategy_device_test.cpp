@@ -14,7 +14,7 @@
 #include "backends/optim/sgd.hpp"
 #include "backends/strategy_factory.hpp"
 #include "backends/zero/zero_strategy.hpp"
-#include "core/error.hpp"
+#include "foundation/error.hpp"
 #include "tests/support/files.hpp"
 
 using namespace accel;

@@ -17,7 +17,7 @@
 #include <thread>
 
 #include "accelerate/trackers/tensorboard_events.hpp"
-#include "core/error.hpp"
+#include "foundation/error.hpp"
 #include "tests/support/files.hpp"
 #include "tests/support/skip.hpp"
 

@@ -18,7 +18,7 @@
 #include "accelerate/accelerator.hpp"
 #include "accelerate/trackers/tensorboard_events.hpp"
 #include "accelerate/trackers/tracker.hpp"
-#include "core/error.hpp"
+#include "foundation/error.hpp"
 #include "tests/support/files.hpp"
 #include "tests/support/ranks.hpp"
 

@@ -24,7 +24,7 @@
 #include "config/config_file.hpp"
 #include "config/resolve.hpp"
 #include "config/wizard.hpp"
-#include "core/error.hpp"
+#include "foundation/error.hpp"
 #include "tests/support/files.hpp"
 #include "tests/support/ranks.hpp"
 

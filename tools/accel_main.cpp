@@ -9,7 +9,7 @@
 
 #include <unistd.h>
 
-#include "core/error.hpp"
+#include "foundation/error.hpp"
 #include "tools/commands.hpp"
 
 namespace {

@@ -18,7 +18,7 @@
 #include "config/detect.hpp"
 #include "config/resolve.hpp"
 #include "config/wizard.hpp"
-#include "core/error.hpp"
+#include "foundation/error.hpp"
 #include "tools/commands.hpp"
 
 namespace accel::tools {

@@ -12,8 +12,8 @@
 
 #include "backends/comm/registry.hpp"
 #include "config/resolve.hpp"
-#include "core/error.hpp"
-#include "core/host_cores.hpp"
+#include "foundation/error.hpp"
+#include "foundation/host_cores.hpp"
 #include "launch/summary.hpp"
 #include "launch/worker_env.hpp"
 #include "tools/commands.hpp"

@@ -12,7 +12,7 @@
 
 #include "accelerate/checkpointing/parameter_layout.hpp"
 #include "backends/zero/memory_estimate.hpp"
-#include "core/error.hpp"
+#include "foundation/error.hpp"
 #include "tools/commands.hpp"
 
 namespace accel::tools {

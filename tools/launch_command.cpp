@@ -14,7 +14,7 @@
 #include <string_view>
 
 #include "config/config.hpp"
-#include "core/error.hpp"
+#include "foundation/error.hpp"
 #include "launch/launcher.hpp"
 #include "tools/commands.hpp"
 

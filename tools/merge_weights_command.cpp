@@ -24,7 +24,7 @@
 #include "accelerate/checkpointing/checkpoint.hpp"
 #include "accelerate/checkpointing/parameter_layout.hpp"
 #include "accelerate/progress_bar.hpp"
-#include "core/error.hpp"
+#include "foundation/error.hpp"
 #include "tools/commands.hpp"
 
 #include <fcntl.h>

@@ -3,7 +3,7 @@
 
 #include <cstdio>
 
-#include "core/error.hpp"
+#include "foundation/error.hpp"
 #include "tools/commands.hpp"
 
 int main(int argc, char** argv) {

@@ -8,8 +8,8 @@
 #include <cstdlib>
 #include <string>
 
-#include "core/error.hpp"
-#include "core/store/tcp_store.hpp"
+#include "foundation/error.hpp"
+#include "foundation/store/tcp_store.hpp"
 #include "tools/commands.hpp"
 
 namespace accel::tools {

@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "accelerate/process/process_group.hpp"
-#include "core/error.hpp"
-#include "core/reduce.hpp"
+#include "foundation/error.hpp"
+#include "foundation/reduce.hpp"
 #include "tools/commands.hpp"
 
 #if ACCEL_TOOLS_HAVE_CUDA

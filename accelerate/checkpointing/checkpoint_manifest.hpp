@@ -28,7 +28,7 @@
 #include <string_view>
 #include <vector>
 
-#include "core/error.hpp"
+#include "foundation/error.hpp"
 
 namespace accel {
 

@@ -4,7 +4,7 @@
 #include <map>
 
 #include "accelerate/checkpointing/checkpoint_manifest.hpp"
-#include "core/error.hpp"
+#include "foundation/error.hpp"
 
 namespace accel {
 namespace {

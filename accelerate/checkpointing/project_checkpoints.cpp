@@ -16,7 +16,7 @@
 #include "accelerate/accelerator.hpp"
 #include "accelerate/checkpointing/checkpoint.hpp"
 #include "backends/comm/host_collectives.hpp"
-#include "core/error.hpp"
+#include "foundation/error.hpp"
 
 namespace accel {
 namespace fs = std::filesystem;

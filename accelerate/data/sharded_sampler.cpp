@@ -4,7 +4,7 @@
 #include <numeric>
 #include <random>
 
-#include "core/error.hpp"
+#include "foundation/error.hpp"
 
 namespace accel {
 

@@ -8,7 +8,7 @@
 #include <malloc.h>
 #endif
 
-#include "core/env_value.hpp"
+#include "foundation/env_value.hpp"
 
 namespace accel {
 

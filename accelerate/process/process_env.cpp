@@ -3,7 +3,7 @@
 #include <charconv>
 #include <cstdlib>
 
-#include "core/error.hpp"
+#include "foundation/error.hpp"
 
 namespace accel {
 

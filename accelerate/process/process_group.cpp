@@ -5,10 +5,10 @@
 #include <cmath>
 
 #include "backends/comm/registry.hpp"
-#include "core/error.hpp"
-#include "core/store/prefix_store.hpp"
-#include "core/process_group_records.hpp"
-#include "core/store/tcp_store.hpp"
+#include "foundation/error.hpp"
+#include "foundation/store/prefix_store.hpp"
+#include "foundation/process_group_records.hpp"
+#include "foundation/store/tcp_store.hpp"
 
 namespace accel {
 namespace {

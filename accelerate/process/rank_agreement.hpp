@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "backends/comm/communicator.hpp"
-#include "core/error.hpp"
+#include "foundation/error.hpp"
 
 namespace accel {
 

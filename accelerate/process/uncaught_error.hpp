@@ -3,7 +3,7 @@
 // user gets from an uncaught exception. One line on stderr, "[rank R] uncaught KIND: MESSAGE",
 // then exit code 1, instead of std::terminate's abort (signal 6, a core dump, "terminate
 // called after throwing ..."). Other exceptions keep the handler that was there before.
-// The launcher's failure report quotes that line (kUncaughtTag, core/error.hpp).
+// The launcher's failure report quotes that line (kUncaughtTag, foundation/error.hpp).
 
 namespace accel {
 

@@ -1,6 +1,6 @@
 #include "accelerate/torch/accelerated_optimizer.hpp"
 
-#include "core/error.hpp"
+#include "foundation/error.hpp"
 
 namespace accel {
 

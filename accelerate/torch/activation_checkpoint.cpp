@@ -7,7 +7,7 @@
 #include <mutex>
 
 #include "accelerate/torch/autocast.hpp"
-#include "core/error.hpp"
+#include "foundation/error.hpp"
 
 namespace accel {
 namespace {

@@ -6,7 +6,7 @@
 #include <ATen/Functions.h>
 #include <torch/utils.h>
 
-#include "core/error.hpp"
+#include "foundation/error.hpp"
 
 namespace accel {
 

@@ -11,7 +11,7 @@
 #include "accelerate/checkpointing/checkpoint_manifest.hpp"
 #include "accelerate/torch/torch_replicas.hpp"
 #include "accelerate/torch/checkpointing/torch_state.hpp"
-#include "core/error.hpp"
+#include "foundation/error.hpp"
 
 namespace accel {
 namespace {

@@ -16,7 +16,7 @@
 #include <ATen/Tensor.h>
 #include <torch/nn/module.h>
 
-#include "core/reduce.hpp"
+#include "foundation/reduce.hpp"
 
 namespace accel {
 

@@ -8,7 +8,7 @@
 
 #include "accelerate/torch/detail/tensor_buffer.hpp"
 #include "backends/comm/host_collectives.hpp"
-#include "core/error.hpp"
+#include "foundation/error.hpp"
 
 namespace accel::tensor_collectives {
 namespace {

@@ -32,7 +32,7 @@
 #include "accelerate/torch/checkpointing/torch_state.hpp"
 #include "config/config.hpp"
 #include "config/config_file.hpp"
-#include "core/error.hpp"
+#include "foundation/error.hpp"
 
 namespace accel {
 namespace {

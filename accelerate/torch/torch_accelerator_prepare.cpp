@@ -27,7 +27,7 @@
 #include "accelerate/torch/torch_replicas.hpp"
 #include "accelerate/torch/checkpointing/torch_state.hpp"
 #include "config/config.hpp"
-#include "core/error.hpp"
+#include "foundation/error.hpp"
 
 namespace accel {
 namespace {

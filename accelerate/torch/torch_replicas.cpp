@@ -12,7 +12,7 @@
 
 #include "accelerate/torch/autocast.hpp"
 #include "accelerate/torch/detail/tensor_buffer.hpp"
-#include "core/error.hpp"
+#include "foundation/error.hpp"
 
 namespace accel {
 

@@ -15,8 +15,8 @@
 #include <iterator>
 #include <system_error>
 
-#include "core/error.hpp"
-#include "core/file_io.hpp"
+#include "foundation/error.hpp"
+#include "foundation/file_io.hpp"
 
 namespace accel::tensorboard {
 namespace {

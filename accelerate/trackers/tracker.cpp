@@ -17,8 +17,8 @@
 #include <system_error>
 
 #include "accelerate/trackers/tensorboard_events.hpp"
-#include "core/error.hpp"
-#include "core/file_io.hpp"
+#include "foundation/error.hpp"
+#include "foundation/file_io.hpp"
 
 namespace accel {
 namespace {

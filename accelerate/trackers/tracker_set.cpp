@@ -1,6 +1,6 @@
 #include "accelerate/trackers/tracker_set.hpp"
 
-#include "core/error.hpp"
+#include "foundation/error.hpp"
 
 namespace accel {
 

@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <sstream>
 
-#include "core/error.hpp"
+#include "foundation/error.hpp"
 
 namespace accel {
 

@@ -68,11 +68,11 @@
 
 #include "backends/comm/parts.hpp"
 #include "backends/comm/work.hpp"
-#include "core/device_memory.hpp"
-#include "core/dtype.hpp"
-#include "core/reduce.hpp"
-#include "core/store/store.hpp"
-#include "core/timeout.hpp"
+#include "foundation/device_memory.hpp"
+#include "foundation/dtype.hpp"
+#include "foundation/reduce.hpp"
+#include "foundation/store/store.hpp"
+#include "foundation/timeout.hpp"
 
 namespace accel {
 

@@ -2,7 +2,7 @@
 
 #include <string>
 
-#include "core/device_memory.hpp"
+#include "foundation/device_memory.hpp"
 
 namespace accel {
 namespace {

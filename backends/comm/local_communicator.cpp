@@ -3,8 +3,8 @@
 #include <cstring>
 #include <limits>
 
-#include "core/device_memory.hpp"
-#include "core/error.hpp"
+#include "foundation/device_memory.hpp"
+#include "foundation/error.hpp"
 
 namespace accel {
 

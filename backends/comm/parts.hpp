@@ -11,7 +11,7 @@
 #include <utility>
 #include <vector>
 
-#include "core/reduce.hpp"
+#include "foundation/reduce.hpp"
 
 namespace accel {
 

@@ -1,7 +1,7 @@
 #include "backends/comm/registry.hpp"
 
 #include "backends/comm/local_communicator.hpp"
-#include "core/error.hpp"
+#include "foundation/error.hpp"
 #if ACCEL_HAVE_GLOO
 #include "backends/comm/gloo/gloo_communicator.hpp"
 #endif
@@ -15,7 +15,7 @@
 #include "backends/comm/shm/hierarchical_communicator.hpp"
 #include "backends/comm/shm/host_identity.hpp"
 #include "backends/comm/shm/shm_communicator.hpp"
-#include "core/store/prefix_store.hpp"
+#include "foundation/store/prefix_store.hpp"
 #endif
 
 #include <algorithm>

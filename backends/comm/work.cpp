@@ -1,6 +1,6 @@
 #include "backends/comm/work.hpp"
 
-#include "core/error.hpp"
+#include "foundation/error.hpp"
 
 namespace accel {
 

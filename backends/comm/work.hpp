@@ -16,10 +16,10 @@
 #include <optional>
 #include <string>
 
-#include "core/device_stream.hpp"
-#include "core/dtype.hpp"
-#include "core/reduce.hpp"
-#include "core/timeout.hpp"
+#include "foundation/device_stream.hpp"
+#include "foundation/dtype.hpp"
+#include "foundation/reduce.hpp"
+#include "foundation/timeout.hpp"
 
 namespace accel {
 

@@ -6,8 +6,8 @@
 
 #include "backends/optim/elementwise.hpp"
 #include "backends/replica_sync.hpp"
-#include "core/device_memory.hpp"
-#include "core/error.hpp"
+#include "foundation/device_memory.hpp"
+#include "foundation/error.hpp"
 
 namespace accel {
 namespace {

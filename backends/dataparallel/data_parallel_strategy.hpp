@@ -24,8 +24,8 @@
 
 #include "backends/backend.hpp"
 #include "backends/dataparallel/replica_pool.hpp"
-#include "core/device_memory.hpp"
-#include "core/reduce.hpp"
+#include "foundation/device_memory.hpp"
+#include "foundation/reduce.hpp"
 
 namespace accel {
 

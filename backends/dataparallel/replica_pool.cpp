@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <string>
 
-#include "core/error.hpp"
-#include "core/reduce.hpp"
+#include "foundation/error.hpp"
+#include "foundation/reduce.hpp"
 
 namespace accel {
 

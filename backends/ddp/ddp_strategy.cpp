@@ -4,8 +4,8 @@
 #include <cstring>
 
 #include "backends/replica_sync.hpp"
-#include "core/device_memory.hpp"
-#include "core/error.hpp"
+#include "foundation/device_memory.hpp"
+#include "foundation/error.hpp"
 
 namespace accel {
 

@@ -2,7 +2,7 @@
 
 #include <cmath>
 
-#include "core/error.hpp"
+#include "foundation/error.hpp"
 
 namespace accel {
 

@@ -7,8 +7,8 @@
 #include <utility>
 #include <vector>
 
-#include "core/error.hpp"
-#include "core/reduce.hpp"
+#include "foundation/error.hpp"
+#include "foundation/reduce.hpp"
 
 #if ACCEL_HAVE_CUDA_KERNELS
 #include "backends/optim/cuda/optim_kernels.hpp"

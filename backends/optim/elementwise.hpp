@@ -17,8 +17,8 @@
 #include <cstddef>
 #include <span>
 
-#include "core/device_memory.hpp"
-#include "core/dtype.hpp"
+#include "foundation/device_memory.hpp"
+#include "foundation/dtype.hpp"
 
 namespace accel {
 

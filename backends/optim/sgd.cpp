@@ -1,6 +1,6 @@
 #include "backends/optim/sgd.hpp"
 
-#include "core/error.hpp"
+#include "foundation/error.hpp"
 
 namespace accel {
 

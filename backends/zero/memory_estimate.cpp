@@ -1,6 +1,6 @@
 #include "backends/zero/memory_estimate.hpp"
 
-#include "core/error.hpp"
+#include "foundation/error.hpp"
 
 namespace accel {
 namespace {

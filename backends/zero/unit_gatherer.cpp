@@ -5,7 +5,7 @@
 
 #include "backends/comm/host_collectives.hpp"
 #include "backends/replica_sync.hpp"
-#include "core/error.hpp"
+#include "foundation/error.hpp"
 
 namespace accel {
 namespace {

@@ -30,7 +30,7 @@
 
 #include "backends/backend.hpp"
 #include "backends/flat_layout.hpp"
-#include "core/device_memory.hpp"
+#include "foundation/device_memory.hpp"
 
 namespace accel {
 

@@ -6,7 +6,7 @@
 
 #include "backends/optim/elementwise.hpp"
 #include "backends/replica_sync.hpp"
-#include "core/error.hpp"
+#include "foundation/error.hpp"
 
 namespace accel {
 namespace {

@@ -34,7 +34,7 @@
 #include "backends/backend.hpp"
 #include "backends/flat_layout.hpp"
 #include "backends/zero/unit_gatherer.hpp"
-#include "core/device_memory.hpp"
+#include "foundation/device_memory.hpp"
 
 namespace accel {
 

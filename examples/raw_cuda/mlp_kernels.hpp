@@ -6,7 +6,7 @@
 
 #include <cstddef>
 
-#include "core/dtype.hpp"
+#include "foundation/dtype.hpp"
 
 namespace raw_cuda {
 

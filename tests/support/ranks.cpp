@@ -7,7 +7,7 @@
 #include <filesystem>
 
 #include "config/config.hpp"
-#include "core/store/tcp_store.hpp"
+#include "foundation/store/tcp_store.hpp"
 #include "launch/worker_env.hpp"
 
 namespace accel::test {

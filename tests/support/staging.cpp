@@ -4,7 +4,7 @@
 #include <cuda_runtime.h>
 #endif
 
-#include "core/error.hpp"
+#include "foundation/error.hpp"
 
 namespace accel::test {
 

@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "core/dtype.hpp"
+#include "foundation/dtype.hpp"
 
 namespace accel::test {
 

@@ -11,7 +11,7 @@
 #include "accelerate/accelerator.hpp"
 #include "accelerate/torch/detail/tensor_collectives.hpp"
 #include "accelerate/torch/checkpointing/torch_optimizer_state.hpp"
-#include "core/error.hpp"
+#include "foundation/error.hpp"
 
 namespace accel {
 

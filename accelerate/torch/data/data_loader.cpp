@@ -5,7 +5,7 @@
 #include <ATen/Functions.h>
 
 #include "accelerate/accelerator.hpp"
-#include "core/error.hpp"
+#include "foundation/error.hpp"
 
 namespace accel {
 

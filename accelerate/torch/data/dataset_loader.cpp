@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "accelerate/accelerator.hpp"
-#include "core/error.hpp"
+#include "foundation/error.hpp"
 
 namespace accel {
 

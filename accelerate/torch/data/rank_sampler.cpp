@@ -7,7 +7,7 @@
 #include <torch/serialize/archive.h>
 #include <torch/types.h>
 
-#include "core/error.hpp"
+#include "foundation/error.hpp"
 
 namespace accel {
 

@@ -6,8 +6,8 @@
 
 #include <ATen/Tensor.h>
 
-#include "core/dtype.hpp"
-#include "core/error.hpp"
+#include "foundation/dtype.hpp"
+#include "foundation/error.hpp"
 
 namespace accel {
 

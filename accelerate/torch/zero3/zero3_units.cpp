@@ -31,7 +31,7 @@
 #include "accelerate/torch/activation_checkpoint.hpp"
 #include "accelerate/torch/detail/tensor_buffer.hpp"
 #include "accelerate/torch/zero3/sharded_unit.hpp"
-#include "core/error.hpp"
+#include "foundation/error.hpp"
 
 namespace accel {
 namespace {

@@ -16,10 +16,10 @@
 
 #include "backends/comm/gloo/gloo_store_adapter.hpp"
 #include "backends/comm/gloo/tcp_device.hpp"
-#include "core/env_value.hpp"
-#include "core/error.hpp"
-#include "core/store/prefix_store.hpp"
-#include "core/store/store_join.hpp"
+#include "foundation/env_value.hpp"
+#include "foundation/error.hpp"
+#include "foundation/store/prefix_store.hpp"
+#include "foundation/store/store_join.hpp"
 
 namespace accel {
 namespace {

@@ -4,7 +4,7 @@
 
 #include <gloo/rendezvous/store.h>
 
-#include "core/store/store.hpp"
+#include "foundation/store/store.hpp"
 
 namespace accel {
 

@@ -11,7 +11,7 @@
 #include <mutex>
 #include <vector>
 
-#include "core/env_value.hpp"
+#include "foundation/env_value.hpp"
 
 namespace accel {
 namespace {

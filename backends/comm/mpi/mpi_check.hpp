@@ -20,7 +20,7 @@
 
 #include <string>
 
-#include "core/error.hpp"
+#include "foundation/error.hpp"
 
 namespace accel::detail {
 

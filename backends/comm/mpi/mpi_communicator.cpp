@@ -18,10 +18,10 @@
 
 #include "backends/comm/mpi/mpi_check.hpp"
 #include "backends/comm/mpi/mpi_watchdog.hpp"
-#include "core/env_value.hpp"
-#include "core/error.hpp"
-#include "core/host_cores.hpp"
-#include "core/store/store_join.hpp"
+#include "foundation/env_value.hpp"
+#include "foundation/error.hpp"
+#include "foundation/host_cores.hpp"
+#include "foundation/store/store_join.hpp"
 
 // The most elements one MPI call is given. MPI counts are int, hence INT_MAX; a test may
 // build this file with a tiny value to exercise the chunked paths on small buffers.

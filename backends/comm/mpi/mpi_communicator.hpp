@@ -28,7 +28,7 @@
 // at 512 KiB to 2 MiB, queued ran at 0.64-0.88 of raw MPI's speed, inline at 0.89-1.00. Above
 // 4 MiB the hand-off is a few percent of the operation, and a caller that goes on computing
 // (DDP's buckets during backward) keeps the overlap -- where the worker has a core to run on
-// beside the caller (core/host_cores.hpp, worker_can_overlap). Where it has none (as many
+// beside the caller (foundation/host_cores.hpp, worker_can_overlap). Where it has none (as many
 // ranks on the host as cores, or a rank bound to one core), every operation runs inline:
 // measured on 2 cores at world 2 and 4, the slowest cells from 8 to 256 MiB went from 0.75
 // to 0.92 of raw MPI, and DDP's step did not change (bench/README, "MPI on the caller's

@@ -24,7 +24,7 @@
 
 #include "backends/comm/mpi/mpi_check.hpp"  // <mpi.h>
 #include "backends/comm/work.hpp"
-#include "core/timeout.hpp"
+#include "foundation/timeout.hpp"
 
 namespace accel::mpi_detail {
 

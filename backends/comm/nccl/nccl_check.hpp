@@ -8,11 +8,11 @@
 
 #include <nccl.h>
 
-#include "core/cuda_check.hpp"
+#include "foundation/cuda_check.hpp"
 
 #include <string>
 
-#include "core/error.hpp"
+#include "foundation/error.hpp"
 
 namespace accel::detail {
 

@@ -11,7 +11,7 @@
 #include <thread>
 
 #include "backends/comm/nccl/nccl_check.hpp"
-#include "core/error.hpp"
+#include "foundation/error.hpp"
 
 namespace accel {
 

@@ -4,7 +4,7 @@
 #include <cstring>
 
 #include "backends/comm/shm/shm_communicator.hpp"
-#include "core/error.hpp"
+#include "foundation/error.hpp"
 
 namespace accel {
 

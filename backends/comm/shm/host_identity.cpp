@@ -7,7 +7,7 @@
 #include <fstream>
 #include <map>
 
-#include "core/error.hpp"
+#include "foundation/error.hpp"
 
 namespace accel::shm {
 namespace {

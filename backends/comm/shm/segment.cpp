@@ -16,8 +16,8 @@
 #include <vector>
 
 #include "backends/comm/communicator.hpp"
-#include "core/error.hpp"
-#include "core/store/store_join.hpp"
+#include "foundation/error.hpp"
+#include "foundation/store/store_join.hpp"
 
 namespace accel::shm {
 namespace {

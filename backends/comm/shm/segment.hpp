@@ -19,8 +19,8 @@
 #include <cstdint>
 #include <string>
 
-#include "core/error.hpp"
-#include "core/store/store.hpp"
+#include "foundation/error.hpp"
+#include "foundation/store/store.hpp"
 
 namespace accel::shm {
 

@@ -6,10 +6,10 @@
 #include <cstring>
 #include <string>
 
-#include "core/env_value.hpp"
-#include "core/error.hpp"
-#include "core/host_cores.hpp"
-#include "core/store/prefix_store.hpp"
+#include "foundation/env_value.hpp"
+#include "foundation/error.hpp"
+#include "foundation/host_cores.hpp"
+#include "foundation/store/prefix_store.hpp"
 
 namespace accel {
 namespace {

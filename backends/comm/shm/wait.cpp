@@ -12,7 +12,7 @@
 #include <immintrin.h>
 #endif
 
-#include "core/error.hpp"
+#include "foundation/error.hpp"
 
 namespace accel::shm {
 namespace {

@@ -15,7 +15,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "core/error.hpp"
+#include "foundation/error.hpp"
 
 namespace accel::cuda {
 namespace {

@@ -16,8 +16,8 @@
 #include <span>
 
 #include "backends/optim/elementwise.hpp"
-#include "core/device_memory.hpp"
-#include "core/dtype.hpp"
+#include "foundation/device_memory.hpp"
+#include "foundation/dtype.hpp"
 
 namespace accel::cuda {
 

@@ -1,8 +1,8 @@
-#include "core/store/tcp_store.hpp"
+#include "foundation/store/tcp_store.hpp"
 
 #include <cstdlib>
 
-#include "core/error.hpp"
+#include "foundation/error.hpp"
 
 namespace accel {
 

@@ -1,10 +1,10 @@
-#include "core/dtype.hpp"
+#include "foundation/dtype.hpp"
 
 #include <bit>
 #include <cmath>
 #include <cstring>
 
-#include "core/error.hpp"
+#include "foundation/error.hpp"
 
 namespace accel {
 

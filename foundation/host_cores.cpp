@@ -1,4 +1,4 @@
-#include "core/host_cores.hpp"
+#include "foundation/host_cores.hpp"
 
 #include <sched.h>
 #include <unistd.h>

@@ -27,7 +27,7 @@
 #include <string_view>
 #include <vector>
 
-#include "core/error.hpp"
+#include "foundation/error.hpp"
 
 namespace accel::store_protocol {
 

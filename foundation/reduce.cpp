@@ -1,11 +1,11 @@
-#include "core/reduce.hpp"
+#include "foundation/reduce.hpp"
 
 #include <algorithm>
 #include <bit>
 #include <cstdint>
 #include <string>
 
-#include "core/error.hpp"
+#include "foundation/error.hpp"
 
 namespace accel {
 

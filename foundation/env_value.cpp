@@ -1,11 +1,11 @@
-#include "core/env_value.hpp"
+#include "foundation/env_value.hpp"
 
 #include <charconv>
 #include <cstdlib>
 #include <string>
 #include <string_view>
 
-#include "core/error.hpp"
+#include "foundation/error.hpp"
 
 namespace accel {
 

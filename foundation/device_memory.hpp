@@ -18,10 +18,10 @@
 #include <memory>
 #include <string>
 
-#include "core/device_stream.hpp"
-#include "core/dtype.hpp"
-#include "core/store/store.hpp"
-#include "core/timeout.hpp"
+#include "foundation/device_stream.hpp"
+#include "foundation/dtype.hpp"
+#include "foundation/store/store.hpp"
+#include "foundation/timeout.hpp"
 
 namespace accel {
 

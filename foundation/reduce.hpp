@@ -6,7 +6,7 @@
 #include <cstddef>
 #include <string_view>
 
-#include "core/dtype.hpp"
+#include "foundation/dtype.hpp"
 
 namespace accel {
 

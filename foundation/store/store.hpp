@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "core/timeout.hpp"
+#include "foundation/timeout.hpp"
 
 namespace accel {
 

@@ -1,4 +1,4 @@
-#include "core/device_memory.hpp"
+#include "foundation/device_memory.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -7,10 +7,10 @@
 #include <thread>
 #include <utility>
 
-#include "core/error.hpp"
+#include "foundation/error.hpp"
 
 #if ACCEL_HAVE_CUDA_RUNTIME
-#include "core/cuda_check.hpp"
+#include "foundation/cuda_check.hpp"
 #endif
 
 namespace accel {

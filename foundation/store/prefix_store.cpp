@@ -1,6 +1,6 @@
-#include "core/store/prefix_store.hpp"
+#include "foundation/store/prefix_store.hpp"
 
-#include "core/error.hpp"
+#include "foundation/error.hpp"
 
 namespace accel {
 

@@ -1,4 +1,4 @@
-#include "core/store/store_protocol.hpp"
+#include "foundation/store/store_protocol.hpp"
 
 #include <algorithm>
 #include <cstdio>

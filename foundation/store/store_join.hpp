@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "core/store/store.hpp"
-#include "core/timeout.hpp"
+#include "foundation/store/store.hpp"
+#include "foundation/timeout.hpp"
 
 namespace accel {
 

@@ -1,4 +1,4 @@
-#include "core/error.hpp"
+#include "foundation/error.hpp"
 
 #include <cstring>
 #include <filesystem>

@@ -10,7 +10,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "core/store/store.hpp"
+#include "foundation/store/store.hpp"
 
 namespace accel {
 

@@ -10,7 +10,7 @@
 
 #include <string>
 
-#include "core/error.hpp"
+#include "foundation/error.hpp"
 
 namespace accel::detail {
 

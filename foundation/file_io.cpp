@@ -1,10 +1,10 @@
-#include "core/file_io.hpp"
+#include "foundation/file_io.hpp"
 
 #include <unistd.h>
 
 #include <cerrno>
 
-#include "core/error.hpp"
+#include "foundation/error.hpp"
 
 namespace accel {
 

@@ -1,9 +1,9 @@
-#include "core/store/memory_store.hpp"
+#include "foundation/store/memory_store.hpp"
 
 #include <algorithm>
 #include <charconv>
 
-#include "core/error.hpp"
+#include "foundation/error.hpp"
 
 namespace accel {
 

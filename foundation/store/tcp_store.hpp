@@ -14,9 +14,9 @@
 #include <string>
 #include <vector>
 
-#include "core/socket.hpp"
-#include "core/store/store.hpp"
-#include "core/store/store_protocol.hpp"
+#include "foundation/socket.hpp"
+#include "foundation/store/store.hpp"
+#include "foundation/store/store_protocol.hpp"
 
 namespace accel {
 

@@ -1,4 +1,4 @@
-#include "core/store/tcp_store.hpp"
+#include "foundation/store/tcp_store.hpp"
 
 #include <poll.h>
 #include <sys/eventfd.h>
@@ -15,8 +15,8 @@
 #include <thread>
 #include <unordered_map>
 
-#include "core/error.hpp"
-#include "core/store/memory_store.hpp"
+#include "foundation/error.hpp"
+#include "foundation/store/memory_store.hpp"
 
 namespace accel {
 

@@ -10,7 +10,7 @@
 #include <cstddef>
 #include <string>
 
-#include "core/store/store.hpp"
+#include "foundation/store/store.hpp"
 
 namespace accel {
 

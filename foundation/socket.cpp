@@ -1,4 +1,4 @@
-#include "core/socket.hpp"
+#include "foundation/socket.hpp"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -16,7 +16,7 @@
 #include <optional>
 #include <thread>
 
-#include "core/error.hpp"
+#include "foundation/error.hpp"
 
 namespace accel {
 

@@ -1,6 +1,6 @@
-#include "core/store/store_join.hpp"
+#include "foundation/store/store_join.hpp"
 
-#include "core/error.hpp"
+#include "foundation/error.hpp"
 
 namespace accel {
 
