@@ -1,6 +1,6 @@
 #pragma once
 // The MANIFEST of a checkpoint directory: plain `key: value` text (no YAML library in
-// accel_core), written last, so a directory with a valid manifest is a complete checkpoint.
+// accel_accelerate), written last, so a directory with a valid manifest is a complete checkpoint.
 //
 //   accelerate-cpp checkpoint
 //   format_version: 1
