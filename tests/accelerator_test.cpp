@@ -15,21 +15,23 @@
 #include "backends/comm/registry.hpp"
 #include "tests/support/ranks.hpp"
 #include "tests/support/skip.hpp"
+#include "tests/support/verdicts.hpp"
 
 using namespace accel;
 using namespace accel::test;
 
 namespace {
 
-void expect_pass(const launch::GroupResult& result, const std::string& strategy = "") {
+void expect_pass(const launch::GroupResult& result, int world, const std::string& strategy = "") {
   INFO(describe(result));
   REQUIRE(result.exit_code() == 0);
-  std::string all;
-  for (const auto& w : result.workers) all += w.output;
-  CHECK(all.find("FAIL") == std::string::npos);
-  CHECK(all.find("ok training equals one process") != std::string::npos);
-  if (!strategy.empty()) CHECK(all.find(", " + strategy + ")") != std::string::npos);
-  CHECK(all.find("ok gather_for_metrics yields 103 samples, 103 distinct") != std::string::npos);
+  const Verdicts verdicts(result);
+  CHECK_VERDICTS_PASSED(verdicts);
+  CHECK_VERDICT(verdicts, "training equals one process", world);
+  if (!strategy.empty()) CHECK(verdicts.detail("strategy") == strategy);
+  CHECK_VERDICT(verdicts, "gather_for_metrics yields every sample once", world);
+  CHECK(verdicts.detail("gather_for_metrics yields every sample once")
+            .rfind("103 samples, 103 distinct", 0) == 0);
 }
 
 }  // namespace
@@ -38,8 +40,9 @@ TEST_CASE("the raw API over gloo equals one process, with accumulation and clipp
   if (skip_unless(communicator_available("gloo"), "gloo communicator not built")) return;
   for (int world : {1, 2, 4}) {
     CAPTURE(world);
-    expect_pass(run_ranks(world, "accelerator_worker", {"--accumulation", "1"}));
-    expect_pass(run_ranks(world, "accelerator_worker", {"--accumulation", "4", "--clip", "0.5"}));
+    expect_pass(run_ranks(world, "accelerator_worker", {"--accumulation", "1"}), world);
+    expect_pass(run_ranks(world, "accelerator_worker", {"--accumulation", "4", "--clip", "0.5"}),
+                world);
   }
 }
 
@@ -50,7 +53,8 @@ TEST_CASE("the raw API over mpi equals one process") {
   RanksOptions options;
   options.env = {{"ACCEL_COMM_BACKEND", "mpi"}};
   expect_pass(
-      run_under_mpirun(2, "accelerator_worker", {"--accumulation", "4", "--clip", "0.5"}, options));
+      run_under_mpirun(2, "accelerator_worker", {"--accumulation", "4", "--clip", "0.5"}, options),
+      2);
 }
 
 TEST_CASE(
@@ -64,7 +68,7 @@ TEST_CASE(
       options.env = {{"ACCEL_DISTRIBUTED_TYPE", "ZERO"}, {"ACCEL_ZERO_STAGE", stage}};
       expect_pass(
           run_ranks(world, "accelerator_worker", {"--accumulation", "4", "--clip", "0.5"}, options),
-          std::string("zero") + stage);
+          world, std::string("zero") + stage);
     }
 }
 

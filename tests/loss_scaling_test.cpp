@@ -18,6 +18,7 @@
 #include "backends/optim/elementwise.hpp"
 #include "tests/support/ranks.hpp"
 #include "tests/support/skip.hpp"
+#include "tests/support/verdicts.hpp"
 
 using namespace accel;
 using namespace accel::test;
@@ -77,11 +78,10 @@ TEST_CASE("a step that overflowed on one rank is skipped on every rank") {
       const auto result = run_ranks(world, "loss_scaling_worker", strategy, options);
       INFO(describe(result));
       REQUIRE(result.exit_code() == 0);
-      std::string all;
-      for (const auto& w : result.workers) all += w.output;
-      CHECK(all.find("FAIL") == std::string::npos);
-      CHECK(all.find("ok every rank skipped exactly the step") != std::string::npos);
-      CHECK(all.find("ok training equals one process skipping the same step") != std::string::npos);
+      const Verdicts verdicts(result);
+      CHECK_VERDICTS_PASSED(verdicts);
+      CHECK_VERDICT(verdicts, "every rank skipped exactly the step that overflowed", world);
+      CHECK_VERDICT(verdicts, "training equals one process skipping the same step", world);
     }
   }
 }

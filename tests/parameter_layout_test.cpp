@@ -1,6 +1,6 @@
-// parameters.layout (accelerate/checkpointing/parameter_layout.hpp) in one process: the blobs a ZeRO job of
-// any world size writes reassemble into the parameters, the text round-trips, the first format
-// still reads, and what does not fit is reported naming the blob or the line.
+// parameters.layout (accelerate/checkpointing/parameter_layout.hpp) in one process: the blobs a
+// ZeRO job of any world size writes reassemble into the parameters, the text round-trips, the first
+// format still reads, and what does not fit is reported naming the blob or the line.
 
 #include <doctest/doctest.h>
 

@@ -27,9 +27,9 @@
 #include <vector>
 
 #include "foundation/error.hpp"
+#include "foundation/socket.hpp"
 #include "foundation/store/memory_store.hpp"
 #include "foundation/store/prefix_store.hpp"
-#include "foundation/socket.hpp"
 #include "foundation/store/store_protocol.hpp"
 #include "foundation/store/tcp_store.hpp"
 #include "tests/support/files.hpp"

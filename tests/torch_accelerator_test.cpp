@@ -19,14 +19,15 @@
 #include <map>
 
 #include "accelerate/checkpointing/checkpoint.hpp"
-#include "accelerate/torch/torch_accelerator.hpp"
 #include "accelerate/torch/checkpointing/torch_state.hpp"
+#include "accelerate/torch/torch_accelerator.hpp"
 #include "backends/comm/registry.hpp"
 #include "backends/ddp/ddp_strategy.hpp"
 #include "tests/support/files.hpp"
 #include "tests/support/ranks.hpp"
 #include "tests/support/skip.hpp"
 #include "tests/support/tolerance.hpp"
+#include "tests/support/verdicts.hpp"
 
 using namespace accel;
 using namespace accel::test;
@@ -61,18 +62,20 @@ torch::nn::Sequential small_net() {
 void expect_pass(const launch::GroupResult& result, bool equivalence = true) {
   INFO(describe(result));
   REQUIRE(result.exit_code() == 0);
-  std::string all;
-  for (const auto& w : result.workers) all += w.output;
-  CHECK(all.find("FAIL") == std::string::npos);
+  const Verdicts verdicts(result);
+  const int world = int(result.workers.size());
+  CHECK_VERDICTS_PASSED(verdicts);
   if (equivalence) {
-    const auto at = all.find("ok training equals one process");
-    CHECK(at != std::string::npos);
-    if (at != std::string::npos) MESSAGE(all.substr(at, all.find('\n', at) - at));
+    CHECK_VERDICT(verdicts, "training equals one process", world);
+    MESSAGE("training equals one process: " << verdicts.detail("training equals one process", 0));
   }
-  if (all.find("ok the optimizer steps this rank's") == std::string::npos)
-    CHECK(all.find("ok gradients stay views of the DDP buckets") != std::string::npos);
-  CHECK(all.find("ok every rank holds the same parameters and buffers") != std::string::npos);
-  CHECK(all.find("ok gather_for_metrics yields 103 samples, 103 distinct") != std::string::npos);
+  if (verdicts.named("the optimizer steps this rank's slices; parameters live in the flat buffers")
+          .empty())
+    CHECK_VERDICT(verdicts, "gradients stay views of the DDP buckets", world);
+  CHECK_VERDICT(verdicts, "every rank holds the same parameters and buffers", world);
+  CHECK_VERDICT(verdicts, "gather_for_metrics yields every sample once", world);
+  CHECK(verdicts.detail("gather_for_metrics yields every sample once")
+            .rfind("103 samples, 103 distinct", 0) == 0);
 }
 
 // The usage example at the top of torch_accelerator.hpp, as written there (CMake extracts it),

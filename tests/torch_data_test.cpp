@@ -18,6 +18,7 @@
 #include "tests/support/disk_dataset.hpp"
 #include "tests/support/files.hpp"
 #include "tests/support/ranks.hpp"
+#include "tests/support/verdicts.hpp"
 
 using namespace accel;
 using namespace accel::test;
@@ -196,22 +197,23 @@ TEST_CASE("DDP at 2 and 4 processes: a Dataset loop equals one process on the gl
   for (int world : {2, 4}) {
     CAPTURE(world);
     const auto result = run_ranks(world, "torch_data_worker", {});
-    std::string all;
-    for (const auto& w : result.workers) all += w.output;
+    const Verdicts verdicts(result);
     {
       INFO(describe(result));
       REQUIRE(result.exit_code() == 0);
-      CHECK(all.find("FAIL") == std::string::npos);
+      CHECK_VERDICTS_PASSED(verdicts);
       for (const char* check :
-           {"ok padded: training equals one process", "ok drop_last: training equals one process",
-            "ok reads from disk only its own", "ok even_batches true", "ok even_batches false",
-            "ok gather_for_metrics yields", "ok RandomSampler", "ok DistributedSequentialSampler",
-            "ok token stream", "ok a custom sampler is refused"}) {
-        CAPTURE(check);
-        CHECK(all.find(check) != std::string::npos);
-      }
+           {"padded: training equals one process", "drop_last: training equals one process",
+            "reads from disk only its own samples",
+            "even_batches true: 5 batches of 3 on every rank",
+            "even_batches false: nothing repeated", "gather_for_metrics yields every sample once",
+            "RandomSampler: the ranks' batches are one permutation per epoch, reshuffled",
+            "DistributedSequentialSampler kept: LibTorch's batches exactly",
+            "token stream: the ranks' batchified shares are the global batch",
+            "a custom sampler is refused"})
+        CHECK_VERDICT(verdicts, check, world);
     }
-    const auto at = all.find("ok padded: training");
-    if (at != std::string::npos) MESSAGE(all.substr(at, all.find('\n', at) - at));
+    MESSAGE("padded: training equals one process: " << verdicts.detail(
+                "padded: training equals one process", 0));
   }
 }

@@ -22,6 +22,7 @@
 #include "tests/support/skip.hpp"
 #include "tests/support/tiny_transformer.hpp"
 #include "tests/support/tolerance.hpp"
+#include "tests/support/verdicts.hpp"
 
 using namespace accel;
 using namespace accel::test;
@@ -84,7 +85,7 @@ std::string output_of(const launch::GroupResult& r) {
 void expect_ok(const launch::GroupResult& r) {
   INFO(describe(r));
   REQUIRE(r.exit_code() == 0);
-  CHECK(output_of(r).find("FAIL") == std::string::npos);
+  CHECK_VERDICTS_PASSED(Verdicts(r));
 }
 
 std::string line_with(const launch::GroupResult& r, const std::string& what) {
@@ -124,14 +125,16 @@ void expect_stage3(Run run, const std::string& backend, int world, const std::st
           {"--units", units, "--limit", std::to_string(one_process_limit(world)), "--dump", dump},
           with_env(env));
   expect_ok(r);
-  const std::string memory = line_with(r, "ok ZeRO-3 memory of rank 0");
-  CHECK(!memory.empty());
+  const Verdicts verdicts(r);
+  CHECK_VERDICT(verdicts, "ZeRO-3 memory", world);
+  const std::string memory = verdicts.detail("ZeRO-3 memory", 0);
   const double d = max_difference(read_doubles(dump), ddp);
   MESSAGE(backend << " world " << world << " units " << units << ": "
-                  << line_with(r, "training equals one process") << "; max |zero3 - ddp| " << d
-                  << " (limit " << ddp_limit(world) << "); " << memory << "; "
-                  << line_with(r, "prefetch hits") << "; " << line_with(r, "ok bus bytes"));
-  CHECK(!line_with(r, "ok bus bytes").empty());
+                  << verdicts.detail("training equals one process", 0) << "; max |zero3 - ddp| "
+                  << d << " (limit " << ddp_limit(world) << "); " << memory << "; "
+                  << line_with(r, "prefetch hits") << "; bus bytes "
+                  << verdicts.detail("bus bytes of the last step", 0));
+  CHECK_VERDICT(verdicts, "bus bytes of the last step", world);
   CHECK(d <= ddp_limit(world));
 }
 
@@ -142,7 +145,7 @@ std::vector<double> ddp_parameters(int world, const TempDir& dir) {
       {"--units", "root", "--limit", std::to_string(one_process_limit(world)), "--dump", dump},
       with_env(ddp_env("gloo")));
   expect_ok(r);
-  MESSAGE("ddp world " << world << ": " << line_with(r, "training equals one process"));
+  MESSAGE("ddp world " << world << ": " << Verdicts(r).detail("training equals one process", 0));
   return read_doubles(dump);
 }
 
@@ -219,13 +222,14 @@ TEST_CASE(
                              options);
     expect_ok(r);
     // Rank 0's slices: 1/2 of the parameters (its machine's 2 ranks), not 1/4.
-    const std::string memory = line_with(r, "ok ZeRO-3 memory of rank 0");
+    const Verdicts verdicts(r);
+    const std::string memory = verdicts.detail("ZeRO-3 memory", 0);
     if (units != "zero2")
       CHECK(memory.find("slices of 3656 of 7312 elements") != std::string::npos);
     CHECK(!line_with(r, "ZeRO: gradient replicas 2, this rank steps 3656 elements").empty());
     const double d = max_difference(read_doubles(dump), ddp);
     MESSAGE("HYBRID_SHARD 2 x 2, units "
-            << units << ": " << line_with(r, "training equals one process")
+            << units << ": " << verdicts.detail("training equals one process", 0)
             << "; max |hybrid - ddp| " << d << " (limit " << ddp_limit(4) << "); " << memory);
     CHECK(d <= ddp_limit(4));
   }

@@ -35,18 +35,14 @@
 #include "accelerate/torch/torch_accelerator.hpp"
 #include "backends/zero/zero_strategy.hpp"
 #include "tests/support/tiny_transformer.hpp"
+#include "tests/support/worker.hpp"
 
 using namespace accel;
 using namespace accel::test;
 
 namespace {
 
-int failures = 0;
-void report(bool ok, const std::string& what) {
-  std::printf("%s %s\n", ok ? "ok" : "FAIL", what.c_str());
-  std::fflush(stdout);
-  failures += !ok;
-}
+test::VerdictLog verdicts;
 
 // One model in the form --units names, as the loop holds it.
 struct Net {
@@ -120,7 +116,7 @@ void write_doubles(const std::string& path, const torch::Tensor& values, int ran
       out && std::fwrite(values.data_ptr<double>(), sizeof(double), std::size_t(values.numel()),
                          out) == std::size_t(values.numel());
   if (out) std::fclose(out);
-  report(written, "parameters written to " + path);
+  verdicts.check(written, "parameters written", path);
 }
 
 // One step moves (as the Communicator counts, (n-1)/n of each all-gather's output and
@@ -143,47 +139,27 @@ void report_bus_bytes(const std::vector<ParamRef>& refs, int world, int K, std::
   const double expected =
       double(world - 1) / world * (all + kept + K * (root + unit_passes * others));
   char line[300];
-  std::snprintf(line, sizeof line,
-                "bus bytes of the last step %llu, expected %.0f (%.2f x the parameters' bytes)",
+  std::snprintf(line, sizeof line, "%llu, expected %.0f (%.2f x the parameters' bytes)",
                 static_cast<unsigned long long>(last_step_bytes), expected,
                 double(last_step_bytes) / all);
-  report(std::abs(double(last_step_bytes) - expected) <= 0.01 * expected, line);
+  verdicts.check(std::abs(double(last_step_bytes) - expected) <= 0.01 * expected,
+                 "bus bytes of the last step", line);
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  Units units = Units::root;
-  int steps = 20;
-  std::string dump, misuse, checkpoint, resume;
-  int save_at = -1;
-  torch::ScalarType dtype = torch::kDouble;  // fp32 for checkpoints (float optimizer state)
-  double limit = 0;
+  const test::WorkerFlags flags(argc, argv);
+  const Units units = flags.has("units") ? units_named(flags.text("units")) : Units::root;
+  const int steps = int(flags.integer("steps", 20));
+  const std::string dump = flags.text("dump"), misuse = flags.text("misuse");
+  const std::string checkpoint = flags.text("checkpoint"), resume = flags.text("resume");
+  const int save_at = int(flags.integer("save_at", -1));
+  // fp32 for checkpoints (float optimizer state)
+  const torch::ScalarType dtype = flags.has("float") ? torch::kFloat : torch::kDouble;
+  const double limit = flags.real("limit", 0);
   TransformerShape shape;
-  for (int i = 1; i < argc; ++i) {
-    const std::string flag = argv[i];
-    const std::string value = i + 1 < argc ? argv[i + 1] : "";
-    if (flag == "--units")
-      units = units_named(value), ++i;
-    else if (flag == "--steps")
-      steps = std::stoi(value), ++i;
-    else if (flag == "--dropout")
-      shape.dropout = std::stod(value), ++i;
-    else if (flag == "--dump")
-      dump = value, ++i;
-    else if (flag == "--limit")
-      limit = std::stod(value), ++i;
-    else if (flag == "--misuse")
-      misuse = value, ++i;
-    else if (flag == "--checkpoint")
-      checkpoint = value, ++i;
-    else if (flag == "--save_at")
-      save_at = std::stoi(value), ++i;
-    else if (flag == "--resume")
-      resume = value, ++i;
-    else if (flag == "--float")
-      dtype = torch::kFloat;
-  }
+  shape.dropout = flags.real("dropout", shape.dropout);
   torch::set_num_threads(1);
   AcceleratorOptions options;
   options.gradient_accumulation_steps = 4;
@@ -223,13 +199,13 @@ int main(int argc, char** argv) {
     if (misuse == "outside") {  // a block called by itself, not through model(x)
       const torch::Tensor x = torch::zeros({2, shape.context, shape.width}, dtype);
       net.list->blocks[0]->as<ShardedUnitImpl<AttentionBlockImpl>>()->forward(x);
-      report(false, "a block ran outside the prepared call");
+      verdicts.check(false, "a block ran outside the prepared call");
       return 1;
     }
     if (misuse == "direct") {  // the model's own forward, not the prepared call
       torch::NoGradGuard no_grad;
       net.list->forward(torch::zeros({2, shape.context}, torch::kLong));
-      report(false, "the model's forward ran on released parameters");
+      verdicts.check(false, "the model's forward ran on released parameters");
       return 1;
     }
 
@@ -300,9 +276,9 @@ int main(int argc, char** argv) {
         block_runs += block->runs;
     std::printf("block forwards %d for %lld micro-batches\n", block_runs,
                 static_cast<long long>(micro_batches - first_micro));
-    report(synced_steps == std::size_t(steps), std::to_string(synced_steps) +
-                                                   " optimizer steps of " + std::to_string(K) +
-                                                   " micro-batches");
+    verdicts.check(synced_steps == std::size_t(steps), "every step synchronised",
+                   std::to_string(synced_steps) + " optimizer steps of " + std::to_string(K) +
+                       " micro-batches");
 
     if (zero != nullptr) {
       std::size_t owned = 0;
@@ -330,17 +306,18 @@ int main(int argc, char** argv) {
         state += std::size_t(adam.exp_avg().numel() + adam.exp_avg_sq().numel());
       }
       char line[300];
-      std::snprintf(line, sizeof line,
-                    "ZeRO-3 memory of rank %d: the model's tensors hold %zu bytes (its %zu "
-                    "persistent elements), slices of %zu of %zu elements, optimizer state %zu "
-                    "elements, gathered storage %.0f bytes",
-                    rank, held, persistent, slices, total, state, max_gathered);
+      std::snprintf(
+          line, sizeof line,
+          "the model's tensors hold %zu bytes (its %zu persistent elements), slices of "
+          "%zu of %zu elements, optimizer state %zu elements, gathered storage %.0f bytes",
+          held, persistent, slices, total, state, max_gathered);
       // Slices: 1/N of each flat buffer, padded to a multiple of N (under N per buffer); N the
       // ranks sharing them (HYBRID_SHARD: one machine's).
       const std::size_t shards = std::size_t(world / zero->gradient_replicas());
-      report(held == persistent * std::size_t(c10::elementSize(dtype)) && state == 2 * slices &&
-                 slices <= total / shards + 2 * shards && slices >= total / shards,
-             line);
+      verdicts.check(held == persistent * std::size_t(c10::elementSize(dtype)) &&
+                         state == 2 * slices && slices <= total / shards + 2 * shards &&
+                         slices >= total / shards,
+                     "ZeRO-3 memory", line);
       std::printf("prefetch hits %llu\n", static_cast<unsigned long long>(zero->prefetch_hits()));
       // HYBRID_SHARD's collectives run on its two groups, which acc.comm() does not count.
       if (zero->gradient_replicas() > 1)
@@ -352,21 +329,21 @@ int main(int argc, char** argv) {
     // The whole parameters, as get_state_dict gathers them (every rank calls it).
     const torch::Tensor mine = flat(state_dict());
     const torch::Tensor everyone = acc.gather(mine.unsqueeze(0));
-    report(torch::equal(everyone, mine.unsqueeze(0).expand_as(everyone)),
-           "every rank's get_state_dict is the same");
+    verdicts.check(torch::equal(everyone, mine.unsqueeze(0).expand_as(everyone)),
+                   "every rank's get_state_dict is the same");
     const double diff = (mine - flat_parameters(reference.module())).abs().max().item<double>();
     char line[200];
-    std::snprintf(line, sizeof line, "training equals one process: max |diff| %.3g (limit %.3g)",
-                  diff, limit);
+    std::snprintf(line, sizeof line, "max |diff| %.3g (limit %.3g)", diff, limit);
     // Dropout masks differ by rank; no --limit: fp32 (no bound, tolerance.hpp).
-    if (shape.dropout == 0 && limit > 0) report(rank != 0 || diff <= limit, line);
+    if (shape.dropout == 0 && limit > 0)
+      verdicts.check(rank != 0 || diff <= limit, "training equals one process", line);
     if (!dump.empty() && rank == 0) {
       std::FILE* out = std::fopen(dump.c_str(), "wb");
       const bool written =
           out && std::fwrite(mine.data_ptr<double>(), sizeof(double), std::size_t(mine.numel()),
                              out) == std::size_t(mine.numel());
       if (out) std::fclose(out);
-      report(written, "parameters written to " + dump);
+      verdicts.check(written, "parameters written", dump);
     }
     // After training: evaluation without grad mode (each unit gathered, released again).
     {
@@ -374,9 +351,10 @@ int main(int argc, char** argv) {
       const torch::Tensor ids = tokens.narrow(0, 0, per_rank).narrow(1, 0, shape.context);
       const double eval_diff = (forward(ids) - ref_forward(ids)).abs().max().item<double>();
       if (shape.dropout == 0 && limit > 0)
-        report(eval_diff <= 100 * limit + 1e-12, "evaluation under no_grad matches the reference");
+        verdicts.check(eval_diff <= 100 * limit + 1e-12,
+                       "evaluation under no_grad matches the reference");
     }
-    return failures == 0 ? 0 : 1;
+    return verdicts.exit_code();
   } catch (const std::exception& e) {
     std::printf("error: %s\n", e.what());
     std::fflush(stdout);

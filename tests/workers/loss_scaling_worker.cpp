@@ -19,6 +19,7 @@
 #include "accelerate/accelerator.hpp"
 #include "backends/optim/sgd.hpp"
 #include "tests/support/tolerance.hpp"
+#include "tests/support/worker.hpp"
 
 using namespace accel;
 
@@ -29,21 +30,17 @@ constexpr float kLr = 0.25f;
 
 float target(int step, int rank, int i) { return float((step * 7 + rank * 3 + i) % 11) - 5.0f; }
 
-int failures = 0;
-void report(bool ok, const std::string& what) {
-  std::printf("%s %s\n", ok ? "ok" : "FAIL", what.c_str());
-  std::fflush(stdout);
-  failures += !ok;
-}
+test::VerdictLog verdicts;
 
 }  // namespace
 
 int main(int argc, char** argv) {
   try {
     AcceleratorOptions options;
-    if (argc == 3 && std::string(argv[1]) == "--zero") {
+    const test::WorkerFlags flags(argc, argv);
+    if (flags.has("zero")) {
       options.distributed_type = "ZERO";
-      options.zero_stage = std::stoi(argv[2]);
+      options.zero_stage = int(flags.integer("zero"));
     }
     options.mixed_precision = "fp16";
     options.loss_scaler.init_scale = 1024;
@@ -57,8 +54,8 @@ int main(int argc, char** argv) {
 
     const std::string expected_strategy =
         options.zero_stage ? "zero" + std::to_string(*options.zero_stage) : "ddp";
-    report(acc.strategy().name() == expected_strategy,
-           "strategy " + std::string(acc.strategy().name()));
+    verdicts.check(acc.strategy().name() == expected_strategy, "strategy",
+                   std::string(acc.strategy().name()));
     std::vector<float> reference(kParams, 1.0f);
     std::vector<double> scales;
     std::vector<int> skipped;
@@ -82,7 +79,7 @@ int main(int argc, char** argv) {
         skipped.push_back(step);
         for (float g : grad) zeroed_after_skip = zeroed_after_skip && g == 0.0f;
         if (!acc.optimizer_step_was_skipped())
-          report(false, "sync_gradients false but not skipped");
+          verdicts.check(false, "sync_gradients false but not skipped");
       }
       if (step != kOverflowStep)
         for (int i = 0; i < kParams; ++i) {
@@ -92,15 +89,16 @@ int main(int argc, char** argv) {
         }
     }
 
-    report(
-        skipped == std::vector<int>{kOverflowStep},
-        "every rank skipped exactly the step that overflowed on rank " + std::to_string(world - 1));
-    report(zeroed_after_skip, "the skipped step's gradients were zeroed");
+    verdicts.check(skipped == std::vector<int>{kOverflowStep},
+                   "every rank skipped exactly the step that overflowed",
+                   "on rank " + std::to_string(world - 1));
+    verdicts.check(zeroed_after_skip, "the skipped step's gradients were zeroed");
     const std::vector<double> expected = {1024, 1024, 1024, 2048, 1024,
                                           1024, 1024, 2048, 2048, 2048};
-    report(scales == expected, "the scale backs off after the overflow and grows every 3 steps");
-    report(acc.loss_scaler()->scale() == 4096, "the scale ends at 4096");
-    report(acc.step() == std::uint64_t(kSteps - 1), "the skipped step is not counted");
+    verdicts.check(scales == expected,
+                   "the scale backs off after the overflow and grows every 3 steps");
+    verdicts.check(acc.loss_scaler()->scale() == 4096, "the scale ends at 4096");
+    verdicts.check(acc.step() == std::uint64_t(kSteps - 1), "the skipped step is not counted");
     { const auto gathered = acc.gather_parameters(0); }  // w current (ZeRO-3)
     double diff = 0;
     for (int i = 0; i < kParams; ++i) diff = std::max(diff, double(std::fabs(w[i] - reference[i])));
@@ -115,12 +113,9 @@ int main(int argc, char** argv) {
                                                  .unit_roundoff = test::kUnitRoundoffF32}) +
                          2 * test::kUnitRoundoffF32 * 5 * kSteps;
     char line[160];
-    std::snprintf(line, sizeof line,
-                  "training equals one process skipping the same step (max |diff| %.3g, limit "
-                  "%.3g)",
-                  diff, limit);
-    report(diff <= limit, line);
-    return failures == 0 ? 0 : 1;
+    std::snprintf(line, sizeof line, "max |diff| %.3g, limit %.3g", diff, limit);
+    verdicts.check(diff <= limit, "training equals one process skipping the same step", line);
+    return verdicts.exit_code();
   } catch (const std::exception& e) {
     std::fprintf(stderr, "loss_scaling_worker: %s\n", e.what());
     return 1;

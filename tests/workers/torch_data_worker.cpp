@@ -26,6 +26,7 @@
 #include "tests/support/disk_dataset.hpp"
 #include "tests/support/files.hpp"
 #include "tests/support/tolerance.hpp"
+#include "tests/support/worker.hpp"
 
 using namespace accel;
 using namespace accel::test;
@@ -34,12 +35,7 @@ using torch::data::DataLoaderOptions;
 
 namespace {
 
-int failures = 0;
-void report(bool ok, const std::string& what) {
-  std::printf("%s %s\n", ok ? "ok" : "FAIL", what.c_str());
-  std::fflush(stdout);
-  failures += !ok;
-}
+test::VerdictLog verdicts;
 
 // The samples a padded epoch reads: sample i % n at position i (Accelerate's wrap-around).
 class Wrapped : public torch::data::datasets::Dataset<Wrapped> {
@@ -135,14 +131,14 @@ int main() {
                                              .longest_sum = g + std::size_t(world) + 2,
                                              .magnitude = 100});
       char line[200];
-      std::snprintf(line, sizeof line,
-                    "%s: training equals one process: max |diff| %.3g (limit %.3g, %d steps)", what,
-                    diff, limit, steps);
-      report(diff <= limit && steps > 0, line);
+      std::snprintf(line, sizeof line, "max |diff| %.3g (limit %.3g, %d steps)", diff, limit,
+                    steps);
+      verdicts.check(diff <= limit && steps > 0,
+                     std::string(what) + ": training equals one process", line);
     };
     train(padded);
     plain_epoch(plain_padded, reference, ref_sgd);
-    report(padded.size() == 5 && steps == 5, "padded: 5 batches of 3 on every rank");
+    verdicts.check(padded.size() == 5 && steps == 5, "padded: 5 batches of 3 on every rank");
     compare("padded");
     train(dropped);
     plain_epoch(plain_dropped, reference, ref_sgd);
@@ -154,8 +150,9 @@ int main() {
     expected = share.indices();
     std::sort(reads.begin(), reads.end());
     std::sort(expected.begin(), expected.end());
-    report(reads == expected, "reads from disk only its own " + std::to_string(reads.size()) +
-                                  " samples of " + std::to_string(n) + " (2 workers)");
+    verdicts.check(
+        reads == expected, "reads from disk only its own samples",
+        std::to_string(reads.size()) + " samples of " + std::to_string(n) + " (2 workers)");
 
     // ---- even_batches
     const auto count = [&](bool even, std::size_t& batches) {
@@ -164,23 +161,24 @@ int main() {
       std::int64_t samples = 0;
       batches = 0;
       for (auto& batch : *loader) samples += batch.data.size(0), ++batches;
-      report(batches == loader.size(), "the loader yields its size() batches");
+      verdicts.check(batches == loader.size(), "the loader yields its size() batches");
       return samples;
     };
     std::size_t batches = 0;
     std::int64_t mine = count(true, batches);
     torch::Tensor total = acc.reduce(torch::tensor(mine), ReduceOp::sum);
-    report(batches == 5 && mine == 15 && total.item<std::int64_t>() == std::int64_t(n + padding),
-           "even_batches true: 5 batches of 3 on every rank, padded to " +
-               std::to_string(total.item<std::int64_t>()));
+    verdicts.check(
+        batches == 5 && mine == 15 && total.item<std::int64_t>() == std::int64_t(n + padding),
+        "even_batches true: 5 batches of 3 on every rank",
+        "padded to " + std::to_string(total.item<std::int64_t>()));
     mine = count(false, batches);
     total = acc.reduce(torch::tensor(mine), ReduceOp::sum);
     const std::size_t tail = std::min<std::size_t>(b, 5 - std::min<std::size_t>(5, b * rank));
-    report(batches == 4 + (tail > 0) && mine == std::int64_t(4 * b + tail) &&
-               total.item<std::int64_t>() == std::int64_t(n),
-           "even_batches false: " + std::to_string(batches) + " batches, " + std::to_string(mine) +
-               " samples here, " + std::to_string(total.item<std::int64_t>()) +
-               " in all, nothing repeated");
+    verdicts.check(batches == 4 + (tail > 0) && mine == std::int64_t(4 * b + tail) &&
+                       total.item<std::int64_t>() == std::int64_t(n),
+                   "even_batches false: nothing repeated",
+                   std::to_string(batches) + " batches, " + std::to_string(mine) +
+                       " samples here, " + std::to_string(total.item<std::int64_t>()) + " in all");
 
     // ---- gather_for_metrics
     {
@@ -190,9 +188,10 @@ int main() {
       for (auto& batch : *loader) seen.push_back(acc.gather_for_metrics(batch.data, loader));
       const torch::Tensor all = torch::cat(seen);
       const auto distinct = std::get<0>(at::_unique(all)).numel();
-      report(all.numel() == std::int64_t(n) && distinct == std::int64_t(n),
-             "gather_for_metrics yields " + std::to_string(all.numel()) + " samples, " +
-                 std::to_string(distinct) + " distinct, of " + std::to_string(n));
+      verdicts.check(all.numel() == std::int64_t(n) && distinct == std::int64_t(n),
+                     "gather_for_metrics yields every sample once",
+                     std::to_string(all.numel()) + " samples, " + std::to_string(distinct) +
+                         " distinct, of " + std::to_string(n));
     }
 
     // ---- RandomSampler: one permutation shared by the ranks, another next epoch
@@ -208,8 +207,8 @@ int main() {
       for (const auto& e : epochs)
         permutation &=
             std::get<0>(at::_unique(e.narrow(0, 0, std::int64_t(n)))).numel() == std::int64_t(n);
-      report(permutation && !torch::equal(epochs[0], epochs[1]) && loader.epoch() == 1,
-             "RandomSampler: the ranks' batches are one permutation per epoch, reshuffled");
+      verdicts.check(permutation && !torch::equal(epochs[0], epochs[1]) && loader.epoch() == 1,
+                     "RandomSampler: the ranks' batches are one permutation per epoch, reshuffled");
     }
 
     // ---- a DistributedSequentialSampler the loop built is kept
@@ -224,10 +223,10 @@ int main() {
       std::vector<torch::Tensor> ours, theirs;
       for (auto& batch : *loader) ours.push_back(batch.data);
       for (auto& batch : *plain) theirs.push_back(batch.data);
-      report(ours.size() == theirs.size() && ours.size() == loader.size() &&
-                 torch::equal(torch::cat(ours), torch::cat(theirs)),
-             "DistributedSequentialSampler kept: LibTorch's " + std::to_string(theirs.size()) +
-                 " batches exactly");
+      verdicts.check(ours.size() == theirs.size() && ours.size() == loader.size() &&
+                         torch::equal(torch::cat(ours), torch::cat(theirs)),
+                     "DistributedSequentialSampler kept: LibTorch's batches exactly",
+                     std::to_string(theirs.size()) + " batches");
     }
 
     // ---- a token stream: each rank its contiguous share, batchified as before
@@ -243,23 +242,23 @@ int main() {
       tokens = tokens.narrow(0, 0, tokens.size(0) / columns * columns);
       const torch::Tensor train = batchify(acc.split_between_processes(tokens), bsz);
       const torch::Tensor columns_of_all = acc.gather(train.t().contiguous()).t();
-      report(torch::equal(columns_of_all, global),
-             "token stream: the ranks' batchified shares are the global batch's " +
-                 std::to_string(global.size(0)) + " x " + std::to_string(global.size(1)));
+      verdicts.check(torch::equal(columns_of_all, global),
+                     "token stream: the ranks' batchified shares are the global batch",
+                     std::to_string(global.size(0)) + " x " + std::to_string(global.size(1)));
     }
 
     // ---- a sampler of the loop's own making
     try {
       acc.prepare_data_loader(ids(n), EveryOther(n), DataLoaderOptions(b));
-      report(false, "a custom sampler is refused at several processes");
+      verdicts.check(false, "a custom sampler is refused at several processes");
     } catch (const InvalidArgument& e) {
-      report(std::string(e.what()).find("only a RandomSampler") != std::string::npos,
-             std::string("a custom sampler is refused: ") + e.what());
+      verdicts.check(std::string(e.what()).find("only a RandomSampler") != std::string::npos,
+                     "a custom sampler is refused", e.what());
     }
     acc.wait_for_everyone();
   } catch (const std::exception& e) {
     std::fprintf(stderr, "torch_data_worker: %s\n", e.what());
     return 2;
   }
-  return failures == 0 ? 0 : 1;
+  return verdicts.exit_code();
 }

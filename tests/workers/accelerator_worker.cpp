@@ -24,6 +24,7 @@
 #include "tests/support/global_batches.hpp"
 #include "tests/support/mlp_magnitude.hpp"
 #include "tests/support/tolerance.hpp"
+#include "tests/support/worker.hpp"
 
 using namespace accel;
 
@@ -74,24 +75,16 @@ double clip(raw_mlp::Mlp& m, double max_norm) {
   return norm;
 }
 
-int failures = 0;
-void report(bool ok, const std::string& what) {
-  std::printf("%s %s\n", ok ? "ok" : "FAIL", what.c_str());
-  failures += !ok;
-}
+test::VerdictLog verdicts;
 
 }  // namespace
 
 int main(int argc, char** argv) {
+  const test::WorkerFlags flags(argc, argv);
   AcceleratorOptions options;
-  double max_norm = 0;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string flag = argv[i];
-    if (flag == "--accumulation")
-      options.gradient_accumulation_steps = std::stoi(argv[i + 1]);
-    else if (flag == "--clip")
-      max_norm = std::stod(argv[i + 1]);
-  }
+  if (flags.has("accumulation"))
+    options.gradient_accumulation_steps = int(flags.integer("accumulation"));
+  const double max_norm = flags.real("clip", 0);
   options.ddp.first_bucket_bytes = 512;  // several buckets even for this small model
   options.ddp.bucket_cap_bytes = 2048;
   try {
@@ -134,7 +127,7 @@ int main(int argc, char** argv) {
         // Every K batches, and at the end of the epoch (Accelerate's sync_with_dataloader).
         const bool boundary =
             (b + 1) % std::size_t(accumulation) == 0 || b + 1 == sampler.num_batches();
-        if (acc.sync_gradients() != boundary) report(false, "sync_gradients boundary");
+        if (acc.sync_gradients() != boundary) verdicts.check(false, "sync_gradients boundary");
         if (boundary) {
           test::fold_step(measured, std::exchange(step_magnitudes, {}));
           if (max_norm > 0) test::fold_clip_share(measured, reference, max_norm);
@@ -185,11 +178,11 @@ int main(int argc, char** argv) {
                                      .unit_roundoff = test::kUnitRoundoffF32});
     char line[240];
     std::snprintf(line, sizeof line,
-                  "training equals one process: max |diff| %.3g (limit %.3g), clip norm diff %.3g "
-                  "(limit %.3g) (%llu optimizer steps, %s)",
-                  diff, limit, norm_diff, norm_limit, static_cast<unsigned long long>(acc.step()),
-                  std::string(acc.strategy().name()).c_str());
-    report(diff <= limit && norm_diff <= norm_limit, line);
+                  "max |diff| %.3g (limit %.3g), clip norm diff %.3g (limit %.3g) (%llu optimizer "
+                  "steps)",
+                  diff, limit, norm_diff, norm_limit, static_cast<unsigned long long>(acc.step()));
+    verdicts.check(diff <= limit && norm_diff <= norm_limit, "training equals one process", line);
+    verdicts.check(true, "strategy", std::string(acc.strategy().name()));
 
     // Evaluation: each sample's index, gathered for metrics, batch by batch.
     ShardedSampler eval = acc.make_sampler(kDatasetSize, {5, false, 0, false});
@@ -203,15 +196,17 @@ int main(int argc, char** argv) {
       seen.insert(seen.end(), g.begin(), g.end());
     }
     const std::set<std::int64_t> distinct(seen.begin(), seen.end());
-    report(seen.size() == kDatasetSize && distinct.size() == kDatasetSize,
-           "gather_for_metrics yields " + std::to_string(seen.size()) + " samples, " +
-               std::to_string(distinct.size()) + " distinct, of " + std::to_string(kDatasetSize));
+    verdicts.check(seen.size() == kDatasetSize && distinct.size() == kDatasetSize,
+                   "gather_for_metrics yields every sample once",
+                   std::to_string(seen.size()) + " samples, " + std::to_string(distinct.size()) +
+                       " distinct, of " + std::to_string(kDatasetSize));
 
     acc.set_seed(rank == 0 ? 1234 : 99);
     std::vector<std::int64_t> seeds =
         acc.gather(std::vector<std::int64_t>{std::int64_t(acc.seed())});
-    report(std::all_of(seeds.begin(), seeds.end(), [](std::int64_t s) { return s == 1234; }),
-           "set_seed agrees on rank 0's seed");
+    verdicts.check(
+        std::all_of(seeds.begin(), seeds.end(), [](std::int64_t s) { return s == 1234; }),
+        "set_seed agrees on rank 0's seed");
 
     const auto [begin, end] = acc.split_between_processes(10);
     std::vector<std::int64_t> range = {std::int64_t(begin), std::int64_t(end)};
@@ -219,14 +214,14 @@ int main(int argc, char** argv) {
     bool contiguous = ranges.front() == 0 && ranges.back() == 10;
     for (std::size_t r = 1; r < ranges.size() / 2; ++r)
       contiguous &= ranges[2 * r] == ranges[2 * r - 1];
-    report(contiguous, "split_between_processes covers [0, 10) once");
+    verdicts.check(contiguous, "split_between_processes covers [0, 10) once");
 
     const auto padded = acc.pad_across_processes(std::vector<float>(std::size_t(rank + 1), 1.0f));
-    report(padded.size() == std::size_t(world), "pad_across_processes pads to the longest");
+    verdicts.check(padded.size() == std::size_t(world), "pad_across_processes pads to the longest");
     acc.wait_for_everyone();
   } catch (const std::exception& e) {
     std::fprintf(stderr, "accelerator_worker: %s\n", e.what());
     return 2;
   }
-  return failures == 0 ? 0 : 1;
+  return verdicts.exit_code();
 }

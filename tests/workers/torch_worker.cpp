@@ -33,6 +33,7 @@
 #include "backends/zero/zero_strategy.hpp"
 #include "tests/support/global_batches.hpp"
 #include "tests/support/tolerance.hpp"
+#include "tests/support/worker.hpp"
 
 using namespace accel;
 
@@ -131,42 +132,21 @@ torch::Tensor flat_state(torch::nn::Module& m, bool with_buffers) {
   return torch::cat(parts);
 }
 
-int failures = 0;
-void report(bool ok, const std::string& what) {
-  std::printf("%s %s\n", ok ? "ok" : "FAIL", what.c_str());
-  std::fflush(stdout);
-  failures += !ok;
-}
+test::VerdictLog verdicts;
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string model_kind = "mlp", optimizer_kind = "sgd", dump, differ;
-  double max_norm = 0;
-  bool scheduler = false, checkpointed = false;
+  const test::WorkerFlags flags(argc, argv);
+  const std::string model_kind = flags.text("model", "mlp");
+  const std::string optimizer_kind = flags.text("optimizer", "sgd");
+  const std::string dump = flags.text("dump"), differ = flags.text("differ_on_rank1");
+  const double max_norm = flags.real("clip", 0);
+  const bool scheduler = flags.has("scheduler"), checkpointed = flags.has("checkpoint");
   AcceleratorOptions options;
-  for (int i = 1; i < argc; ++i) {
-    const std::string flag = argv[i];
-    const std::string value = i + 1 < argc ? argv[i + 1] : "";
-    if (flag == "--model")
-      model_kind = value, ++i;
-    else if (flag == "--optimizer")
-      optimizer_kind = value, ++i;
-    else if (flag == "--accumulation")
-      options.gradient_accumulation_steps = std::stoi(value), ++i;
-    else if (flag == "--clip")
-      max_norm = std::stod(value), ++i;
-    else if (flag == "--scheduler")
-      scheduler = true;
-    else if (flag == "--checkpoint")
-      checkpointed = true;
-    else if (flag == "--bf16")
-      options.mixed_precision = "bf16";
-    else if (flag == "--dump")
-      dump = value, ++i;
-    else if (flag == "--differ_on_rank1")
-      differ = value, ++i;
-  }
+  if (flags.has("accumulation"))
+    options.gradient_accumulation_steps = int(flags.integer("accumulation"));
+  if (flags.has("bf16")) options.mixed_precision = "bf16";
   options.ddp.first_bucket_bytes = 256;  // several buckets even for these small models
   options.ddp.bucket_cap_bytes = 2048;
   options.zero.bucket_cap_bytes = 1024;
@@ -286,13 +266,14 @@ int main(int argc, char** argv) {
         }
       }
     }
-    report(boundary_errors == 0, "backward synchronises exactly at the accumulation boundaries");
+    verdicts.check(boundary_errors == 0,
+                   "backward synchronises exactly at the accumulation boundaries");
 
     if (ddp) {
       for (std::size_t i = 0; i < params.size(); ++i)
         views &= params[i].grad().data_ptr() == grad_ptrs[i] &&
                  grad_ptrs[i] == ddp->grad_slot(0, i).data;
-      report(views, "gradients stay views of the DDP buckets");
+      verdicts.check(views, "gradients stay views of the DDP buckets");
     } else {
       // ZeRO: the optimizer holds this rank's slices, and the parameters live in the flat buffer.
       auto& zero = dynamic_cast<ZeroStrategy&>(acc.strategy());
@@ -303,17 +284,17 @@ int main(int argc, char** argv) {
       bool in_flat = true;
       for (std::size_t i = 0; i < params.size(); ++i)
         in_flat &= params[i].data_ptr() == zero.param_slot(i).data;
-      report(slice_elements == optimizer_elements && in_flat,
-             "the optimizer steps this rank's " + std::to_string(optimizer_elements) +
-                 " slice elements; parameters live in the flat buffers (" +
-                 std::string(zero.name()) + ")");
+      verdicts.check(slice_elements == optimizer_elements && in_flat,
+                     "the optimizer steps this rank's slices; parameters live in the flat buffers",
+                     std::to_string(optimizer_elements) + " slice elements (" +
+                         std::string(zero.name()) + ")");
     }
 
     // Bitwise the same state on every rank (parameters and, broadcast, the buffers).
     const torch::Tensor mine = flat_state(model.module(), true);
     const torch::Tensor everyone = acc.gather(mine.unsqueeze(0));
-    report(torch::equal(everyone, mine.unsqueeze(0).expand_as(everyone)),
-           "every rank holds the same parameters and buffers");
+    verdicts.check(torch::equal(everyone, mine.unsqueeze(0).expand_as(everyone)),
+                   "every rank holds the same parameters and buffers");
 
     char line[240];
     if (!bf16) {
@@ -363,10 +344,11 @@ int main(int argc, char** argv) {
                                        .elements = elements,
                                        .longest_sum = longest_sum});
       std::snprintf(line, sizeof line,
-                    "training equals one process: max |diff| %.3g (limit %.3g), buffers %.3g "
-                    "(limit %.3g), clip norm diff %.3g (limit %.3g) (%zu optimizer steps)",
+                    "max |diff| %.3g (limit %.3g), buffers %.3g (limit %.3g), clip norm diff %.3g "
+                    "(limit %.3g) (%zu optimizer steps)",
                     diff, limit, buffer_diff, buffer_limit, norm_diff, norm_limit, steps);
-      report(diff <= limit && buffer_diff <= buffer_limit && norm_diff <= norm_limit, line);
+      verdicts.check(diff <= limit && buffer_diff <= buffer_limit && norm_diff <= norm_limit,
+                     "training equals one process", line);
     }
     if (!dump.empty() && rank == 0) {
       const torch::Tensor values = flat_state(model.module(), false).contiguous();
@@ -375,21 +357,20 @@ int main(int argc, char** argv) {
           out && std::fwrite(values.data_ptr<double>(), sizeof(double), std::size_t(values.numel()),
                              out) == std::size_t(values.numel());
       if (out) std::fclose(out);
-      report(written, "parameters written to " + dump);
+      verdicts.check(written, "parameters written", dump);
     }
     if (checkpointed && model.mlp) {
       const int recomputed = model.mlp->block_runs - model.mlp->forwards;
-      report(recomputed > 0, "checkpointed block recomputed in " + std::to_string(recomputed) +
-                                 " backwards (of " + std::to_string(model.mlp->forwards) +
-                                 " forwards)");
+      verdicts.check(recomputed > 0, "checkpointed block recomputed in backward",
+                     std::to_string(recomputed) + " recomputes (of " +
+                         std::to_string(model.mlp->forwards) + " forwards)");
     }
     if (schedule) {
       const double lr = opt->optimizer().param_groups()[0].options().get_lr();
       const double ref_lr = ref_optimizer->param_groups()[0].options().get_lr();
-      std::snprintf(line, sizeof line,
-                    "the LR scheduler on the wrapped optimizer: lr %.6g, one process %.6g", lr,
-                    ref_lr);
-      report(lr == ref_lr && lr < initial_lr, line);
+      std::snprintf(line, sizeof line, "lr %.6g, one process %.6g", lr, ref_lr);
+      verdicts.check(lr == ref_lr && lr < initial_lr,
+                     "the LR scheduler on the wrapped optimizer follows one process", line);
     }
 
     // Evaluation: predictions and sample ids of an unshuffled epoch, gathered for metrics.
@@ -408,10 +389,11 @@ int main(int argc, char** argv) {
     }
     const torch::Tensor all_ids = torch::cat(ids);
     const auto distinct = std::get<0>(at::_unique(all_ids)).numel();
-    report(all_ids.numel() == eval_n && distinct == eval_n &&
-               torch::cat(predictions).numel() == eval_n,
-           "gather_for_metrics yields " + std::to_string(all_ids.numel()) + " samples, " +
-               std::to_string(distinct) + " distinct, of " + std::to_string(eval_n));
+    verdicts.check(all_ids.numel() == eval_n && distinct == eval_n &&
+                       torch::cat(predictions).numel() == eval_n,
+                   "gather_for_metrics yields every sample once",
+                   std::to_string(all_ids.numel()) + " samples, " + std::to_string(distinct) +
+                       " distinct, of " + std::to_string(eval_n));
     acc.wait_for_everyone();
   } catch (const RankMismatchError& e) {
     std::printf("mismatch: %s\n", e.what());
@@ -420,5 +402,5 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "torch_worker: %s\n", e.what());
     return 2;
   }
-  return failures == 0 ? 0 : 1;
+  return verdicts.exit_code();
 }

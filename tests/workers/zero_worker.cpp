@@ -44,9 +44,9 @@
 #include <string>
 
 #include "accelerate/process/process_group.hpp"
+#include "backends/comm/host_collectives.hpp"
 #include "backends/optim/adamw.hpp"
 #include "backends/optim/clip.hpp"
-#include "backends/comm/host_collectives.hpp"
 #include "backends/optim/sgd.hpp"
 #include "backends/strategy_factory.hpp"
 #include "backends/zero/zero_strategy.hpp"
