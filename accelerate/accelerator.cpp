@@ -6,14 +6,14 @@
 #include <cstring>
 #include <utility>
 
-#include "accelerate/process/malloc_tuning.hpp"
 #include "accelerate/prepared_parameters.hpp"
+#include "accelerate/process/malloc_tuning.hpp"
 #include "accelerate/process/process_group.hpp"
 #include "accelerate/process/uncaught_error.hpp"
+#include "backends/comm/host_collectives.hpp"
 #include "backends/comm/local_communicator.hpp"
 #include "backends/optim/clip.hpp"
 #include "backends/optim/elementwise.hpp"
-#include "backends/comm/host_collectives.hpp"
 #include "backends/strategy_factory.hpp"
 #include "config/detect.hpp"
 #include "config/resolve.hpp"

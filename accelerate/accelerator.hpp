@@ -45,15 +45,15 @@
 #include <vector>
 
 #include "accelerate/checkpointing/checkpoint.hpp"
-#include "accelerate/loss_scaler.hpp"
 #include "accelerate/checkpointing/optimizer_state.hpp"
+#include "accelerate/data/sharded_sampler.hpp"
+#include "accelerate/loss_scaler.hpp"
 #include "accelerate/print.hpp"
 #include "accelerate/process/process_env.hpp"
+#include "accelerate/process/rank_agreement.hpp"
 #include "accelerate/progress_bar.hpp"
 #include "accelerate/progress_range.hpp"
-#include "accelerate/process/rank_agreement.hpp"
 #include "accelerate/replicated_model.hpp"
-#include "accelerate/data/sharded_sampler.hpp"
 #include "accelerate/trackers/tracker_set.hpp"
 #include "backends/backend.hpp"
 #include "backends/comm/communicator.hpp"
@@ -171,7 +171,8 @@ class Accelerator {
   // prepare_parameters plus a built-in optimizer (accel::Sgd, accel::AdamW; ParamRef::group
   // picks its param group): optimizer_step() then steps it on what this rank updates, and its
   // state is saved in checkpoints ("optimizer": one blob under DDP, each rank's slices under
-  // ZeRO) and loads under another world size or strategy (accelerate/checkpointing/optimizer_state.hpp).
+  // ZeRO) and loads under another world size or strategy
+  // (accelerate/checkpointing/optimizer_state.hpp).
   std::size_t prepare(std::vector<ParamRef> params, Optimizer& optimizer,
                       std::vector<Buffer> buffers = {});
   // At an accumulation boundary (sync_gradients() returned true), after any clipping: steps
@@ -202,8 +203,8 @@ class Accelerator {
     std::size_t model_;
   };
   // prepare(params_of(model), optimizer), and under DATA_PARALLEL also K-1 copies of the model
-  // (copy-constructed now, kept in a ModelReplicas: accelerate/replicated_model.hpp) whose parameters
-  // params_of gives the strategy. On GPUs copy k is constructed with replica k's device
+  // (copy-constructed now, kept in a ModelReplicas: accelerate/replicated_model.hpp) whose
+  // parameters params_of gives the strategy. On GPUs copy k is constructed with replica k's device
   // current, so a copy constructor that allocates with cudaMalloc and copies with
   // cudaMemcpy(..., cudaMemcpyDefault) puts the replica on its GPU.
   // params_of(Model&) -> std::vector<ParamRef>, the same parameters in the same order for
@@ -463,8 +464,8 @@ class Accelerator {
   std::uint64_t epoch() const { return epoch_; }
   std::uint64_t batch_in_epoch() const { return next_batch_; }  // batches of epoch() done
 
-  // ---- checkpoints (accelerate/checkpointing/checkpoint.hpp has the directory format and crash rules)
-  // State the Accelerator does not know about (optimizer, LR scheduler, a framework's
+  // ---- checkpoints (accelerate/checkpointing/checkpoint.hpp has the directory format and crash
+  // rules) State the Accelerator does not know about (optimizer, LR scheduler, a framework's
   // model): save() returns its bytes, load() restores them. A shared state's save() is
   // called on rank 0 only, so it must not communicate. Register in the same order with the
   // same names on every rank, before save_state / load_state.

@@ -1,7 +1,9 @@
 // Accelerator::save_state / load_state / register_state: what the Accelerator puts into a
-// checkpoint (accelerate/checkpointing/checkpoint.hpp does the directory, atomicity and verification).
+// checkpoint (accelerate/checkpointing/checkpoint.hpp does the directory, atomicity and
+// verification).
 //
-// Blobs: the prepared parameters' values as accelerate/checkpointing/parameter_layout.hpp describes them
+// Blobs: the prepared parameters' values as accelerate/checkpointing/parameter_layout.hpp describes
+// them
 // ("parameters": under DDP every value, under ZeRO the buffers only; "parameters.rankR": rank
 // R's slices under ZeRO) with "parameters.layout" (names, dtypes, shapes, flat offsets and
 // every blob's slices, so any strategy and world size reassembles them and a model that

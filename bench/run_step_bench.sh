@@ -23,7 +23,7 @@
 #   thr_pt            the same for PyTorch: 2 x pt1 / pt_ddp
 #   thr_indep         the same for indep, 2 x plain2 / indep: the ceiling of thr_<comm> on
 #                     this machine; what separates them is the all-reduce and the ranks
-#                     stepping in lockstep (bench/README, "DDP on one machine: the ceiling")
+#                     stepping in lockstep (bench/journal/2026-12-03, "DDP on one machine: the ceiling")
 #
 #   bench/run_step_bench.sh                       # everything (about 12 minutes on 2 cores)
 #   bench/run_step_bench.sh --quick               # a smoke run: few steps, any numbers

@@ -42,7 +42,7 @@ struct Shard {
   std::size_t count = 0;
 };
 // Inline, its error out of line: an all_gather or reduce_scatter in even parts asks it on every
-// call (bench/README, "The issuing path's instruction cache").
+// call (bench/journal/2026-12-06, "The issuing path's instruction cache").
 [[noreturn]] void throw_shard_outside(int world, int rank);
 inline Shard shard_of(std::size_t total, int world, int rank) {
   if (world <= 0 || rank < 0 || rank >= world) [[unlikely]]

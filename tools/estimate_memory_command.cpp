@@ -49,7 +49,8 @@ std::uint64_t parse_count(const std::string& text) {
   return std::uint64_t(value * scale + 0.5);
 }
 
-// The parameter count of a checkpoint's parameters.layout (accelerate/checkpointing/parameter_layout.hpp).
+// The parameter count of a checkpoint's parameters.layout
+// (accelerate/checkpointing/parameter_layout.hpp).
 std::uint64_t checkpoint_params(const std::string& dir) {
   const std::string path = dir + "/parameters.layout";
   std::ifstream in(path);

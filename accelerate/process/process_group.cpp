@@ -6,8 +6,8 @@
 
 #include "backends/comm/registry.hpp"
 #include "foundation/error.hpp"
-#include "foundation/store/prefix_store.hpp"
 #include "foundation/process_group_records.hpp"
+#include "foundation/store/prefix_store.hpp"
 #include "foundation/store/tcp_store.hpp"
 
 namespace accel {

@@ -9,8 +9,8 @@
 #include <torch/serialize/output-archive.h>
 
 #include "accelerate/checkpointing/checkpoint_manifest.hpp"
-#include "accelerate/torch/torch_replicas.hpp"
 #include "accelerate/torch/checkpointing/torch_state.hpp"
+#include "accelerate/torch/torch_replicas.hpp"
 #include "foundation/error.hpp"
 
 namespace accel {

@@ -20,12 +20,12 @@
 #endif
 
 #include "accelerate/checkpointing/parameter_layout.hpp"
+#include "accelerate/torch/checkpointing/torch_optimizer_state.hpp"
+#include "accelerate/torch/checkpointing/torch_state.hpp"
 #include "accelerate/torch/detail/prepared_tensors.hpp"
 #include "accelerate/torch/detail/tensor_buffer.hpp"
 #include "accelerate/torch/torch_accelerator.hpp"
-#include "accelerate/torch/checkpointing/torch_optimizer_state.hpp"
 #include "accelerate/torch/torch_replicas.hpp"
-#include "accelerate/torch/checkpointing/torch_state.hpp"
 #include "config/config.hpp"
 #include "foundation/error.hpp"
 

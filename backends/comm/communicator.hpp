@@ -223,7 +223,8 @@ class Communicator {
   // The rest of enqueue, under mutex_: queues the operation (or runs it inline when the
   // lock-free claim lost a race). Out of line, as are execute's errors (not_started, failed):
   // the inline path stays a few cache lines, where a small operation between two real
-  // collectives finds its code evicted (bench/README, "The issuing path's instruction cache").
+  // collectives finds its code evicted (bench/journal/2026-12-06, "The issuing path's instruction
+  // cache").
   template <typename Run>
   [[gnu::noinline]] WorkPtr enqueue_locked(OperationLabel label, bool may_inline,
                                            std::uint64_t bus_bytes, Run run);
@@ -268,7 +269,7 @@ class Communicator {
 
   // Who may execute, and the next sequence number, in one word, so an operation that runs
   // inline claims both with one compare-and-swap and gives them back with one subtraction,
-  // without mutex_ (bench/README, "One word for the inline path"):
+  // without mutex_ (bench/journal/2026-12-05, "One word for the inline path"):
   //   kRunning   an operation is executing (on the worker, or inline on a caller's thread);
   //   kStopping  stop_worker() was called;
   //   backlog    operations queued for the worker (queue_.size(); changed under mutex_);

@@ -3,7 +3,7 @@
 // contiguous and in rank order, covering the whole buffer. The even split (shard_of, what the
 // calls without counts use) is computed on demand, not stored: the common call allocates
 // nothing (a heap vector of parts was a quarter of the front end's time per all_gather call,
-// bench/README "The front end's cost per call"). Parts the caller chose are kept as given.
+// bench/journal/xThe front end's cost per call"). Parts the caller chose are kept as given.
 
 #include <algorithm>
 #include <cstddef>

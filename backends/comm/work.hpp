@@ -78,8 +78,8 @@ class Work {
   // The Work of every operation that completed without error before its call returned (run
   // inline): one object for the whole process, never destroyed, handed out without a
   // reference count, where copying and dropping a counted shared_ptr are a locked add each
-  // (bench/README, "One word for the inline path"). It is complete and never changes, so a
-  // holder sees what a Work of its own would show; only description() does not name the
+  // (bench/journal/2026-12-05, "One word for the inline path"). It is complete and never changes,
+  // so a holder sees what a Work of its own would show; only description() does not name the
   // operation.
   static WorkPtr completed();
 

@@ -2,8 +2,8 @@
 
 #include <cmath>
 
-#include "backends/optim/elementwise.hpp"
 #include "backends/comm/host_collectives.hpp"
+#include "backends/optim/elementwise.hpp"
 
 namespace accel {
 

@@ -71,8 +71,8 @@ class Optimizer {
 // Optimizer::save_state's bytes, parsed: the step count and, per segment, its element count
 // and its `slots` state arrays of `count` floats, one after the other from `data` (a view into
 // the parsed bytes; read with memcpy). The one reader of the format: Optimizer::load_state,
-// checkpoints' resharding (accelerate/checkpointing/optimizer_state.cpp) and the LibTorch adapter's state.
-// Throws InvalidArgument starting with `what` when the bytes are truncated or have any left.
+// checkpoints' resharding (accelerate/checkpointing/optimizer_state.cpp) and the LibTorch adapter's
+// state. Throws InvalidArgument starting with `what` when the bytes are truncated or have any left.
 struct SavedOptimizerState {
   struct Segment {
     std::uint64_t count = 0, slots = 0;

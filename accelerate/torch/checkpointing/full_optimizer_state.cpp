@@ -9,8 +9,8 @@
 #include <torch/serialize.h>
 
 #include "accelerate/accelerator.hpp"
-#include "accelerate/torch/detail/tensor_collectives.hpp"
 #include "accelerate/torch/checkpointing/torch_optimizer_state.hpp"
+#include "accelerate/torch/detail/tensor_collectives.hpp"
 #include "foundation/error.hpp"
 
 namespace accel {

@@ -1,8 +1,8 @@
 #pragma once
 // A LibTorch optimizer's per-parameter state in flat, world-size-free coordinates, so a
 // checkpoint of the LibTorch adapter resumes under any strategy and number of processes:
-// accelerate/checkpointing/optimizer_state.hpp packs it with the segment map and reshards it, as it does the
-// built-in optimizers' state (Accelerator::register_optimizer_state).
+// accelerate/checkpointing/optimizer_state.hpp packs it with the segment map and reshards it, as it
+// does the built-in optimizers' state (Accelerator::register_optimizer_state).
 //
 // The state tensors of torch::optim::SGD (momentum_buffer), Adam and AdamW (exp_avg,
 // exp_avg_sq, max_exp_avg_sq with amsgrad) are element-wise: element e of a state tensor

@@ -626,7 +626,7 @@ class MpiCommunicator::Collective {
 // its blocking algorithms: 3.1 against 7.6 GB/s busbw for a 64 MiB all-reduce, 8-14 against
 // 2-5 us for a 4 KiB one (comm_bench's raw_mpi_nb and raw_mpi, world 2). Meeting the other
 // ranks over point-to-point messages first, which carried the timeout before the watchdog,
-// cost 0.5-1 us per collective at world 2 (bench/README, "The MPI watchdog").
+// cost 0.5-1 us per collective at world 2 (bench/journal/2026-12-04, "The MPI watchdog").
 // The `timeout` the base class passes is the communicator's, which the watchdog holds.
 void MpiCommunicator::run_all_reduce(Buffer data, ReduceOp op, Milliseconds) {
   const MPI_Datatype type = mpi_type(data.dtype);

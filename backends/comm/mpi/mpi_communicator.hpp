@@ -31,7 +31,7 @@
 // beside the caller (foundation/host_cores.hpp, worker_can_overlap). Where it has none (as many
 // ranks on the host as cores, or a rank bound to one core), every operation runs inline:
 // measured on 2 cores at world 2 and 4, the slowest cells from 8 to 256 MiB went from 0.75
-// to 0.92 of raw MPI, and DDP's step did not change (bench/README, "MPI on the caller's
+// to 0.92 of raw MPI, and DDP's step did not change (bench/journal/2026-12-06, "MPI on the caller's
 // thread when no core is spare"). ACCEL_MPI_INLINE_BYTES overrides the limit (0: only
 // barriers), for experiments.
 //

@@ -7,7 +7,7 @@
 // naming the operation and the ranks that have not entered it, and ends the process with
 // kExitCode. Before the watchdog, every collective first met the other ranks over
 // point-to-point messages to carry the timeout; that meeting was a third of a 4 KiB
-// collective's time at world 2 (bench/README, "The MPI watchdog").
+// collective's time at world 2 (bench/journal/2026-12-04, "The MPI watchdog").
 //
 // Asking needs MPI_THREAD_MULTIPLE (the question is sent while another thread is blocked in
 // MPI), which MpiCommunicator requires. Internal to the mpi backend: it includes <mpi.h>.
@@ -113,8 +113,8 @@ class Watchdog {
   std::thread thread_;
 };
 
-// Inline: the path every small collective pays (bench/README, "The issuing path's instruction
-// cache").
+// Inline: the path every small collective pays (bench/journal/2026-12-06, "The issuing path's
+// instruction cache").
 inline void Watchdog::enter(const OperationLabel& label,
                             std::chrono::steady_clock::time_point deadline, const char* mpi_call) {
   label_ = &label;

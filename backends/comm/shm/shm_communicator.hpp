@@ -29,13 +29,13 @@
 //   ACCEL_SHM_YIELD        1 (default): sched_yield while spinning; 2: pure spin
 //   ACCEL_SHM_INLINE_BYTES the inline limit (default kInlineBytes). Unlike mpi's, it stays
 //                          when the worker has no core of its own: DDP's step over shm was
-//                          slower with every bucket inline (bench/README, "MPI on the
+//                          slower with every bucket inline (bench/journal/2026-12-06, "MPI on the
 //                          caller's thread when no core is spare")
 //   ACCEL_SHM_SYMMETRIC    0 (default): allocate_symmetric gives nothing (callers stage);
 //                          1: it gives symmetric memory. Off by default because DDP, its one
-//                          user, did not gain on the 2-core AMD VM (bench/README, "Symmetric
-//                          memory"): the in-place all-reduce is faster on buffers that are
-//                          not in cache, but the step as a whole was not.
+//                          user, did not gain on the 2-core AMD VM (bench/journal/2026-12-04,
+//                          "Symmetric memory"): the in-place all-reduce is faster on buffers that
+//                          are not in cache, but the step as a whole was not.
 
 #include <memory>
 #include <mutex>

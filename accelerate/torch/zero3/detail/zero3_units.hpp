@@ -19,8 +19,8 @@
 
 #include <ATen/Tensor.h>
 
-#include "accelerate/torch/zero3/root_forward.hpp"
 #include "accelerate/torch/zero3/detail/sharded_parameter_access.hpp"
+#include "accelerate/torch/zero3/root_forward.hpp"
 #include "backends/backend.hpp"
 #include "config/config.hpp"
 
