@@ -7,6 +7,8 @@
 
 #include <doctest/doctest.h>
 
+#include <yaml-cpp/yaml.h>
+
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -191,12 +193,14 @@ TEST_CASE("mlflow: MLflow's file store layout, read back; a second run joins the
     run(*mlflow);
   }
   const fs::path store = dir.file("fashion/mlruns");
-  // Experiment 0 is MLflow's Default; the project is experiment 1, named after it.
-  CHECK(read_file((store / "0/meta.yaml").string()).find("name: Default\n") != std::string::npos);
-  const std::string experiment = read_file((store / "1/meta.yaml").string());
-  CHECK(experiment.find("experiment_id: '1'\n") != std::string::npos);
-  CHECK(experiment.find("name: fashion\n") != std::string::npos);
-  CHECK(experiment.find("lifecycle_stage: active\n") != std::string::npos);
+  // Experiment 0 is MLflow's Default; the project is experiment 1, named after it. Read as
+  // MLflow reads them (YAML; ids and names are strings).
+  CHECK(YAML::LoadFile((store / "0/meta.yaml").string())["name"].as<std::string>() == "Default");
+  const YAML::Node experiment = YAML::LoadFile((store / "1/meta.yaml").string());
+  CHECK(experiment["experiment_id"].as<std::string>() == "1");
+  CHECK(experiment["name"].as<std::string>() == "fashion");
+  CHECK(experiment["lifecycle_stage"].as<std::string>() == "active");
+  CHECK(experiment["creation_time"].as<long long>() > 1600000000000LL);
   std::vector<fs::path> runs;
   for (const auto& e : fs::directory_iterator(store / "1"))
     if (e.is_directory()) runs.push_back(e.path());
@@ -204,11 +208,13 @@ TEST_CASE("mlflow: MLflow's file store layout, read back; a second run joins the
   const fs::path run_dir = runs[0];
   const std::string run_id = run_dir.filename().string();
   CHECK(run_id.size() == 32);
-  const std::string meta = read_file((run_dir / "meta.yaml").string());
-  CHECK(meta.find("run_id: " + run_id + "\n") != std::string::npos);
-  CHECK(meta.find("experiment_id: '1'\n") != std::string::npos);
-  CHECK(meta.find("status: 3\n") != std::string::npos);  // FINISHED by finish()
-  CHECK(meta.find("end_time: null") == std::string::npos);
+  const YAML::Node meta = YAML::LoadFile((run_dir / "meta.yaml").string());
+  CHECK(meta["run_id"].as<std::string>() == run_id);
+  CHECK(meta["run_name"].as<std::string>() == run_id.substr(0, 8));
+  CHECK(meta["experiment_id"].as<std::string>() == "1");
+  CHECK(meta["status"].as<int>() == 3);  // FINISHED by finish()
+  CHECK(meta["end_time"].as<long long>() >= meta["start_time"].as<long long>());
+  CHECK(meta["tags"].IsSequence());
   CHECK(read_file((run_dir / "params/lr").string()) == "0.05");
   CHECK(read_file((run_dir / "params/model").string()) == "cnn, small");
   // metrics/<key>: "<timestamp ms> <value> <step>" per log call.
@@ -232,4 +238,20 @@ TEST_CASE("mlflow: MLflow's file store layout, read back; a second run joins the
   for (const auto& e : fs::directory_iterator(store / "1")) count += e.is_directory();
   CHECK(count == 2);
   CHECK(!fs::exists(store / "2"));
+}
+
+TEST_CASE("mlflow: a project name YAML would read as something else stays its string") {
+  TempDir dir("accel_trackers");
+  namespace fs = std::filesystem;
+  for (const std::string name : {"exp: 2", "2", "- list", "#hash", "it's"}) {
+    CAPTURE(name);
+    make_tracker("mlflow", dir.file(name))->log({{"loss", 1.0}}, 0);
+    const fs::path store = dir.file(name + "/mlruns");
+    const YAML::Node experiment = YAML::LoadFile((store / "1/meta.yaml").string());
+    CHECK(experiment["name"].IsScalar());
+    CHECK(experiment["name"].as<std::string>() == name);
+    // The second run finds the experiment by that name again (no experiment 2).
+    make_tracker("mlflow", dir.file(name))->log({{"loss", 1.0}}, 0);
+    CHECK(!fs::exists(store / "2"));
+  }
 }

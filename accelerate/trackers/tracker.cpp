@@ -10,11 +10,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <memory>
 #include <random>
 #include <system_error>
+
+#include <yaml-cpp/yaml.h>
 
 #include "accelerate/trackers/tensorboard_events.hpp"
 #include "foundation/error.hpp"
@@ -170,14 +171,45 @@ void write_small_file(const std::filesystem::path& path, const std::string& text
   ::close(fd);
 }
 
-// "key: value" of a meta.yaml, or "" when absent.
+// The string at `key` of a meta.yaml, or "" when the file, the key or its parse is not there.
 std::string yaml_field(const std::filesystem::path& path, const std::string& key) {
-  std::ifstream in(path);
-  std::string line;
-  while (std::getline(in, line))
-    if (line.rfind(key + ": ", 0) == 0) return line.substr(key.size() + 2);
-  return "";
+  try {
+    const YAML::Node node = YAML::LoadFile(path.string())[key];
+    return node && node.IsScalar() ? node.as<std::string>() : std::string();
+  } catch (const YAML::Exception&) {
+    return "";
+  }
 }
+
+// One meta.yaml mapping as MLflow's FileStore reads it (yaml.safe_load): strings quoted, so a
+// name such as "exp: 2" or a run name of digits stays the string it is; numbers as numbers.
+class MetaYaml {
+ public:
+  MetaYaml() { out_ << YAML::BeginMap; }
+  MetaYaml& text(const std::string& key, const std::string& value) {
+    out_ << YAML::Key << key << YAML::Value << YAML::SingleQuoted << value;
+    return *this;
+  }
+  MetaYaml& number(const std::string& key, std::int64_t value) {
+    out_ << YAML::Key << key << YAML::Value << value;
+    return *this;
+  }
+  MetaYaml& null(const std::string& key) {
+    out_ << YAML::Key << key << YAML::Value << YAML::Null;
+    return *this;
+  }
+  MetaYaml& empty_list(const std::string& key) {
+    out_ << YAML::Key << key << YAML::Value << YAML::Flow << YAML::BeginSeq << YAML::EndSeq;
+    return *this;
+  }
+  std::string str() {
+    out_ << YAML::EndMap;
+    return std::string(out_.c_str()) + "\n";
+  }
+
+ private:
+  YAML::Emitter out_;
+};
 
 std::string random_hex(std::size_t digits) {
   std::random_device device;
@@ -220,7 +252,7 @@ class MlflowTracker final : public GeneralTracker {
     run_id_ = random_hex(32);
     run_dir_ = store / experiment_id_ / run_id_;
     start_ms_ = now;
-    write_meta(1, "null");  // RUNNING
+    write_meta(1, -1);  // RUNNING, no end time
     write_small_file(run_dir_ / "tags" / "mlflow.runName", run_id_.substr(0, 8));
     fs::create_directories(run_dir_ / "artifacts", ec);
   }
@@ -240,27 +272,43 @@ class MlflowTracker final : public GeneralTracker {
       file->append(stamp + " " + number_text(value) + " " + std::to_string(step) + "\n");
     }
   }
-  void finish() override { write_meta(3, std::to_string(now_ms())); }  // FINISHED
+  void finish() override { write_meta(3, now_ms()); }  // FINISHED
 
  private:
   static void write_experiment(const std::filesystem::path& store, const std::string& id,
                                const std::string& name, std::int64_t now) {
     write_small_file(store / id / "meta.yaml",
-                     "artifact_location: file://" + (store / id).string() +
-                         "\ncreation_time: " + std::to_string(now) + "\nexperiment_id: '" + id +
-                         "'\nlast_update_time: " + std::to_string(now) +
-                         "\nlifecycle_stage: active\nname: " + name + "\n");
+                     MetaYaml()
+                         .text("artifact_location", "file://" + (store / id).string())
+                         .number("creation_time", now)
+                         .text("experiment_id", id)
+                         .number("last_update_time", now)
+                         .text("lifecycle_stage", "active")
+                         .text("name", name)
+                         .str());
   }
-  void write_meta(int status, const std::string& end_time) {
+  void write_meta(int status, std::int64_t end_time) {
     const char* user = std::getenv("USER");
-    write_small_file(run_dir_ / "meta.yaml",
-                     "artifact_uri: file://" + (run_dir_ / "artifacts").string() +
-                         "\nend_time: " + end_time + "\nentry_point_name: ''\nexperiment_id: '" +
-                         experiment_id_ + "'\nlifecycle_stage: active\nrun_id: " + run_id_ +
-                         "\nrun_name: " + run_id_.substr(0, 8) + "\nrun_uuid: " + run_id_ +
-                         "\nsource_name: ''\nsource_type: 4\nsource_version: ''\nstart_time: " +
-                         std::to_string(start_ms_) + "\nstatus: " + std::to_string(status) +
-                         "\ntags: []\nuser_id: " + (user ? user : "unknown") + "\n");
+    MetaYaml meta;
+    meta.text("artifact_uri", "file://" + (run_dir_ / "artifacts").string());
+    if (end_time < 0)
+      meta.null("end_time");
+    else
+      meta.number("end_time", end_time);
+    meta.text("entry_point_name", "")
+        .text("experiment_id", experiment_id_)
+        .text("lifecycle_stage", "active")
+        .text("run_id", run_id_)
+        .text("run_name", run_id_.substr(0, 8))
+        .text("run_uuid", run_id_)
+        .text("source_name", "")
+        .number("source_type", 4)
+        .text("source_version", "")
+        .number("start_time", start_ms_)
+        .number("status", status)
+        .empty_list("tags")
+        .text("user_id", user ? user : "unknown");
+    write_small_file(run_dir_ / "meta.yaml", meta.str());
   }
   std::string experiment_id_, run_id_;
   std::filesystem::path run_dir_;
