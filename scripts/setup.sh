@@ -23,7 +23,6 @@ packages=(
   zlib1g-dev
   libgloo-dev
   libopenmpi-dev openmpi-bin
-  libboost-program-options-dev
   libyaml-cpp-dev
   doctest-dev
   libtorch-dev
