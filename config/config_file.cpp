@@ -430,48 +430,4 @@ void save_config(const std::string& path, const Config& config) {
   write_file_atomically(path, to_yaml(config));
 }
 
-void write_file_atomically(const std::string& path, std::string_view content,
-                           const std::function<void()>& before_rename) {
-  const fs::path target(path);
-  const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) throw Error(path + ": cannot create directory " + dir.string() + ": " + ec.message());
-
-  // Same directory, so the rename stays on one filesystem and is atomic.
-  std::string tmp = (dir / ("." + target.filename().string() + ".tmp.XXXXXX")).string();
-  const int fd = ::mkstemp(tmp.data());
-  if (fd < 0)
-    throw Error(path + ": cannot create a temporary file in " + dir.string() + ": " +
-                errno_text(errno));
-  bool renamed = false;
-  bool open = true;
-  try {
-    // mkstemp makes the file 0600; a config is not a secret, so keep the old file's mode or
-    // give a new one 0644.
-    struct stat st {};
-    const mode_t mode = ::stat(path.c_str(), &st) == 0 ? (st.st_mode & 07777) : 0644;
-    ::fchmod(fd, mode);
-    write_all(fd, content, tmp);
-    if (::fsync(fd) != 0) throw Error(tmp + ": cannot sync: " + errno_text(errno));
-    open = false;
-    if (::close(fd) != 0) throw Error(tmp + ": cannot close: " + errno_text(errno));
-    if (before_rename) before_rename();
-    if (::rename(tmp.c_str(), path.c_str()) != 0)
-      throw Error(path + ": cannot replace with " + tmp + ": " + errno_text(errno));
-    renamed = true;
-  } catch (...) {
-    if (open) ::close(fd);
-    if (!renamed) ::unlink(tmp.c_str());
-    throw;
-  }
-  // The rename is durable once the directory entry is; a failure here loses nothing already
-  // visible, so it is not reported.
-  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
-  }
-}
-
 }  // namespace accel::config

@@ -32,15 +32,7 @@ ResolvedConfig load_config_file(const std::string& path);
 std::string to_yaml(const Config&);
 
 // Checks the config (ConfigError if its keys contradict each other), then writes it with
-// write_file_atomically, creating the directory.
+// write_file_atomically (foundation/file_io.hpp), creating the directory.
 void save_config(const std::string& path, const Config&);
-
-// Writes a temporary file in the same directory, fsyncs it, renames it over `path` and
-// fsyncs the directory: readers see the old file or the new one, never a part. On failure
-// (accel::Error naming the path) the temporary file is removed and `path` is untouched.
-// before_rename runs after the data is on disk and before the rename; tests throw from it to
-// simulate a crash at the last moment.
-void write_file_atomically(const std::string& path, std::string_view content,
-                           const std::function<void()>& before_rename = {});
 
 }  // namespace accel::config

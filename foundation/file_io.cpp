@@ -1,8 +1,12 @@
 #include "foundation/file_io.hpp"
 
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <filesystem>
+#include <system_error>
 
 #include "foundation/error.hpp"
 
@@ -14,6 +18,49 @@ void write_all(int fd, std::string_view bytes, const std::string& what) {
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) throw Error(what + ": cannot write: " + errno_text(errno));
     bytes.remove_prefix(std::size_t(n));
+  }
+}
+
+void write_file_atomically(const std::string& path, std::string_view content,
+                           const AtomicWrite& how) {
+  namespace fs = std::filesystem;
+  const fs::path target(path);
+  const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
+  if (how.create_directories) {
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    if (ec) throw Error(path + ": cannot create directory " + dir.string() + ": " + ec.message());
+  }
+  // Beside the target, so the rename stays on one filesystem and is atomic.
+  std::string tmp = path + ".tmp-XXXXXX";
+  const int fd = ::mkstemp(tmp.data());
+  if (fd < 0) throw Error(tmp + ": cannot create: " + errno_text(errno));
+  bool renamed = false;
+  bool open = true;
+  try {
+    // mkstemp makes the file 0600: keep the old file's mode, or give a new one 0644.
+    struct stat st {};
+    const mode_t mode = ::stat(path.c_str(), &st) == 0 ? (st.st_mode & 07777) : 0644;
+    ::fchmod(fd, mode);
+    write_all(fd, content, tmp);
+    if (::fsync(fd) != 0) throw Error(tmp + ": cannot sync: " + errno_text(errno));
+    open = false;
+    if (::close(fd) != 0) throw Error(tmp + ": cannot close: " + errno_text(errno));
+    if (how.before_rename) how.before_rename();
+    if (::rename(tmp.c_str(), path.c_str()) != 0)
+      throw Error(path + ": cannot replace with " + tmp + ": " + errno_text(errno));
+    renamed = true;
+  } catch (...) {
+    if (open) ::close(fd);
+    if (!renamed) ::unlink(tmp.c_str());
+    throw;
+  }
+  // The rename is durable once the directory entry is; a failure here loses nothing already
+  // visible, so it is not reported.
+  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
   }
 }
 

@@ -21,6 +21,7 @@
 #include "config/layers.hpp"
 #include "config/resolve.hpp"
 #include "foundation/error.hpp"
+#include "foundation/file_io.hpp"
 #include "tests/support/files.hpp"
 #include "tests/support/ranks.hpp"
 
@@ -716,9 +717,10 @@ TEST_CASE("an interrupted save leaves the old file intact") {
   write_file(path, old_text);
 
   SUBCASE("an exception at the last moment, after the data is on disk") {
-    CHECK_THROWS_WITH(write_file_atomically(path, "num_processes: 9\n",
-                                            [] { throw std::runtime_error("crash"); }),
-                      "crash");
+    CHECK_THROWS_WITH(
+        write_file_atomically(path, "num_processes: 9\n",
+                              {.before_rename = [] { throw std::runtime_error("crash"); }}),
+        "crash");
     CHECK(read_file(path) == old_text);
     CHECK(files_in(dir.path) == std::vector<std::string>{"cfg.yaml"});  // no temporary left behind
   }

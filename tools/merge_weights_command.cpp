@@ -25,6 +25,7 @@
 #include "accelerate/checkpointing/parameter_layout.hpp"
 #include "accelerate/progress_bar.hpp"
 #include "foundation/error.hpp"
+#include "foundation/file_io.hpp"
 #include "tools/commands.hpp"
 
 #include <fcntl.h>
@@ -157,44 +158,6 @@ std::string archive_from_parameters(const LoadedCheckpoint& ck, ProgressBarOptio
   return out.str();
 }
 
-// OUT complete or absent: a temporary file beside it, synced, renamed over it.
-void write_atomically(const std::string& out, const std::string& bytes) {
-  namespace fs = std::filesystem;
-  const fs::path target = fs::absolute(out);
-  const fs::path tmp = target.string() + ".tmp-" + std::to_string(::getpid());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw CheckpointError(tmp.string() + ": cannot create: " + std::strerror(errno));
-  std::size_t at = 0;
-  int err = 0;  // the first failure's errno
-  while (err == 0 && at < bytes.size()) {
-    const ssize_t n = ::write(fd, bytes.data() + at, bytes.size() - at);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0)
-      err = n < 0 ? errno : EIO;
-    else
-      at += std::size_t(n);
-  }
-  if (err == 0 && ::fsync(fd) != 0) err = errno;
-  ::close(fd);
-  std::error_code ec;
-  if (err != 0) {
-    fs::remove(tmp, ec);
-    throw CheckpointError(tmp.string() + ": cannot write: " + std::strerror(err));
-  }
-  fs::rename(tmp, target, ec);
-  if (ec) {
-    fs::remove(tmp, ec);
-    throw CheckpointError(target.string() +
-                          ": cannot rename the written file into place: " + ec.message());
-  }
-  // The rename itself survives a crash once the directory is synced.
-  const int dir_fd = ::open(target.parent_path().c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dir_fd >= 0) {
-    ::fsync(dir_fd);
-    ::close(dir_fd);
-  }
-}
-
 }  // namespace
 
 int run_merge_weights_command(int argc, char** argv) {
@@ -233,7 +196,8 @@ int run_merge_weights_command(int argc, char** argv) {
     throw CheckpointError(ck.dir + ": holds no model weights (neither " + kParametersLayoutBlob +
                           " nor state.model)");
   }
-  write_atomically(out, bytes);
+  // OUT complete or absent; its directory must exist (nothing is created on a typo).
+  write_file_atomically(out, bytes, {.create_directories = false});
   std::printf("accel merge-weights: %s (from %s, saved by %d process%s at step %llu) -> %s\n",
               ck.dir.c_str(), source, ck.meta.world_size, ck.meta.world_size == 1 ? "" : "es",
               static_cast<unsigned long long>(ck.meta.step), out.c_str());

@@ -31,7 +31,6 @@
 #include "accelerate/torch/detail/tensor_collectives.hpp"
 #include "accelerate/torch/torch_replicas.hpp"
 #include "config/config.hpp"
-#include "config/config_file.hpp"
 #include "foundation/error.hpp"
 
 namespace accel {
@@ -314,10 +313,6 @@ void TorchAccelerator::load_parameter_values(const PreparedParameters& prepared,
   }
   model.units->load_values(whole);
   copy_buffers_in(prepared, values);
-}
-
-void TorchAccelerator::write_file_atomically(const std::string& path, const std::string& bytes) {
-  config::write_file_atomically(path, bytes);
 }
 
 std::vector<std::pair<std::string, at::Tensor>> TorchAccelerator::state_dict_of(std::size_t index) {

@@ -70,6 +70,7 @@
 #include "accelerate/torch/torch_replicas.hpp"
 #include "accelerate/torch/zero3/root_forward.hpp"
 #include "accelerate/torch/zero3/sharded_unit.hpp"
+#include "foundation/file_io.hpp"
 
 namespace torch::autograd {
 struct Node;
@@ -389,8 +390,6 @@ class TorchAccelerator : public Accelerator, private OptimizerHost {
   // The tensors the optimizer holds for strategy().segments(), in order (its state's keys):
   // this rank's slices (ZeRO), the parameters (DDP; undefined for one in no param group).
   std::vector<at::Tensor> optimizer_tensors(PreparedTensors& model);
-  // config::write_file_atomically: a temporary beside `path`, synced, renamed into place.
-  static void write_file_atomically(const std::string& path, const std::string& bytes);
   std::vector<std::pair<std::string, at::Tensor>> state_dict_of(std::size_t model);
   // The one-call prepare's steps, per argument: its parameters (for the optimizer that holds
   // them), its preparation, and what it gives back.
