@@ -19,6 +19,7 @@
 #include "config/layers.hpp"
 #include "foundation/error.hpp"
 #include "foundation/file_io.hpp"
+#include "foundation/unique_fd.hpp"
 
 namespace accel::config {
 namespace {
@@ -64,12 +65,9 @@ std::string file_kind(mode_t mode) {
 // a FIFO would block the reader forever and /dev/zero would fill memory. O_NONBLOCK makes
 // opening a FIFO return at once, so fstat can refuse it; it changes nothing for a regular file.
 std::string read_text(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+  const UniqueFd file(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY));
+  const int fd = file.get();
   if (fd < 0) throw ConfigError(path + ": cannot read config file: " + errno_text(errno));
-  struct Closer {
-    int fd;
-    ~Closer() { ::close(fd); }
-  } closer{fd};
   struct stat st {};
   if (::fstat(fd, &st) != 0)
     throw ConfigError(path + ": cannot read config file: " + errno_text(errno));

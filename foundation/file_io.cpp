@@ -9,6 +9,7 @@
 #include <system_error>
 
 #include "foundation/error.hpp"
+#include "foundation/unique_fd.hpp"
 
 namespace accel {
 
@@ -33,35 +34,29 @@ void write_file_atomically(const std::string& path, std::string_view content,
   }
   // Beside the target, so the rename stays on one filesystem and is atomic.
   std::string tmp = path + ".tmp-XXXXXX";
-  const int fd = ::mkstemp(tmp.data());
-  if (fd < 0) throw Error(tmp + ": cannot create: " + errno_text(errno));
-  bool renamed = false;
-  bool open = true;
+  UniqueFd fd(::mkstemp(tmp.data()));
+  if (!fd) throw Error(tmp + ": cannot create: " + errno_text(errno));
   try {
     // mkstemp makes the file 0600: keep the old file's mode, or give a new one 0644.
     struct stat st {};
     const mode_t mode = ::stat(path.c_str(), &st) == 0 ? (st.st_mode & 07777) : 0644;
-    ::fchmod(fd, mode);
-    write_all(fd, content, tmp);
-    if (::fsync(fd) != 0) throw Error(tmp + ": cannot sync: " + errno_text(errno));
-    open = false;
-    if (::close(fd) != 0) throw Error(tmp + ": cannot close: " + errno_text(errno));
+    ::fchmod(fd.get(), mode);
+    write_all(fd.get(), content, tmp);
+    if (::fsync(fd.get()) != 0) throw Error(tmp + ": cannot sync: " + errno_text(errno));
+    if (const int err = fd.close(); err != 0)
+      throw Error(tmp + ": cannot close: " + errno_text(err));
     if (how.before_rename) how.before_rename();
     if (::rename(tmp.c_str(), path.c_str()) != 0)
       throw Error(path + ": cannot replace with " + tmp + ": " + errno_text(errno));
-    renamed = true;
   } catch (...) {
-    if (open) ::close(fd);
-    if (!renamed) ::unlink(tmp.c_str());
+    fd.reset();
+    ::unlink(tmp.c_str());
     throw;
   }
   // The rename is durable once the directory entry is; a failure here loses nothing already
   // visible, so it is not reported.
-  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
-  }
+  const UniqueFd dfd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (dfd) ::fsync(dfd.get());
 }
 
 }  // namespace accel

@@ -14,6 +14,7 @@
 #include <set>
 
 #include "backends/comm/host_collectives.hpp"
+#include "foundation/unique_fd.hpp"
 
 namespace accel {
 namespace fs = std::filesystem;
@@ -124,19 +125,14 @@ void write_all(int fd, std::span<const char> bytes, const fs::path& path) {
 // The file exists with these bytes on disk (fsync'ed) when this returns.
 void write_file_synced(const fs::path& path, const std::vector<std::span<const char>>& pieces) {
   at_stage("fs:create");
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw CheckpointError(path.string() + ": cannot create: " + errno_text(errno));
-  try {
-    for (const auto& piece : pieces) write_all(fd, piece, path);
-    at_stage("fs:sync");
-    if (::fsync(fd) != 0)
-      throw CheckpointError(path.string() + ": cannot sync: " + errno_text(errno));
-  } catch (...) {
-    ::close(fd);
-    throw;
-  }
-  if (::close(fd) != 0)
-    throw CheckpointError(path.string() + ": cannot close: " + errno_text(errno));
+  UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  if (!fd) throw CheckpointError(path.string() + ": cannot create: " + errno_text(errno));
+  for (const auto& piece : pieces) write_all(fd.get(), piece, path);
+  at_stage("fs:sync");
+  if (::fsync(fd.get()) != 0)
+    throw CheckpointError(path.string() + ": cannot sync: " + errno_text(errno));
+  if (const int err = fd.close(); err != 0)
+    throw CheckpointError(path.string() + ": cannot close: " + errno_text(err));
 }
 
 void write_file_synced(const fs::path& path, std::string_view text) {
@@ -145,17 +141,16 @@ void write_file_synced(const fs::path& path, std::string_view text) {
 
 // A rename or a new entry is durable once its directory is synced.
 void sync_dir(const fs::path& dir) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) throw CheckpointError(dir.string() + ": cannot open to sync: " + errno_text(errno));
+  const UniqueFd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!fd) throw CheckpointError(dir.string() + ": cannot open to sync: " + errno_text(errno));
   at_stage("fs:sync dir");
-  const int rc = ::fsync(fd);
-  const int err = errno;
-  ::close(fd);
-  if (rc != 0) throw CheckpointError(dir.string() + ": cannot sync: " + errno_text(err));
+  if (::fsync(fd.get()) != 0)
+    throw CheckpointError(dir.string() + ": cannot sync: " + errno_text(errno));
 }
 
 std::string read_file(const fs::path& path, const std::string& missing_note) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  const UniqueFd file(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  const int fd = file.get();
   if (fd < 0) {
     if (errno == ENOENT) throw CheckpointError(path.string() + ": missing" + missing_note);
     throw CheckpointError(path.string() + ": cannot open: " + errno_text(errno));
@@ -167,15 +162,10 @@ std::string read_file(const fs::path& path, const std::string& missing_note) {
   for (;;) {
     const ssize_t n = ::read(fd, buf, sizeof buf);
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      const int err = errno;
-      ::close(fd);
-      throw CheckpointError(path.string() + ": cannot read: " + errno_text(err));
-    }
+    if (n < 0) throw CheckpointError(path.string() + ": cannot read: " + errno_text(errno));
     if (n == 0) break;
     out.append(buf, std::size_t(n));
   }
-  ::close(fd);
   return out;
 }
 

@@ -392,14 +392,12 @@ EventFileWriter::EventFileWriter(const std::string& dir) {
            ("events.out.tfevents." + std::to_string(std::int64_t(now)) + "." + host_name() + "." +
             std::to_string(::getpid()) + "." + std::to_string(count++)))
               .string();
-  fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_APPEND | O_CLOEXEC, 0644);
-  if (fd_ < 0) throw Error("TensorBoard: cannot create " + path_ + ": " + errno_text(errno));
+  fd_.reset(::open(path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_APPEND | O_CLOEXEC, 0644));
+  if (!fd_) throw Error("TensorBoard: cannot create " + path_ + ": " + errno_text(errno));
   write_record(version_event(now));
 }
 
-EventFileWriter::~EventFileWriter() {
-  if (fd_ >= 0) ::close(fd_);
-}
+EventFileWriter::~EventFileWriter() = default;
 
 void EventFileWriter::add_scalar(std::string_view tag, float value, std::int64_t step) {
   write_record(scalar_event(now_seconds(), step, tag, value));
@@ -418,7 +416,7 @@ void EventFileWriter::add_hparams_end(SessionStatus status) {
 }
 
 void EventFileWriter::write_record(std::string_view event) {
-  write_all(fd_, frame_record(event), "TensorBoard: " + path_);
+  write_all(fd_.get(), frame_record(event), "TensorBoard: " + path_);
 }
 
 EventFileContents read_event_file(const std::string& path) {

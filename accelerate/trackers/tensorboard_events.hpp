@@ -23,6 +23,8 @@
 #include <utility>
 #include <vector>
 
+#include "foundation/unique_fd.hpp"
+
 namespace accel::tensorboard {
 
 // CRC-32C (Castagnoli, reflected polynomial 0x82F63B78): crc32c("123456789") = 0xE3069283.
@@ -64,7 +66,7 @@ class EventFileWriter {
 
  private:
   void write_record(std::string_view event);
-  int fd_ = -1;
+  UniqueFd fd_;
   std::string path_;
 };
 

@@ -20,6 +20,7 @@
 #include "accelerate/trackers/tensorboard_events.hpp"
 #include "foundation/error.hpp"
 #include "foundation/file_io.hpp"
+#include "foundation/unique_fd.hpp"
 
 namespace accel {
 namespace {
@@ -27,23 +28,21 @@ namespace {
 // A file that takes whole lines, each with one write(): in the file when append returns.
 class LineFile {
  public:
-  explicit LineFile(std::string path) : path_(std::move(path)) {
-    fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-    if (fd_ < 0) throw Error("tracker: cannot open " + path_ + ": " + errno_text(errno));
+  explicit LineFile(std::string path)
+      : path_(std::move(path)),
+        fd_(::open(path_.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644)) {
+    if (!fd_) throw Error("tracker: cannot open " + path_ + ": " + errno_text(errno));
   }
-  ~LineFile() { ::close(fd_); }
-  LineFile(const LineFile&) = delete;
-  LineFile& operator=(const LineFile&) = delete;
   std::size_t size() const {
     std::error_code ec;
     const auto n = std::filesystem::file_size(path_, ec);
     return ec ? 0 : std::size_t(n);
   }
-  void append(const std::string& text) { write_all(fd_, text, "tracker: " + path_); }
+  void append(const std::string& text) { write_all(fd_.get(), text, "tracker: " + path_); }
 
  private:
   std::string path_;
-  int fd_ = -1;
+  UniqueFd fd_;
 };
 
 // A value as the shortest text that reads back to the same double (NaN and infinities as
@@ -159,16 +158,9 @@ std::int64_t now_ms() {
 void write_small_file(const std::filesystem::path& path, const std::string& text) {
   std::error_code ec;
   std::filesystem::create_directories(path.parent_path(), ec);
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0)
-    throw Error("tracker mlflow: cannot open " + path.string() + ": " + errno_text(errno));
-  try {
-    write_all(fd, text, "tracker mlflow: " + path.string());
-  } catch (...) {
-    ::close(fd);
-    throw;
-  }
-  ::close(fd);
+  const UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  if (!fd) throw Error("tracker mlflow: cannot open " + path.string() + ": " + errno_text(errno));
+  write_all(fd.get(), text, "tracker mlflow: " + path.string());
 }
 
 // The string at `key` of a meta.yaml, or "" when the file, the key or its parse is not there.

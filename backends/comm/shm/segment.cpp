@@ -18,6 +18,7 @@
 #include "backends/comm/communicator.hpp"
 #include "foundation/error.hpp"
 #include "foundation/store/store_join.hpp"
+#include "foundation/unique_fd.hpp"
 
 namespace accel::shm {
 namespace {
@@ -146,20 +147,16 @@ void Segment::create_and_publish(const StorePtr& store) {
                 static_cast<unsigned long long>(nonce));
   name_ = name;
   // O_EXCL: never adopt an existing segment, whoever left it.
-  const int fd = shm_open(name_.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
-  if (fd < 0) throw_errno("shm_open(" + name_ + ")");
+  UniqueFd fd(shm_open(name_.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600));
+  if (!fd) throw_errno("shm_open(" + name_ + ")");
   linked_ = true;
-  if (ftruncate(fd, off_t(total_bytes_)) != 0) {
-    const int err = errno;
-    close(fd);
-    errno = err;
+  if (ftruncate(fd.get(), off_t(total_bytes_)) != 0)
     throw_errno("ftruncate(" + name_ + ", " + std::to_string(total_bytes_) + ")");
-  }
   // Allocate every page now, zeroed, in one call: a full /dev/shm is then an error here, not
   // a SIGBUS at the first touch, and it is far cheaper than faulting the pages in one by one.
   // The pages are the tmpfs's (huge where shmem_enabled is always or within_size).
-  if (const int err = posix_fallocate(fd, 0, off_t(total_bytes_)); err != 0) {
-    close(fd);
+  if (const int err = posix_fallocate(fd.get(), 0, off_t(total_bytes_)); err != 0) {
+    fd.reset();
     shm_unlink(name_.c_str());
     linked_ = false;
     const std::string why = "shm: /dev/shm has no room for " + std::to_string(total_bytes_ >> 20) +
@@ -170,9 +167,10 @@ void Segment::create_and_publish(const StorePtr& store) {
     throw SegmentUnavailable(why);
   }
   // MAP_POPULATE: this rank's page tables are filled now, not on the first collective.
-  void* p = mmap(nullptr, total_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
-  close(fd);
+  void* p =
+      mmap(nullptr, total_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd.get(), 0);
   if (p == MAP_FAILED) throw_errno("mmap(" + name_ + ")");
+  fd.reset();  // the mapping keeps the segment
   base_ = static_cast<char*>(p);
 
   Header* h = new (base_) Header{};
@@ -211,20 +209,18 @@ void Segment::open_published(const StorePtr& store, Milliseconds timeout) {
     throw CommError("shm: malformed segment record '" + published + "'");
   name_ = published.substr(0, space);
   const std::uint64_t nonce = std::stoull(published.substr(space + 1), nullptr, 16);
-  const int fd = shm_open(name_.c_str(), O_RDWR, 0);
-  if (fd < 0)
+  UniqueFd fd(shm_open(name_.c_str(), O_RDWR, 0));
+  if (!fd)
     throw_errno("rank " + std::to_string(rank_) + " cannot open rank 0's segment " + name_ +
                 " (are all ranks on one host, in one IPC namespace?)");
   struct stat st {};
-  if (fstat(fd, &st) != 0) {
-    close(fd);
-    throw_errno("fstat(" + name_ + ")");
-  }
+  if (fstat(fd.get(), &st) != 0) throw_errno("fstat(" + name_ + ")");
   total_bytes_ = std::size_t(st.st_size);
   // MAP_POPULATE: this rank's page tables are filled now, not on the first collective.
-  void* p = mmap(nullptr, total_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
-  close(fd);
+  void* p =
+      mmap(nullptr, total_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd.get(), 0);
   if (p == MAP_FAILED) throw_errno("mmap(" + name_ + ")");
+  fd.reset();  // the mapping keeps the segment
   base_ = static_cast<char*>(p);
   const Header& h = header();
   if (h.magic != kMagic || h.nonce != nonce || h.version != kVersion ||
