@@ -12,6 +12,7 @@
 #include "backends/comm/registry.hpp"
 #include "tests/support/ranks.hpp"
 #include "tests/support/skip.hpp"
+#include "tests/support/verdicts.hpp"
 
 using namespace accel;
 using namespace accel::test;
@@ -88,7 +89,7 @@ TEST_CASE("ranks that agree train; a different seed is rank 0's after set_seed, 
       const auto result = run_worker(2, backend, {"--differ", item});
       INFO(describe(result));
       CHECK(result.exit_code() == 0);
-      for (const auto& w : result.workers) CHECK(w.output.find("ok agreed") != std::string::npos);
+      CHECK_VERDICT(Verdicts(result), "agreed", 2);
     }
 }
 

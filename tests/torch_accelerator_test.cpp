@@ -994,13 +994,13 @@ TEST_CASE(
   using Env = std::vector<std::pair<std::string, std::string>>;
   const std::vector<std::pair<std::string, Env>> strategies = {
       {"ddp", {}}, {"zero1", zero_env(1)}, {"zero2", zero_env(2)}};
-  const std::string marker = "ok two backwards per step equal plain LibTorch";
   const auto expect_ok = [&](const launch::GroupResult& result, int world) {
     INFO(describe(result));
     CHECK(result.exit_code() == 0);
-    int ok = 0;
-    for (const auto& w : result.workers) ok += w.output.find(marker) != std::string::npos;
-    CHECK(ok == world);
+    const Verdicts verdicts(result);
+    CHECK_VERDICTS_PASSED(verdicts);
+    CHECK_VERDICT(verdicts, "two backwards per step equal plain LibTorch", world);
+    CHECK_VERDICT(verdicts, "no_sync communicates nothing", world);
   };
   for (const auto& [name, env] : strategies)
     for (int world : {1, 2}) {
@@ -1040,13 +1040,13 @@ TEST_CASE(
       RanksOptions options;
       options.env = env;
       options.env.emplace_back("ACCEL_COMM_BACKEND", world == 1 ? "local" : "gloo");
-      const auto result = run_ranks(world, "torch_full_state_worker", {dir.path.string()}, options);
+      const auto result =
+          run_ranks(world, "torch_full_state_worker", {"--dir", dir.path.string()}, options);
       INFO(describe(result));
       CHECK(result.exit_code() == 0);
-      const std::string& out = result.workers.at(0).output;
-      const auto at = out.find("ok full optimizer state");
-      CHECK(at != std::string::npos);
-      if (at != std::string::npos) MESSAGE(out.substr(at, out.find('\n', at) - at));
+      const Verdicts verdicts(result);
+      CHECK_VERDICT(verdicts, "full optimizer state", 1);  // the main process checks
+      MESSAGE("full optimizer state: " << verdicts.detail("full optimizer state", 0));
     }
 }
 
@@ -1056,12 +1056,13 @@ TEST_CASE("DATA_PARALLEL takes a plain torch::nn::Module with a replica factory"
   dp.env = {{"ACCEL_DISTRIBUTED_TYPE", "DATA_PARALLEL"},
             {"ACCEL_USE_CPU", "true"},
             {"ACCEL_DATA_PARALLEL_REPLICAS", "2"}};
-  const auto result =
-      run_ranks(1, "torch_full_state_worker", {dir.path.string(), "--replica_factory"}, dp);
+  const auto result = run_ranks(1, "torch_full_state_worker",
+                                {"--dir", dir.path.string(), "--replica_factory"}, dp);
   INFO(describe(result));
   CHECK(result.exit_code() == 0);
-  CHECK(result.workers.at(0).output.find("ok full optimizer state (data_parallel") !=
-        std::string::npos);
+  const Verdicts verdicts(result);
+  CHECK_VERDICT(verdicts, "full optimizer state", 1);
+  CHECK(verdicts.detail("full optimizer state").rfind("data_parallel", 0) == 0);
 }
 
 namespace {
@@ -1126,7 +1127,7 @@ TEST_CASE("an accel error escaping main() ends each rank with its message and ex
     TempDir dir("accel_uncaught");
     std::vector<std::string> args = {"launch", "--num_processes", std::to_string(r.world)};
     args.insert(args.end(), r.flags.begin(), r.flags.end());
-    args.insert(args.end(), {bin_path("torch_full_state_worker"), dir.path.string()});
+    args.insert(args.end(), {bin_path("torch_full_state_worker"), "--dir", dir.path.string()});
     const auto result = run_accel(args, {}, std::chrono::seconds(120));
     INFO(describe(result));
     const std::string& out = result.workers.at(0).output;
@@ -1202,8 +1203,8 @@ TEST_CASE("model, optimizer, scheduler and RNG resume bitwise after the process 
     INFO(describe(resumed));
     REQUIRE(resumed.exit_code() == 0);
     CHECK(resumed.workers[0].output.find("resumed at epoch 2") != std::string::npos);
-    CHECK(resumed.workers[0].output.find("ok state.model loads into a plain LibTorch model") !=
-          std::string::npos);
+    CHECK_VERDICT(Verdicts(resumed),
+                  "state.model loads into a plain LibTorch model with the same values", 1);
     // The learning rate halves every 3 optimizer steps: both runs end at the same rate.
     const auto done = [](const launch::GroupResult& r) {
       const std::string& o = r.workers[0].output;

@@ -19,6 +19,7 @@
 #include "tests/support/files.hpp"
 #include "tests/support/ranks.hpp"
 #include "tests/support/skip.hpp"
+#include "tests/support/verdicts.hpp"
 
 using namespace accel;
 using namespace accel::test;
@@ -30,6 +31,15 @@ void expect_pass(const launch::GroupResult& result, int world, const std::string
   REQUIRE(result.exit_code() == 0);
   CHECK(count_in_output(result, "FAIL") == 0);
   CHECK(count_in_output(result, marker) == world);
+}
+
+// A worker that gives verdicts (tests/support/worker.hpp): `name` passed on `world` ranks.
+void expect_verdict(const launch::GroupResult& result, int world, const std::string& name) {
+  INFO(describe(result));
+  REQUIRE(result.exit_code() == 0);
+  const Verdicts verdicts(result);
+  CHECK_VERDICTS_PASSED(verdicts);
+  CHECK_VERDICT(verdicts, name, world);
 }
 
 const char* const kOptimizers[] = {"sgd", "adam", "adamw"};
@@ -398,13 +408,13 @@ TEST_CASE(
       RanksOptions options;
       options.env = env;
       options.env.emplace_back("ACCEL_COMM_BACKEND", world == 1 ? "local" : "gloo");
-      expect_pass(run_ranks(world, "two_backward_worker", {}, options), world,
-                  "ok two backwards per step equal plain training");
+      expect_verdict(run_ranks(world, "two_backward_worker", {}, options), world,
+                     "two backwards per step equal plain training");
     }
   RanksOptions dp;
   dp.env = {{"ACCEL_DISTRIBUTED_TYPE", "DATA_PARALLEL"},
             {"ACCEL_USE_CPU", "true"},
             {"ACCEL_DATA_PARALLEL_REPLICAS", "2"}};
-  expect_pass(run_ranks(1, "two_backward_worker", {}, dp), 1,
-              "ok two backwards per step equal plain training");
+  expect_verdict(run_ranks(1, "two_backward_worker", {}, dp), 1,
+                 "two backwards per step equal plain training");
 }

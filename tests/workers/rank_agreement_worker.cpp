@@ -5,7 +5,8 @@
 //   rank_agreement_worker --differ none|seed|hidden|name|count|dtype|group|lr|momentum|
 //                                  accumulation|mixed_precision|strategy|dataset_size|
 //                                  batch_size|sampler_seed|shuffle [--also_rank2]
-// Exits 0 after "ok agreed", 3 after "mismatch: MESSAGE" (a RankMismatchError), 1 otherwise.
+// Exits 0 after the verdict "agreed", 3 after "mismatch: MESSAGE" (a RankMismatchError), 1
+// otherwise.
 
 #include <cstdio>
 #include <cstdlib>
@@ -16,19 +17,14 @@
 #include "backends/optim/sgd.hpp"
 #include "examples/raw_mlp/mlp.hpp"
 #include "examples/raw_mlp/param_refs.hpp"
+#include "tests/support/worker.hpp"
 
 using namespace accel;
 
 int main(int argc, char** argv) {
-  std::string differ = "none";
-  bool also_rank2 = false;
-  for (int i = 1; i < argc; ++i) {
-    const std::string flag = argv[i];
-    if (flag == "--differ" && i + 1 < argc)
-      differ = argv[++i];
-    else if (flag == "--also_rank2")
-      also_rank2 = true;
-  }
+  const accel::test::WorkerFlags flags(argc, argv);
+  const std::string differ = flags.text("differ", "none");
+  const bool also_rank2 = flags.has("also_rank2");
   const char* rank_env = std::getenv("RANK");
   const int env_rank = rank_env ? std::atoi(rank_env) : 0;
   const bool odd = env_rank == 1 || (also_rank2 && env_rank == 2);  // the rank that differs
@@ -67,7 +63,8 @@ int main(int argc, char** argv) {
       acc.grad_ready(2 * l + 1);
     });
     if (acc.sync_gradients()) acc.optimizer_step();
-    std::printf("ok agreed\n");
+    accel::test::VerdictLog verdicts;
+    verdicts.check(true, "agreed", "one step trained");
     return 0;
   } catch (const RankMismatchError& e) {
     std::printf("mismatch: %s\n", e.what());

@@ -6,7 +6,7 @@
 // then loads both into a plain model and a plain torch::optim::Adam (torch::load), steps them
 // 3 times on the same global batches and compares with the accelerated run, within the fp64
 // Adam bound of tests/support/tolerance.hpp; a plain Adam without the loaded state must end
-// outside it (the check can fail). Prints "ok ..." or "FAIL ..." (exit 1).
+// outside it (the check can fail). Gives the verdict "full optimizer state" (exit 1 when not ok).
 //   torch_full_state_worker DIR --replica_factory
 // The same model prepared with a factory for DATA_PARALLEL's replicas (prepare(net, adam,
 // [] { return Net(); })); without it, DATA_PARALLEL refuses the module: the refusal escapes
@@ -21,6 +21,7 @@
 
 #include "accelerate/torch/torch_accelerator.hpp"
 #include "tests/support/tolerance.hpp"
+#include "tests/support/worker.hpp"
 
 namespace {
 
@@ -84,8 +85,9 @@ torch::Tensor plain_continuation(const std::vector<torch::Tensor>& saved, const 
 
 int main(int argc, char** argv) {
   torch::set_num_threads(1);
-  const std::string dir = argc > 1 ? argv[1] : ".";
-  const bool factory = argc > 2 && std::string(argv[2]) == "--replica_factory";
+  const accel::test::WorkerFlags flags(argc, argv);
+  const std::string dir = flags.text("dir", ".");
+  const bool factory = flags.has("replica_factory");
   const std::string file = (std::filesystem::path(dir) / "optimizer.pt").string();
   accel::TorchAccelerator acc;
   const int world = acc.num_processes(), rank = acc.process_index();
@@ -125,9 +127,11 @@ int main(int argc, char** argv) {
        .longest_sum = std::size_t(kPerRank * world + kHidden + 1 + world),
        .magnitude = 100});
   const bool ok = diff <= limit && fresh > limit;
-  std::printf(
-      "%s full optimizer state (%s, world %d): max |diff| %.3g with the loaded state, "
-      "%.3g without (limit %.3g)\n",
-      ok ? "ok" : "FAIL", std::string(acc.strategy().name()).c_str(), world, diff, fresh, limit);
-  return ok ? 0 : 1;
+  char line[200];
+  std::snprintf(line, sizeof line,
+                "%s, world %d: max |diff| %.3g with the loaded state, %.3g without (limit %.3g)",
+                std::string(acc.strategy().name()).c_str(), world, diff, fresh, limit);
+  accel::test::VerdictLog verdicts;
+  verdicts.check(ok, "full optimizer state", line);
+  return verdicts.exit_code();
 }

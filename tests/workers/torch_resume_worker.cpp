@@ -26,6 +26,7 @@
 
 #include "accelerate/torch/torch_accelerator.hpp"
 #include "config/config.hpp"
+#include "tests/support/worker.hpp"
 
 using namespace accel;
 
@@ -52,26 +53,12 @@ std::string raw_values(torch::nn::Module& m) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int epochs = 2, die_after_epoch = 0;
-  std::string checkpoint, out;
-  bool seed_per_rank = false;
-  std::string load_archive;
-  for (int i = 1; i < argc; ++i) {
-    const std::string flag = argv[i];
-    const std::string value = i + 1 < argc ? argv[i + 1] : "";
-    if (flag == "--epochs")
-      epochs = std::stoi(value), ++i;
-    else if (flag == "--checkpoint")
-      checkpoint = value, ++i;
-    else if (flag == "--die_after_epoch")
-      die_after_epoch = std::stoi(value), ++i;
-    else if (flag == "--out")
-      out = value, ++i;
-    else if (flag == "--load_archive")
-      load_archive = value, ++i;
-    else if (flag == "--seed_per_rank")
-      seed_per_rank = true;
-  }
+  const accel::test::WorkerFlags flags(argc, argv);
+  const int epochs = int(flags.integer("epochs", 2));
+  const int die_after_epoch = int(flags.integer("die_after_epoch", 0));
+  const std::string checkpoint = flags.text("checkpoint"), out = flags.text("out");
+  const std::string load_archive = flags.text("load_archive");
+  const bool seed_per_rank = flags.has("seed_per_rank");
   torch::set_num_threads(1);
   if (!load_archive.empty()) {
     auto plain = make_net();
@@ -136,8 +123,8 @@ int main(int argc, char** argv) {
       auto plain = make_net();
       torch::load(plain, checkpoint + "/state.model");
       const bool same = raw_values(*plain) == raw_values(*model);
-      std::printf("%s state.model loads into a plain LibTorch model with the same values\n",
-                  same ? "ok" : "FAIL");
+      accel::test::VerdictLog verdicts;
+      verdicts.check(same, "state.model loads into a plain LibTorch model with the same values");
       if (!same) return 1;
     }
     return 0;

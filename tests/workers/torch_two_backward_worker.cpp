@@ -5,7 +5,8 @@
 // Compared with the same steps by plain LibTorch on the global batches, in this program.
 // --no_sync: the first backward under acc.no_sync(model) (its gradients only accumulate
 // locally; the second backward synchronises both), with the same result.
-// Prints "ok two backwards ..." or "FAIL ..."; exits 1 on a failure.
+// Gives the verdicts "two backwards per step equal plain LibTorch" and "no_sync communicates
+// nothing"; exits 1 on a failure.
 
 #include <cstdio>
 #include <string>
@@ -14,6 +15,7 @@
 
 #include "accelerate/torch/torch_accelerator.hpp"
 #include "tests/support/tolerance.hpp"
+#include "tests/support/worker.hpp"
 
 using namespace accel;
 
@@ -40,7 +42,7 @@ torch::Tensor flat(torch::nn::Module& m) {
 
 int main(int argc, char** argv) {
   torch::set_num_threads(1);
-  const bool no_sync = argc > 1 && std::string(argv[1]) == "--no_sync";
+  const bool no_sync = accel::test::WorkerFlags(argc, argv).has("no_sync");
   try {
     TorchAccelerator acc;
     const int world = acc.num_processes(), rank = acc.process_index();
@@ -98,15 +100,14 @@ int main(int argc, char** argv) {
                                                  .unit_roundoff = test::kUnitRoundoffF64});
     char line[200];
     std::snprintf(line, sizeof line,
-                  "two backwards per step equal plain LibTorch: max |diff| %.3g, fc1.weight sum "
-                  "%.4f (plain %.4f, %s, world %d%s)",
-                  diff, net->fc1->weight.sum().item<double>(),
+                  "max |diff| %.3g (limit %.3g), fc1.weight sum %.4f (plain %.4f, %s, world %d%s)",
+                  diff, limit, net->fc1->weight.sum().item<double>(),
                   plain->fc1->weight.sum().item<double>(),
                   std::string(acc.strategy().name()).c_str(), world, no_sync ? ", no_sync" : "");
-    const bool ok = diff <= limit && quiet;
-    std::printf("%s %s (limit %.3g)%s\n", ok ? "ok" : "FAIL", line, limit,
-                quiet ? "" : ": a backward under no_sync communicated");
-    return ok ? 0 : 1;
+    accel::test::VerdictLog verdicts;
+    verdicts.check(diff <= limit, "two backwards per step equal plain LibTorch", line);
+    verdicts.check(quiet, "no_sync communicates nothing");
+    return verdicts.exit_code();
   } catch (const std::exception& e) {
     std::fprintf(stderr, "torch_two_backward_worker: %s\n", e.what());
     return 2;

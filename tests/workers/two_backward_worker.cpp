@@ -4,7 +4,7 @@
 // does. The raw API's loop (prepare(model, params_of, optimizer), forward_backward, so it
 // runs under DDP, ZeRO-1/2 and DataParallel alike) against the same steps by one process on
 // the global batches, in this program.
-// Prints "ok two backwards ..." or "FAIL ..."; exits 1 on a failure.
+// Gives the verdict "two backwards per step equal plain training"; exits 1 on a failure.
 
 #include <cmath>
 #include <cstdio>
@@ -18,6 +18,7 @@
 #include "examples/raw_mlp/mlp.hpp"
 #include "examples/raw_mlp/param_refs.hpp"
 #include "tests/support/tolerance.hpp"
+#include "tests/support/worker.hpp"
 
 using namespace accel;
 
@@ -112,11 +113,11 @@ int main() {
                                                  .unit_roundoff = test::kUnitRoundoffF32});
     char line[200];
     std::snprintf(line, sizeof line,
-                  "two backwards per step equal plain training: max |diff| %.3g, first weight "
-                  "sum %.4f (plain %.4f, %s, world %d)",
-                  diff, sum, plain_sum, std::string(acc.strategy().name()).c_str(), world);
-    std::printf("%s %s (limit %.3g)\n", diff <= limit ? "ok" : "FAIL", line, limit);
-    return diff <= limit ? 0 : 1;
+                  "max |diff| %.3g (limit %.3g), first weight sum %.4f (plain %.4f, %s, world %d)",
+                  diff, limit, sum, plain_sum, std::string(acc.strategy().name()).c_str(), world);
+    test::VerdictLog verdicts;
+    verdicts.check(diff <= limit, "two backwards per step equal plain training", line);
+    return verdicts.exit_code();
   } catch (const std::exception& e) {
     std::fprintf(stderr, "two_backward_worker: %s\n", e.what());
     return 2;
