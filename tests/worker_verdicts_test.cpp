@@ -60,6 +60,9 @@ TEST_CASE("worker flags: values, switches, numbers, and what is refused") {
   CHECK(f.integer("steps", 20) == 20);
   CHECK_THROWS_WITH_AS(flags_of({"--steps", "many"}).integer("steps"),
                        doctest::Contains("--steps 'many' is not a number"), std::invalid_argument);
+  CHECK_NOTHROW(f.only({"model", "shift", "bf16", "clip", "scheduler"}));
+  CHECK_THROWS_WITH_AS(f.only({"model", "shift", "bf16", "clip"}),
+                       doctest::Contains("unknown flag --scheduler"), std::invalid_argument);
   CHECK_THROWS_WITH_AS(flags_of({"model", "cnn"}), doctest::Contains("'model' is not a --flag"),
                        std::invalid_argument);
 }

@@ -9,6 +9,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <initializer_list>
 #include <map>
 #include <stdexcept>
 #include <string>
@@ -29,6 +30,15 @@ class WorkerFlags {
     }
   }
   bool has(const std::string& name) const { return values_.count(name) != 0; }
+  // Refuses any flag not among `known` (a typo in a test's arguments fails instead of being
+  // ignored).
+  void only(std::initializer_list<const char*> known) const {
+    for (const auto& [name, value] : values_) {
+      bool found = false;
+      for (const char* k : known) found = found || name == k;
+      if (!found) throw std::invalid_argument("worker: unknown flag --" + name);
+    }
+  }
   std::string text(const std::string& name, const std::string& fallback = "") const {
     const auto it = values_.find(name);
     return it == values_.end() ? fallback : it->second;

@@ -36,6 +36,7 @@
 #include "examples/raw_mlp/mlp.hpp"
 #include "examples/raw_mlp/momentum_sgd.hpp"
 #include "examples/raw_mlp/param_refs.hpp"
+#include "tests/support/worker.hpp"
 
 using namespace accel;
 
@@ -75,50 +76,31 @@ int main(int argc, char** argv) {
   bool noise_on = true;
   std::set<std::size_t> save_at;
   AcceleratorOptions options;
-  for (int i = 1; i < argc; ++i) {
-    const std::string flag = argv[i];
-    auto value = [&]() -> std::string { return i + 1 < argc ? argv[++i] : ""; };
-    if (flag == "--epochs")
-      epochs = std::stoi(value());
-    else if (flag == "--accumulation")
-      options.gradient_accumulation_steps = std::stoi(value());
-    else if (flag == "--checkpoint")
-      checkpoint = value();
-    else if (flag == "--resume")
-      resume = true;
-    else if (flag == "--save_epochs")
-      save_epochs = true;
-    else if (flag == "--die_after_save")
-      die_after_save = true;
-    else if (flag == "--crash_stage")
-      crash_stage = value();
-    else if (flag == "--crash_count")
-      crash_count = std::stoi(value());
-    else if (flag == "--per_rank_state")
-      per_rank_state = true;
-    else if (flag == "--out")
-      out_file = value();
-    else if (flag == "--samples")
-      g_dataset_size = std::stoul(value());
-    else if (flag == "--no_noise")
-      noise_on = false;
-    else if (flag == "--save_every")
-      save_every = std::stoi(value());
-    else if (flag == "--sleep_ms")
-      sleep_ms = std::stoi(value());
-    else if (flag == "--progress")
-      progress = value();
-    else if (flag == "--save_at") {
-      const std::string list = value();
-      for (std::size_t p = 0; p < list.size();) {
-        const std::size_t comma = list.find(',', p);
-        save_at.insert(std::stoul(list.substr(p, comma - p)));
-        p = comma == std::string::npos ? list.size() : comma + 1;
-      }
-    } else {
-      std::fprintf(stderr, "checkpoint_worker: unknown flag %s\n", flag.c_str());
-      return 2;
-    }
+  const accel::test::WorkerFlags flags(argc, argv);
+  flags.only({"epochs", "accumulation", "checkpoint", "resume", "save_epochs", "die_after_save",
+              "crash_stage", "crash_count", "per_rank_state", "out", "samples", "no_noise",
+              "save_every", "sleep_ms", "progress", "save_at"});
+  epochs = int(flags.integer("epochs", epochs));
+  if (flags.has("accumulation"))
+    options.gradient_accumulation_steps = int(flags.integer("accumulation"));
+  checkpoint = flags.text("checkpoint");
+  resume = flags.has("resume");
+  save_epochs = flags.has("save_epochs");
+  die_after_save = flags.has("die_after_save");
+  crash_stage = flags.text("crash_stage");
+  crash_count = int(flags.integer("crash_count", crash_count));
+  per_rank_state = flags.has("per_rank_state");
+  out_file = flags.text("out");
+  g_dataset_size = std::size_t(flags.integer("samples", std::int64_t(g_dataset_size)));
+  noise_on = !flags.has("no_noise");
+  save_every = int(flags.integer("save_every", 0));
+  sleep_ms = int(flags.integer("sleep_ms", 0));
+  progress = flags.text("progress");
+  const std::string list = flags.text("save_at");
+  for (std::size_t p = 0; p < list.size();) {
+    const std::size_t comma = list.find(',', p);
+    save_at.insert(std::stoul(list.substr(p, comma - p)));
+    p = comma == std::string::npos ? list.size() : comma + 1;
   }
   options.ddp.first_bucket_bytes = 256;  // several buckets even for this small model
   options.ddp.bucket_cap_bytes = 1024;

@@ -20,6 +20,7 @@
 #include "tests/support/mlp_magnitude.hpp"
 #include "tests/support/shm_segments.hpp"
 #include "tests/support/tolerance.hpp"
+#include "tests/support/worker.hpp"
 
 using namespace accel;
 
@@ -61,19 +62,13 @@ int main(int argc, char** argv) {
   DdpOptions options;
   options.first_bucket_bytes = 1024;
   options.bucket_cap_bytes = 8 * 1024;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string flag = argv[i];
-    if (flag == "--backend")
-      pg.backend = argv[i + 1];
-    else if (flag == "--accumulation")
-      accumulation = std::stoi(argv[i + 1]);
-    else if (flag == "--steps")
-      steps = std::stoi(argv[i + 1]);
-    else if (flag == "--hidden")
-      hidden = std::stoi(argv[i + 1]);
-    else if (flag == "--bucket_cap_bytes")
-      options.bucket_cap_bytes = std::stoul(argv[i + 1]);
-  }
+  const accel::test::WorkerFlags flags(argc, argv);
+  if (flags.has("backend")) pg.backend = flags.text("backend");
+  accumulation = int(flags.integer("accumulation", accumulation));
+  steps = int(flags.integer("steps", steps));
+  hidden = int(flags.integer("hidden", hidden));
+  options.bucket_cap_bytes =
+      std::size_t(flags.integer("bucket_cap_bytes", std::int64_t(options.bucket_cap_bytes)));
   try {
     auto group = init_process_group(pg);
     Communicator& comm = group->comm();

@@ -25,6 +25,7 @@
 #include <torch/torch.h>
 
 #include "accelerate/torch/torch_accelerator.hpp"
+#include "tests/support/worker.hpp"
 
 using namespace accel;
 
@@ -121,27 +122,15 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::string& name,
 int main(int argc, char** argv) {
   std::string optimizer_name = "adam", checkpoint, resume, dump, predict;
   std::int64_t steps = 8, save_at = -1;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string flag = argv[i], value = argv[i + 1];
-    if (flag == "--optimizer")
-      optimizer_name = value;
-    else if (flag == "--steps")
-      steps = std::stoll(value);
-    else if (flag == "--checkpoint")
-      checkpoint = value;
-    else if (flag == "--save_at")
-      save_at = std::stoll(value);
-    else if (flag == "--resume")
-      resume = value;
-    else if (flag == "--dump")
-      dump = value;
-    else if (flag == "--predict")
-      predict = value;
-    else {
-      std::fprintf(stderr, "torch_reshard_worker: unknown flag %s\n", flag.c_str());
-      return 2;
-    }
-  }
+  const accel::test::WorkerFlags flags(argc, argv);
+  flags.only({"optimizer", "steps", "checkpoint", "save_at", "resume", "dump", "predict"});
+  optimizer_name = flags.text("optimizer", optimizer_name);
+  steps = flags.integer("steps", steps);
+  checkpoint = flags.text("checkpoint");
+  save_at = flags.integer("save_at", save_at);
+  resume = flags.text("resume");
+  dump = flags.text("dump");
+  predict = flags.text("predict");
   torch::set_num_threads(1);
   try {
     TorchAccelerator acc;

@@ -33,6 +33,7 @@
 #include "examples/raw_mlp/mlp.hpp"
 #include "examples/raw_mlp/param_refs.hpp"
 #include "examples/raw_mlp/unit_scopes.hpp"
+#include "tests/support/worker.hpp"
 
 using namespace accel;
 
@@ -78,27 +79,16 @@ void batch_for(std::uint64_t step, int rank, int world, std::vector<float>& x,
 int main(int argc, char** argv) {
   std::string phase, dir, out, predict, progress;
   std::uint64_t steps = 20, save_at = 10, save_every = 0, sleep_ms = 0;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string flag = argv[i], value = argv[i + 1];
-    if (flag == "--phase")
-      phase = value;
-    else if (flag == "--dir")
-      dir = value;
-    else if (flag == "--out")
-      out = value;
-    else if (flag == "--predict")
-      predict = value;
-    else if (flag == "--steps")
-      steps = std::stoull(value);
-    else if (flag == "--save_at")
-      save_at = std::stoull(value);
-    else if (flag == "--save_every")
-      save_every = std::stoull(value);
-    else if (flag == "--sleep_ms")
-      sleep_ms = std::stoull(value);
-    else if (flag == "--progress")
-      progress = value;
-  }
+  const accel::test::WorkerFlags flags(argc, argv);
+  phase = flags.text("phase");
+  dir = flags.text("dir");
+  out = flags.text("out");
+  predict = flags.text("predict");
+  progress = flags.text("progress");
+  steps = std::uint64_t(flags.integer("steps", std::int64_t(steps)));
+  save_at = std::uint64_t(flags.integer("save_at", std::int64_t(save_at)));
+  save_every = std::uint64_t(flags.integer("save_every", 0));
+  sleep_ms = std::uint64_t(flags.integer("sleep_ms", 0));
   try {
     Accelerator acc;
     raw_mlp::Mlp model(kSizes, 5);
