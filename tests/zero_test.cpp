@@ -29,7 +29,7 @@ namespace {
 void expect_pass(const launch::GroupResult& result, int world, const std::string& marker) {
   INFO(describe(result));
   REQUIRE(result.exit_code() == 0);
-  CHECK(count_in_output(result, "FAIL") == 0);
+  CHECK_VERDICTS_PASSED(Verdicts(result));
   CHECK(count_in_output(result, marker) == world);
 }
 
@@ -182,6 +182,10 @@ TEST_CASE(
   const auto result = run_ranks(1, "zero_worker", {"--backend", "local", "--misuse"});
   INFO(describe(result));
   REQUIRE(result.exit_code() == 0);
+  const Verdicts verdicts(result);
+  CHECK_VERDICTS_PASSED(verdicts);
+  for (int n = 1; n <= 6; ++n)
+    CHECK_VERDICT(verdicts, "misuse " + std::to_string(n) + " refused", 1);
   CHECK(count_in_output(result, "misuse 1: ZeRO-3: no unit 9 (the parameters name 3 units)") == 1);
   CHECK(count_in_output(result,
                         "misuse 6: ZeRO-3: gradients are being synchronised but no unit was "

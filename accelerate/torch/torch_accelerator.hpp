@@ -81,6 +81,25 @@ namespace accel {
 class TorchReplicas;
 struct PreparedTensors;  // prepared_tensors.hpp: one prepared model's tensors
 
+namespace detail {
+// The one-call prepare's parameters of an argument (for the optimizer that holds them).
+template <typename Arg>
+std::vector<at::Tensor> module_tensors_of(Arg& arg) {
+  if constexpr (std::is_same_v<Arg, torch::jit::Module>) {
+    std::vector<at::Tensor> out;
+    for (const at::Tensor& p : arg.parameters()) out.push_back(p);
+    return out;
+  } else if constexpr (std::derived_from<Arg, torch::nn::Module>) {
+    return arg.parameters();
+  } else {
+    return (*arg).parameters();
+  }
+}
+// The optimizer among `optimizers` whose parameters are the model's (refused: none, or two).
+torch::optim::Optimizer& optimizer_of(const std::vector<at::Tensor>& parameters,
+                                      const std::vector<torch::optim::Optimizer*>& optimizers);
+}  // namespace detail
+
 // shared_ptr<SomeModule> or a torch::nn::ModuleHolder (torch::nn::Sequential, TORCH_MODULE types).
 template <typename Model>
 concept TorchModel =
@@ -173,7 +192,7 @@ class TorchAccelerator : public Accelerator, private OptimizerHost {
     (
         [&] {
           if constexpr (!std::derived_from<Args, torch::optim::Optimizer>)
-            chosen.push_back(&optimizer_of(module_tensors_of(args), optimizers));
+            chosen.push_back(&detail::optimizer_of(detail::module_tensors_of(args), optimizers));
         }(),
         ...);
     ACCEL_CHECK_ARG(chosen.size() == optimizers.size(),
@@ -391,24 +410,7 @@ class TorchAccelerator : public Accelerator, private OptimizerHost {
   // this rank's slices (ZeRO), the parameters (DDP; undefined for one in no param group).
   std::vector<at::Tensor> optimizer_tensors(PreparedTensors& model);
   std::vector<std::pair<std::string, at::Tensor>> state_dict_of(std::size_t model);
-  // The one-call prepare's steps, per argument: its parameters (for the optimizer that holds
-  // them), its preparation, and what it gives back.
-  template <typename Arg>
-  static std::vector<at::Tensor> module_tensors_of(Arg& arg) {
-    if constexpr (std::is_same_v<Arg, torch::jit::Module>) {
-      std::vector<at::Tensor> out;
-      for (const at::Tensor& p : arg.parameters()) out.push_back(p);
-      return out;
-    } else if constexpr (std::derived_from<Arg, torch::nn::Module>) {
-      return arg.parameters();
-    } else {
-      return (*arg).parameters();
-    }
-  }
-  // The optimizer among `optimizers` whose parameters are the model's.
-  static torch::optim::Optimizer& optimizer_of(
-      const std::vector<at::Tensor>& parameters,
-      const std::vector<torch::optim::Optimizer*>& optimizers);
+  // The one-call prepare's steps, per argument: its preparation, and what it gives back.
   template <typename Arg>
   AcceleratedOptimizer& prepare_any(Arg& arg, torch::optim::Optimizer& optimizer) {
     if constexpr (std::is_same_v<Arg, torch::jit::Module>)

@@ -283,7 +283,7 @@ AcceleratedOptimizer& TorchAccelerator::prepare_tensors(const ModuleTensors& ten
   return *model.optimizer;
 }
 
-torch::optim::Optimizer& TorchAccelerator::optimizer_of(
+torch::optim::Optimizer& detail::optimizer_of(
     const std::vector<at::Tensor>& parameters,
     const std::vector<torch::optim::Optimizer*>& optimizers) {
   std::unordered_set<const void*> mine;

@@ -73,8 +73,9 @@ class WorkerFlags {
 // The checks one rank makes; exit_code() is main's return (1 when any failed).
 class VerdictLog {
  public:
-  // rank: the RANK variable the launcher set (0 without one).
-  VerdictLog() : rank_(std::getenv("RANK") != nullptr ? std::atoi(std::getenv("RANK")) : 0) {}
+  // The rank the launcher (RANK) or mpirun (OMPI_COMM_WORLD_RANK) set; 0 without either.
+  VerdictLog() : rank_(rank_from_environment()) {}
+  explicit VerdictLog(int rank) : rank_(rank) {}
   bool check(bool ok, const std::string& name, const std::string& detail = "") {
     const std::string line = "{\"verdict\":" + quoted(name) + ",\"ok\":" + (ok ? "true" : "false") +
                              ",\"rank\":" + std::to_string(rank_) +
@@ -88,6 +89,11 @@ class VerdictLog {
   int exit_code() const { return failures_ == 0 ? 0 : 1; }
 
  private:
+  static int rank_from_environment() {
+    for (const char* name : {"RANK", "OMPI_COMM_WORLD_RANK"})
+      if (const char* v = std::getenv(name)) return std::atoi(v);
+    return 0;
+  }
   static std::string quoted(const std::string& s) {
     std::string out = "\"";
     for (const char c : s) {

@@ -32,6 +32,7 @@
 #include "tests/support/fake_hosts.hpp"
 #include "tests/support/staging.hpp"
 #include "tests/support/typed_values.hpp"
+#include "tests/support/worker.hpp"
 
 #if ACCEL_TEST_MPI
 #define OMPI_SKIP_MPICXX 1
@@ -580,29 +581,23 @@ int finalize_first(Communicator& comm) {
 
 int main(int argc, char** argv) {
   ProcessGroupOptions options;
-  int kill_rank = -1, absent_rank = -1, fake_hosts = 0;
-  std::size_t where_runs_bytes = 0;
-  bool mismatch = false, two = false;
-  [[maybe_unused]] bool finalize = false;  // --finalize_first, with MPI only
-  for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--symmetric_mismatch") == 0) mismatch = true;
-    if (std::strcmp(argv[i], "--two_communicators") == 0) two = true;
-    if (std::strcmp(argv[i], "--finalize_first") == 0) finalize = true;
+  const test::WorkerFlags flags(argc, argv);
+  flags.only({"symmetric_mismatch", "two_communicators", "finalize_first", "backend", "kill_rank",
+              "absent_rank", "where_runs", "fake_hosts", "fake_host_of"});
+  const int kill_rank = int(flags.integer("kill_rank", -1));
+  const int absent_rank = int(flags.integer("absent_rank", -1));
+  const auto where_runs_bytes = std::size_t(flags.integer("where_runs", 0));
+  const bool mismatch = flags.has("symmetric_mismatch"), two = flags.has("two_communicators");
+  [[maybe_unused]] const bool finalize = flags.has("finalize_first");  // with MPI only
+  if (flags.has("backend")) options.backend = flags.text("backend");
+  int fake_hosts = 0;
+  // --fake_hosts H: one machine looks like H hosts to the hierarchical communicator.
+  if (flags.has("fake_hosts")) {
+    fake_hosts = int(flags.integer("fake_hosts"));
+    test::claim_fake_host(fake_hosts);
   }
-  for (int i = 1; i + 1 < argc; ++i) {
-    if (std::strcmp(argv[i], "--backend") == 0) options.backend = argv[i + 1];
-    if (std::strcmp(argv[i], "--kill_rank") == 0) kill_rank = std::atoi(argv[i + 1]);
-    if (std::strcmp(argv[i], "--absent_rank") == 0) absent_rank = std::atoi(argv[i + 1]);
-    if (std::strcmp(argv[i], "--where_runs") == 0) where_runs_bytes = std::stoul(argv[i + 1]);
-    // --fake_hosts H: one machine looks like H hosts to the hierarchical communicator.
-    if (std::strcmp(argv[i], "--fake_hosts") == 0) {
-      fake_hosts = std::atoi(argv[i + 1]);
-      test::claim_fake_host(fake_hosts);
-    }
-    // --fake_host_of 0,0,1,1: rank r on the r-th host listed.
-    if (std::strcmp(argv[i], "--fake_host_of") == 0)
-      fake_hosts = test::claim_fake_host_of(argv[i + 1]);
-  }
+  // --fake_host_of 0,0,1,1: rank r on the r-th host listed.
+  if (flags.has("fake_host_of")) fake_hosts = test::claim_fake_host_of(flags.text("fake_host_of"));
   if (absent_rank >= 0) options.timeout = std::chrono::seconds(2);
   try {
     auto group = init_process_group(options);
@@ -649,8 +644,10 @@ int main(int argc, char** argv) {
                   std::string(h->between_hosts_backend()).c_str());
 #endif
     comm.barrier()->wait();
-    std::printf("rank %d of %d (%s): %d checks, %d failed\n", comm.rank(), world,
-                std::string(comm.backend_name()).c_str(), g_checks, g_failures);
+    test::VerdictLog(comm.rank())
+        .check(g_failures == 0, "every collective's result is the reference's",
+               "world " + std::to_string(world) + " (" + std::string(comm.backend_name()) + "): " +
+                   std::to_string(g_checks) + " checks, " + std::to_string(g_failures) + " failed");
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 2;

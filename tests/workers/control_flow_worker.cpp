@@ -20,6 +20,7 @@
 #include <torch/torch.h>
 
 #include "accelerate/torch/torch_accelerator.hpp"
+#include "tests/support/worker.hpp"
 
 using namespace accel;
 
@@ -130,13 +131,13 @@ int second_accelerator() {
   accel::TorchAccelerator first;
   try {
     accel::TorchAccelerator second;
-    std::printf("FAIL: a second accelerator was made\n");
+    accel::test::VerdictLog().check(false, "a second accelerator is refused", "it was made");
     return 1;
   } catch (const accel::InvalidArgument& e) {
     std::printf("refused: %s\n", e.what());
   }
   first.wait_for_everyone();
-  std::printf("ok the first accelerator still works\n");
+  accel::test::VerdictLog().check(true, "the first accelerator still works");
   return 0;
 }
 

@@ -55,6 +55,7 @@
 #include "tests/support/fake_hosts.hpp"
 #include "tests/support/mlp_magnitude.hpp"
 #include "tests/support/tolerance.hpp"
+#include "tests/support/worker.hpp"
 
 using namespace accel;
 
@@ -302,11 +303,12 @@ int parity(Communicator& comm, const Flags& f) {
       f.accumulation, f.clip, diff, required, norm_diff, zero_opt->state_bytes(),
       ddp_opt->state_bytes(), static_cast<unsigned long long>(zero_bytes),
       static_cast<unsigned long long>(ddp_bytes), expected_bytes);
-  if (!exact) std::printf("FAIL parameters differ\n");
-  if (!state_ok) std::printf("FAIL optimizer state is not this rank's slice's\n");
-  if (!bytes_ok) std::printf("FAIL bytes moved differ from the expected by more than 1%%\n");
-  if (!prefetch_ok) std::printf("FAIL prefetch hits differ from the expected\n");
-  return exact && state_ok && bytes_ok && prefetch_ok ? 0 : 1;
+  test::VerdictLog verdicts;
+  verdicts.check(exact, "parameters equal DDP's");
+  verdicts.check(state_ok, "optimizer state is this rank's slice's");
+  verdicts.check(bytes_ok, "bytes moved as expected (within 1%)");
+  if (stage3) verdicts.check(prefetch_ok, "prefetch hits as expected");
+  return verdicts.exit_code();
 }
 
 // About 11.5M parameters in two groups, sizes that do not divide by 2, 3 or 4.
@@ -405,11 +407,12 @@ int memory(Communicator& comm, const Flags& f) {
       world, unsharded / world, grad_bytes, ddp->gradient_bytes(), full_grad / world + 2 * bucket,
       static_cast<unsigned long long>(bytes[1]), static_cast<unsigned long long>(bytes[0]));
   std::printf("zero state bytes per rank: %.0f\n", per_rank);
-  if (!state_ok) std::printf("FAIL optimizer state bytes are not unsharded / N\n");
-  if (!grad_ok) std::printf("FAIL stage 2 gradient bytes above full / N + 2 buckets\n");
-  if (!params_ok) std::printf("FAIL stage 3 parameter bytes above slices / gathered limit\n");
-  if (!bytes_ok) std::printf("FAIL bytes moved differ from the expected by more than 1%%\n");
-  return state_ok && grad_ok && params_ok && bytes_ok ? 0 : 1;
+  test::VerdictLog verdicts;
+  verdicts.check(state_ok, "optimizer state bytes are unsharded / N");
+  verdicts.check(grad_ok, "gradient bytes at most full / N + 2 buckets (stage 2 and 3)");
+  verdicts.check(params_ok, "parameter bytes at most slices / gathered limit (stage 3)");
+  verdicts.check(bytes_ok, "bytes moved as expected (within 1%)");
+  return verdicts.exit_code();
 }
 
 int order_differs(Communicator& comm) {
@@ -426,19 +429,21 @@ int order_differs(Communicator& comm) {
     std::printf("refused: %s\n", e.what());
     return 3;
   }
-  std::printf("FAIL rank %d gathered a unit the others did not\n", comm.rank());
+  test::VerdictLog verdicts;
+  verdicts.check(false, "a unit only some ranks gather is refused",
+                 "rank " + std::to_string(comm.rank()) + " gathered it");
   return 1;
 }
 
 int misuse(Communicator& comm) {
-  int refused = 0;
+  test::VerdictLog verdicts;
   const auto expect_refusal = [&](int n, const std::function<void()>& f) {
     try {
       f();
-      std::printf("FAIL misuse %d was accepted\n", n);
+      verdicts.check(false, "misuse " + std::to_string(n) + " refused", "it was accepted");
     } catch (const std::exception& e) {
       std::printf("misuse %d: %s\n", n, e.what());
-      ++refused;
+      verdicts.check(true, "misuse " + std::to_string(n) + " refused", e.what());
     }
   };
   StrategyOptions options;
@@ -466,7 +471,7 @@ int misuse(Communicator& comm) {
   expect_refusal(2, [&] { zero->gather_unit(2, UnitPass::forward); });
   expect_refusal(3, [&] { zero->release_unit(2, UnitPass::forward); });
   expect_refusal(4, [&] { zero->gather_unit(1, UnitPass::forward); });
-  return refused == 6 ? 0 : 1;
+  return verdicts.exit_code();
 }
 
 }  // namespace
@@ -474,38 +479,26 @@ int misuse(Communicator& comm) {
 int main(int argc, char** argv) {
   Flags f;
   ProcessGroupOptions pg;
-  for (int i = 1; i < argc; ++i) {
-    const std::string flag = argv[i];
-    const char* value = i + 1 < argc ? argv[i + 1] : "";
-    if (flag == "--memory" || flag == "--keep_after_forward" || flag == "--order_differs" ||
-        flag == "--misuse") {
-      (flag == "--memory"               ? f.memory
-       : flag == "--keep_after_forward" ? f.keep_after_forward
-       : flag == "--order_differs"      ? f.order_differs
-                                        : f.misuse) = true;
-      continue;
-    }
-    ++i;
-    if (flag == "--backend")
-      pg.backend = value;
-    else if (flag == "--stage")
-      f.stage = std::stoi(value);
-    else if (flag == "--optimizer")
-      f.optimizer = value;
-    else if (flag == "--steps")
-      f.steps = std::stoi(value);
-    else if (flag == "--accumulation")
-      f.accumulation = std::stoi(value);
-    else if (flag == "--clip")
-      f.clip = std::stod(value);
-    else if (flag == "--persist")
-      f.persist = std::stoul(value);
-    else if (flag == "--fake_hosts")  // the hierarchical communicator over H "hosts"
-      test::claim_fake_host(std::stoi(value));
-    else {
-      std::fprintf(stderr, "zero_worker: unknown flag %s\n", flag.c_str());
-      return 2;
-    }
+  try {
+    const test::WorkerFlags flags(argc, argv);
+    flags.only({"memory", "keep_after_forward", "order_differs", "misuse", "backend", "stage",
+                "optimizer", "steps", "accumulation", "clip", "persist", "fake_hosts"});
+    f.memory = flags.has("memory");
+    f.keep_after_forward = flags.has("keep_after_forward");
+    f.order_differs = flags.has("order_differs");
+    f.misuse = flags.has("misuse");
+    if (flags.has("backend")) pg.backend = flags.text("backend");
+    f.stage = int(flags.integer("stage", f.stage));
+    f.optimizer = flags.text("optimizer", f.optimizer);
+    f.steps = int(flags.integer("steps", f.steps));
+    f.accumulation = int(flags.integer("accumulation", f.accumulation));
+    f.clip = flags.real("clip", f.clip);
+    f.persist = std::size_t(flags.integer("persist", std::int64_t(f.persist)));
+    // The hierarchical communicator over H "hosts".
+    if (flags.has("fake_hosts")) test::claim_fake_host(int(flags.integer("fake_hosts")));
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "zero_worker: %s\n", e.what());
+    return 2;
   }
   try {
     auto group = init_process_group(pg);
