@@ -3,9 +3,7 @@
 // and key), and writing one atomically so an interrupted write leaves the old file intact.
 
 #include <cstddef>
-#include <functional>
 #include <string>
-#include <string_view>
 
 #include "config/config.hpp"
 

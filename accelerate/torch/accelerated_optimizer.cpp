@@ -39,7 +39,6 @@ AcceleratedOptimizer::AcceleratedOptimizer(OptimizerHost& host, std::size_t mode
 at::Tensor AcceleratedOptimizer::step(LossClosure closure) {
   at::Tensor loss;
   if (closure) loss = closure();
-  step_was_skipped_ = true;
   step_was_skipped_ = !host_.ready_to_step();
   if (step_was_skipped_) return loss;
   host_.before_step(model_);
