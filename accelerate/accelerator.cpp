@@ -22,38 +22,18 @@
 namespace accel {
 namespace {
 
+// A code argument as the config's text for it.
+std::string config_text(int v) { return std::to_string(v); }
+std::string config_text(bool v) { return v ? "true" : "false"; }
+std::string config_text(const std::string& v) { return v; }
+
 // The settings the Accelerator takes from the config, with code arguments as the top layer.
 config::ResolvedConfig resolve_settings(const AcceleratorOptions& options) {
   config::Overrides from_code;
-  if (options.gradient_accumulation_steps)
-    from_code["gradient_accumulation_steps"] = std::to_string(*options.gradient_accumulation_steps);
-  if (options.mixed_precision) from_code["mixed_precision"] = *options.mixed_precision;
-  if (options.distributed_type) from_code["distributed_type"] = *options.distributed_type;
-  if (options.zero_stage) from_code["zero_stage"] = std::to_string(*options.zero_stage);
-  if (options.data_parallel_replicas)
-    from_code["data_parallel_replicas"] = std::to_string(*options.data_parallel_replicas);
-  if (options.zero3_param_persistence_threshold)
-    from_code["zero3_param_persistence_threshold"] =
-        std::to_string(*options.zero3_param_persistence_threshold);
-  const auto flag = [](bool on) { return std::string(on ? "true" : "false"); };
-  if (options.reshard_after_forward)
-    from_code["reshard_after_forward"] = flag(*options.reshard_after_forward);
-  if (options.activation_checkpointing)
-    from_code["activation_checkpointing"] = flag(*options.activation_checkpointing);
-  if (options.auto_wrap_policy) from_code["auto_wrap_policy"] = *options.auto_wrap_policy;
-  if (options.hybrid_shard) from_code["hybrid_shard"] = flag(*options.hybrid_shard);
-  if (options.state_dict_type) from_code["state_dict_type"] = *options.state_dict_type;
-  if (options.log_with) from_code["log_with"] = *options.log_with;
-  if (options.project_dir) from_code["project_dir"] = *options.project_dir;
-  if (options.logging_dir) from_code["logging_dir"] = *options.logging_dir;
-  if (options.automatic_checkpoint_naming)
-    from_code["automatic_checkpoint_naming"] = flag(*options.automatic_checkpoint_naming);
-  if (options.total_limit) from_code["total_limit"] = std::to_string(*options.total_limit);
-  if (options.global_batch_size)
-    from_code["global_batch_size"] = std::to_string(*options.global_batch_size);
-  if (options.save_on_each_node) from_code["save_on_each_node"] = flag(*options.save_on_each_node);
-  if (options.disable_progress_bar)
-    from_code["disable_progress_bar"] = flag(*options.disable_progress_bar);
+#define ACCEL_FROM_CODE(type, key) \
+  if (options.key) from_code[#key] = config_text(*options.key);
+  ACCEL_CONFIG_KEYS_IN_CODE(ACCEL_FROM_CODE)
+#undef ACCEL_FROM_CODE
   return config::resolve_config(options.config_file, from_code);
 }
 
@@ -220,20 +200,10 @@ Accelerator::Accelerator(AcceleratorOptions options) : options_(std::move(option
   const config::ResolvedConfig settings = resolve_settings(options_);
   // Before the loop's first step allocates; for CPU work, as `accel launch` does.
   if (!config::uses_gpu(settings.config)) tune_malloc_for_training();
-  accumulation_steps_ = settings.config.gradient_accumulation_steps;
-  mixed_precision_ = settings.config.mixed_precision;
-  activation_checkpointing_ = settings.config.activation_checkpointing;
-  auto_wrap_policy_ = settings.config.auto_wrap_policy;
-  state_dict_type_ = settings.config.state_dict_type;
-  log_with_ = settings.config.log_with;
-  project_dir_ = settings.config.project_dir;
-  logging_dir_ = settings.config.logging_dir.empty() ? project_dir_ : settings.config.logging_dir;
-  automatic_checkpoint_naming_ = settings.config.automatic_checkpoint_naming;
-  total_limit_ = settings.config.total_limit;
-  disable_progress_bar_ = settings.config.disable_progress_bar;
-  save_on_each_node_ = settings.config.save_on_each_node;
+  auto resolved = std::make_unique<config::Config>(settings.config);
+  if (resolved->logging_dir.empty()) resolved->logging_dir = resolved->project_dir;
+  config_ = std::move(resolved);
   own_trackers_ = options_.trackers;
-  uses_gpu_ = config::uses_gpu(settings.config);
   strategy_options_ = strategy_options_for(settings, options_);
 
   ProcessGroupOptions pg;
@@ -244,14 +214,13 @@ Accelerator::Accelerator(AcceleratorOptions options) : options_(std::move(option
   exit_cleanly_on_uncaught_errors(env_.rank);
   rng_ = rank_rng(seed_, env_.rank);
   if (settings.config.hybrid_shard) make_hybrid_groups(settings.origins.at("hybrid_shard"));
-  global_batch_size_ = std::size_t(settings.config.global_batch_size);
-  if (global_batch_size_ % std::size_t(env_.world_size) != 0)
+  if (config_->global_batch_size % env_.world_size != 0)
     throw ConfigError(settings.origins.at("global_batch_size") + ": global_batch_size " +
-                      std::to_string(global_batch_size_) + " does not divide over " +
+                      std::to_string(config_->global_batch_size) + " does not divide over " +
                       std::to_string(env_.world_size) +
                       " processes (each would draw a fraction of a sample per step); choose a "
                       "multiple of every number of processes the job may run at");
-  if (mixed_precision_ == config::MixedPrecision::fp16) {
+  if (config_->mixed_precision == config::MixedPrecision::fp16) {
     scaler_ = std::make_unique<DynamicLossScaler>(options_.loss_scaler);
     register_state(
         "scaler", [this] { return scaler_->save(); },
@@ -271,8 +240,8 @@ void Accelerator::init_trackers(const std::string& project_name, const TrackerCo
   ACCEL_CHECK_ARG(!project_name.empty() && project_name.find('/') == std::string::npos,
                   "init_trackers: the project name '" + project_name +
                       "' must be a non-empty file name (no '/')");
-  trackers_.init(is_main_process(), config::log_with_names(log_with_),
-                 logging_dir_ + "/" + project_name, own_trackers_, config);
+  trackers_.init(is_main_process(), config::log_with_names(config_->log_with),
+                 config_->logging_dir + "/" + project_name, own_trackers_, config);
 }
 
 void Accelerator::log(const TrackerValues& values, std::int64_t step) {
@@ -289,7 +258,7 @@ void Accelerator::log(const TrackerValues& values, std::int64_t step) {
 
 ProgressBarOptions Accelerator::progress_bar_options() const {
   ProgressBarOptions options;
-  options.enabled = is_main_process() && !disable_progress_bar_;
+  options.enabled = is_main_process() && !config_->disable_progress_bar;
   return options;
 }
 
@@ -298,7 +267,23 @@ void Accelerator::end_training() {
   wait_for_everyone();
 }
 
-std::string Accelerator::mixed_precision() const { return config::to_string(mixed_precision_); }
+// The config's values, read where they are kept.
+int Accelerator::gradient_accumulation_steps() const {
+  return config_->gradient_accumulation_steps;
+}
+std::string Accelerator::mixed_precision() const {
+  return config::to_string(config_->mixed_precision);
+}
+config::MixedPrecision Accelerator::precision() const { return config_->mixed_precision; }
+bool Accelerator::activation_checkpointing() const { return config_->activation_checkpointing; }
+config::AutoWrapPolicy Accelerator::auto_wrap_policy() const { return config_->auto_wrap_policy; }
+config::StateDictType Accelerator::state_dict_type() const { return config_->state_dict_type; }
+const std::string& Accelerator::project_dir() const { return config_->project_dir; }
+const std::string& Accelerator::logging_dir() const { return config_->logging_dir; }
+std::size_t Accelerator::batch_size_for(std::size_t requested) const {
+  const auto global = std::size_t(config_->global_batch_size);
+  return global > 0 ? global / std::size_t(num_processes()) : requested;
+}
 
 DeviceKind Accelerator::device() const {
   return replica_cuda_device(0) >= 0 ? DeviceKind::cuda : group_->comm().device();
@@ -308,7 +293,8 @@ int Accelerator::cuda_device() const {
   if (replica_cuda_device(0) >= 0) return replica_cuda_device(0);
   const Communicator& c = group_->comm();
   if (c.device() == DeviceKind::cuda) return c.cuda_device();
-  return uses_gpu_ ? env_.local_rank : -1;  // the world of one before prepare: LOCAL_RANK's GPU
+  return config::uses_gpu(*config_) ? env_.local_rank
+                                    : -1;  // the world of one before prepare: LOCAL_RANK's GPU
 }
 
 int Accelerator::replica_cuda_device(int replica) const {
@@ -342,7 +328,8 @@ std::size_t Accelerator::prepare_parameters(std::vector<ParamRef> params,
   // Before any collective shaped by these values (a rank that differs would pair a broadcast
   // of other sizes): every rank learns the verdict.
   std::vector<AgreedValue> agree =
-      prepare_agreement(strategy_options_, accumulation_steps_, mixed_precision_, params, buffers);
+      prepare_agreement(strategy_options_, config_->gradient_accumulation_steps,
+                        config_->mixed_precision, params, buffers);
   agree.insert(agree.end(), prepare_agreement_.begin(), prepare_agreement_.end());
   prepare_agreement_.clear();
   if (index > 0)
@@ -429,7 +416,7 @@ Strategy& Accelerator::strategy(std::size_t model) {
 }
 
 bool Accelerator::is_accumulation_boundary() const {
-  return last_batch_ || micro_since_sync_ + 1 >= accumulation_steps_;
+  return last_batch_ || micro_since_sync_ + 1 >= config_->gradient_accumulation_steps;
 }
 
 void Accelerator::begin_batch(std::size_t batch_index, std::size_t num_batches) {
@@ -498,7 +485,7 @@ void Accelerator::grad_ready(std::size_t model, std::size_t index) {
 
 float Accelerator::loss_scale() const {
   const double scale = scaler_ ? scaler_->scale() : 1.0;
-  return float(scale / double(accumulation_steps_));
+  return float(scale / double(config_->gradient_accumulation_steps));
 }
 
 std::vector<std::size_t> Accelerator::models_to_sync() const {

@@ -63,6 +63,7 @@
 #include "foundation/reduce.hpp"
 
 namespace accel::config {
+struct Config;              // config/config.hpp
 enum class MixedPrecision;  // config/config.hpp
 enum class AutoWrapPolicy;  // config/config.hpp
 enum class StateDictType;   // config/config.hpp
@@ -85,28 +86,38 @@ enum class StateScope {
   per_rank,  // differs per rank (a shard, a per-rank RNG): each rank saves and loads its own
 };
 
+// The config keys a program may also set in code, as AcceleratorOptions fields of the key's
+// name: the top layer over the config file, the flags and the environment
+// (config/resolve.hpp). The schema (config/schema.cpp's KeySpec) says what each key means and
+// which values it takes; this list is the only other place a key is named.
+#define ACCEL_CONFIG_KEYS_IN_CODE(X)                                                   \
+  X(int, gradient_accumulation_steps)                                                  \
+  X(std::string, mixed_precision)  /* "no", "fp16", "bf16" */                          \
+  X(std::string, distributed_type) /* "MULTI_CPU", "ZERO", ... */                      \
+  X(int, zero_stage)               /* 1, 2 or 3 with ZERO */                           \
+  X(int, data_parallel_replicas)   /* DATA_PARALLEL on the CPU; 0 = cores */           \
+  X(int, zero3_param_persistence_threshold)                                            \
+  X(bool, reshard_after_forward)                                                       \
+  X(bool, activation_checkpointing) /* LibTorch: Sequential children */                \
+  X(std::string, auto_wrap_policy)  /* TRANSFORMER_BASED_WRAP, NO_WRAP */              \
+  X(bool, hybrid_shard)             /* ZERO within each machine */                     \
+  X(std::string, state_dict_type)   /* FULL_STATE_DICT, SHARDED_STATE_DICT */          \
+  X(std::string, log_with)          /* "tensorboard,csv", "all", ... */                \
+  X(std::string, project_dir)                                                          \
+  X(std::string, logging_dir)                                                          \
+  X(bool, automatic_checkpoint_naming) /* save_state() / load_state() without a dir */ \
+  X(int, total_limit)                  /* the newest N named checkpoints (0: all) */   \
+  X(bool, disable_progress_bar)        /* progress() draws nothing */                  \
+  X(bool, save_on_each_node)           /* a checkpoint copy on every machine */        \
+  X(int, global_batch_size)            /* samplers' batch = this / processes */
+
 struct AcceleratorOptions {
+#define ACCEL_OPTIONS_FIELD(type, key) std::optional<type> key;
+  ACCEL_CONFIG_KEYS_IN_CODE(ACCEL_OPTIONS_FIELD)
+#undef ACCEL_OPTIONS_FIELD
   std::optional<std::string> communicator;  // "auto", "gloo", "mpi", "nccl", "shm", "local", ...
-  std::optional<int> gradient_accumulation_steps;
-  std::optional<std::string> mixed_precision;            // "no", "fp16", "bf16"
-  std::optional<Milliseconds> timeout;                   // every collective, and joining
-  std::optional<std::string> config_file;                // else ACCEL_CONFIG_FILE / default path
-  std::optional<std::string> distributed_type;           // "MULTI_CPU", "ZERO", ... (config key)
-  std::optional<int> zero_stage;                         // 1, 2 or 3 with ZERO
-  std::optional<int> data_parallel_replicas;             // DATA_PARALLEL on the CPU; 0 = cores
-  std::optional<int> zero3_param_persistence_threshold;  // zero_stage 3
-  std::optional<bool> reshard_after_forward;             // zero_stage 3
-  std::optional<bool> activation_checkpointing;          // LibTorch: Sequential children
-  std::optional<std::string> auto_wrap_policy;           // zero_stage 3, LibTorch: units
-  std::optional<bool> hybrid_shard;                      // ZERO within each machine
-  std::optional<std::string> state_dict_type;  // LibTorch checkpoints: FULL_ or SHARDED_STATE_DICT
-  std::optional<std::string> log_with;         // "tensorboard,csv", "all", ...
-  std::optional<std::string> project_dir, logging_dir;
-  std::optional<bool> automatic_checkpoint_naming;  // save_state() / load_state() without a dir
-  std::optional<int> total_limit;                   // the newest N named checkpoints (0: all)
-  std::optional<bool> disable_progress_bar;         // progress() draws nothing
-  std::optional<bool> save_on_each_node;            // a checkpoint copy on every machine
-  std::optional<int> global_batch_size;             // samplers' batch = this / processes
+  std::optional<Milliseconds> timeout;      // every collective, and joining
+  std::optional<std::string> config_file;   // else ACCEL_CONFIG_FILE / default path
   // The loop's own sinks (Accelerate's GeneralTracker instances in log_with), started with the
   // named ones by init_trackers.
   std::vector<std::shared_ptr<GeneralTracker>> trackers;
@@ -138,18 +149,18 @@ class Accelerator {
   // under DATA_PARALLEL on GPUs replica 0's; -1 on the CPU.
   int cuda_device() const;
   const ProcessEnv& process_env() const { return env_; }
-  int gradient_accumulation_steps() const { return accumulation_steps_; }
+  int gradient_accumulation_steps() const;
   // The config's mixed_precision: "no", "fp16" or "bf16" as text, and as the enum
   // (config/config.hpp, not installed: for the front ends).
   std::string mixed_precision() const;
-  config::MixedPrecision precision() const { return mixed_precision_; }
+  config::MixedPrecision precision() const;
   // The config's activation_checkpointing (LibTorch: a prepared Sequential's children and
   // ShardedUnit blocks).
-  bool activation_checkpointing() const { return activation_checkpointing_; }
+  bool activation_checkpointing() const;
   // The config's auto_wrap_policy (LibTorch under zero_stage 3: TRANSFORMER_BASED_WRAP, NO_WRAP).
-  config::AutoWrapPolicy auto_wrap_policy() const { return auto_wrap_policy_; }
+  config::AutoWrapPolicy auto_wrap_policy() const;
   // The config's state_dict_type (LibTorch checkpoints: FULL_STATE_DICT, SHARDED_STATE_DICT).
-  config::StateDictType state_dict_type() const { return state_dict_type_; }
+  config::StateDictType state_dict_type() const;
   Communicator& comm();
   // The CUDA stream (a cudaStream_t) the loop computes on, when its buffers live on a GPU
   // (NCCL); default: the legacy default stream. The strategies copy gradients and order the
@@ -337,9 +348,7 @@ class Accelerator {
   ShardedSampler make_sampler(std::size_t size, SamplerOptions options = {});
   // The per-process batch a sampler or data loader asked for `requested` gets:
   // global_batch_size / num_processes() when the config sets it, else `requested`.
-  std::size_t batch_size_for(std::size_t requested) const {
-    return global_batch_size_ > 0 ? global_batch_size_ / std::size_t(num_processes()) : requested;
-  }
+  std::size_t batch_size_for(std::size_t requested) const;
 
   // ---- collectives on the loop's own values (blocking)
   void reduce(Buffer data, ReduceOp op);  // in place: sum, avg, min, max
@@ -437,8 +446,8 @@ class Accelerator {
   // For a bar of one's own: enabled on the main process unless disabled.
   ProgressBarOptions progress_bar_options() const;
   // The config's project_dir, and logging_dir (project_dir when not set).
-  const std::string& project_dir() const { return project_dir_; }
-  const std::string& logging_dir() const { return logging_dir_; }
+  const std::string& project_dir() const;
+  const std::string& logging_dir() const;
 
   // ---- randomness: the same seed on every rank (and recorded in checkpoints)
   // Accelerate's set_seed: seeds every generator the process uses, rng() from (seed, rank)
@@ -571,24 +580,14 @@ class Accelerator {
   // The prepared models in preparation order: each one's strategy, parameters, optimizer.
   std::vector<std::unique_ptr<PreparedParameters>> models_;
   std::vector<AgreedValue> prepare_agreement_;  // the optimizer's, for prepare_parameters
-  int accumulation_steps_ = 1;
-  bool uses_gpu_ = false;  // the config's choice (use_cpu false, or MULTI_GPU)
-  bool activation_checkpointing_ = false;
-  config::AutoWrapPolicy auto_wrap_policy_{};  // TRANSFORMER_BASED_WRAP
-  config::StateDictType state_dict_type_{};    // FULL_STATE_DICT
-  std::string log_with_, project_dir_, logging_dir_;
-  bool automatic_checkpoint_naming_ = false;
-  int total_limit_ = 0;
-  bool disable_progress_bar_ = false;
-  bool save_on_each_node_ = false;
-  std::size_t global_batch_size_ = 0;             // the config's; 0: each sampler's own batch_size
+  // The resolved config (its logging_dir filled in from project_dir): the accessors read it.
+  std::unique_ptr<const config::Config> config_;
   std::optional<CheckpointPlacement> placement_;  // save_on_each_node's machines, found once
   std::weak_ptr<ProgressBar> progress_;  // the newest progress(): log() shows its loss there
   // The named checkpoints' directory (project_dir/checkpoints), checked for the no-dir calls.
   std::string checkpoints_dir(const char* call) const;
   std::vector<std::shared_ptr<GeneralTracker>> own_trackers_;
   TrackerSet trackers_;
-  config::MixedPrecision mixed_precision_{};   // MixedPrecision::no
   int micro_since_sync_ = 0;                   // micro-batches since the last boundary
   std::unique_ptr<DynamicLossScaler> scaler_;  // mixed_precision fp16
   bool step_skipped_ = false;                  // the last boundary's gradients overflowed

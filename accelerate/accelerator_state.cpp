@@ -30,6 +30,7 @@
 #include "accelerate/checkpointing/parameter_layout.hpp"
 #include "accelerate/prepared_parameters.hpp"
 #include "backends/comm/host_collectives.hpp"
+#include "config/config.hpp"
 #include "foundation/device_memory.hpp"
 #include "foundation/error.hpp"
 
@@ -261,7 +262,7 @@ void Accelerator::register_rng(std::string name, std::function<std::string()> sa
 const CheckpointPlacement& Accelerator::checkpoint_placement() {
   if (placement_) return *placement_;
   CheckpointPlacement placement;
-  if (save_on_each_node_) {
+  if (config_->save_on_each_node) {
     std::vector<std::int64_t> nodes(static_cast<std::size_t>(num_processes()));
     const std::int64_t mine = env_.node_rank;
     all_gather_values(comm(), buffer_of(std::span(&mine, 1)), buffer_of(std::span(nodes)));
@@ -292,7 +293,7 @@ void Accelerator::save_state(const std::string& dir) {
   contents.meta.step = optimizer_steps_;
   contents.meta.epoch = epoch_;
   contents.meta.batch = next_batch_;
-  contents.meta.global_batch_size = global_batch_size_;
+  contents.meta.global_batch_size = std::size_t(config_->global_batch_size);
   contents.meta.seed = seed_;
 
   // Strings the blob views point into; a deque would do too, but the count is known.
@@ -307,7 +308,8 @@ void Accelerator::save_state(const std::string& dir) {
     // each node, stages 1 and 2 write the whole parameters instead, so each machine's copy
     // holds them without the other machines' slices.
     const bool values_sharded = strategy.parameters_sharded();
-    const bool sharded = strategy.gradients_sharded() && !(save_on_each_node_ && !values_sharded);
+    const bool sharded =
+        strategy.gradients_sharded() && !(config_->save_on_each_node && !values_sharded);
     // GPU values are copied to host memory first (CPU ones are written from where they are);
     // under stage 3 the parameters' buffers are not current, its slices (segments) are. The
     // strategy's ParamRefs say where the values live now (a front end may have moved them
@@ -386,8 +388,8 @@ void Accelerator::load_state(const std::string& dir) {
       fail(ck, "has parameters but none were prepared: call prepare_parameters before load_state");
     check_registered_states(ck);
     // With the same global_batch_size, batch b holds the same samples at any world size.
-    const bool same_batches =
-        meta.global_batch_size != 0 && meta.global_batch_size == global_batch_size_;
+    const bool same_batches = meta.global_batch_size != 0 &&
+                              meta.global_batch_size == std::size_t(config_->global_batch_size);
     if (!same_world && meta.batch != 0 && !same_batches)
       fail(ck, "saved mid-epoch (epoch " + std::to_string(meta.epoch) + ", batch " +
                    std::to_string(meta.batch) + ") by " + std::to_string(meta.world_size) +

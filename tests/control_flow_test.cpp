@@ -86,8 +86,8 @@ TEST_CASE("set_seed over 2 ranks: rank 0's seed, LibTorch's draws as a plain pro
     return line_of(r.workers[std::size_t(rank)].output, "draws:");
   };
   SUBCASE("the same seed everywhere, and rank 0's when rank 1 asks for another") {
-    for (const std::vector<std::string> args :
-         {std::vector<std::string>{"seed", "7"}, {"seed", "7", "--seed_on_rank1", "99"}}) {
+    for (const std::vector<std::string> args : {std::vector<std::string>{"seed", "--seed", "7"},
+                                                {"seed", "--seed", "7", "--seed_on_rank1", "99"}}) {
       const auto r = run_ranks(2, "control_flow_worker", args);
       INFO(describe(r));
       REQUIRE(r.exit_code() == 0);
@@ -97,7 +97,8 @@ TEST_CASE("set_seed over 2 ranks: rank 0's seed, LibTorch's draws as a plain pro
     }
   }
   SUBCASE("device_specific: seed + process_index on each rank") {
-    const auto r = run_ranks(2, "control_flow_worker", {"seed", "7", "--device_specific"});
+    const auto r =
+        run_ranks(2, "control_flow_worker", {"seed", "--seed", "7", "--device_specific"});
     INFO(describe(r));
     REQUIRE(r.exit_code() == 0);
     CHECK(draws_of(r, 0) == plain_draws(7));

@@ -23,6 +23,7 @@
 #include "foundation/error.hpp"
 #include "tests/support/files.hpp"
 #include "tests/support/ranks.hpp"
+#include "tests/support/verdicts.hpp"
 
 using namespace accel;
 using namespace accel::test;
@@ -159,13 +160,13 @@ TEST_CASE("main process only unless asked: two real ranks, log_with csv and a pe
   // trackers_worker: log_with csv (built-in: rank 0 only) and its own tracker whose
   // main_process_only() is false, writing run/rank<R>; each rank logs its rank at steps 0..2.
   TempDir dir("accel_trackers");
-  const auto result = run_ranks(2, "trackers_worker", {dir.file("project")});
+  const auto result = run_ranks(2, "trackers_worker", {"--project_dir", dir.file("project")});
   INFO(describe(result));
   REQUIRE(result.exit_code() == 0);
-  std::string all;
-  for (const auto& w : result.workers) all += w.output;
-  CHECK(all.find("rank 0 trackers: csv per_rank_csv\n") != std::string::npos);
-  CHECK(all.find("rank 1 trackers: per_rank_csv\n") != std::string::npos);
+  const Verdicts verdicts(result);
+  CHECK_VERDICT(verdicts, "the trackers this rank runs", 2);
+  CHECK(verdicts.detail("the trackers this rank runs", 0) == "csv per_rank_csv");
+  CHECK(verdicts.detail("the trackers this rank runs", 1) == "per_rank_csv");
   const std::string main_rows = "step,name,value\n0,rank,0\n1,rank,0\n2,rank,0\n";
   CHECK(read_file(dir.file("project/run/metrics.csv")) == main_rows);  // rank 0's values only
   CHECK(read_file(dir.file("project/run/rank0/metrics.csv")) == main_rows);

@@ -16,6 +16,7 @@
 #include "accelerate/accelerator.hpp"
 #include "accelerate/checkpointing/checkpoint.hpp"
 #include "backends/comm/host_collectives.hpp"
+#include "config/config.hpp"
 #include "foundation/error.hpp"
 
 namespace accel {
@@ -60,12 +61,12 @@ std::vector<std::pair<std::uint64_t, std::string>> named_checkpoints(const std::
 }  // namespace
 
 std::string Accelerator::checkpoints_dir(const char* call) const {
-  ACCEL_CHECK_ARG(automatic_checkpoint_naming_,
+  ACCEL_CHECK_ARG(config_->automatic_checkpoint_naming,
                   std::string(call) +
                       " without a directory needs automatic_checkpoint_naming true (config key, "
                       "accel launch --automatic_checkpoint_naming, or AcceleratorOptions), "
                       "which names the checkpoints project_dir/checkpoints/checkpoint_<i>");
-  return (fs::path(project_dir_) / "checkpoints").string();
+  return (fs::path(config_->project_dir) / "checkpoints").string();
 }
 
 std::string Accelerator::save_state() {
@@ -91,9 +92,9 @@ std::string Accelerator::save_state() {
   const std::string dir = named_dir(root, std::uint64_t(next));
   save_state(dir);
   // Only now, with the new one complete: the oldest beyond total_limit go.
-  if (total_limit_ > 0 && writer) {
+  if (config_->total_limit > 0 && writer) {
     auto existing = named_checkpoints(root);
-    for (std::size_t k = 0; k + std::size_t(total_limit_) < existing.size(); ++k)
+    for (std::size_t k = 0; k + std::size_t(config_->total_limit) < existing.size(); ++k)
       remove_checkpoint(existing[k].second);
   }
   // What crashes left of other indices (a save never installed, a removal cut short): none

@@ -315,7 +315,8 @@ void TorchAccelerator::load_parameter_values(const PreparedParameters& prepared,
   copy_buffers_in(prepared, values);
 }
 
-std::vector<std::pair<std::string, at::Tensor>> TorchAccelerator::state_dict_of(std::size_t index) {
+std::vector<std::pair<std::string, at::Tensor>> TorchAccelerator::get_state_dict(
+    std::size_t index) {
   PreparedTensors& model = *prepared_.at(index);
   if (model.units && model.units->active()) return model.units->state_dict(*model.module);
   const torch::nn::Module& module = *model.module;

@@ -179,38 +179,7 @@ class TorchAccelerator : public Accelerator, private OptimizerHost {
   // the models are prepared in the arguments' order, and the results come in that order:
   //   auto [generator, discriminator, g_opt, d_opt] = acc.prepare(g_net, d_net, g_adam, d_adam);
   template <typename... Args>
-  requires(sizeof...(Args) > 2) auto prepare(Args&... args) {
-    std::vector<torch::optim::Optimizer*> optimizers;
-    (
-        [&] {
-          if constexpr (std::derived_from<Args, torch::optim::Optimizer>)
-            optimizers.push_back(&args);
-        }(),
-        ...);
-    // Every model's optimizer found before anything is prepared.
-    std::vector<torch::optim::Optimizer*> chosen;
-    (
-        [&] {
-          if constexpr (!std::derived_from<Args, torch::optim::Optimizer>)
-            chosen.push_back(&detail::optimizer_of(detail::module_tensors_of(args), optimizers));
-        }(),
-        ...);
-    ACCEL_CHECK_ARG(chosen.size() == optimizers.size(),
-                    "prepare: " + std::to_string(optimizers.size()) + " optimizers for " +
-                        std::to_string(chosen.size()) +
-                        " models; each model needs the one optimizer that holds its parameters");
-    std::vector<std::pair<const torch::optim::Optimizer*, AcceleratedOptimizer*>> wrapped;
-    (
-        [&] {
-          if constexpr (!std::derived_from<Args, torch::optim::Optimizer>) {
-            torch::optim::Optimizer& optimizer = *chosen[wrapped.size()];
-            wrapped.emplace_back(&optimizer, &prepare_any(args, optimizer));
-          }
-        }(),
-        ...);
-    return std::tuple<decltype(prepared_result(args, wrapped))...>(
-        prepared_result(args, wrapped)...);
-  }
+  requires(sizeof...(Args) > 2) auto prepare(Args&... args);
   AcceleratedOptimizer& prepare_module(torch::nn::Module& module,
                                        torch::optim::Optimizer& optimizer,
                                        ReplicaFactory make_replica = {});
@@ -261,8 +230,10 @@ class TorchAccelerator : public Accelerator, private OptimizerHost {
   template <typename Model>
   std::vector<std::pair<std::string, at::Tensor>> get_state_dict(
       const PreparedModel<Model>& model) {
-    return state_dict_of(index_of_module(*model.get()));
+    return get_state_dict(index_of_module(*model.get()));
   }
+  // The same for the model prepared `model`-th (0-based, as the raw API counts models).
+  std::vector<std::pair<std::string, at::Tensor>> get_state_dict(std::size_t model);
   // After prepare: the scheduler built on the prepared optimizer (or the user's own), wrapped,
   // and registered for checkpoints ("scheduler", then "scheduler_1" ...). With several
   // optimizers, name the one it schedules (its step is skipped when that one's was).
@@ -406,36 +377,6 @@ class TorchAccelerator : public Accelerator, private OptimizerHost {
   void after_step(std::size_t model) override;
   void zero_grad(std::size_t model) override;
   bool holds_slices(std::size_t model) const override;
-  // The tensors the optimizer holds for strategy().segments(), in order (its state's keys):
-  // this rank's slices (ZeRO), the parameters (DDP; undefined for one in no param group).
-  std::vector<at::Tensor> optimizer_tensors(PreparedTensors& model);
-  std::vector<std::pair<std::string, at::Tensor>> state_dict_of(std::size_t model);
-  // The one-call prepare's steps, per argument: its preparation, and what it gives back.
-  template <typename Arg>
-  AcceleratedOptimizer& prepare_any(Arg& arg, torch::optim::Optimizer& optimizer) {
-    if constexpr (std::is_same_v<Arg, torch::jit::Module>)
-      return prepare_script(arg, optimizer);
-    else if constexpr (std::derived_from<Arg, torch::nn::Module>)
-      return prepare_module(arg, optimizer);
-    else
-      return prepare_module(*arg, optimizer);
-  }
-  template <typename Arg>
-  decltype(auto) prepared_result(
-      Arg& arg, const std::vector<std::pair<const torch::optim::Optimizer*, AcceleratedOptimizer*>>&
-                    wrapped) {
-    if constexpr (std::derived_from<Arg, torch::optim::Optimizer>) {
-      for (const auto& [optimizer, accelerated] : wrapped)
-        if (optimizer == &arg) return static_cast<AcceleratedOptimizer&>(*accelerated);
-      throw InvalidArgument("prepare: an optimizer holds the parameters of no model given");
-    } else if constexpr (std::is_same_v<Arg, torch::jit::Module>) {
-      return PreparedScriptModule(arg, autocast_settings());
-    } else if constexpr (std::derived_from<Arg, torch::nn::Module>) {
-      return PreparedModel<std::shared_ptr<Arg>>(std::shared_ptr<Arg>(&arg, [](Arg*) {}), *this);
-    } else {
-      return PreparedModel<Arg>(arg, *this);
-    }
-  }
   // The prepared model whose root module is `module` (clip_grad_norm(model, ...)).
   std::size_t index_of_module(const torch::nn::Module& module) const;
   // Autograd accumulated parameter i's gradient of `model`: make sure it is (still) the bucket
@@ -465,6 +406,69 @@ class TorchAccelerator : public Accelerator, private OptimizerHost {
   std::unique_ptr<TorchReplicas> replicas_;
   int custom_checkpoints_ = 0;  // register_for_checkpointing's count
 };
+
+namespace detail {
+// The many-argument prepare's steps, per argument: its preparation, and what it gives back.
+template <typename Arg>
+AcceleratedOptimizer& prepare_one(TorchAccelerator& acc, Arg& arg,
+                                  torch::optim::Optimizer& optimizer) {
+  if constexpr (std::is_same_v<Arg, torch::jit::Module>)
+    return acc.prepare_script(arg, optimizer);
+  else if constexpr (std::derived_from<Arg, torch::nn::Module>)
+    return acc.prepare_module(arg, optimizer);
+  else
+    return acc.prepare_module(*arg, optimizer);
+}
+template <typename Arg>
+decltype(auto) prepared_result(
+    TorchAccelerator& acc, Arg& arg,
+    const std::vector<std::pair<const torch::optim::Optimizer*, AcceleratedOptimizer*>>& wrapped) {
+  if constexpr (std::derived_from<Arg, torch::optim::Optimizer>) {
+    for (const auto& [optimizer, accelerated] : wrapped)
+      if (optimizer == &arg) return static_cast<AcceleratedOptimizer&>(*accelerated);
+    throw InvalidArgument("prepare: an optimizer holds the parameters of no model given");
+  } else if constexpr (std::is_same_v<Arg, torch::jit::Module>) {
+    return PreparedScriptModule(arg, acc.autocast_settings());
+  } else if constexpr (std::derived_from<Arg, torch::nn::Module>) {
+    return PreparedModel<std::shared_ptr<Arg>>(std::shared_ptr<Arg>(&arg, [](Arg*) {}), acc);
+  } else {
+    return PreparedModel<Arg>(arg, acc);
+  }
+}
+}  // namespace detail
+
+template <typename... Args>
+requires(sizeof...(Args) > 2) auto TorchAccelerator::prepare(Args&... args) {
+  std::vector<torch::optim::Optimizer*> optimizers;
+  (
+      [&] {
+        if constexpr (std::derived_from<Args, torch::optim::Optimizer>) optimizers.push_back(&args);
+      }(),
+      ...);
+  // Every model's optimizer found before anything is prepared.
+  std::vector<torch::optim::Optimizer*> chosen;
+  (
+      [&] {
+        if constexpr (!std::derived_from<Args, torch::optim::Optimizer>)
+          chosen.push_back(&detail::optimizer_of(detail::module_tensors_of(args), optimizers));
+      }(),
+      ...);
+  ACCEL_CHECK_ARG(chosen.size() == optimizers.size(),
+                  "prepare: " + std::to_string(optimizers.size()) + " optimizers for " +
+                      std::to_string(chosen.size()) +
+                      " models; each model needs the one optimizer that holds its parameters");
+  std::vector<std::pair<const torch::optim::Optimizer*, AcceleratedOptimizer*>> wrapped;
+  (
+      [&] {
+        if constexpr (!std::derived_from<Args, torch::optim::Optimizer>) {
+          torch::optim::Optimizer& optimizer = *chosen[wrapped.size()];
+          wrapped.emplace_back(&optimizer, &detail::prepare_one(*this, args, optimizer));
+        }
+      }(),
+      ...);
+  return std::tuple<decltype(detail::prepared_result(*this, args, wrapped))...>(
+      detail::prepared_result(*this, args, wrapped)...);
+}
 
 template <typename Model>
 template <typename... Args>

@@ -179,6 +179,22 @@ void shard_optimizer(PreparedTensors& model, Strategy& z, torch::optim::Optimize
   }
 }
 
+// The tensors the optimizer holds for the strategy's segments, in order (its state's keys):
+// this rank's slices (ZeRO), the parameters (DDP; undefined for one in no param group).
+std::vector<at::Tensor> optimizer_tensors(const PreparedTensors& model, Strategy& strategy) {
+  if (model.sharded_optimizer) return model.slices;  // ZeRO: one slice per segment, in order
+  // DDP: the segments are the parameters (by group); the optimizer holds those of its groups.
+  const std::size_t groups = model.optimizer->optimizer().param_groups().size();
+  std::unordered_map<const void*, const at::Tensor*> by_data;
+  for (const at::Tensor& p : model.params) by_data.emplace(p.data_ptr(), &p);
+  std::vector<at::Tensor> out;
+  for (const ParamSegment& s : strategy.segments()) {
+    const auto it = by_data.find(s.values.data);
+    out.push_back(s.group < groups && it != by_data.end() ? *it->second : at::Tensor());
+  }
+  return out;
+}
+
 }  // namespace
 
 // Runs after AccumulateGrad has added a micro-batch's gradient into param.grad() (PyTorch's
@@ -370,26 +386,12 @@ void TorchAccelerator::register_checkpoint_states(PreparedTensors& model,
       model.index,
       [this, m, &optimizer] {
         return torch_optimizer_state::save(optimizer, strategy(m->index).segments(),
-                                           optimizer_tensors(*m));
+                                           optimizer_tensors(*m, strategy(m->index)));
       },
       [this, m, &optimizer](const std::string& bytes, const std::string& where) {
         return torch_optimizer_state::load(optimizer, strategy(m->index).segments(),
-                                           optimizer_tensors(*m), bytes, where);
+                                           optimizer_tensors(*m, strategy(m->index)), bytes, where);
       });
-}
-
-std::vector<at::Tensor> TorchAccelerator::optimizer_tensors(PreparedTensors& model) {
-  if (model.sharded_optimizer) return model.slices;  // ZeRO: one slice per segment, in order
-  // DDP: the segments are the parameters (by group); the optimizer holds those of its groups.
-  const std::size_t groups = model.optimizer->optimizer().param_groups().size();
-  std::unordered_map<const void*, const at::Tensor*> by_data;
-  for (const at::Tensor& p : model.params) by_data.emplace(p.data_ptr(), &p);
-  std::vector<at::Tensor> out;
-  for (const ParamSegment& s : strategy(model.index).segments()) {
-    const auto it = by_data.find(s.values.data);
-    out.push_back(s.group < groups && it != by_data.end() ? *it->second : at::Tensor());
-  }
-  return out;
 }
 
 }  // namespace accel

@@ -1,5 +1,5 @@
 // One rank of control_flow_test: what a converted LibTorch loop does across ranks.
-//   control_flow_worker seed SEED [--seed_on_rank1 S] [--device_specific] [--no_set_seed]
+//   control_flow_worker seed --seed SEED [--seed_on_rank1 S] [--device_specific] [--no_set_seed]
 //     set_seed, then torch::randn: prints "draws: " and the values in hex (exact).
 //   control_flow_worker early_stop [--break_alone] [--after_loop exit|barrier|work]
 //                      [--timeout_ms MS]
@@ -13,7 +13,6 @@
 // Exits 0 when the loop ran to its end, 1 on an error (its message printed).
 
 #include <cstdio>
-#include <cstring>
 #include <string>
 #include <thread>
 
@@ -26,26 +25,15 @@ using namespace accel;
 
 namespace {
 
-bool has_flag(int argc, char** argv, const char* flag) {
-  for (int i = 1; i < argc; ++i)
-    if (std::strcmp(argv[i], flag) == 0) return true;
-  return false;
-}
-
-std::string flag_value(int argc, char** argv, const char* flag, const std::string& fallback) {
-  for (int i = 1; i + 1 < argc; ++i)
-    if (std::strcmp(argv[i], flag) == 0) return argv[i + 1];
-  return fallback;
-}
-
-int seed_check(int argc, char** argv) {
+int seed_check(const test::WorkerFlags& flags) {
+  flags.only({"seed", "seed_on_rank1", "device_specific", "no_set_seed"});
+  if (!flags.has("seed")) throw std::invalid_argument("control_flow_worker seed: no --seed");
   TorchAccelerator acc;
-  const std::uint64_t seed = std::stoull(argv[2]);
+  const auto seed = std::uint64_t(flags.integer("seed"));
   const std::uint64_t mine = acc.process_index() == 1
-                                 ? std::stoull(flag_value(argc, argv, "--seed_on_rank1", argv[2]))
+                                 ? std::uint64_t(flags.integer("seed_on_rank1", (long long)seed))
                                  : seed;
-  if (!has_flag(argc, argv, "--no_set_seed"))
-    acc.set_seed(mine, has_flag(argc, argv, "--device_specific"));
+  if (!flags.has("no_set_seed")) acc.set_seed(mine, flags.has("device_specific"));
   const torch::Tensor draws = torch::randn({6}, torch::kDouble);
   std::printf("draws:");
   for (std::int64_t i = 0; i < draws.numel(); ++i) std::printf(" %a", draws[i].item<double>());
@@ -53,12 +41,12 @@ int seed_check(int argc, char** argv) {
   return 0;
 }
 
-int early_stop(int argc, char** argv) {
+int early_stop(const test::WorkerFlags& flags) {
+  flags.only({"break_alone", "after_loop", "timeout_ms"});
   AcceleratorOptions options;
-  if (has_flag(argc, argv, "--timeout_ms"))
-    options.timeout = Milliseconds(std::stoll(flag_value(argc, argv, "--timeout_ms", "0")));
+  if (flags.has("timeout_ms")) options.timeout = Milliseconds(flags.integer("timeout_ms"));
   TorchAccelerator acc(options);
-  const bool break_alone = has_flag(argc, argv, "--break_alone");
+  const bool break_alone = flags.has("break_alone");
   const int rank = acc.process_index();
   acc.set_seed(7, /*device_specific=*/true);  // each rank draws its own batches
   torch::nn::Linear net(4, 1);
@@ -96,7 +84,7 @@ int early_stop(int argc, char** argv) {
   if (!break_alone)
     std::printf("rank %d: check_trigger after the loop: %s\n", rank,
                 acc.check_trigger() ? "true" : "false");
-  const std::string after = flag_value(argc, argv, "--after_loop", "exit");
+  const std::string after = flags.text("after_loop", "exit");
   if (after == "barrier") acc.wait_for_everyone();
   // Work without collectives (an evaluation, a save) for longer than any test waits.
   if (after == "work") std::this_thread::sleep_for(std::chrono::seconds(120));
@@ -147,11 +135,15 @@ int main(int argc, char** argv) {
   torch::set_num_threads(1);
   const std::string mode = argc > 1 ? argv[1] : "";
   try {
-    if (mode == "seed" && argc > 2) return seed_check(argc, argv);
-    if (mode == "early_stop") return early_stop(argc, argv);
+    // The mode, then its flags: WorkerFlags reads argv from the one after the mode.
+    const test::WorkerFlags flags(argc > 1 ? argc - 1 : argc, argc > 1 ? argv + 1 : argv);
+    if (mode == "seed") return seed_check(flags);
+    if (mode == "early_stop") return early_stop(flags);
+    if (mode == "print" || mode == "second_accelerator") flags.only({});
     if (mode == "print") return print_check();
     if (mode == "second_accelerator") return second_accelerator();
-    std::fprintf(stderr, "usage: control_flow_worker seed SEED ... | early_stop ... | print\n");
+    std::fprintf(stderr,
+                 "usage: control_flow_worker seed --seed SEED ... | early_stop ... | print\n");
     return 2;
   } catch (const std::exception& e) {
     std::printf("error: %s\n", e.what());

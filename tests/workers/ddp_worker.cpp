@@ -1,8 +1,11 @@
 // One rank of the DDP equivalence check: trains the raw MLP for some steps with DdpStrategy
 // on its slice of each global batch, and trains a single-process reference on the whole
-// global batches itself; exits 0 when the parameters agree within the first-order bound of
-// tests/support/tolerance.hpp (magnitudes measured on the reference).
-//   ddp_worker --backend gloo|mpi|local [--accumulation K] [--steps N]
+// global batches itself. Verdicts: "ddp equals one process" (the parameters agree within the
+// first-order bound of tests/support/tolerance.hpp, magnitudes measured on the reference; the
+// detail says whether the buckets were in shared memory) and "an unused parameter's gradient
+// is averaged". Exit 0 when both passed, 1 when one failed, 2 on an error.
+//   ddp_worker --backend gloo|mpi|shm|local [--accumulation K] [--steps N] [--hidden H]
+//              [--bucket_cap_bytes B]
 //
 // Buckets are made tiny so the model spans several of them and their order matters; rank
 // != 0 starts from different weights, so prepare()'s broadcast is checked too; one parameter
@@ -57,19 +60,19 @@ Batch slice(const Batch& b, int rank, int world) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  ProcessGroupOptions pg;
-  int accumulation = 1, steps = 20, hidden = kSizes[1];
-  DdpOptions options;
-  options.first_bucket_bytes = 1024;
-  options.bucket_cap_bytes = 8 * 1024;
-  const accel::test::WorkerFlags flags(argc, argv);
-  if (flags.has("backend")) pg.backend = flags.text("backend");
-  accumulation = int(flags.integer("accumulation", accumulation));
-  steps = int(flags.integer("steps", steps));
-  hidden = int(flags.integer("hidden", hidden));
-  options.bucket_cap_bytes =
-      std::size_t(flags.integer("bucket_cap_bytes", std::int64_t(options.bucket_cap_bytes)));
   try {
+    ProcessGroupOptions pg;
+    DdpOptions options;
+    options.first_bucket_bytes = 1024;
+    options.bucket_cap_bytes = 8 * 1024;
+    const test::WorkerFlags flags(argc, argv);
+    flags.only({"backend", "accumulation", "steps", "hidden", "bucket_cap_bytes"});
+    if (flags.has("backend")) pg.backend = flags.text("backend");
+    const int accumulation = int(flags.integer("accumulation", 1));
+    const int steps = int(flags.integer("steps", 20));
+    const int hidden = int(flags.integer("hidden", kSizes[1]));
+    options.bucket_cap_bytes =
+        std::size_t(flags.integer("bucket_cap_bytes", std::int64_t(options.bucket_cap_bytes)));
     auto group = init_process_group(pg);
     Communicator& comm = group->comm();
     const int rank = comm.rank(), world = comm.world_size();
@@ -142,14 +145,17 @@ int main(int argc, char** argv) {
          .longest_sum = std::size_t(accumulation) * kGlobalBatch + std::size_t(world) + 2,
          .magnitude = measured.max,
          .unit_roundoff = test::kUnitRoundoffF32});
-    std::printf(
-        "rank %d of %d (%s): %d steps, accumulation %d, %zu buckets%s, max |ddp - single| = "
-        "%.3g (limit %.3g)%s\n",
-        rank, world, std::string(comm.backend_name()).c_str(), steps, accumulation,
-        ddp.bucket_layout().size(),
-        test::in_shm_segment(ddp.grad_slot(0, 0).data) ? " in shared memory" : "", max_diff, limit,
-        unused_ok ? "" : ", unused gradient not averaged");
-    return (max_diff <= limit && unused_ok) ? 0 : 1;
+    char detail[256];
+    std::snprintf(
+        detail, sizeof detail,
+        "%s, %d steps, accumulation %d, %zu buckets%s, max |ddp - single| = %.3g "
+        "(limit %.3g)",
+        std::string(comm.backend_name()).c_str(), steps, accumulation, ddp.bucket_layout().size(),
+        test::in_shm_segment(ddp.grad_slot(0, 0).data) ? " in shared memory" : "", max_diff, limit);
+    test::VerdictLog verdicts(rank);
+    verdicts.check(max_diff <= limit, "ddp equals one process", detail);
+    verdicts.check(unused_ok, "an unused parameter's gradient is averaged");
+    return verdicts.exit_code();
   } catch (const std::exception& e) {
     std::fprintf(stderr, "ddp_worker: %s\n", e.what());
     return 2;
