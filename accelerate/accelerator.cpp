@@ -306,6 +306,20 @@ int Accelerator::replica_cuda_device(int replica) const {
 
 Communicator& Accelerator::comm() { return group_->comm(); }
 
+CommunicatorPtr Accelerator::new_group(const std::vector<int>& ranks, const std::string& name) {
+  const auto mine = std::find(ranks.begin(), ranks.end(), env_.rank);
+  ACCEL_CHECK_ARG(mine != ranks.end(), "new_group '" + name + "': rank " +
+                                           std::to_string(env_.rank) + " is not one of its ranks");
+  const std::string backend(comm().backend_name());
+  ACCEL_CHECK_ARG(backend != "nccl" && backend != "mpi",
+                  "new_group '" + name +
+                      "': groups of some ranks run over the CPU communicators "
+                      "with a rendezvous store (gloo, shm, hierarchical) for now, not " +
+                      backend);
+  return group_->subgroup(backend == "hierarchical" ? "gloo" : backend, int(mine - ranks.begin()),
+                          int(ranks.size()), name);
+}
+
 void Accelerator::set_cuda_stream(DeviceStream stream) { comm().set_compute_stream(stream); }
 
 void Accelerator::check_can_prepare_another() const {

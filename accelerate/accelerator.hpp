@@ -162,6 +162,12 @@ class Accelerator {
   // The config's state_dict_type (LibTorch checkpoints: FULL_STATE_DICT, SHARDED_STATE_DICT).
   config::StateDictType state_dict_type() const;
   Communicator& comm();
+  // A communicator among some of the ranks (torch.distributed.new_group): `ranks` in the order
+  // that numbers them in it (this rank must be one), made by every member under the same
+  // `name` (collective among them, within the timeout). Over the world's CPU communicator
+  // (gloo, shm; gloo for hierarchical); refused under mpi and nccl for now, naming them.
+  // For a strategy of several axes (a pipeline's neighbours, a stage's replicas).
+  CommunicatorPtr new_group(const std::vector<int>& ranks, const std::string& name);
   // The CUDA stream (a cudaStream_t) the loop computes on, when its buffers live on a GPU
   // (NCCL); default: the legacy default stream. The strategies copy gradients and order the
   // collectives against it, so the host does not wait for the GPU per bucket (the contract:

@@ -1,0 +1,263 @@
+#include "accelerate/torch/pipeline/torch_pipeline.hpp"
+
+#include <unordered_set>
+
+#include "accelerate/pipeline/schedule_simulation.hpp"
+#include "accelerate/torch/detail/tensor_buffer.hpp"
+#include "accelerate/torch/detail/tensor_collectives.hpp"
+#include "accelerate/torch/pipeline/detail/stage_channels.hpp"
+#include "accelerate/torch/torch_accelerator.hpp"
+#include "foundation/error.hpp"
+
+namespace accel {
+
+using pipeline::Action;
+using pipeline::ActionKind;
+
+// One micro-batch on one chunk between its forward and its backward.
+struct TorchPipeline::Piece {
+  at::Tensor input;        // what the forward read (requires grad after the first piece)
+  at::Tensor output;       // its output; the last piece's: its loss / M
+  at::Tensor output_grad;  // received for the backward (undefined on the last piece)
+  at::Tensor loss;         // the last piece's micro-batch loss
+};
+
+namespace {
+
+pipeline::PieceBounds split_model(const torch::nn::Sequential& model,
+                                  const pipeline::PipelineOptions& options, int pieces) {
+  std::vector<std::string> names;
+  std::vector<double> weights;
+  for (const auto& child : model->named_children()) {
+    names.push_back(child.key());
+    double count = 0;
+    for (const at::Tensor& p : child.value()->parameters()) count += double(p.numel());
+    weights.push_back(count);
+  }
+  if (!options.split_points.empty()) return pipeline::split_at(names, options.split_points, pieces);
+  switch (options.partition_method) {
+    case pipeline::PartitionMethod::uniform:
+      return pipeline::uniform(names.size(), pieces);
+    case pipeline::PartitionMethod::parameters:
+      return pipeline::balance(weights, pieces);
+    case pipeline::PartitionMethod::profile:
+      break;
+  }
+  throw InvalidArgument(
+      "pipeline: partition_method profile is not built yet; use parameters, uniform or "
+      "split_points");
+}
+
+}  // namespace
+
+TorchPipeline::TorchPipeline(TorchAccelerator& accelerator, torch::nn::Sequential model,
+                             torch::optim::Optimizer& optimizer, pipeline::PipelineOptions options)
+    : accelerator_(accelerator), options_(std::move(options)), optimizer_(optimizer) {
+  const int p = options_.pipeline_parallel_size, world = accelerator.num_processes();
+  shape_ = {
+      .stages = p, .chunks = options_.pipeline_chunks, .microbatches = options_.num_microbatches};
+  pipeline::check_shape(options_.pipeline_schedule, shape_);
+  ACCEL_CHECK_ARG(world % p == 0, "pipeline: " + std::to_string(world) +
+                                      " processes are not a multiple of "
+                                      "pipeline_parallel_size " +
+                                      std::to_string(p));
+  stage_ = accelerator.process_index() % p;
+  replica_ = accelerator.process_index() / p;
+  replicas_ = world / p;
+  bounds_ = split_model(model, options_, shape_.virtual_stages());
+
+  // This stage's pieces; the optimizer keeps only their parameters.
+  std::unordered_set<const void*> mine;
+  for (int c = 0; c < shape_.chunks; ++c) {
+    torch::nn::Sequential chunk;
+    const auto v = std::size_t(virtual_stage(c));
+    const auto children = model->named_children();
+    for (std::size_t i = bounds_[v]; i < bounds_[v + 1]; ++i)
+      chunk->push_back(children[i].key(), *(model->begin() + std::ptrdiff_t(i)));
+    for (const at::Tensor& t : chunk->parameters()) {
+      parameters_.push_back(t);
+      mine.insert(t.unsafeGetTensorImpl());
+    }
+    chunks_.push_back(chunk);
+  }
+  for (auto& group : optimizer_.param_groups()) {
+    auto& params = group.params();
+    std::erase_if(params,
+                  [&](const at::Tensor& t) { return !mine.count(t.unsafeGetTensorImpl()); });
+  }
+
+  // A schedule this runtime cannot finish is refused before anything runs.
+  const pipeline::SimulationResult check =
+      pipeline::simulate(pipeline::schedule_all(options_.pipeline_schedule, shape_), shape_, {},
+                         pipeline::MessageModel::eager);
+  ACCEL_CHECK_ARG(check.ok(), "pipeline: the schedule " +
+                                  pipeline::to_string(options_.pipeline_schedule) +
+                                  " cannot run: " + check.deadlock);
+  actions_ = pipeline::schedule_for_stage(options_.pipeline_schedule, shape_, stage_);
+
+  if (p > 1)
+    channels_ = std::make_unique<pipeline::detail::StageChannels>(accelerator, shape_, replicas_,
+                                                                  replica_, stage_);
+  if (replicas_ > 1) {
+    std::vector<int> ranks;
+    for (int d = 0; d < replicas_; ++d) ranks.push_back(d * p + stage_);
+    replica_group_ =
+        accelerator.new_group(ranks, "pipeline_stage" + std::to_string(stage_) + "_replicas");
+    // Every replica starts from replica 0's parameters, as DDP's prepare does.
+    torch::NoGradGuard no_grad;
+    for (at::Tensor& t : parameters_) {
+      at::Tensor data = t.detach();
+      tensor_collectives::broadcast(*replica_group_, data, 0);
+    }
+  }
+}
+
+TorchPipeline::~TorchPipeline() = default;
+
+bool TorchPipeline::is_last(int chunk) const {
+  return virtual_stage(chunk) == shape_.virtual_stages() - 1;
+}
+
+double TorchPipeline::step(const at::Tensor& input, const at::Tensor& target,
+                           const LossFn& loss_fn) {
+  const int m = shape_.microbatches;
+  const at::Tensor& rows_of = is_first(0) ? input : target;
+  const bool reads_batch = is_first(0) || is_last(shape_.chunks - 1);
+  if (reads_batch) {
+    ACCEL_CHECK_ARG(rows_of.dim() >= 1 && rows_of.size(0) % m == 0,
+                    "pipeline step: the batch's " +
+                        std::to_string(rows_of.dim() >= 1 ? rows_of.size(0) : 0) +
+                        " rows do not split into num_microbatches " + std::to_string(m));
+    micro_rows_ = rows_of.size(0) / m;
+  }
+  if (is_last(shape_.chunks - 1))
+    ACCEL_CHECK_ARG(target.size(0) == micro_rows_ * m,
+                    "pipeline step: the target's " + std::to_string(target.size(0)) +
+                        " rows are not the input's " + std::to_string(micro_rows_ * m));
+  std::vector<Piece> pieces(std::size_t(m * shape_.chunks));
+  activation_like_.assign(std::size_t(shape_.chunks), at::Tensor());
+  for (std::size_t i = 0; i < actions_.size();) {
+    if (!pipeline::is_communication(actions_[i].kind)) {
+      run_compute(actions_[i++], pieces, input, target, loss_fn);
+      continue;
+    }
+    std::size_t end = i;
+    while (end < actions_.size() && pipeline::is_communication(actions_[end].kind)) ++end;
+    run_messages(i, end, pieces);
+    i = end;
+  }
+  if (channels_) channels_->wait_sends();
+  average_over_replicas();
+  optimizer_.step();
+  optimizer_.zero_grad();
+
+  // The mean loss: the last stage's micro-batch mean, averaged over the replicas, everywhere.
+  double loss = 0;
+  if (is_last(shape_.chunks - 1))
+    for (int mb = 0; mb < m; ++mb)
+      loss += pieces[std::size_t((shape_.chunks - 1) * m + mb)].loss.item<double>();
+  loss /= double(m) * double(replicas_);
+  accelerator_.comm().all_reduce(buffer_of(std::span(&loss, 1)), ReduceOp::sum)->wait();
+  return loss;
+}
+
+void TorchPipeline::run_messages(std::size_t begin, std::size_t end, std::vector<Piece>& pieces) {
+  const int m = shape_.microbatches;
+  // Sends first: they go out on their own channels and never wait for this group's receives.
+  for (std::size_t i = begin; i < end; ++i) {
+    const Action& a = actions_[i];
+    Piece& piece = pieces[std::size_t(a.chunk * m + a.microbatch)];
+    if (a.kind == ActionKind::send_activation)
+      channels_->send(a, piece.output, /*with_header=*/a.microbatch == 0);
+    else if (a.kind == ActionKind::send_gradient)
+      channels_->send(a, piece.input.grad(), false);
+  }
+  for (std::size_t i = begin; i < end; ++i) {
+    const Action& a = actions_[i];
+    Piece& piece = pieces[std::size_t(a.chunk * m + a.microbatch)];
+    if (a.kind == ActionKind::recv_activation) {
+      // The step's first micro-batch brings the shape; the later ones are received like it.
+      at::Tensor& like = activation_like_[std::size_t(a.chunk)];
+      piece.input = channels_->receive(a, /*with_header=*/a.microbatch == 0, like);
+      if (a.microbatch == 0) like = piece.input;
+    } else if (a.kind == ActionKind::recv_gradient)
+      piece.output_grad = channels_->receive(a, false, piece.output);
+  }
+  channels_->wait_receives();
+}
+
+void TorchPipeline::run_compute(const Action& a, std::vector<Piece>& pieces,
+                                const at::Tensor& input, const at::Tensor& target,
+                                const LossFn& loss_fn) {
+  const int m = shape_.microbatches;
+  Piece& piece = pieces[std::size_t(a.chunk * m + a.microbatch)];
+  torch::nn::Sequential& chunk = chunks_[std::size_t(a.chunk)];
+  const std::int64_t first_row = std::int64_t(a.microbatch) * micro_rows_;
+  switch (a.kind) {
+    case ActionKind::forward: {
+      if (is_first(a.chunk))
+        piece.input = input.narrow(0, first_row, micro_rows_);
+      else
+        piece.input.requires_grad_(true);
+      at::Tensor out = chunk->forward(piece.input);
+      if (is_last(a.chunk)) {
+        piece.loss = loss_fn(out, target.narrow(0, first_row, micro_rows_));
+        out = piece.loss / double(m);
+      }
+      piece.output = out;
+      return;
+    }
+    case ActionKind::backward:
+      // (A first piece without parameters has nothing to differentiate.)
+      if (piece.output.requires_grad()) {
+        if (is_last(a.chunk))
+          piece.output.backward();
+        else
+          piece.output.backward(piece.output_grad);
+      }
+      if (is_first(a.chunk)) piece.input = at::Tensor();  // the batch's rows: nothing to send
+      piece.output = piece.output_grad = at::Tensor();
+      return;
+    case ActionKind::backward_input: {
+      // The input's gradient alone, the graph kept for the weights' (ZERO_BUBBLE).
+      if (is_first(a.chunk)) return;
+      const std::vector<at::Tensor> grads = torch::autograd::grad(
+          {piece.output}, {piece.input}, {is_last(a.chunk) ? at::Tensor() : piece.output_grad},
+          /*retain_graph=*/true);
+      piece.input.mutable_grad() = grads[0];
+      return;
+    }
+    case ActionKind::backward_weight: {
+      std::vector<at::Tensor> params = chunk->parameters();
+      if (!params.empty() && piece.output.requires_grad())
+        torch::autograd::backward({piece.output},
+                                  {is_last(a.chunk) ? at::Tensor() : piece.output_grad},
+                                  /*retain_graph=*/false, /*create_graph=*/false, params);
+      piece.input = piece.output = piece.output_grad = at::Tensor();
+      return;
+    }
+    default:
+      return;
+  }
+}
+
+void TorchPipeline::average_over_replicas() {
+  if (!replica_group_) return;
+  std::vector<at::Tensor> grads;
+  for (at::Tensor& p : parameters_) {
+    if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
+    grads.push_back(p.grad().reshape({-1}));
+  }
+  if (grads.empty()) return;
+  at::Tensor flat = torch::cat(grads);
+  replica_group_->all_reduce(tensor_buffer(flat, "pipeline gradients"), ReduceOp::avg)->wait();
+  std::int64_t offset = 0;
+  torch::NoGradGuard no_grad;
+  for (at::Tensor& p : parameters_) {
+    const std::int64_t n = p.numel();
+    p.grad().copy_(flat.narrow(0, offset, n).view_as(p));
+    offset += n;
+  }
+}
+
+}  // namespace accel

@@ -1,0 +1,96 @@
+#pragma once
+// Pipeline parallelism for a LibTorch Sequential (DeepSpeed's PipelineModule + engine, PyTorch's
+// pipelining): the model's children split into P x V contiguous pieces, each rank keeping its
+// stage's V pieces, the micro-batches flowing through them by a schedule (schedule.hpp), the
+// activations and their gradients sent between neighbours. The world is P stages x D
+// data-parallel replicas: rank r is stage r % P of replica r / P, and each stage's D replicas
+// average their gradients before the step.
+//
+//   TorchAccelerator acc;
+//   TorchPipeline pipe(acc, model, optimizer, {.pipeline_parallel_size = 2,
+//                                              .num_microbatches = 8});
+//   for (auto& [x, y] : this replica's batches)   // pipe.data_parallel_rank() of _size()
+//     const double loss = pipe.step(x, y, [](const at::Tensor& out, const at::Tensor& t) {
+//       return torch::mse_loss(out, t);
+//     });
+//
+// Every rank of a replica passes the same batch; the first stage reads the input, the last the
+// target. step() runs the schedule, averages over the replicas, steps the optimizer (filtered
+// to this stage's parameters) and returns the mean loss on every rank.
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "accelerate/pipeline/pipeline_options.hpp"
+#include "accelerate/pipeline/schedule.hpp"
+#include "backends/comm/communicator.hpp"
+
+namespace accel {
+
+class TorchAccelerator;
+
+namespace pipeline::detail {
+class StageChannels;  // torch/pipeline/detail/stage_channels.hpp
+}
+
+class TorchPipeline {
+ public:
+  // The loss of one micro-batch (a mean over its rows): the last stage calls it.
+  using LossFn = std::function<at::Tensor(const at::Tensor& output, const at::Tensor& target)>;
+
+  // Collective over the world: every rank builds the same model (same seed or LayerSpecs) and
+  // passes it with the optimizer over its parameters. Refuses a world that is not a multiple of
+  // pipeline_parallel_size, a shape the schedule cannot run, fewer layers than pieces, and
+  // partition_method profile (not built yet), naming the values.
+  TorchPipeline(TorchAccelerator& accelerator, torch::nn::Sequential model,
+                torch::optim::Optimizer& optimizer, pipeline::PipelineOptions options);
+  ~TorchPipeline();
+  TorchPipeline(const TorchPipeline&) = delete;
+  TorchPipeline& operator=(const TorchPipeline&) = delete;
+
+  // One training step on this replica's batch (rows a multiple of num_microbatches): the
+  // schedule's forwards and backwards, the replicas' gradient average, the optimizer's step and
+  // zero_grad. Returns the mean loss over the global batch, on every rank.
+  double step(const at::Tensor& input, const at::Tensor& target, const LossFn& loss_fn);
+
+  int stage() const { return stage_; }
+  int num_stages() const { return options_.pipeline_parallel_size; }
+  int data_parallel_rank() const { return replica_; }
+  int data_parallel_size() const { return replicas_; }
+  // Piece k holds the model's children [bounds[k], bounds[k + 1]); this stage holds pieces
+  // chunk * P + stage.
+  const pipeline::PieceBounds& piece_bounds() const { return bounds_; }
+  // This stage's pieces, chunk by chunk (children shared with the model given).
+  const std::vector<torch::nn::Sequential>& chunks() const { return chunks_; }
+  const std::vector<pipeline::Action>& actions() const { return actions_; }
+
+ private:
+  struct Piece;  // one micro-batch on one chunk, while its backward is due
+  void run_messages(std::size_t begin, std::size_t end, std::vector<Piece>& pieces);
+  void run_compute(const pipeline::Action& a, std::vector<Piece>& pieces, const at::Tensor& input,
+                   const at::Tensor& target, const LossFn& loss_fn);
+  void average_over_replicas();
+  int virtual_stage(int chunk) const { return chunk * options_.pipeline_parallel_size + stage_; }
+  bool is_first(int chunk) const { return virtual_stage(chunk) == 0; }
+  bool is_last(int chunk) const;
+
+  TorchAccelerator& accelerator_;
+  pipeline::PipelineOptions options_;
+  pipeline::PipelineShape shape_;
+  torch::optim::Optimizer& optimizer_;
+  int stage_ = 0, replica_ = 0, replicas_ = 1;
+  pipeline::PieceBounds bounds_;
+  std::vector<torch::nn::Sequential> chunks_;
+  std::vector<at::Tensor> parameters_;  // this stage's, in chunk order
+  std::vector<pipeline::Action> actions_;
+  std::unique_ptr<pipeline::detail::StageChannels> channels_;
+  CommunicatorPtr replica_group_;            // this stage's D replicas (D > 1)
+  std::int64_t micro_rows_ = 0;              // this step's rows per micro-batch
+  std::vector<at::Tensor> activation_like_;  // per chunk: this step's first received input
+};
+
+}  // namespace accel

@@ -1,0 +1,169 @@
+// One rank of pipeline_test: an MLP of Linear and Tanh children trained with TorchPipeline, and
+// beside it on every rank the same model trained by plain LibTorch on the whole global batch
+// (its micro-batches accumulated, each loss over the global micro-batch count). Verdicts:
+//   "the pieces cover the model"          bounds from 0 to the layer count, this stage's
+//                                          chunks the pieces chunk * P + stage;
+//   "the first loss is one process's"     step 0's returned mean loss, both from the same
+//                                          parameters (2 gamma(D M + 2) of the sum, tolerance.hpp);
+//   "pipeline training equals one process" this stage's parameters after --steps steps, within
+//                                          the first-order bound of tests/support/tolerance.hpp.
+//   pipeline_worker --stages P --microbatches M [--schedule S] [--chunks V] [--layers L]
+//                   [--steps N] [--split uniform|parameters|first,names]
+// fp64. Exit 0 when every verdict passed, 1 when one failed, 2 on an error.
+
+#include <cmath>
+#include <cstdio>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "accelerate/torch/pipeline/torch_pipeline.hpp"
+#include "accelerate/torch/torch_accelerator.hpp"
+#include "tests/support/tolerance.hpp"
+#include "tests/support/worker.hpp"
+
+using namespace accel;
+
+namespace {
+
+constexpr std::int64_t kWidth = 12, kOut = 3, kRowsPerMicro = 2;
+
+// L children: Linear, Tanh, Linear, Tanh, ..., the last a Linear to kOut (seeded: the same on
+// every rank and for the reference).
+torch::nn::Sequential make_model(int layers) {
+  torch::manual_seed(11);
+  torch::nn::Sequential model;
+  for (int i = 0; i < layers; ++i) {
+    if (i + 1 == layers)
+      model->push_back(torch::nn::Linear(kWidth, kOut));
+    else if (i % 2 == 0)
+      model->push_back(torch::nn::Linear(kWidth, kWidth));
+    else
+      model->push_back(torch::nn::Tanh());
+  }
+  model->to(torch::kDouble);
+  return model;
+}
+
+std::vector<std::string> comma_list(const std::string& text) {
+  std::vector<std::string> out;
+  std::stringstream in(text);
+  for (std::string item; std::getline(in, item, ',');) out.push_back(item);
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  torch::set_num_threads(1);
+  try {
+    const test::WorkerFlags flags(argc, argv);
+    flags.only({"stages", "microbatches", "schedule", "chunks", "layers", "steps", "split"});
+    pipeline::PipelineOptions options;
+    options.pipeline_parallel_size = int(flags.integer("stages", 2));
+    options.num_microbatches = int(flags.integer("microbatches", 4));
+    options.pipeline_schedule = pipeline::parse_schedule(flags.text("schedule", "1F1B"));
+    options.pipeline_chunks = int(flags.integer("chunks", 1));
+    const std::string split = flags.text("split", "parameters");
+    if (split == "uniform" || split == "parameters")
+      options.partition_method = pipeline::parse_partition_method(split);
+    else
+      options.split_points = comma_list(split);
+    const int layers = int(flags.integer("layers", 9));
+    const int steps = int(flags.integer("steps", 3));
+    const double lr = 0.05;
+
+    TorchAccelerator acc;
+    test::VerdictLog verdicts(acc.process_index());
+    torch::nn::Sequential model = make_model(layers), reference = make_model(layers);
+    torch::optim::SGD sgd(model->parameters(), lr), reference_sgd(reference->parameters(), lr);
+    TorchPipeline pipe(acc, model, sgd, options);
+    const int p = pipe.num_stages(), d = pipe.data_parallel_size(), m = options.num_microbatches;
+
+    // The pieces: every layer once, in order; this stage's chunks the pieces it should hold.
+    const pipeline::PieceBounds& bounds = pipe.piece_bounds();
+    bool cover = bounds.size() == std::size_t(p * options.pipeline_chunks + 1) &&
+                 bounds.front() == 0 && bounds.back() == std::size_t(layers);
+    for (std::size_t k = 0; cover && k + 1 < bounds.size(); ++k) cover = bounds[k] < bounds[k + 1];
+    for (std::size_t c = 0; cover && c < pipe.chunks().size(); ++c) {
+      const std::size_t v = c * std::size_t(p) + std::size_t(pipe.stage());
+      cover = pipe.chunks()[c]->size() == bounds[v + 1] - bounds[v];
+    }
+    std::string bounds_text;
+    for (std::size_t b : bounds)
+      bounds_text += (bounds_text.empty() ? "" : " ") + std::to_string(b);
+    verdicts.check(cover, "the pieces cover the model", bounds_text);
+
+    const std::int64_t global_rows = std::int64_t(d) * m * kRowsPerMicro;
+    const std::int64_t replica_rows = global_rows / d;
+    const auto loss_fn = [](const at::Tensor& out, const at::Tensor& y) {
+      return torch::mse_loss(out, y);
+    };
+    double first_loss = 0, first_reference = 0, first_terms = 0;
+    for (int step = 0; step < steps; ++step) {
+      torch::manual_seed(1000 + step);
+      const at::Tensor x = torch::randn({global_rows, kWidth}, torch::kDouble);
+      const at::Tensor y = torch::randn({global_rows, kOut}, torch::kDouble);
+      const std::int64_t mine = std::int64_t(pipe.data_parallel_rank()) * replica_rows;
+      const double loss =
+          pipe.step(x.narrow(0, mine, replica_rows), y.narrow(0, mine, replica_rows), loss_fn);
+      // The reference: the replicas' micro-batches in order, each loss over D M.
+      double reference_loss = 0, terms = 0;
+      for (int r = 0; r < d * m; ++r) {
+        const at::Tensor l =
+            loss_fn(reference->forward(x.narrow(0, r * kRowsPerMicro, kRowsPerMicro)),
+                    y.narrow(0, r * kRowsPerMicro, kRowsPerMicro));
+        (l / double(d * m)).backward();
+        reference_loss += l.item<double>() / double(d * m);
+        terms += std::abs(l.item<double>());
+      }
+      reference_sgd.step();
+      reference_sgd.zero_grad();
+      if (step == 0) {
+        first_loss = loss;
+        first_reference = reference_loss;
+        first_terms = terms;
+      }
+    }
+    const double loss_bound =
+        2 * test::gamma_n(std::size_t(d * m + 2), test::kUnitRoundoffF64) * first_terms;
+    char line[200];
+    std::snprintf(line, sizeof line, "%.17g vs %.17g (bound %.3g)", first_loss, first_reference,
+                  loss_bound);
+    verdicts.check(std::abs(first_loss - first_reference) <= loss_bound,
+                   "the first loss is one process's", line);
+
+    // This stage's parameters against the reference's same layers.
+    double diff = 0;
+    const auto children = model->named_children();
+    const auto reference_children = reference->named_children();
+    for (std::size_t c = 0; c < pipe.chunks().size(); ++c) {
+      const std::size_t v = c * std::size_t(p) + std::size_t(pipe.stage());
+      for (std::size_t i = bounds[v]; i < bounds[v + 1]; ++i) {
+        const auto mine = children[i].value()->parameters();
+        const auto theirs = reference_children[i].value()->parameters();
+        for (std::size_t k = 0; k < mine.size(); ++k)
+          diff = std::max(diff, (mine[k] - theirs[k]).abs().max().item<double>());
+      }
+    }
+    // A gradient element sums D M micro-batches of kRowsPerMicro rows, then the replicas'
+    // average (D terms) and the 1 / M and 1 / D scalings: D M rows + D + 2 terms. Their
+    // magnitudes: inputs |x| < 6 (randn), tanh below 1, the MSE error below 2 (|y| < 6, outputs
+    // below 1 + the bias) over the rows and outputs of a micro-batch: a sum well under 100.
+    const double limit = test::reordering_bound(
+        {.lr = lr,
+         .steps = steps,
+         .longest_sum = std::size_t(d * m) * std::size_t(kRowsPerMicro) + std::size_t(d) + 2,
+         .magnitude = 100});
+    std::snprintf(line, sizeof line,
+                  "stage %d of %d, replica %d of %d: max |diff| %.3g (limit %.3g)", pipe.stage(), p,
+                  pipe.data_parallel_rank(), d, diff, limit);
+    verdicts.check(diff <= limit, "pipeline training equals one process", line);
+    return verdicts.exit_code();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "pipeline_worker: %s\n", e.what());
+    return 2;
+  }
+}
