@@ -88,7 +88,7 @@ enum class StateScope {
 
 // The config keys a program may also set in code, as AcceleratorOptions fields of the key's
 // name: the top layer over the config file, the flags and the environment
-// (config/resolve.hpp). The schema (config/schema.cpp's KeySpec) says what each key means and
+// (config/resolve.hpp). The schema (config/config.cpp's KeySpec) says what each key means and
 // which values it takes; this list is the only other place a key is named.
 #define ACCEL_CONFIG_KEYS_IN_CODE(X)                                                   \
   X(int, gradient_accumulation_steps)                                                  \
