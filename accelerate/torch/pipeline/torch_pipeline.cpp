@@ -68,10 +68,10 @@ TorchPipeline::TorchPipeline(TorchAccelerator& accelerator, torch::nn::Sequentia
 
   // This stage's pieces; the optimizer keeps only their parameters.
   std::unordered_set<const void*> mine;
+  const auto children = model->named_children();
   for (int c = 0; c < shape_.chunks; ++c) {
     torch::nn::Sequential chunk;
     const auto v = std::size_t(virtual_stage(c));
-    const auto children = model->named_children();
     for (std::size_t i = bounds_[v]; i < bounds_[v + 1]; ++i)
       chunk->push_back(children[i].key(), *(model->begin() + std::ptrdiff_t(i)));
     for (const at::Tensor& t : chunk->parameters()) {
