@@ -1,10 +1,13 @@
-# One precompiled <torch/torch.h> shared by every executable that links LibTorch.
+# One precompiled <torch/torch.h>, accel_torch's, shared by every target that links LibTorch.
 #
 # On the 2-core development VM, parsing LibTorch's umbrella header alone takes ~19 s, and 36
 # translation units of executables (tests, test programs, benches, examples, a tool) take
 # 25-45 s each with it. Precompiled once (~39 s), it took 1008 s of their compile time to 539.
-# Executables only: GCC accepts a PCH only under the -fPIE/-fPIC setting it was made with, and
-# the libraries include narrower headers. -DCMAKE_DISABLE_PRECOMPILE_HEADERS=ON builds without.
+# GCC uses a PCH only under the code-generation flags and command-line macros it was made
+# with: the sharers compile -fPIC as the shared library does, and accel_torch defines no
+# accel_torch_EXPORTS (DEFINE_SYMBOL ""), so one PCH serves all (a second one, the
+# executables' own, cost the quick start ~25 s of CPU). -DCMAKE_DISABLE_PRECOMPILE_HEADERS=ON
+# builds without.
 
 # out: TRUE when `target` links the imported `torch` target, directly or through a target it links.
 function(_accel_links_torch target out)
@@ -40,28 +43,23 @@ function(_accel_targets_under dir out)
   set(${out} ${targets} PARENT_SCOPE)
 endfunction()
 
-# Called once, after every add_subdirectory: gives each LibTorch executable the shared PCH.
+# Called once, after every add_subdirectory: gives each other target that links LibTorch
+# (executables, static and shared libraries) accel_torch's PCH, compiled as accel_torch is.
 function(accel_share_torch_pch)
-  if(CMAKE_DISABLE_PRECOMPILE_HEADERS OR NOT TARGET torch)
+  if(CMAKE_DISABLE_PRECOMPILE_HEADERS OR NOT TARGET accel_torch)
     return()
   endif()
-  # The PCH's owner is an executable so that its PCH is made with the executables' -fPIE.
-  set(source ${PROJECT_BINARY_DIR}/accel_torch_pch.cpp)
-  file(CONFIGURE OUTPUT ${source} CONTENT "int main() { return 0; }\n")
-  add_executable(accel_torch_pch EXCLUDE_FROM_ALL ${source})
-  target_link_libraries(accel_torch_pch PRIVATE ${TORCH_LIBRARIES})
-  target_compile_features(accel_torch_pch PRIVATE cxx_std_20)
-  target_precompile_headers(accel_torch_pch PRIVATE <torch/torch.h>)
-
   _accel_targets_under(${PROJECT_SOURCE_DIR} targets)
   foreach(target IN LISTS targets)
     get_target_property(type ${target} TYPE)
-    if(NOT type STREQUAL "EXECUTABLE" OR target STREQUAL "accel_torch_pch")
+    if(NOT type MATCHES "^(EXECUTABLE|STATIC_LIBRARY|SHARED_LIBRARY)$" OR target STREQUAL "accel_torch")
       continue()
     endif()
     _accel_links_torch(${target} links_torch)
     if(links_torch)
-      target_precompile_headers(${target} REUSE_FROM accel_torch_pch)
+      set_target_properties(${target} PROPERTIES POSITION_INDEPENDENT_CODE OFF DEFINE_SYMBOL "")
+      target_compile_options(${target} PRIVATE -fPIC)
+      target_precompile_headers(${target} REUSE_FROM accel_torch)
     endif()
   endforeach()
 endfunction()

@@ -19,7 +19,7 @@ for arg in "$@"; do
 done
 
 packages=(
-  build-essential cmake pkg-config git
+  build-essential cmake ninja-build pkg-config git
   zlib1g-dev
   libgloo-dev
   libopenmpi-dev openmpi-bin
