@@ -320,6 +320,30 @@ CommunicatorPtr Accelerator::new_group(const std::vector<int>& ranks, const std:
                           int(ranks.size()), name);
 }
 
+namespace {
+constexpr const char* kFirstFailureKey = "accel/first_failure";
+}
+
+void Accelerator::post_failure(const std::string& what) noexcept {
+  const StorePtr& store = group_->store();
+  if (!store) return;
+  try {
+    store->compare_set(kFirstFailureKey, "", what);
+  } catch (const std::exception&) {
+    // The store's host may be gone with the failure; the caller's own error still stands.
+  }
+}
+
+std::string Accelerator::first_failure() noexcept {
+  const StorePtr& store = group_->store();
+  if (!store) return "";
+  try {
+    if (store->check({kFirstFailureKey})) return store->get(kFirstFailureKey);
+  } catch (const std::exception&) {
+  }
+  return "";
+}
+
 void Accelerator::set_cuda_stream(DeviceStream stream) { comm().set_compute_stream(stream); }
 
 void Accelerator::check_can_prepare_another() const {

@@ -168,6 +168,12 @@ class Accelerator {
   // (gloo, shm; gloo for hierarchical); refused under mpi and nccl for now, naming them.
   // For a strategy of several axes (a pipeline's neighbours, a stage's replicas).
   CommunicatorPtr new_group(const std::vector<int>& ranks, const std::string& name);
+  // The job's first failure as the rank that hit it worded it (torchrun's error file, kept in
+  // the rendezvous store): a strategy whose ranks wait on each other posts what stopped it, so
+  // a rank that then loses its peer can say why. The first post wins; first_failure() is ""
+  // when none was posted or there is no store (mpi). Neither throws.
+  void post_failure(const std::string& what) noexcept;
+  std::string first_failure() noexcept;
   // The CUDA stream (a cudaStream_t) the loop computes on, when its buffers live on a GPU
   // (NCCL); default: the legacy default stream. The strategies copy gradients and order the
   // collectives against it, so the host does not wait for the GPU per bucket (the contract:

@@ -2,9 +2,12 @@
 // MLP split into stages trains to the parameters one process gets on the same global batch
 // (fp64, within tests/support/tolerance.hpp's first-order bound), under every schedule, at 2
 // and 4 stages, with one micro-batch and fewer micro-batches than stages, uneven pieces, and
-// pipelines of 2 stages x 2 data-parallel replicas.
+// pipelines of 2 stages x 2 data-parallel replicas; a batch of another shape each step; and
+// the failures: a layer that raises, a stage killed mid-schedule, a target of other rows.
 
 #include <doctest/doctest.h>
+
+#include <csignal>
 
 #include <string>
 #include <vector>
@@ -16,6 +19,17 @@ using namespace accel;
 using namespace accel::test;
 
 namespace {
+
+// A failure injected into one stage: every rank stops (none waits for the job's limit; the
+// communicators' own timeout is far beyond it, so only noticing the failure passes) and each
+// survivor's error names the stage it lost and the job's first failure.
+launch::GroupResult run_failing(int world, const std::vector<std::string>& args) {
+  RanksOptions options;
+  options.stop_on_failure = false;  // let the survivors report
+  options.env = {{"ACCEL_COMM_TIMEOUT", "600"}};
+  options.timeout = std::chrono::seconds(120);
+  return run_ranks(world, "pipeline_worker", args, options);
+}
 
 void check_pipeline(int world, const std::vector<std::string>& args) {
   const auto result = run_ranks(world, "pipeline_worker", args);
@@ -62,4 +76,63 @@ TEST_CASE("a world that is not a multiple of the stages is refused, naming both"
   CHECK(result.exit_code() == 2);
   CHECK(describe(result).find("pipeline: 3 processes are not a multiple of "
                               "pipeline_parallel_size 2") != std::string::npos);
+}
+
+TEST_CASE("each step's batch may have other rows: the activation shape travels again") {
+  check_pipeline(2, {"--stages", "2", "--microbatches", "2", "--vary_rows", "--steps", "3"});
+  check_pipeline(4, {"--stages", "4", "--microbatches", "4", "--vary_rows", "--steps", "3",
+                     "--schedule", "ZERO_BUBBLE"});
+}
+
+TEST_CASE("a layer that raises on one stage stops every rank, each naming it") {
+  for (int stages : {2, 4}) {
+    CAPTURE(stages);
+    const auto result =
+        run_failing(stages, {"--stages", std::to_string(stages), "--microbatches", "4",
+                             "--fail_stage", "1", "--fail_step", "1", "--fail_how", "raise"});
+    INFO(describe(result));
+    REQUIRE_FALSE(result.timed_out);
+    for (int r = 0; r < stages; ++r) {
+      CAPTURE(r);
+      const auto& w = result.workers.at(r);
+      CHECK(w.exit_code == 2);
+      // The rank that raised throws its own exception; every other quotes it.
+      CHECK(w.output.find("a layer raised on purpose") != std::string::npos);
+      if (r != 1)
+        CHECK(w.output.find(" failed; the job's first failure: pipeline stage 1 (rank 1), step 1: "
+                            "a layer raised on purpose") != std::string::npos);
+    }
+  }
+}
+
+TEST_CASE("a stage killed mid-schedule stops every other rank, each naming who it lost") {
+  for (int stages : {2, 4}) {
+    CAPTURE(stages);
+    const auto result =
+        run_failing(stages, {"--stages", std::to_string(stages), "--microbatches", "4",
+                             "--fail_stage", "1", "--fail_step", "1", "--fail_how", "kill"});
+    INFO(describe(result));
+    REQUIRE_FALSE(result.timed_out);
+    CHECK(result.workers.at(1).signal == SIGKILL);
+    for (int r = 0; r < stages; ++r) {
+      if (r == 1) continue;
+      CAPTURE(r);
+      const auto& w = result.workers.at(r);
+      CHECK(w.exit_code == 2);
+      // Its neighbours lost stage 1; the stages beyond them lost a neighbour that said so.
+      CHECK(w.output.find("stage 1 (rank 1) failed") != std::string::npos);
+    }
+  }
+}
+
+TEST_CASE("a last stage whose target has other rows than the first stage's input is refused") {
+  const auto result = run_failing(2, {"--stages", "2", "--microbatches", "2", "--fail_stage", "1",
+                                      "--fail_step", "0", "--fail_how", "rows"});
+  INFO(describe(result));
+  REQUIRE_FALSE(result.timed_out);
+  CHECK(result.workers.at(1).exit_code == 2);
+  CHECK(result.workers.at(0).exit_code == 2);
+  CHECK(describe(result).find("pipeline stage 1 (rank 1): the activation from stage 0 (rank 0) "
+                              "has 2 rows per micro-batch, this stage's target 1") !=
+        std::string::npos);
 }

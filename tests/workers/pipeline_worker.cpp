@@ -8,10 +8,16 @@
 //   "pipeline training equals one process" this stage's parameters after --steps steps, within
 //                                          the first-order bound of tests/support/tolerance.hpp.
 //   pipeline_worker --stages P --microbatches M [--schedule S] [--chunks V] [--layers L]
-//                   [--steps N] [--split uniform|parameters|first,names]
+//                   [--steps N] [--split uniform|parameters|first,names] [--vary_rows]
+//                   [--fail_stage S --fail_step K --fail_how raise|kill|rows]
+// --vary_rows: step k's micro-batches have 2 + k rows (each step's activation shape is new).
+// --fail_*: at step K, stage S's second forward raises (a layer that throws) or is SIGKILLed,
+// or (rows) the last stage passes a target of half the rows; the model then has an identity
+// layer after each child, so that every stage has one to fail in.
 // fp64. Exit 0 when every verdict passed, 1 when one failed, 2 on an error.
 
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <sstream>
 #include <string>
@@ -30,9 +36,26 @@ namespace {
 
 constexpr std::int64_t kWidth = 12, kOut = 3, kRowsPerMicro = 2;
 
+// The failure a --fail_* run injects: armed on the failing stage at the failing step, it
+// strikes at that rank's second forward through an identity layer.
+struct Failure {
+  std::string how;  // "", raise, kill, rows
+  bool armed = false;
+  int forwards = 0;
+};
+Failure failure;
+
+at::Tensor identity_or_fail(const at::Tensor& x) {
+  if (failure.armed && ++failure.forwards == 2) {
+    if (failure.how == "kill") std::raise(SIGKILL);
+    if (failure.how == "raise") throw std::runtime_error("a layer raised on purpose");
+  }
+  return x;
+}
+
 // L children: Linear, Tanh, Linear, Tanh, ..., the last a Linear to kOut (seeded: the same on
-// every rank and for the reference).
-torch::nn::Sequential make_model(int layers) {
+// every rank and for the reference); with failure_layers an identity after each.
+torch::nn::Sequential make_model(int layers, bool failure_layers) {
   torch::manual_seed(11);
   torch::nn::Sequential model;
   for (int i = 0; i < layers; ++i) {
@@ -42,6 +65,7 @@ torch::nn::Sequential make_model(int layers) {
       model->push_back(torch::nn::Linear(kWidth, kWidth));
     else
       model->push_back(torch::nn::Tanh());
+    if (failure_layers) model->push_back(torch::nn::Functional(identity_or_fail));
   }
   model->to(torch::kDouble);
   return model;
@@ -60,7 +84,8 @@ int main(int argc, char** argv) {
   torch::set_num_threads(1);
   try {
     const test::WorkerFlags flags(argc, argv);
-    flags.only({"stages", "microbatches", "schedule", "chunks", "layers", "steps", "split"});
+    flags.only({"stages", "microbatches", "schedule", "chunks", "layers", "steps", "split",
+                "vary_rows", "fail_stage", "fail_step", "fail_how"});
     pipeline::PipelineOptions options;
     options.pipeline_parallel_size = int(flags.integer("stages", 2));
     options.num_microbatches = int(flags.integer("microbatches", 4));
@@ -73,11 +98,17 @@ int main(int argc, char** argv) {
       options.split_points = comma_list(split);
     const int layers = int(flags.integer("layers", 9));
     const int steps = int(flags.integer("steps", 3));
+    const bool vary_rows = flags.has("vary_rows");
+    failure.how = flags.text("fail_how");
+    const int fail_stage = int(flags.integer("fail_stage", -1));
+    const int fail_step = int(flags.integer("fail_step", -1));
     const double lr = 0.05;
 
     TorchAccelerator acc;
     test::VerdictLog verdicts(acc.process_index());
-    torch::nn::Sequential model = make_model(layers), reference = make_model(layers);
+    const bool failure_layers = !failure.how.empty();
+    torch::nn::Sequential model = make_model(layers, failure_layers),
+                          reference = make_model(layers, failure_layers);
     torch::optim::SGD sgd(model->parameters(), lr), reference_sgd(reference->parameters(), lr);
     TorchPipeline pipe(acc, model, sgd, options);
     const int p = pipe.num_stages(), d = pipe.data_parallel_size(), m = options.num_microbatches;
@@ -85,7 +116,7 @@ int main(int argc, char** argv) {
     // The pieces: every layer once, in order; this stage's chunks the pieces it should hold.
     const pipeline::PieceBounds& bounds = pipe.piece_bounds();
     bool cover = bounds.size() == std::size_t(p * options.pipeline_chunks + 1) &&
-                 bounds.front() == 0 && bounds.back() == std::size_t(layers);
+                 bounds.front() == 0 && bounds.back() == model->size();
     for (std::size_t k = 0; cover && k + 1 < bounds.size(); ++k) cover = bounds[k] < bounds[k + 1];
     for (std::size_t c = 0; cover && c < pipe.chunks().size(); ++c) {
       const std::size_t v = c * std::size_t(p) + std::size_t(pipe.stage());
@@ -96,25 +127,32 @@ int main(int argc, char** argv) {
       bounds_text += (bounds_text.empty() ? "" : " ") + std::to_string(b);
     verdicts.check(cover, "the pieces cover the model", bounds_text);
 
-    const std::int64_t global_rows = std::int64_t(d) * m * kRowsPerMicro;
-    const std::int64_t replica_rows = global_rows / d;
     const auto loss_fn = [](const at::Tensor& out, const at::Tensor& y) {
       return torch::mse_loss(out, y);
     };
     double first_loss = 0, first_reference = 0, first_terms = 0;
+    std::int64_t most_rows = kRowsPerMicro;  // per micro-batch, over the steps
     for (int step = 0; step < steps; ++step) {
+      const std::int64_t micro_rows = kRowsPerMicro + (vary_rows ? step : 0);
+      most_rows = std::max(most_rows, micro_rows);
+      const std::int64_t replica_rows = std::int64_t(m) * micro_rows;
+      const std::int64_t global_rows = std::int64_t(d) * replica_rows;
+      failure.armed = pipe.stage() == fail_stage && step == fail_step;
       torch::manual_seed(1000 + step);
       const at::Tensor x = torch::randn({global_rows, kWidth}, torch::kDouble);
       const at::Tensor y = torch::randn({global_rows, kOut}, torch::kDouble);
       const std::int64_t mine = std::int64_t(pipe.data_parallel_rank()) * replica_rows;
+      // (rows: the last stage's target has half the rows the first stage's input has.)
+      const std::int64_t target_rows =
+          failure.armed && failure.how == "rows" ? replica_rows / 2 : replica_rows;
       const double loss =
-          pipe.step(x.narrow(0, mine, replica_rows), y.narrow(0, mine, replica_rows), loss_fn);
+          pipe.step(x.narrow(0, mine, replica_rows), y.narrow(0, mine, target_rows), loss_fn);
+      failure.armed = false;  // (the reference's forwards below go through the same layers)
       // The reference: the replicas' micro-batches in order, each loss over D M.
       double reference_loss = 0, terms = 0;
       for (int r = 0; r < d * m; ++r) {
-        const at::Tensor l =
-            loss_fn(reference->forward(x.narrow(0, r * kRowsPerMicro, kRowsPerMicro)),
-                    y.narrow(0, r * kRowsPerMicro, kRowsPerMicro));
+        const at::Tensor l = loss_fn(reference->forward(x.narrow(0, r * micro_rows, micro_rows)),
+                                     y.narrow(0, r * micro_rows, micro_rows));
         (l / double(d * m)).backward();
         reference_loss += l.item<double>() / double(d * m);
         terms += std::abs(l.item<double>());
@@ -155,7 +193,7 @@ int main(int argc, char** argv) {
     const double limit = test::reordering_bound(
         {.lr = lr,
          .steps = steps,
-         .longest_sum = std::size_t(d * m) * std::size_t(kRowsPerMicro) + std::size_t(d) + 2,
+         .longest_sum = std::size_t(d * m) * std::size_t(most_rows) + std::size_t(d) + 2,
          .magnitude = 100});
     std::snprintf(line, sizeof line,
                   "stage %d of %d, replica %d of %d: max |diff| %.3g (limit %.3g)", pipe.stage(), p,

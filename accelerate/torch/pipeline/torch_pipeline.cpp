@@ -112,7 +112,19 @@ TorchPipeline::TorchPipeline(TorchAccelerator& accelerator, torch::nn::Sequentia
   }
 }
 
-TorchPipeline::~TorchPipeline() = default;
+TorchPipeline::~TorchPipeline() {
+  if (!failed_) return;
+  // Abandoned, not destroyed: a message still pending may wait for a peer that will never
+  // answer, and destroying its communicator would wait for it (up to the timeout). The
+  // process is on its way out; its exit closes the sockets.
+  (void)channels_.release();
+  if (replica_group_) (void)new CommunicatorPtr(std::move(replica_group_));
+}
+
+std::string TorchPipeline::who(int stage) const {
+  return "stage " + std::to_string(stage) + " (rank " +
+         std::to_string(replica_ * options_.pipeline_parallel_size + stage) + ")";
+}
 
 bool TorchPipeline::is_last(int chunk) const {
   return virtual_stage(chunk) == shape_.virtual_stages() - 1;
@@ -120,6 +132,26 @@ bool TorchPipeline::is_last(int chunk) const {
 
 double TorchPipeline::step(const at::Tensor& input, const at::Tensor& target,
                            const LossFn& loss_fn) {
+  if (failed_)
+    throw Error("pipeline " + who(stage_) +
+                ": an earlier step failed; the pipeline cannot go on (restart the job, or resume "
+                "from a checkpoint)");
+  try {
+    const double loss = run_step(input, target, loss_fn);
+    ++steps_done_;
+    return loss;
+  } catch (const std::exception& e) {
+    failed_ = true;
+    const std::string self = "pipeline " + who(stage_);
+    std::string what = e.what();
+    if (what.rfind(self + ": ", 0) == 0) what.erase(0, self.size() + 2);
+    accelerator_.post_failure(self + ", step " + std::to_string(steps_done_) + ": " + what);
+    throw;
+  }
+}
+
+double TorchPipeline::run_step(const at::Tensor& input, const at::Tensor& target,
+                               const LossFn& loss_fn) {
   const int m = shape_.microbatches;
   const at::Tensor& rows_of = is_first(0) ? input : target;
   const bool reads_batch = is_first(0) || is_last(shape_.chunks - 1);
@@ -199,6 +231,13 @@ void TorchPipeline::run_compute(const Action& a, std::vector<Piece>& pieces,
         piece.input = input.narrow(0, first_row, micro_rows_);
       else
         piece.input.requires_grad_(true);
+      if (is_last(a.chunk) && !is_first(a.chunk) && piece.input.size(0) != micro_rows_) {
+        const int from = (virtual_stage(a.chunk) - 1) % options_.pipeline_parallel_size;
+        throw InvalidArgument(
+            "pipeline " + who(stage_) + ": the activation from " + who(from) + " has " +
+            std::to_string(piece.input.size(0)) + " rows per micro-batch, this stage's target " +
+            std::to_string(micro_rows_) + " (every rank of a replica passes the same batch)");
+      }
       at::Tensor out = chunk->forward(piece.input);
       if (is_last(a.chunk)) {
         piece.loss = loss_fn(out, target.narrow(0, first_row, micro_rows_));

@@ -55,6 +55,9 @@ class TorchPipeline {
   // One training step on this replica's batch (rows a multiple of num_microbatches): the
   // schedule's forwards and backwards, the replicas' gradient average, the optimizer's step and
   // zero_grad. Returns the mean loss over the global batch, on every rank.
+  // A step that throws (a layer raised, a peer died) posts its error as the job's first
+  // failure, so every rank's error names the root cause; the pipeline is then spent: its
+  // messages are abandoned (a peer may never answer them) and a further step is refused.
   double step(const at::Tensor& input, const at::Tensor& target, const LossFn& loss_fn);
 
   int stage() const { return stage_; }
@@ -70,6 +73,8 @@ class TorchPipeline {
 
  private:
   struct Piece;  // one micro-batch on one chunk, while its backward is due
+  double run_step(const at::Tensor& input, const at::Tensor& target, const LossFn& loss_fn);
+  std::string who(int stage) const;  // "stage 1 (rank 3)"
   void run_messages(std::size_t begin, std::size_t end, std::vector<Piece>& pieces);
   void run_compute(const pipeline::Action& a, std::vector<Piece>& pieces, const at::Tensor& input,
                    const at::Tensor& target, const LossFn& loss_fn);
@@ -91,6 +96,8 @@ class TorchPipeline {
   CommunicatorPtr replica_group_;            // this stage's D replicas (D > 1)
   std::int64_t micro_rows_ = 0;              // this step's rows per micro-batch
   std::vector<at::Tensor> activation_like_;  // per chunk: this step's first received input
+  std::int64_t steps_done_ = 0;
+  bool failed_ = false;
 };
 
 }  // namespace accel

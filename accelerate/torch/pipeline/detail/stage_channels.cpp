@@ -28,7 +28,7 @@ bool is_send(ActionKind k) {
 
 StageChannels::StageChannels(Accelerator& accelerator, const PipelineShape& shape, int replicas,
                              int replica, int stage)
-    : stage_(stage) {
+    : accelerator_(accelerator), stages_(shape.stages), replica_(replica), stage_(stage) {
   const int p = shape.stages, last = shape.virtual_stages() - 1;
   // Which stages talk, per kind: forward from piece v's stage to piece v+1's, backward back.
   std::set<std::tuple<bool, int, int>> links;
@@ -44,6 +44,11 @@ StageChannels::StageChannels(Accelerator& accelerator, const PipelineShape& shap
                                "_to_" + std::to_string(to);
       channels_[{gradient, from, to}] = accelerator.new_group({d * p + from, d * p + to}, name);
     }
+}
+
+std::string StageChannels::who(int stage) const {
+  return "stage " + std::to_string(stage) + " (rank " + std::to_string(replica_ * stages_ + stage) +
+         ")";
 }
 
 Communicator& StageChannels::channel(const Action& a) {
@@ -67,9 +72,9 @@ void StageChannels::send(const Action& a, const at::Tensor& t, bool with_header)
     header[0] = data.dim();
     header[1] = std::int64_t(data.scalar_type());
     for (std::int64_t d = 0; d < data.dim(); ++d) header[2 + d] = data.size(d);
-    sends_.emplace_back(header, c.send(tensor_buffer(header, "pipeline header"), 1, a.tag));
+    sends_.push_back({header, c.send(tensor_buffer(header, "pipeline header"), 1, a.tag), a});
   }
-  sends_.emplace_back(data, c.send(tensor_buffer(data, describe(a)), 1, a.tag));
+  sends_.push_back({data, c.send(tensor_buffer(data, describe(a)), 1, a.tag), a});
 }
 
 at::Tensor StageChannels::receive(const Action& a, bool with_header, const at::Tensor& like) {
@@ -77,12 +82,13 @@ at::Tensor StageChannels::receive(const Action& a, bool with_header, const at::T
   at::Tensor out;
   if (with_header) {
     at::Tensor header = torch::zeros({std::int64_t(std::tuple_size_v<Header>)}, torch::kLong);
-    c.recv(tensor_buffer(header, "pipeline header"), 0, a.tag)->wait();
+    std::vector<Pending> header_only{
+        {header, c.recv(tensor_buffer(header, "pipeline header"), 0, a.tag), a}};
+    wait_all(header_only);
     const std::int64_t dims = header[0].item<std::int64_t>();
     ACCEL_CHECK_ARG(dims >= 0 && std::size_t(dims) <= kMaxDims,
-                    "pipeline stage " + std::to_string(stage_) + ": " + describe(a) +
-                        ": the header from stage " + std::to_string(a.peer) + " says " +
-                        std::to_string(dims) + " dimensions");
+                    "pipeline " + who(stage_) + ": " + describe(a) + ": the header from " +
+                        who(a.peer) + " says " + std::to_string(dims) + " dimensions");
     std::vector<std::int64_t> sizes;
     for (std::int64_t d = 0; d < dims; ++d) sizes.push_back(header[2 + d].item<std::int64_t>());
     const auto type = c10::ScalarType(header[1].item<std::int64_t>());
@@ -90,18 +96,32 @@ at::Tensor StageChannels::receive(const Action& a, bool with_header, const at::T
   } else {
     out = torch::empty_like(like, at::MemoryFormat::Contiguous);
   }
-  receives_.emplace_back(out, c.recv(tensor_buffer(out, describe(a)), 0, a.tag));
+  receives_.push_back({out, c.recv(tensor_buffer(out, describe(a)), 0, a.tag), a});
   return out;
 }
 
-void StageChannels::wait_receives() {
-  for (auto& [tensor, work] : receives_) work->wait();
-  receives_.clear();
+void StageChannels::wait_all(std::vector<Pending>& pending) {
+  for (Pending& p : pending) {
+    try {
+      p.work->wait();
+    } catch (const Error& e) {
+      const bool sends = is_send(p.action.kind);
+      const std::string first = accelerator_.first_failure();
+      std::string what = "pipeline " + who(stage_) + ": " + (sends ? "sending " : "receiving ") +
+                         (is_gradient(p.action.kind) ? "the gradient" : "the activation") +
+                         " of micro-batch " + std::to_string(p.action.microbatch) +
+                         (sends ? " to " : " from ") + who(p.action.peer) + " failed";
+      if (!first.empty() && first.rfind("pipeline " + who(stage_), 0) != 0)
+        what += "; the job's first failure: " + first;
+      // What is pending stays (its buffers may still be written): the owner abandons it all.
+      throw CommError(what + " (the 2-rank channel's words: " + e.what() + ")");
+    }
+  }
+  pending.clear();
 }
 
-void StageChannels::wait_sends() {
-  for (auto& [tensor, work] : sends_) work->wait();
-  sends_.clear();
-}
+void StageChannels::wait_receives() { wait_all(receives_); }
+
+void StageChannels::wait_sends() { wait_all(sends_); }
 
 }  // namespace accel::pipeline::detail

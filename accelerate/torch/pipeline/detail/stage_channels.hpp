@@ -9,10 +9,16 @@
 // An activation's shape and dtype travel with the step's first micro-batch (a header of
 // int64s before the data); later micro-batches of the step have the same shape, and a
 // gradient has its activation's.
+//
+// A message that fails (the peer died, raised, or timed out) throws a CommError naming this
+// stage, the peer stage and rank, the message, and the job's first failure where one was
+// posted (Accelerator::post_failure): a dead stage stops its neighbours, they stop theirs.
+// After a failure the channels are not to be destroyed (a pending message's worker may wait
+// for a peer that never answers): TorchPipeline abandons them.
 
 #include <map>
+#include <string>
 #include <tuple>
-#include <utility>
 #include <vector>
 
 #include <ATen/Tensor.h>
@@ -33,6 +39,9 @@ class StageChannels {
   StageChannels(Accelerator& accelerator, const PipelineShape& shape, int replicas, int replica,
                 int stage);
 
+  // "stage 1 (rank 3)": a stage of this replica's pipeline as errors name it.
+  std::string who(int stage) const;
+
   // Issues a send of `t` (contiguous: a copy is kept until the send completes); with_header:
   // its shape and dtype go first.
   void send(const Action& a, const at::Tensor& t, bool with_header);
@@ -43,11 +52,18 @@ class StageChannels {
   void wait_sends();
 
  private:
+  struct Pending {
+    at::Tensor tensor;  // kept alive until the message completes
+    WorkPtr work;
+    Action action;
+  };
   Communicator& channel(const Action& a);
+  void wait_all(std::vector<Pending>& pending);
   // (gradient?, from stage, to stage) -> the channel; rank 0 of it sends, rank 1 receives.
   std::map<std::tuple<bool, int, int>, CommunicatorPtr> channels_;
-  int stage_;
-  std::vector<std::pair<at::Tensor, WorkPtr>> sends_, receives_;
+  Accelerator& accelerator_;
+  int stages_, replica_, stage_;
+  std::vector<Pending> sends_, receives_;
 };
 
 }  // namespace accel::pipeline::detail
