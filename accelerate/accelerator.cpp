@@ -278,6 +278,13 @@ config::MixedPrecision Accelerator::precision() const { return config_->mixed_pr
 bool Accelerator::activation_checkpointing() const { return config_->activation_checkpointing; }
 config::AutoWrapPolicy Accelerator::auto_wrap_policy() const { return config_->auto_wrap_policy; }
 config::StateDictType Accelerator::state_dict_type() const { return config_->state_dict_type; }
+pipeline::PipelineOptions Accelerator::pipeline_options() const {
+  return {.pipeline_parallel_size = config_->pipeline_parallel_size,
+          .num_microbatches = config_->num_microbatches,
+          .pipeline_schedule = pipeline::parse_schedule(config_->pipeline_schedule),
+          .pipeline_chunks = config_->pipeline_chunks,
+          .partition_method = pipeline::parse_partition_method(config_->partition_method)};
+}
 const std::string& Accelerator::project_dir() const { return config_->project_dir; }
 const std::string& Accelerator::logging_dir() const { return config_->logging_dir; }
 std::size_t Accelerator::batch_size_for(std::size_t requested) const {
@@ -347,6 +354,10 @@ std::string Accelerator::first_failure() noexcept {
 void Accelerator::set_cuda_stream(DeviceStream stream) { comm().set_compute_stream(stream); }
 
 void Accelerator::check_can_prepare_another() const {
+  ACCEL_CHECK_ARG(config_->pipeline_parallel_size == 1,
+                  "prepare: the config asks for a pipeline (pipeline_parallel_size " +
+                      std::to_string(config_->pipeline_parallel_size) +
+                      "); build an accel::TorchPipeline from the model instead of preparing it");
   ACCEL_CHECK_ARG(models_.empty() || strategy_options_.kind != StrategyKind::data_parallel,
                   "prepare: DATA_PARALLEL replicates one model per accelerator, and one is "
                   "prepared already; for several models (a GAN) use MULTI_CPU or ZERO");

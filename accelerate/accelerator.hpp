@@ -48,6 +48,7 @@
 #include "accelerate/checkpointing/optimizer_state.hpp"
 #include "accelerate/data/sharded_sampler.hpp"
 #include "accelerate/loss_scaler.hpp"
+#include "accelerate/pipeline/pipeline_options.hpp"
 #include "accelerate/print.hpp"
 #include "accelerate/process/process_env.hpp"
 #include "accelerate/process/rank_agreement.hpp"
@@ -161,6 +162,9 @@ class Accelerator {
   config::AutoWrapPolicy auto_wrap_policy() const;
   // The config's state_dict_type (LibTorch checkpoints: FULL_STATE_DICT, SHARDED_STATE_DICT).
   config::StateDictType state_dict_type() const;
+  // The config's pipeline keys (pipeline_parallel_size, num_microbatches, pipeline_schedule,
+  // pipeline_chunks, partition_method): what a TorchPipeline built without options runs.
+  pipeline::PipelineOptions pipeline_options() const;
   Communicator& comm();
   // A communicator among some of the ranks (torch.distributed.new_group): `ranks` in the order
   // that numbers them in it (this rank must be one), made by every member under the same

@@ -237,6 +237,32 @@ std::optional<std::string> check_reshard_after_forward(const Config& c) {
   return "reshard_after_forward needs zero_stage 3 (distributed_type ZERO)";
 }
 
+bool is_pipelined(const Config& c) { return c.pipeline_parallel_size > 1; }
+
+// The launch-level facts of a pipeline; the schedule's own rules (INTERLEAVED_1F1B's
+// num_microbatches a multiple of the stages, ...) are checked where it is built
+// (accelerate/pipeline/schedule.hpp's check_shape), naming these keys.
+std::optional<std::string> check_pipeline_parallel_size(const Config& c) {
+  if (!is_pipelined(c)) return std::nullopt;
+  if (c.distributed_type != DistributedType::MULTI_CPU)
+    return "pipeline_parallel_size " + std::to_string(c.pipeline_parallel_size) +
+           " needs distributed_type MULTI_CPU, not " + type_of(c) +
+           " (ZERO with a pipeline is not built: DeepSpeed refuses ZeRO-2/3 with pipelines; "
+           "MULTI_GPU's NCCL has no groups of some ranks yet)";
+  if (c.num_processes % c.pipeline_parallel_size != 0)
+    return "num_processes " + std::to_string(c.num_processes) +
+           " is not a multiple of pipeline_parallel_size " +
+           std::to_string(c.pipeline_parallel_size) + " (each replica of the pipeline runs " +
+           std::to_string(c.pipeline_parallel_size) + " processes)";
+  return std::nullopt;
+}
+
+std::optional<std::string> check_pipeline_chunks(const Config& c) {
+  if (c.pipeline_chunks == 1 || c.pipeline_schedule == "INTERLEAVED_1F1B") return std::nullopt;
+  return "pipeline_chunks " + std::to_string(c.pipeline_chunks) +
+         " needs pipeline_schedule INTERLEAVED_1F1B, not " + c.pipeline_schedule;
+}
+
 std::optional<std::string> check_offload_optimizer_device(const Config& c) {
   if (c.offload_optimizer_device != "none" && !is_zero(c))
     return "offloading the optimizer needs distributed_type ZERO, not " + type_of(c);
@@ -617,6 +643,65 @@ std::vector<KeySpec> make_schema() {
        .help = "micro-batches per optimizer step; gradients are synchronised on the last one",
        .flag_value = "N",
        .question = "How many gradient accumulation steps?"},
+      {.name = "pipeline_parallel_size",
+       .kind = K::integer,
+       .field = &Config::pipeline_parallel_size,
+       .min_value = 1,
+       .max_value = kMaxProcessesPerMachine,
+       .range_text = "a stage count (1 or more)",
+       .help = "LibTorch's TorchPipeline: the model's layers split into this many stages, one "
+               "per process of each replica (1: no pipeline)",
+       .flag_value = "P",
+       .question = "How many pipeline stages should the model be split into (1: no pipeline)?",
+       .applies = is_pipelined,
+       .check = check_pipeline_parallel_size,
+       .related = {"distributed_type", "num_processes"}},
+      {.name = "num_microbatches",
+       .kind = K::integer,
+       .field = &Config::num_microbatches,
+       .min_value = 1,
+       .max_value = 1 << 20,
+       .range_text = "a micro-batch count (1 or more)",
+       .help = "pipeline: each step's batch splits into this many micro-batches (the loss their "
+               "mean); more fill the pipeline's bubble",
+       .flag_value = "M",
+       .question = "How many micro-batches should each step's batch be split into?",
+       .applies = is_pipelined},
+      {.name = "pipeline_schedule",
+       .kind = K::choice,
+       .field = &Config::pipeline_schedule,
+       .choices = {"GPIPE", "1F1B", "INTERLEAVED_1F1B", "ZERO_BUBBLE"},
+       .help = "pipeline: the order of forwards and backwards (1F1B holds at most one "
+               "micro-batch per later stage; INTERLEAVED_1F1B runs pipeline_chunks chunks per "
+               "stage; ZERO_BUBBLE fills the bubble with the weight gradients)",
+       .question = "Which pipeline schedule?",
+       .options = {{"1F1B", "1F1B (PipeDream-flush)", 0},
+                   {"GPIPE", "GPipe: all forwards, then all backwards", 1},
+                   {"INTERLEAVED_1F1B", "interleaved 1F1B: several model chunks per stage", 2},
+                   {"ZERO_BUBBLE", "zero bubble (ZB-H1)", 3}},
+       .applies = is_pipelined},
+      {.name = "pipeline_chunks",
+       .kind = K::integer,
+       .field = &Config::pipeline_chunks,
+       .min_value = 1,
+       .max_value = 1 << 10,
+       .range_text = "a chunk count (1 or more)",
+       .help = "pipeline_schedule INTERLEAVED_1F1B: model chunks (virtual stages) per stage",
+       .flag_value = "V",
+       .question = "How many model chunks per stage?",
+       .applies = is_pipelined,
+       .check = check_pipeline_chunks,
+       .related = {"pipeline_schedule"}},
+      {.name = "partition_method",
+       .kind = K::choice,
+       .field = &Config::partition_method,
+       .choices = {"parameters", "uniform"},
+       .help = "pipeline: split the layers so each stage holds about as many parameters "
+               "(parameters) or layers (uniform)",
+       .question = "How should the layers be split into stages?",
+       .options = {{"parameters", "balance parameter counts", 0},
+                   {"uniform", "balance layer counts", 1}},
+       .applies = is_pipelined},
   };
 }
 }  // namespace

@@ -96,6 +96,15 @@ struct Config {
   // DATA_PARALLEL on the CPU: replicas (worker threads) in the one process; 0 = one per core.
   int data_parallel_replicas = 0;
   int gradient_accumulation_steps = 1;
+  // Pipeline parallelism (DeepSpeed's pipeline engine; accel::TorchPipeline): the model split
+  // into pipeline_parallel_size stages, each step's batch into num_microbatches, run by
+  // pipeline_schedule (GPIPE, 1F1B, INTERLEAVED_1F1B with pipeline_chunks model chunks per
+  // stage, ZERO_BUBBLE); the layers split by partition_method (parameters, uniform).
+  int pipeline_parallel_size = 1;
+  int num_microbatches = 1;
+  std::string pipeline_schedule = "1F1B";
+  int pipeline_chunks = 1;
+  std::string partition_method = "parameters";
 };
 
 // The most processes one machine runs (num_processes / num_machines): more than any machine

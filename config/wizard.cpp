@@ -159,6 +159,15 @@ class Wizard {
     ask("mixed_precision");
     if (multi_process && !uses_gpu(current())) ask("cpu_communicator");
     ask("gradient_accumulation_steps");
+    if (type() == DistributedType::MULTI_CPU) {
+      ask("pipeline_parallel_size");
+      if (current().pipeline_parallel_size > 1) {
+        ask("num_microbatches");
+        ask("pipeline_schedule");
+        if (current().pipeline_schedule == "INTERLEAVED_1F1B") ask("pipeline_chunks");
+        ask("partition_method");
+      }
+    }
     return detail::build_config(answers_, hw_, true).config;
   }
 

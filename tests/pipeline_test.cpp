@@ -7,6 +7,7 @@
 
 #include <doctest/doctest.h>
 
+#include <chrono>
 #include <csignal>
 
 #include <string>
@@ -135,4 +136,28 @@ TEST_CASE("a last stage whose target has other rows than the first stage's input
   CHECK(describe(result).find("pipeline stage 1 (rank 1): the activation from stage 0 (rank 0) "
                               "has 2 rows per micro-batch, this stage's target 1") !=
         std::string::npos);
+}
+
+TEST_CASE("accel launch's pipeline flags build the pipeline the loop asks the config for") {
+  // 2 stages x 2 replicas, ZERO_BUBBLE over 4 micro-batches, from the command line alone.
+  const auto result = run_accel({"launch", "-q", "--num_processes", "4", "--main_process_port", "0",
+                                 "--pipeline_parallel_size", "2", "--num_microbatches", "4",
+                                 "--pipeline_schedule", "ZERO_BUBBLE", "--partition_method",
+                                 "uniform", bin_path("pipeline_worker"), "--from_config"},
+                                {}, std::chrono::seconds(120));
+  INFO(describe(result));
+  REQUIRE(result.exit_code() == 0);
+  const Verdicts verdicts(result);
+  CHECK_VERDICT(verdicts, "the pieces cover the model", 4);
+  CHECK_VERDICT(verdicts, "pipeline training equals one process", 4);
+  CHECK(count_in_output(result, "stage 1 of 2, replica 1 of 2") == 1);
+
+  // A stage count that does not divide the processes: refused before any worker starts.
+  const auto refused =
+      run_accel({"launch", "-q", "--num_processes", "4", "--main_process_port", "0",
+                 "--pipeline_parallel_size", "3", bin_path("pipeline_worker"), "--from_config"});
+  CHECK(refused.exit_code() != 0);
+  CHECK(describe(refused).find("num_processes 4 is not a multiple of pipeline_parallel_size 3") !=
+        std::string::npos);
+  CHECK(describe(refused).find("--pipeline_parallel_size") != std::string::npos);
 }

@@ -275,7 +275,7 @@ TEST_CASE("DATA_PARALLEL: CPU replicas asked for without GPUs, GPU ids with them
 TEST_CASE("a wrong answer is explained and asked again") {
   const Hardware hw{8, 0};
   const auto [c, out] = wizard_in_process(lines({"", "HOROVOD", "MULTI_CPU", "two", "2", "", "5",
-                                                 "1", "", "", "0", "3", "6", "", "gloo", ""}),
+                                                 "1", "", "", "0", "3", "6", "", "gloo", "", ""}),
                                           hw);
   INFO(out);
   CHECK(contains(out,
@@ -304,7 +304,7 @@ TEST_CASE("accel config with piped answers writes the expected YAML") {
   const std::string path = dir.file("out/cfg.yaml");
   const std::string answers = dir.file("answers.txt");
   write_file(answers, lines({"", "MULTI_CPU", "2", "static", "1", "10.1.2.3", "29600", "4", "2",
-                             "mpi", ""}));
+                             "mpi", "", ""}));
   const auto out = run_wizard_process(answers, {"--config_file", path});
   INFO(out.output);
   REQUIRE(out.exit_code == 0);
@@ -398,6 +398,8 @@ TEST_CASE("on a pseudo-terminal: arrow keys and Enter pick choices, lines answer
   p.send("\x1b[A\r");  // up from the first option (auto, the default) wraps to the last
   REQUIRE(p.expect("How many gradient accumulation steps?"));
   p.send("3\r");
+  REQUIRE(p.expect("How many pipeline stages"));
+  p.send("\r");
   REQUIRE(p.expect("accel config: wrote " + path));
   const int status = p.wait();
   INFO(p.output());
@@ -450,12 +452,36 @@ TEST_CASE("the ZeRO stage menu offers only the stages the schema accepts") {
   CHECK(contains(out, "'4' is not a choice: type 1-3"));
 }
 
+TEST_CASE("MULTI_CPU asks for pipeline stages, and their settings only when there are several") {
+  const Hardware hw{8, 0};
+  // compute env, type, machines, processes, precision, communicator, steps; stages 3 (refused:
+  // 4 processes), 2; micro-batches, schedule, chunks (asked for INTERLEAVED_1F1B), split.
+  const auto [c, out] = wizard_in_process(lines({"", "MULTI_CPU", "1", "4", "", "", "", "3", "2",
+                                                 "8", "INTERLEAVED_1F1B", "2", "uniform"}),
+                                          hw);
+  INFO(out);
+  CHECK(contains(out,
+                 "num_processes 4 is not a multiple of pipeline_parallel_size 3 (each replica of "
+                 "the pipeline runs 3 processes); please answer again."));
+  CHECK(c.pipeline_parallel_size == 2);
+  CHECK(c.num_microbatches == 8);
+  CHECK(c.pipeline_schedule == "INTERLEAVED_1F1B");
+  CHECK(c.pipeline_chunks == 2);
+  CHECK(c.partition_method == "uniform");
+  // One stage: none of the pipeline's other questions.
+  const auto [one, one_out] =
+      wizard_in_process(lines({"", "MULTI_CPU", "1", "4", "", "", "", "1"}), hw);
+  INFO(one_out);
+  CHECK(one.pipeline_parallel_size == 1);
+  CHECK_FALSE(contains(one_out, "micro-batches"));
+}
+
 TEST_CASE("an elastic job: rdzv_backend c10d asks for the fewest machines, not a machine rank") {
   const Hardware hw{8, 0};
   // compute env, type, machines (the most), rendezvous, fewest machines, ip, port, processes,
   // precision, communicator, steps.
   const auto [c, out] = wizard_in_process(
-      lines({"", "MULTI_CPU", "3", "c10d", "2", "10.1.2.3", "29600", "6", "", "gloo", ""}), hw);
+      lines({"", "MULTI_CPU", "3", "c10d", "2", "10.1.2.3", "29600", "6", "", "gloo", "", ""}), hw);
   INFO(out);
   CHECK(c.num_machines == 3);
   CHECK(c.rdzv_backend == "c10d");

@@ -9,7 +9,10 @@
 //                                          the first-order bound of tests/support/tolerance.hpp.
 //   pipeline_worker --stages P --microbatches M [--schedule S] [--chunks V] [--layers L]
 //                   [--steps N] [--split uniform|parameters|first,names] [--vary_rows]
+//                   [--from_config]
 //                   [--fail_stage S --fail_step K --fail_how raise|kill|rows]
+// --from_config: the pipeline settings from the config (accel launch --pipeline_parallel_size
+// ...) through TorchPipeline(acc, model, optimizer); the flags above are then not given.
 // --vary_rows: step k's micro-batches have 2 + k rows (each step's activation shape is new).
 // --fail_*: at step K, stage S's second forward raises (a layer that throws) or is SIGKILLed,
 // or (rows) the last stage passes a target of half the rows; the model then has an identity
@@ -85,7 +88,10 @@ int main(int argc, char** argv) {
   try {
     const test::WorkerFlags flags(argc, argv);
     flags.only({"stages", "microbatches", "schedule", "chunks", "layers", "steps", "split",
-                "vary_rows", "fail_stage", "fail_step", "fail_how"});
+                "vary_rows", "fail_stage", "fail_step", "fail_how", "from_config"});
+    TorchAccelerator acc;
+    test::VerdictLog verdicts(acc.process_index());
+    const bool from_config = flags.has("from_config");
     pipeline::PipelineOptions options;
     options.pipeline_parallel_size = int(flags.integer("stages", 2));
     options.num_microbatches = int(flags.integer("microbatches", 4));
@@ -104,13 +110,13 @@ int main(int argc, char** argv) {
     const int fail_step = int(flags.integer("fail_step", -1));
     const double lr = 0.05;
 
-    TorchAccelerator acc;
-    test::VerdictLog verdicts(acc.process_index());
     const bool failure_layers = !failure.how.empty();
     torch::nn::Sequential model = make_model(layers, failure_layers),
                           reference = make_model(layers, failure_layers);
     torch::optim::SGD sgd(model->parameters(), lr), reference_sgd(reference->parameters(), lr);
-    TorchPipeline pipe(acc, model, sgd, options);
+    if (from_config) options = acc.pipeline_options();
+    TorchPipeline pipe =
+        from_config ? TorchPipeline(acc, model, sgd) : TorchPipeline(acc, model, sgd, options);
     const int p = pipe.num_stages(), d = pipe.data_parallel_size(), m = options.num_microbatches;
 
     // The pieces: every layer once, in order; this stage's chunks the pieces it should hold.

@@ -53,6 +53,16 @@ pipeline::PieceBounds split_model(const torch::nn::Sequential& model,
 TorchPipeline::TorchPipeline(TorchAccelerator& accelerator, torch::nn::Sequential model,
                              torch::optim::Optimizer& optimizer, pipeline::PipelineOptions options)
     : accelerator_(accelerator), options_(std::move(options)), optimizer_(optimizer) {
+  const StrategyOptions& strategy = accelerator.strategy_options();
+  if (strategy.kind == StrategyKind::zero)
+    throw InvalidArgument(
+        "pipeline: distributed_type ZERO (zero_stage " + std::to_string(strategy.zero.stage) +
+        ") with a pipeline is not built (DeepSpeed refuses ZeRO-2/3 with pipelines; ZeRO-1 is "
+        "to come); use distributed_type MULTI_CPU");
+  if (strategy.kind == StrategyKind::data_parallel)
+    throw InvalidArgument(
+        "pipeline: distributed_type DATA_PARALLEL runs one process; a pipeline's stages are "
+        "processes (distributed_type MULTI_CPU)");
   const int p = options_.pipeline_parallel_size, world = accelerator.num_processes();
   shape_ = {
       .stages = p, .chunks = options_.pipeline_chunks, .microbatches = options_.num_microbatches};
@@ -111,6 +121,10 @@ TorchPipeline::TorchPipeline(TorchAccelerator& accelerator, torch::nn::Sequentia
     }
   }
 }
+
+TorchPipeline::TorchPipeline(TorchAccelerator& accelerator, torch::nn::Sequential model,
+                             torch::optim::Optimizer& optimizer)
+    : TorchPipeline(accelerator, std::move(model), optimizer, accelerator.pipeline_options()) {}
 
 TorchPipeline::~TorchPipeline() {
   if (!failed_) return;

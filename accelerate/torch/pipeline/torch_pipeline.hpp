@@ -14,6 +14,10 @@
 //       return torch::mse_loss(out, t);
 //     });
 //
+// Or TorchPipeline pipe(acc, model, optimizer) with the config's pipeline keys (accel launch
+// --pipeline_parallel_size 2 --num_microbatches 8). A replica's processes average their
+// gradients as DDP's do; distributed_type ZERO or DATA_PARALLEL is refused.
+//
 // Every rank of a replica passes the same batch; the first stage reads the input, the last the
 // target. step() runs the schedule, averages over the replicas, steps the optimizer (filtered
 // to this stage's parameters) and returns the mean loss on every rank.
@@ -44,10 +48,14 @@ class TorchPipeline {
 
   // Collective over the world: every rank builds the same model (same seed or LayerSpecs) and
   // passes it with the optimizer over its parameters. Refuses a world that is not a multiple of
-  // pipeline_parallel_size, a shape the schedule cannot run, fewer layers than pieces, and
-  // partition_method profile (not built yet), naming the values.
+  // pipeline_parallel_size, a shape the schedule cannot run, fewer layers than pieces,
+  // partition_method profile (not built yet) and a ZERO or DATA_PARALLEL config, naming them.
   TorchPipeline(TorchAccelerator& accelerator, torch::nn::Sequential model,
                 torch::optim::Optimizer& optimizer, pipeline::PipelineOptions options);
+  // The same with the config's pipeline keys (accel launch --pipeline_parallel_size 2 ...,
+  // Accelerator::pipeline_options()).
+  TorchPipeline(TorchAccelerator& accelerator, torch::nn::Sequential model,
+                torch::optim::Optimizer& optimizer);
   ~TorchPipeline();
   TorchPipeline(const TorchPipeline&) = delete;
   TorchPipeline& operator=(const TorchPipeline&) = delete;
