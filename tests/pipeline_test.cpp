@@ -11,6 +11,7 @@
 #include <csignal>
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tests/support/ranks.hpp"
@@ -160,4 +161,20 @@ TEST_CASE("accel launch's pipeline flags build the pipeline the loop asks the co
   CHECK(describe(refused).find("num_processes 4 is not a multiple of pipeline_parallel_size 3") !=
         std::string::npos);
   CHECK(describe(refused).find("--pipeline_parallel_size") != std::string::npos);
+}
+
+TEST_CASE("gradient clipping takes one norm over every stage (and replica)") {
+  // 0.05 is below every step's norm here: each step clips (the verdict checks the last did).
+  for (const auto& [world, schedule] :
+       std::vector<std::pair<int, std::string>>{{2, "1F1B"}, {4, "ZERO_BUBBLE"}}) {
+    CAPTURE(world);
+    const auto result = run_ranks(world, "pipeline_worker",
+                                  {"--stages", "2", "--microbatches", "4", "--schedule", schedule,
+                                   "--max_grad_norm", "0.05"});
+    INFO(describe(result));
+    REQUIRE(result.exit_code() == 0);
+    const Verdicts verdicts(result);
+    CHECK_VERDICT(verdicts, "pipeline training equals one process", world);
+    CHECK_VERDICT(verdicts, "the gradient norm is one process's", world);
+  }
 }

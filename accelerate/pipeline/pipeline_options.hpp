@@ -20,6 +20,9 @@ struct PipelineOptions {
   Schedule pipeline_schedule = Schedule::ONE_F_ONE_B;
   int pipeline_chunks = 1;  // V: model chunks per stage (INTERLEAVED_1F1B)
   PartitionMethod partition_method = PartitionMethod::parameters;
+  // Clip the gradients to this global 2-norm over every stage's parameters before the step
+  // (clip_grad_norm_'s, DeepSpeed's gradient_clipping); 0: no clipping.
+  double max_grad_norm = 0;
   // Explicit split: the first layer (child name) of each piece after the first; overrides
   // partition_method.
   std::vector<std::string> split_points;

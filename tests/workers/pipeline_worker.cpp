@@ -9,10 +9,12 @@
 //                                          the first-order bound of tests/support/tolerance.hpp.
 //   pipeline_worker --stages P --microbatches M [--schedule S] [--chunks V] [--layers L]
 //                   [--steps N] [--split uniform|parameters|first,names] [--vary_rows]
-//                   [--from_config]
+//                   [--from_config] [--max_grad_norm C]
 //                   [--fail_stage S --fail_step K --fail_how raise|kill|rows]
 // --from_config: the pipeline settings from the config (accel launch --pipeline_parallel_size
 // ...) through TorchPipeline(acc, model, optimizer); the flags above are then not given.
+// --max_grad_norm: the gradients clipped to C over all stages (the reference by
+// clip_grad_norm_); the verdict "the gradient norm is one process's" compares the last step's.
 // --vary_rows: step k's micro-batches have 2 + k rows (each step's activation shape is new).
 // --fail_*: at step K, stage S's second forward raises (a layer that throws) or is SIGKILLed,
 // or (rows) the last stage passes a target of half the rows; the model then has an identity
@@ -88,7 +90,8 @@ int main(int argc, char** argv) {
   try {
     const test::WorkerFlags flags(argc, argv);
     flags.only({"stages", "microbatches", "schedule", "chunks", "layers", "steps", "split",
-                "vary_rows", "fail_stage", "fail_step", "fail_how", "from_config"});
+                "vary_rows", "fail_stage", "fail_step", "fail_how", "from_config",
+                "max_grad_norm"});
     TorchAccelerator acc;
     test::VerdictLog verdicts(acc.process_index());
     const bool from_config = flags.has("from_config");
@@ -97,6 +100,7 @@ int main(int argc, char** argv) {
     options.num_microbatches = int(flags.integer("microbatches", 4));
     options.pipeline_schedule = pipeline::parse_schedule(flags.text("schedule", "1F1B"));
     options.pipeline_chunks = int(flags.integer("chunks", 1));
+    options.max_grad_norm = flags.real("max_grad_norm", 0);
     const std::string split = flags.text("split", "parameters");
     if (split == "uniform" || split == "parameters")
       options.partition_method = pipeline::parse_partition_method(split);
@@ -136,7 +140,7 @@ int main(int argc, char** argv) {
     const auto loss_fn = [](const at::Tensor& out, const at::Tensor& y) {
       return torch::mse_loss(out, y);
     };
-    double first_loss = 0, first_reference = 0, first_terms = 0;
+    double first_loss = 0, first_reference = 0, first_terms = 0, reference_norm = 0;
     std::int64_t most_rows = kRowsPerMicro;  // per micro-batch, over the steps
     for (int step = 0; step < steps; ++step) {
       const std::int64_t micro_rows = kRowsPerMicro + (vary_rows ? step : 0);
@@ -163,6 +167,9 @@ int main(int argc, char** argv) {
         reference_loss += l.item<double>() / double(d * m);
         terms += std::abs(l.item<double>());
       }
+      if (options.max_grad_norm > 0)
+        reference_norm =
+            torch::nn::utils::clip_grad_norm_(reference->parameters(), options.max_grad_norm);
       reference_sgd.step();
       reference_sgd.zero_grad();
       if (step == 0) {
@@ -196,15 +203,36 @@ int main(int argc, char** argv) {
     // average (D terms) and the 1 / M and 1 / D scalings: D M rows + D + 2 terms. Their
     // magnitudes: inputs |x| < 6 (randn), tanh below 1, the MSE error below 2 (|y| < 6, outputs
     // below 1 + the bias) over the rows and outputs of a micro-batch: a sum well under 100.
+    const std::size_t longest_sum =
+        std::size_t(d * m) * std::size_t(most_rows) + std::size_t(d) + 2;
+    std::size_t elements = 0;
+    for (const at::Tensor& t : reference->parameters()) elements += std::size_t(t.numel());
+    // Clipping: tolerance.hpp's ClippedRun, every element's S at most 100.
+    const double magnitude =
+        options.max_grad_norm > 0
+            ? test::clipped_magnitude({.max_magnitude = 100,
+                                       .norm_magnitude = 100 * std::sqrt(elements),
+                                       .clip = options.max_grad_norm,
+                                       .elements = elements,
+                                       .longest_sum = longest_sum})
+            : 100;
     const double limit = test::reordering_bound(
-        {.lr = lr,
-         .steps = steps,
-         .longest_sum = std::size_t(d * m) * std::size_t(most_rows) + std::size_t(d) + 2,
-         .magnitude = 100});
+        {.lr = lr, .steps = steps, .longest_sum = longest_sum, .magnitude = magnitude});
     std::snprintf(line, sizeof line,
                   "stage %d of %d, replica %d of %d: max |diff| %.3g (limit %.3g)", pipe.stage(), p,
                   pipe.data_parallel_rank(), d, diff, limit);
     verdicts.check(diff <= limit, "pipeline training equals one process", line);
+    if (options.max_grad_norm > 0) {
+      const double norm_limit =
+          test::norm_reordering_bound({.norm_magnitude = 100 * std::sqrt(elements),
+                                       .elements = elements,
+                                       .longest_sum = longest_sum});
+      std::snprintf(line, sizeof line, "%.17g vs %.17g (limit %.3g)", pipe.last_grad_norm(),
+                    reference_norm, norm_limit);
+      verdicts.check(std::abs(pipe.last_grad_norm() - reference_norm) <= norm_limit &&
+                         reference_norm > options.max_grad_norm,
+                     "the gradient norm is one process's", line);
+    }
     return verdicts.exit_code();
   } catch (const std::exception& e) {
     std::fprintf(stderr, "pipeline_worker: %s\n", e.what());

@@ -1,5 +1,6 @@
 #include "accelerate/torch/pipeline/torch_pipeline.hpp"
 
+#include <cmath>
 #include <unordered_set>
 
 #include "accelerate/pipeline/schedule_simulation.hpp"
@@ -194,6 +195,7 @@ double TorchPipeline::run_step(const at::Tensor& input, const at::Tensor& target
   }
   if (channels_) channels_->wait_sends();
   average_over_replicas();
+  if (options_.max_grad_norm > 0) clip_gradients();
   optimizer_.step();
   optimizer_.zero_grad();
 
@@ -292,6 +294,21 @@ void TorchPipeline::run_compute(const Action& a, std::vector<Piece>& pieces,
     default:
       return;
   }
+}
+
+void TorchPipeline::clip_gradients() {
+  // This stage's sum of squares (in double, as clip_grad_norm_ sums), over the world: every
+  // replica holds the same averaged gradients, so the world's sum is D times the pipeline's.
+  double squares = 0;
+  for (const at::Tensor& p : parameters_)
+    if (p.grad().defined()) squares += p.grad().to(torch::kDouble).pow(2).sum().item<double>();
+  accelerator_.comm().all_reduce(buffer_of(std::span(&squares, 1)), ReduceOp::sum)->wait();
+  last_grad_norm_ = std::sqrt(squares / double(replicas_));
+  const double coefficient = options_.max_grad_norm / (last_grad_norm_ + 1e-6);
+  if (coefficient >= 1) return;
+  torch::NoGradGuard no_grad;
+  for (at::Tensor& p : parameters_)
+    if (p.grad().defined()) p.grad().mul_(coefficient);
 }
 
 void TorchPipeline::average_over_replicas() {

@@ -68,6 +68,10 @@ class TorchPipeline {
   // messages are abandoned (a peer may never answer them) and a further step is refused.
   double step(const at::Tensor& input, const at::Tensor& target, const LossFn& loss_fn);
 
+  // The last step's gradient 2-norm over every stage's parameters, before clipping (what
+  // clip_grad_norm_ returns); computed only with max_grad_norm set, else 0.
+  double last_grad_norm() const { return last_grad_norm_; }
+
   int stage() const { return stage_; }
   int num_stages() const { return options_.pipeline_parallel_size; }
   int data_parallel_rank() const { return replica_; }
@@ -87,6 +91,7 @@ class TorchPipeline {
   void run_compute(const pipeline::Action& a, std::vector<Piece>& pieces, const at::Tensor& input,
                    const at::Tensor& target, const LossFn& loss_fn);
   void average_over_replicas();
+  void clip_gradients();
   int virtual_stage(int chunk) const { return chunk * options_.pipeline_parallel_size + stage_; }
   bool is_first(int chunk) const { return virtual_stage(chunk) == 0; }
   bool is_last(int chunk) const;
@@ -105,6 +110,7 @@ class TorchPipeline {
   std::int64_t micro_rows_ = 0;              // this step's rows per micro-batch
   std::vector<at::Tensor> activation_like_;  // per chunk: this step's first received input
   std::int64_t steps_done_ = 0;
+  double last_grad_norm_ = 0;
   bool failed_ = false;
 };
 
