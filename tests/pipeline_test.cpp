@@ -178,3 +178,18 @@ TEST_CASE("gradient clipping takes one norm over every stage (and replica)") {
     CHECK_VERDICT(verdicts, "the gradient norm is one process's", world);
   }
 }
+
+TEST_CASE("LayerSpecs: each stage builds only its layers and trains as one process") {
+  for (const char* split : {"uniform", "parameters"}) {
+    CAPTURE(split);
+    const auto result =
+        run_ranks(4, "pipeline_worker",
+                  {"--stages", "4", "--microbatches", "4", "--layer_specs", "--split", split});
+    INFO(describe(result));
+    REQUIRE(result.exit_code() == 0);
+    const Verdicts verdicts(result);
+    CHECK_VERDICT(verdicts, "a stage builds only its own layers", 4);
+    CHECK_VERDICT(verdicts, "the pieces cover the model", 4);
+    CHECK_VERDICT(verdicts, "pipeline training equals one process", 4);
+  }
+}

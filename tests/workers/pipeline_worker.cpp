@@ -9,10 +9,13 @@
 //                                          the first-order bound of tests/support/tolerance.hpp.
 //   pipeline_worker --stages P --microbatches M [--schedule S] [--chunks V] [--layers L]
 //                   [--steps N] [--split uniform|parameters|first,names] [--vary_rows]
-//                   [--from_config] [--max_grad_norm C]
+//                   [--from_config] [--max_grad_norm C] [--layer_specs]
 //                   [--fail_stage S --fail_step K --fail_how raise|kill|rows]
 // --from_config: the pipeline settings from the config (accel launch --pipeline_parallel_size
 // ...) through TorchPipeline(acc, model, optimizer); the flags above are then not given.
+// --layer_specs: the model as LayerSpecs, each seeded (the reference builds them all); the
+// verdict "a stage builds only its own layers" counts the builds (each layer once more for
+// partition_method parameters: counting its parameters builds it).
 // --max_grad_norm: the gradients clipped to C over all stages (the reference by
 // clip_grad_norm_); the verdict "the gradient norm is one process's" compares the last step's.
 // --vary_rows: step k's micro-batches have 2 + k rows (each step's activation shape is new).
@@ -24,6 +27,8 @@
 #include <cmath>
 #include <csignal>
 #include <cstdio>
+#include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -76,6 +81,24 @@ torch::nn::Sequential make_model(int layers, bool failure_layers) {
   return model;
 }
 
+// The same layers as LayerSpecs, each built under a seed of its own (so any rank builds the
+// same); builds[i] counts layer i's builds on this rank.
+std::vector<int> builds;
+
+torch::nn::AnyModule build_layer(int i, int layers) {
+  ++builds[std::size_t(i)];
+  torch::manual_seed(100 + i);
+  torch::nn::AnyModule layer;
+  if (i + 1 == layers)
+    layer = torch::nn::AnyModule(torch::nn::Linear(kWidth, kOut));
+  else if (i % 2 == 0)
+    layer = torch::nn::AnyModule(torch::nn::Linear(kWidth, kWidth));
+  else
+    layer = torch::nn::AnyModule(torch::nn::Tanh());
+  layer.ptr()->to(torch::kDouble);
+  return layer;
+}
+
 std::vector<std::string> comma_list(const std::string& text) {
   std::vector<std::string> out;
   std::stringstream in(text);
@@ -90,8 +113,8 @@ int main(int argc, char** argv) {
   try {
     const test::WorkerFlags flags(argc, argv);
     flags.only({"stages", "microbatches", "schedule", "chunks", "layers", "steps", "split",
-                "vary_rows", "fail_stage", "fail_step", "fail_how", "from_config",
-                "max_grad_norm"});
+                "vary_rows", "fail_stage", "fail_step", "fail_how", "from_config", "max_grad_norm",
+                "layer_specs"});
     TorchAccelerator acc;
     test::VerdictLog verdicts(acc.process_index());
     const bool from_config = flags.has("from_config");
@@ -114,23 +137,58 @@ int main(int argc, char** argv) {
     const int fail_step = int(flags.integer("fail_step", -1));
     const double lr = 0.05;
 
-    const bool failure_layers = !failure.how.empty();
-    torch::nn::Sequential model = make_model(layers, failure_layers),
-                          reference = make_model(layers, failure_layers);
-    torch::optim::SGD sgd(model->parameters(), lr), reference_sgd(reference->parameters(), lr);
+    const bool failure_layers = !failure.how.empty(), layer_specs = flags.has("layer_specs");
+    torch::nn::Sequential model, reference;
+    std::vector<pipeline::LayerSpec> specs;
+    if (layer_specs) {
+      builds.assign(std::size_t(layers), 0);
+      for (int i = 0; i < layers; ++i)
+        specs.push_back({"", [i, layers] { return build_layer(i, layers); }});
+      for (int i = 0; i < layers; ++i) reference->push_back(specs[std::size_t(i)].build());
+      builds.assign(std::size_t(layers), 0);
+    } else {
+      model = make_model(layers, failure_layers);
+      reference = make_model(layers, failure_layers);
+    }
+    torch::optim::SGD reference_sgd(reference->parameters(), lr);
+    std::optional<torch::optim::SGD> sgd;
+    if (!layer_specs) sgd.emplace(model->parameters(), lr);
     if (from_config) options = acc.pipeline_options();
-    TorchPipeline pipe =
-        from_config ? TorchPipeline(acc, model, sgd) : TorchPipeline(acc, model, sgd, options);
+    const auto make_sgd = [lr](std::vector<at::Tensor> params) {
+      return std::make_unique<torch::optim::SGD>(std::move(params), lr);
+    };
+    TorchPipeline pipe = layer_specs   ? TorchPipeline(acc, specs, make_sgd, options)
+                         : from_config ? TorchPipeline(acc, model, *sgd)
+                                       : TorchPipeline(acc, model, *sgd, options);
     const int p = pipe.num_stages(), d = pipe.data_parallel_size(), m = options.num_microbatches;
 
     // The pieces: every layer once, in order; this stage's chunks the pieces it should hold.
     const pipeline::PieceBounds& bounds = pipe.piece_bounds();
     bool cover = bounds.size() == std::size_t(p * options.pipeline_chunks + 1) &&
-                 bounds.front() == 0 && bounds.back() == model->size();
+                 bounds.front() == 0 && bounds.back() == reference->size();
     for (std::size_t k = 0; cover && k + 1 < bounds.size(); ++k) cover = bounds[k] < bounds[k + 1];
     for (std::size_t c = 0; cover && c < pipe.chunks().size(); ++c) {
       const std::size_t v = c * std::size_t(p) + std::size_t(pipe.stage());
       cover = pipe.chunks()[c]->size() == bounds[v + 1] - bounds[v];
+    }
+    if (layer_specs) {
+      // Built here: this stage's layers, and every layer once more to count its parameters.
+      const int counted = options.partition_method == pipeline::PartitionMethod::parameters &&
+                                  options.split_points.empty()
+                              ? 1
+                              : 0;
+      bool only_own = true;
+      std::string built;
+      for (int i = 0; i < layers; ++i) {
+        bool own = false;
+        for (std::size_t c = 0; c < pipe.chunks().size(); ++c) {
+          const std::size_t v = c * std::size_t(p) + std::size_t(pipe.stage());
+          own = own || (std::size_t(i) >= bounds[v] && std::size_t(i) < bounds[v + 1]);
+        }
+        only_own = only_own && builds[std::size_t(i)] == counted + (own ? 1 : 0);
+        built += (built.empty() ? "" : " ") + std::to_string(builds[std::size_t(i)]);
+      }
+      verdicts.check(only_own, "a stage builds only its own layers", "builds per layer: " + built);
     }
     std::string bounds_text;
     for (std::size_t b : bounds)
@@ -188,12 +246,12 @@ int main(int argc, char** argv) {
 
     // This stage's parameters against the reference's same layers.
     double diff = 0;
-    const auto children = model->named_children();
     const auto reference_children = reference->named_children();
     for (std::size_t c = 0; c < pipe.chunks().size(); ++c) {
       const std::size_t v = c * std::size_t(p) + std::size_t(pipe.stage());
+      const auto children = pipe.chunks()[c]->children();
       for (std::size_t i = bounds[v]; i < bounds[v + 1]; ++i) {
-        const auto mine = children[i].value()->parameters();
+        const auto mine = children[i - bounds[v]]->parameters();
         const auto theirs = reference_children[i].value()->parameters();
         for (std::size_t k = 0; k < mine.size(); ++k)
           diff = std::max(diff, (mine[k] - theirs[k]).abs().max().item<double>());

@@ -25,22 +25,20 @@ struct TorchPipeline::Piece {
 
 namespace {
 
-pipeline::PieceBounds split_model(const torch::nn::Sequential& model,
-                                  const pipeline::PipelineOptions& options, int pieces) {
-  std::vector<std::string> names;
-  std::vector<double> weights;
-  for (const auto& child : model->named_children()) {
-    names.push_back(child.key());
-    double count = 0;
-    for (const at::Tensor& p : child.value()->parameters()) count += double(p.numel());
-    weights.push_back(count);
-  }
+// The pieces' bounds over the layers: by split_points, else partition_method (`parameters_of`
+// gives a layer's parameter count, asked only for the parameters method).
+pipeline::PieceBounds split_layers(const std::vector<std::string>& names,
+                                   const std::function<double(std::size_t)>& parameters_of,
+                                   const pipeline::PipelineOptions& options, int pieces) {
   if (!options.split_points.empty()) return pipeline::split_at(names, options.split_points, pieces);
   switch (options.partition_method) {
     case pipeline::PartitionMethod::uniform:
       return pipeline::uniform(names.size(), pieces);
-    case pipeline::PartitionMethod::parameters:
+    case pipeline::PartitionMethod::parameters: {
+      std::vector<double> weights;
+      for (std::size_t i = 0; i < names.size(); ++i) weights.push_back(parameters_of(i));
       return pipeline::balance(weights, pieces);
+    }
     case pipeline::PartitionMethod::profile:
       break;
   }
@@ -49,11 +47,16 @@ pipeline::PieceBounds split_model(const torch::nn::Sequential& model,
       "split_points");
 }
 
+double parameter_count(const torch::nn::Module& layer) {
+  double count = 0;
+  for (const at::Tensor& p : layer.parameters()) count += double(p.numel());
+  return count;
+}
+
 }  // namespace
 
-TorchPipeline::TorchPipeline(TorchAccelerator& accelerator, torch::nn::Sequential model,
-                             torch::optim::Optimizer& optimizer, pipeline::PipelineOptions options)
-    : accelerator_(accelerator), options_(std::move(options)), optimizer_(optimizer) {
+TorchPipeline::TorchPipeline(TorchAccelerator& accelerator, pipeline::PipelineOptions options)
+    : accelerator_(accelerator), options_(std::move(options)) {
   const StrategyOptions& strategy = accelerator.strategy_options();
   if (strategy.kind == StrategyKind::zero)
     throw InvalidArgument(
@@ -75,28 +78,64 @@ TorchPipeline::TorchPipeline(TorchAccelerator& accelerator, torch::nn::Sequentia
   stage_ = accelerator.process_index() % p;
   replica_ = accelerator.process_index() / p;
   replicas_ = world / p;
-  bounds_ = split_model(model, options_, shape_.virtual_stages());
+}
 
-  // This stage's pieces; the optimizer keeps only their parameters.
+TorchPipeline::TorchPipeline(TorchAccelerator& accelerator, torch::nn::Sequential model,
+                             torch::optim::Optimizer& optimizer, pipeline::PipelineOptions options)
+    : TorchPipeline(accelerator, std::move(options)) {
+  std::vector<std::string> names;
+  for (const auto& child : model->named_children()) names.push_back(child.key());
+  take_layers(
+      names, [&](std::size_t i) { return parameter_count(*model->ptr(i)); },
+      [&](std::size_t i) { return *(model->begin() + std::ptrdiff_t(i)); });
+  // The optimizer keeps only this stage's parameters.
   std::unordered_set<const void*> mine;
-  const auto children = model->named_children();
+  for (const at::Tensor& t : parameters_) mine.insert(t.unsafeGetTensorImpl());
+  for (auto& group : optimizer.param_groups())
+    std::erase_if(group.params(),
+                  [&](const at::Tensor& t) { return !mine.count(t.unsafeGetTensorImpl()); });
+  optimizer_ = &optimizer;
+  connect();
+}
+
+TorchPipeline::TorchPipeline(TorchAccelerator& accelerator,
+                             const std::vector<pipeline::LayerSpec>& layers,
+                             const pipeline::OptimizerFactory& make_optimizer,
+                             pipeline::PipelineOptions options)
+    : TorchPipeline(accelerator, std::move(options)) {
+  std::vector<std::string> names;
+  for (std::size_t i = 0; i < layers.size(); ++i)
+    names.push_back(layers[i].name.empty() ? std::to_string(i) : layers[i].name);
+  const auto build = [&](std::size_t i) {
+    torch::nn::AnyModule layer = layers[i].build();
+    ACCEL_CHECK_ARG(!layer.is_empty(), "pipeline: LayerSpec " + names[i] + " built no module");
+    return layer;
+  };
+  // Counting a layer's parameters builds it (and drops it): one layer at a time, as
+  // DeepSpeed's LayerSpec partitioning does.
+  take_layers(
+      names, [&](std::size_t i) { return parameter_count(*build(i).ptr()); }, build);
+  owned_optimizer_ = make_optimizer(parameters_);
+  ACCEL_CHECK_ARG(owned_optimizer_ != nullptr, "pipeline: the optimizer factory returned none");
+  optimizer_ = owned_optimizer_.get();
+  connect();
+}
+
+void TorchPipeline::take_layers(const std::vector<std::string>& names,
+                                const std::function<double(std::size_t)>& parameters_of,
+                                const std::function<torch::nn::AnyModule(std::size_t)>& layer_at) {
+  bounds_ = split_layers(names, parameters_of, options_, shape_.virtual_stages());
   for (int c = 0; c < shape_.chunks; ++c) {
     torch::nn::Sequential chunk;
     const auto v = std::size_t(virtual_stage(c));
     for (std::size_t i = bounds_[v]; i < bounds_[v + 1]; ++i)
-      chunk->push_back(children[i].key(), *(model->begin() + std::ptrdiff_t(i)));
-    for (const at::Tensor& t : chunk->parameters()) {
-      parameters_.push_back(t);
-      mine.insert(t.unsafeGetTensorImpl());
-    }
+      chunk->push_back(names[i], layer_at(i));
+    for (const at::Tensor& t : chunk->parameters()) parameters_.push_back(t);
     chunks_.push_back(chunk);
   }
-  for (auto& group : optimizer_.param_groups()) {
-    auto& params = group.params();
-    std::erase_if(params,
-                  [&](const at::Tensor& t) { return !mine.count(t.unsafeGetTensorImpl()); });
-  }
+}
 
+void TorchPipeline::connect() {
   // A schedule this runtime cannot finish is refused before anything runs.
   const pipeline::SimulationResult check =
       pipeline::simulate(pipeline::schedule_all(options_.pipeline_schedule, shape_), shape_, {},
@@ -106,14 +145,15 @@ TorchPipeline::TorchPipeline(TorchAccelerator& accelerator, torch::nn::Sequentia
                                   " cannot run: " + check.deadlock);
   actions_ = pipeline::schedule_for_stage(options_.pipeline_schedule, shape_, stage_);
 
+  const int p = options_.pipeline_parallel_size;
   if (p > 1)
-    channels_ = std::make_unique<pipeline::detail::StageChannels>(accelerator, shape_, replicas_,
+    channels_ = std::make_unique<pipeline::detail::StageChannels>(accelerator_, shape_, replicas_,
                                                                   replica_, stage_);
   if (replicas_ > 1) {
     std::vector<int> ranks;
     for (int d = 0; d < replicas_; ++d) ranks.push_back(d * p + stage_);
     replica_group_ =
-        accelerator.new_group(ranks, "pipeline_stage" + std::to_string(stage_) + "_replicas");
+        accelerator_.new_group(ranks, "pipeline_stage" + std::to_string(stage_) + "_replicas");
     // Every replica starts from replica 0's parameters, as DDP's prepare does.
     torch::NoGradGuard no_grad;
     for (at::Tensor& t : parameters_) {
@@ -196,8 +236,8 @@ double TorchPipeline::run_step(const at::Tensor& input, const at::Tensor& target
   if (channels_) channels_->wait_sends();
   average_over_replicas();
   if (options_.max_grad_norm > 0) clip_gradients();
-  optimizer_.step();
-  optimizer_.zero_grad();
+  optimizer_->step();
+  optimizer_->zero_grad();
 
   // The mean loss: the last stage's micro-batch mean, averaged over the replicas, everywhere.
   double loss = 0;

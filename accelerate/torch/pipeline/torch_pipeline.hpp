@@ -31,6 +31,7 @@
 
 #include "accelerate/pipeline/pipeline_options.hpp"
 #include "accelerate/pipeline/schedule.hpp"
+#include "accelerate/torch/pipeline/layer_spec.hpp"
 #include "backends/comm/communicator.hpp"
 
 namespace accel {
@@ -52,6 +53,13 @@ class TorchPipeline {
   // partition_method profile (not built yet) and a ZERO or DATA_PARALLEL config, naming them.
   TorchPipeline(TorchAccelerator& accelerator, torch::nn::Sequential model,
                 torch::optim::Optimizer& optimizer, pipeline::PipelineOptions options);
+  // A model too big to build whole (DeepSpeed's LayerSpec): each rank builds only its stage's
+  // layers (and, for partition_method parameters, each layer once to count its parameters,
+  // one at a time), then its optimizer over them by `make_optimizer`. The factories run in
+  // this constructor; a factory that wants the same layer on every rank seeds itself.
+  TorchPipeline(TorchAccelerator& accelerator, const std::vector<pipeline::LayerSpec>& layers,
+                const pipeline::OptimizerFactory& make_optimizer,
+                pipeline::PipelineOptions options);
   // The same with the config's pipeline keys (accel launch --pipeline_parallel_size 2 ...,
   // Accelerator::pipeline_options()).
   TorchPipeline(TorchAccelerator& accelerator, torch::nn::Sequential model,
@@ -85,6 +93,13 @@ class TorchPipeline {
 
  private:
   struct Piece;  // one micro-batch on one chunk, while its backward is due
+  // The checks and this rank's place; then take_layers (this stage's chunks and parameters)
+  // and connect (the schedule, the channels, the replicas' group).
+  TorchPipeline(TorchAccelerator& accelerator, pipeline::PipelineOptions options);
+  void take_layers(const std::vector<std::string>& names,
+                   const std::function<double(std::size_t)>& parameters_of,
+                   const std::function<torch::nn::AnyModule(std::size_t)>& layer_at);
+  void connect();
   double run_step(const at::Tensor& input, const at::Tensor& target, const LossFn& loss_fn);
   std::string who(int stage) const;  // "stage 1 (rank 3)"
   void run_messages(std::size_t begin, std::size_t end, std::vector<Piece>& pieces);
@@ -99,7 +114,8 @@ class TorchPipeline {
   TorchAccelerator& accelerator_;
   pipeline::PipelineOptions options_;
   pipeline::PipelineShape shape_;
-  torch::optim::Optimizer& optimizer_;
+  torch::optim::Optimizer* optimizer_ = nullptr;
+  std::unique_ptr<torch::optim::Optimizer> owned_optimizer_;  // made by an OptimizerFactory
   int stage_ = 0, replica_ = 0, replicas_ = 1;
   pipeline::PieceBounds bounds_;
   std::vector<torch::nn::Sequential> chunks_;
