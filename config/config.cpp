@@ -695,12 +695,14 @@ std::vector<KeySpec> make_schema() {
       {.name = "partition_method",
        .kind = K::choice,
        .field = &Config::partition_method,
-       .choices = {"parameters", "uniform"},
+       .choices = {"parameters", "uniform", "profile"},
        .help = "pipeline: split the layers so each stage holds about as many parameters "
-               "(parameters) or layers (uniform)",
+               "(parameters), layers (uniform) or seconds of forward + backward, each layer "
+               "timed on a sample micro-batch on every rank (profile)",
        .question = "How should the layers be split into stages?",
        .options = {{"parameters", "balance parameter counts", 0},
-                   {"uniform", "balance layer counts", 1}},
+                   {"uniform", "balance layer counts", 1},
+                   {"profile", "balance measured forward + backward time", 2}},
        .applies = is_pipelined},
   };
 }

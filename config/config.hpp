@@ -99,7 +99,7 @@ struct Config {
   // Pipeline parallelism (DeepSpeed's pipeline engine; accel::TorchPipeline): the model split
   // into pipeline_parallel_size stages, each step's batch into num_microbatches, run by
   // pipeline_schedule (GPIPE, 1F1B, INTERLEAVED_1F1B with pipeline_chunks model chunks per
-  // stage, ZERO_BUBBLE); the layers split by partition_method (parameters, uniform).
+  // stage, ZERO_BUBBLE); the layers split by partition_method (parameters, uniform, profile).
   int pipeline_parallel_size = 1;
   int num_microbatches = 1;
   std::string pipeline_schedule = "1F1B";

@@ -193,3 +193,26 @@ TEST_CASE("LayerSpecs: each stage builds only its layers and trains as one proce
     CHECK_VERDICT(verdicts, "pipeline training equals one process", 4);
   }
 }
+
+TEST_CASE("partition_method profile balances measured time: a slow layer gets a stage alone") {
+  // By parameters the slow layer (no parameters) would share stage 0 with half the Linears.
+  {
+    const auto result =
+        run_ranks(2, "pipeline_worker",
+                  {"--stages", "2", "--microbatches", "2", "--slow_first", "--split", "profile"});
+    INFO(describe(result));
+    REQUIRE(result.exit_code() == 0);
+    const Verdicts verdicts(result);
+    CHECK_VERDICT(verdicts, "the profile split puts the slow layer alone", 2);
+    CHECK_VERDICT(verdicts, "pipeline training equals one process", 2);
+  }
+  // LayerSpecs are timed too: each built once to be timed, then only on its stage.
+  const auto result =
+      run_ranks(2, "pipeline_worker",
+                {"--stages", "2", "--microbatches", "2", "--layer_specs", "--split", "profile"});
+  INFO(describe(result));
+  REQUIRE(result.exit_code() == 0);
+  const Verdicts verdicts(result);
+  CHECK_VERDICT(verdicts, "a stage builds only its own layers", 2);
+  CHECK_VERDICT(verdicts, "pipeline training equals one process", 2);
+}

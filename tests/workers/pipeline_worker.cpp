@@ -9,13 +9,15 @@
 //                                          the first-order bound of tests/support/tolerance.hpp.
 //   pipeline_worker --stages P --microbatches M [--schedule S] [--chunks V] [--layers L]
 //                   [--steps N] [--split uniform|parameters|first,names] [--vary_rows]
-//                   [--from_config] [--max_grad_norm C] [--layer_specs]
+//                   [--from_config] [--max_grad_norm C] [--layer_specs] [--slow_first]
 //                   [--fail_stage S --fail_step K --fail_how raise|kill|rows]
 // --from_config: the pipeline settings from the config (accel launch --pipeline_parallel_size
 // ...) through TorchPipeline(acc, model, optimizer); the flags above are then not given.
 // --layer_specs: the model as LayerSpecs, each seeded (the reference builds them all); the
 // verdict "a stage builds only its own layers" counts the builds (each layer once more for
 // partition_method parameters: counting its parameters builds it).
+// --slow_first: a first layer (an identity) that computes for ~1000x the others' time; with
+// --split profile the verdict "the profile split puts the slow layer alone" checks stage 0.
 // --max_grad_norm: the gradients clipped to C over all stages (the reference by
 // clip_grad_norm_); the verdict "the gradient norm is one process's" compares the last step's.
 // --vary_rows: step k's micro-batches have 2 + k rows (each step's activation shape is new).
@@ -63,11 +65,21 @@ at::Tensor identity_or_fail(const at::Tensor& x) {
   return x;
 }
 
+// An identity that first multiplies 256 x 256 matrices (~340 MFLOP: milliseconds, where the
+// other layers take microseconds).
+at::Tensor slow_identity(const at::Tensor& x) {
+  at::Tensor a = torch::full({256, 256}, 1.0 / 256, torch::kDouble);
+  for (int i = 0; i < 10; ++i) a = torch::mm(a, a);
+  return x + 0 * a.sum();
+}
+
 // L children: Linear, Tanh, Linear, Tanh, ..., the last a Linear to kOut (seeded: the same on
-// every rank and for the reference); with failure_layers an identity after each.
-torch::nn::Sequential make_model(int layers, bool failure_layers) {
+// every rank and for the reference); with failure_layers an identity after each, with
+// slow_first a slow identity before them.
+torch::nn::Sequential make_model(int layers, bool failure_layers, bool slow_first) {
   torch::manual_seed(11);
   torch::nn::Sequential model;
+  if (slow_first) model->push_back(torch::nn::Functional(slow_identity));
   for (int i = 0; i < layers; ++i) {
     if (i + 1 == layers)
       model->push_back(torch::nn::Linear(kWidth, kOut));
@@ -114,7 +126,7 @@ int main(int argc, char** argv) {
     const test::WorkerFlags flags(argc, argv);
     flags.only({"stages", "microbatches", "schedule", "chunks", "layers", "steps", "split",
                 "vary_rows", "fail_stage", "fail_step", "fail_how", "from_config", "max_grad_norm",
-                "layer_specs"});
+                "layer_specs", "slow_first"});
     TorchAccelerator acc;
     test::VerdictLog verdicts(acc.process_index());
     const bool from_config = flags.has("from_config");
@@ -125,7 +137,7 @@ int main(int argc, char** argv) {
     options.pipeline_chunks = int(flags.integer("chunks", 1));
     options.max_grad_norm = flags.real("max_grad_norm", 0);
     const std::string split = flags.text("split", "parameters");
-    if (split == "uniform" || split == "parameters")
+    if (split == "uniform" || split == "parameters" || split == "profile")
       options.partition_method = pipeline::parse_partition_method(split);
     else
       options.split_points = comma_list(split);
@@ -138,6 +150,7 @@ int main(int argc, char** argv) {
     const double lr = 0.05;
 
     const bool failure_layers = !failure.how.empty(), layer_specs = flags.has("layer_specs");
+    const bool slow_first = flags.has("slow_first");
     torch::nn::Sequential model, reference;
     std::vector<pipeline::LayerSpec> specs;
     if (layer_specs) {
@@ -147,8 +160,8 @@ int main(int argc, char** argv) {
       for (int i = 0; i < layers; ++i) reference->push_back(specs[std::size_t(i)].build());
       builds.assign(std::size_t(layers), 0);
     } else {
-      model = make_model(layers, failure_layers);
-      reference = make_model(layers, failure_layers);
+      model = make_model(layers, failure_layers, slow_first);
+      reference = make_model(layers, failure_layers, slow_first);
     }
     torch::optim::SGD reference_sgd(reference->parameters(), lr);
     std::optional<torch::optim::SGD> sgd;
@@ -157,9 +170,11 @@ int main(int argc, char** argv) {
     const auto make_sgd = [lr](std::vector<at::Tensor> params) {
       return std::make_unique<torch::optim::SGD>(std::move(params), lr);
     };
-    TorchPipeline pipe = layer_specs   ? TorchPipeline(acc, specs, make_sgd, options)
-                         : from_config ? TorchPipeline(acc, model, *sgd)
-                                       : TorchPipeline(acc, model, *sgd, options);
+    torch::manual_seed(7);
+    const at::Tensor sample = torch::randn({kRowsPerMicro, kWidth}, torch::kDouble);
+    TorchPipeline pipe = layer_specs   ? TorchPipeline(acc, specs, make_sgd, options, sample)
+                         : from_config ? TorchPipeline(acc, model, *sgd, sample)
+                                       : TorchPipeline(acc, model, *sgd, options, sample);
     const int p = pipe.num_stages(), d = pipe.data_parallel_size(), m = options.num_microbatches;
 
     // The pieces: every layer once, in order; this stage's chunks the pieces it should hold.
@@ -171,9 +186,20 @@ int main(int argc, char** argv) {
       const std::size_t v = c * std::size_t(p) + std::size_t(pipe.stage());
       cover = pipe.chunks()[c]->size() == bounds[v + 1] - bounds[v];
     }
+    if (slow_first && options.partition_method == pipeline::PartitionMethod::profile) {
+      const std::vector<double>& seconds = pipe.profiled_seconds();
+      double rest = 0;
+      for (std::size_t i = 1; i < seconds.size(); ++i) rest += seconds[i];
+      char detail[200];
+      std::snprintf(detail, sizeof detail,
+                    "first piece ends at %zu; slow layer %.3g s, the rest %.3g s", bounds[1],
+                    seconds.empty() ? 0.0 : seconds[0], rest);
+      verdicts.check(bounds[1] == 1 && seconds.size() == reference->size() && seconds[0] > rest,
+                     "the profile split puts the slow layer alone", detail);
+    }
     if (layer_specs) {
       // Built here: this stage's layers, and every layer once more to count its parameters.
-      const int counted = options.partition_method == pipeline::PartitionMethod::parameters &&
+      const int counted = options.partition_method != pipeline::PartitionMethod::uniform &&
                                   options.split_points.empty()
                               ? 1
                               : 0;

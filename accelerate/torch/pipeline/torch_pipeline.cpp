@@ -1,5 +1,6 @@
 #include "accelerate/torch/pipeline/torch_pipeline.hpp"
 
+#include <chrono>
 #include <cmath>
 #include <unordered_set>
 
@@ -25,26 +26,35 @@ struct TorchPipeline::Piece {
 
 namespace {
 
-// The pieces' bounds over the layers: by split_points, else partition_method (`parameters_of`
-// gives a layer's parameter count, asked only for the parameters method).
+// The pieces' bounds over the layers: by split_points, else partition_method (`weight_of`
+// gives a layer's weight: its parameter count, or its measured time under profile).
 pipeline::PieceBounds split_layers(const std::vector<std::string>& names,
-                                   const std::function<double(std::size_t)>& parameters_of,
+                                   const std::function<std::vector<double>()>& weights,
                                    const pipeline::PipelineOptions& options, int pieces) {
   if (!options.split_points.empty()) return pipeline::split_at(names, options.split_points, pieces);
-  switch (options.partition_method) {
-    case pipeline::PartitionMethod::uniform:
-      return pipeline::uniform(names.size(), pieces);
-    case pipeline::PartitionMethod::parameters: {
-      std::vector<double> weights;
-      for (std::size_t i = 0; i < names.size(); ++i) weights.push_back(parameters_of(i));
-      return pipeline::balance(weights, pieces);
-    }
-    case pipeline::PartitionMethod::profile:
-      break;
+  if (options.partition_method == pipeline::PartitionMethod::uniform)
+    return pipeline::uniform(names.size(), pieces);
+  return pipeline::balance(weights(), pieces);
+}
+
+// Seconds of one forward + backward of `layer` on `input` (the best of a few, after one to
+// warm up); returns the layer's output for the next layer. The gradients it leaves are reset.
+double time_layer(torch::nn::AnyModule& layer, at::Tensor& input) {
+  constexpr int kRuns = 3;
+  double best = 0;
+  at::Tensor output;
+  for (int run = 0; run <= kRuns; ++run) {
+    const at::Tensor x = input.detach().requires_grad_(input.is_floating_point());
+    const auto start = std::chrono::steady_clock::now();
+    output = layer.forward(x);
+    if (output.requires_grad()) output.backward(torch::ones_like(output));
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (run == 1 || (run > 1 && seconds < best)) best = seconds;
   }
-  throw InvalidArgument(
-      "pipeline: partition_method profile is not built yet; use parameters, uniform or "
-      "split_points");
+  for (at::Tensor& p : layer.ptr()->parameters()) p.mutable_grad() = at::Tensor();
+  input = output.detach();
+  return best;
 }
 
 double parameter_count(const torch::nn::Module& layer) {
@@ -81,13 +91,15 @@ TorchPipeline::TorchPipeline(TorchAccelerator& accelerator, pipeline::PipelineOp
 }
 
 TorchPipeline::TorchPipeline(TorchAccelerator& accelerator, torch::nn::Sequential model,
-                             torch::optim::Optimizer& optimizer, pipeline::PipelineOptions options)
+                             torch::optim::Optimizer& optimizer, pipeline::PipelineOptions options,
+                             const at::Tensor& profile_sample)
     : TorchPipeline(accelerator, std::move(options)) {
   std::vector<std::string> names;
   for (const auto& child : model->named_children()) names.push_back(child.key());
+  const auto layer_at = [&](std::size_t i) { return *(model->begin() + std::ptrdiff_t(i)); };
   take_layers(
-      names, [&](std::size_t i) { return parameter_count(*model->ptr(i)); },
-      [&](std::size_t i) { return *(model->begin() + std::ptrdiff_t(i)); });
+      names, [&](std::size_t i) { return parameter_count(*model->ptr(i)); }, layer_at,
+      profile_sample);
   // The optimizer keeps only this stage's parameters.
   std::unordered_set<const void*> mine;
   for (const at::Tensor& t : parameters_) mine.insert(t.unsafeGetTensorImpl());
@@ -101,7 +113,7 @@ TorchPipeline::TorchPipeline(TorchAccelerator& accelerator, torch::nn::Sequentia
 TorchPipeline::TorchPipeline(TorchAccelerator& accelerator,
                              const std::vector<pipeline::LayerSpec>& layers,
                              const pipeline::OptimizerFactory& make_optimizer,
-                             pipeline::PipelineOptions options)
+                             pipeline::PipelineOptions options, const at::Tensor& profile_sample)
     : TorchPipeline(accelerator, std::move(options)) {
   std::vector<std::string> names;
   for (std::size_t i = 0; i < layers.size(); ++i)
@@ -114,7 +126,8 @@ TorchPipeline::TorchPipeline(TorchAccelerator& accelerator,
   // Counting a layer's parameters builds it (and drops it): one layer at a time, as
   // DeepSpeed's LayerSpec partitioning does.
   take_layers(
-      names, [&](std::size_t i) { return parameter_count(*build(i).ptr()); }, build);
+      names, [&](std::size_t i) { return parameter_count(*build(i).ptr()); }, build,
+      profile_sample);
   owned_optimizer_ = make_optimizer(parameters_);
   ACCEL_CHECK_ARG(owned_optimizer_ != nullptr, "pipeline: the optimizer factory returned none");
   optimizer_ = owned_optimizer_.get();
@@ -123,8 +136,18 @@ TorchPipeline::TorchPipeline(TorchAccelerator& accelerator,
 
 void TorchPipeline::take_layers(const std::vector<std::string>& names,
                                 const std::function<double(std::size_t)>& parameters_of,
-                                const std::function<torch::nn::AnyModule(std::size_t)>& layer_at) {
-  bounds_ = split_layers(names, parameters_of, options_, shape_.virtual_stages());
+                                const std::function<torch::nn::AnyModule(std::size_t)>& layer_at,
+                                const at::Tensor& profile_sample) {
+  const auto weights = [&] {
+    std::vector<double> out;
+    if (options_.partition_method == pipeline::PartitionMethod::parameters) {
+      for (std::size_t i = 0; i < names.size(); ++i) out.push_back(parameters_of(i));
+      return out;
+    }
+    out = profile_layers(names, layer_at, profile_sample);
+    return out;
+  };
+  bounds_ = split_layers(names, weights, options_, shape_.virtual_stages());
   for (int c = 0; c < shape_.chunks; ++c) {
     torch::nn::Sequential chunk;
     const auto v = std::size_t(virtual_stage(c));
@@ -133,6 +156,28 @@ void TorchPipeline::take_layers(const std::vector<std::string>& names,
     for (const at::Tensor& t : chunk->parameters()) parameters_.push_back(t);
     chunks_.push_back(chunk);
   }
+}
+
+std::vector<double> TorchPipeline::profile_layers(
+    const std::vector<std::string>& names,
+    const std::function<torch::nn::AnyModule(std::size_t)>& layer_at, const at::Tensor& sample) {
+  ACCEL_CHECK_ARG(sample.defined(),
+                  "pipeline: partition_method profile times each layer on a micro-batch: pass "
+                  "one (the first stage's input, of a micro-batch's rows) as profile_sample");
+  // Every rank times every layer in turn (each LayerSpec built, timed and dropped), and the
+  // ranks' times are averaged, then rank 0's average is what every rank splits by: the
+  // split must be the same everywhere.
+  std::vector<double> seconds(names.size());
+  at::Tensor x = sample;
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    torch::nn::AnyModule layer = layer_at(i);
+    seconds[i] = time_layer(layer, x);
+  }
+  Communicator& world = accelerator_.comm();
+  world.all_reduce(buffer_of(std::span(seconds)), ReduceOp::avg)->wait();
+  world.broadcast(buffer_of(std::span(seconds)), 0)->wait();
+  profiled_seconds_ = seconds;
+  return seconds;
 }
 
 void TorchPipeline::connect() {
@@ -164,8 +209,9 @@ void TorchPipeline::connect() {
 }
 
 TorchPipeline::TorchPipeline(TorchAccelerator& accelerator, torch::nn::Sequential model,
-                             torch::optim::Optimizer& optimizer)
-    : TorchPipeline(accelerator, std::move(model), optimizer, accelerator.pipeline_options()) {}
+                             torch::optim::Optimizer& optimizer, const at::Tensor& profile_sample)
+    : TorchPipeline(accelerator, std::move(model), optimizer, accelerator.pipeline_options(),
+                    profile_sample) {}
 
 TorchPipeline::~TorchPipeline() {
   if (!failed_) return;

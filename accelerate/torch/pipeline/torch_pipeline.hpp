@@ -50,20 +50,24 @@ class TorchPipeline {
   // Collective over the world: every rank builds the same model (same seed or LayerSpecs) and
   // passes it with the optimizer over its parameters. Refuses a world that is not a multiple of
   // pipeline_parallel_size, a shape the schedule cannot run, fewer layers than pieces,
-  // partition_method profile (not built yet) and a ZERO or DATA_PARALLEL config, naming them.
+  // partition_method profile without a profile_sample and a ZERO or DATA_PARALLEL config,
+  // naming them. partition_method profile times each layer's forward + backward on `profile_sample`
+  // (a micro-batch of the first stage's input) on every rank and balances the average.
   TorchPipeline(TorchAccelerator& accelerator, torch::nn::Sequential model,
-                torch::optim::Optimizer& optimizer, pipeline::PipelineOptions options);
+                torch::optim::Optimizer& optimizer, pipeline::PipelineOptions options,
+                const at::Tensor& profile_sample = {});
   // A model too big to build whole (DeepSpeed's LayerSpec): each rank builds only its stage's
-  // layers (and, for partition_method parameters, each layer once to count its parameters,
-  // one at a time), then its optimizer over them by `make_optimizer`. The factories run in
-  // this constructor; a factory that wants the same layer on every rank seeds itself.
+  // layers (and, for partition_method parameters or profile, each layer once to count its
+  // parameters or time it, one at a time), then its optimizer over them by `make_optimizer`. The
+  // factories run in this constructor; a factory that wants the same layer on every rank seeds
+  // itself.
   TorchPipeline(TorchAccelerator& accelerator, const std::vector<pipeline::LayerSpec>& layers,
-                const pipeline::OptimizerFactory& make_optimizer,
-                pipeline::PipelineOptions options);
+                const pipeline::OptimizerFactory& make_optimizer, pipeline::PipelineOptions options,
+                const at::Tensor& profile_sample = {});
   // The same with the config's pipeline keys (accel launch --pipeline_parallel_size 2 ...,
   // Accelerator::pipeline_options()).
   TorchPipeline(TorchAccelerator& accelerator, torch::nn::Sequential model,
-                torch::optim::Optimizer& optimizer);
+                torch::optim::Optimizer& optimizer, const at::Tensor& profile_sample = {});
   ~TorchPipeline();
   TorchPipeline(const TorchPipeline&) = delete;
   TorchPipeline& operator=(const TorchPipeline&) = delete;
@@ -90,6 +94,9 @@ class TorchPipeline {
   // This stage's pieces, chunk by chunk (children shared with the model given).
   const std::vector<torch::nn::Sequential>& chunks() const { return chunks_; }
   const std::vector<pipeline::Action>& actions() const { return actions_; }
+  // partition_method profile: each layer's measured forward + backward seconds (the ranks'
+  // average) the split balanced; empty otherwise.
+  const std::vector<double>& profiled_seconds() const { return profiled_seconds_; }
 
  private:
   struct Piece;  // one micro-batch on one chunk, while its backward is due
@@ -98,7 +105,11 @@ class TorchPipeline {
   TorchPipeline(TorchAccelerator& accelerator, pipeline::PipelineOptions options);
   void take_layers(const std::vector<std::string>& names,
                    const std::function<double(std::size_t)>& parameters_of,
-                   const std::function<torch::nn::AnyModule(std::size_t)>& layer_at);
+                   const std::function<torch::nn::AnyModule(std::size_t)>& layer_at,
+                   const at::Tensor& profile_sample);
+  std::vector<double> profile_layers(
+      const std::vector<std::string>& names,
+      const std::function<torch::nn::AnyModule(std::size_t)>& layer_at, const at::Tensor& sample);
   void connect();
   double run_step(const at::Tensor& input, const at::Tensor& target, const LossFn& loss_fn);
   std::string who(int stage) const;  // "stage 1 (rank 3)"
@@ -125,6 +136,7 @@ class TorchPipeline {
   CommunicatorPtr replica_group_;            // this stage's D replicas (D > 1)
   std::int64_t micro_rows_ = 0;              // this step's rows per micro-batch
   std::vector<at::Tensor> activation_like_;  // per chunk: this step's first received input
+  std::vector<double> profiled_seconds_;
   std::int64_t steps_done_ = 0;
   double last_grad_norm_ = 0;
   bool failed_ = false;
