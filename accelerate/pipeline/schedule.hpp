@@ -16,6 +16,7 @@
 // INTERLEAVED_1F1B needs sends that do not wait for their receive (asynchronous, as the
 // runtime's are): under blocking sends two neighbours can both be sending.
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -49,7 +50,8 @@ enum class ActionKind {
   recv_gradient,    // the gradient of the forward's output, from the next piece's stage
   send_gradient,    // the gradient of the forward's input, to the previous piece's stage
 };
-std::string_view to_string(ActionKind);  // "F", "B", "BI", "W", "recv_act", ...
+inline constexpr std::size_t kActionKinds = 8;  // for arrays indexed by ActionKind
+std::string_view to_string(ActionKind);         // "F", "B", "BI", "W", "recv_act", ...
 bool is_communication(ActionKind);
 
 struct Action {

@@ -57,6 +57,10 @@ double time_layer(torch::nn::AnyModule& layer, at::Tensor& input) {
   return best;
 }
 
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
 double parameter_count(const torch::nn::Module& layer) {
   double count = 0;
   for (const at::Tensor& p : layer.parameters()) count += double(p.numel());
@@ -253,6 +257,8 @@ double TorchPipeline::step(const at::Tensor& input, const at::Tensor& target,
 
 double TorchPipeline::run_step(const at::Tensor& input, const at::Tensor& target,
                                const LossFn& loss_fn) {
+  const auto step_start = std::chrono::steady_clock::now();
+  timing_ = {};
   const int m = shape_.microbatches;
   const at::Tensor& rows_of = is_first(0) ? input : target;
   const bool reads_batch = is_first(0) || is_last(shape_.chunks - 1);
@@ -271,7 +277,12 @@ double TorchPipeline::run_step(const at::Tensor& input, const at::Tensor& target
   activation_like_.assign(std::size_t(shape_.chunks), at::Tensor());
   for (std::size_t i = 0; i < actions_.size();) {
     if (!pipeline::is_communication(actions_[i].kind)) {
-      run_compute(actions_[i++], pieces, input, target, loss_fn);
+      const auto start = std::chrono::steady_clock::now();
+      run_compute(actions_[i], pieces, input, target, loss_fn);
+      const double seconds = seconds_since(start);
+      timing_.compute_seconds += seconds;
+      timing_.seconds_by_kind[std::size_t(actions_[i].kind)] += seconds;
+      ++i;
       continue;
     }
     std::size_t end = i;
@@ -292,6 +303,7 @@ double TorchPipeline::run_step(const at::Tensor& input, const at::Tensor& target
       loss += pieces[std::size_t((shape_.chunks - 1) * m + mb)].loss.item<double>();
   loss /= double(m) * double(replicas_);
   accelerator_.comm().all_reduce(buffer_of(std::span(&loss, 1)), ReduceOp::sum)->wait();
+  timing_.wall_seconds = seconds_since(step_start);
   return loss;
 }
 

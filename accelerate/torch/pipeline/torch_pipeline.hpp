@@ -22,6 +22,7 @@
 // target. step() runs the schedule, averages over the replicas, steps the optimizer (filtered
 // to this stage's parameters) and returns the mean loss on every rank.
 
+#include <array>
 #include <functional>
 #include <memory>
 #include <string>
@@ -80,6 +81,17 @@ class TorchPipeline {
   // messages are abandoned (a peer may never answer them) and a further step is refused.
   double step(const at::Tensor& input, const at::Tensor& target, const LossFn& loss_fn);
 
+  // Where the last step's time went on this rank (bench/pipeline_bench.cpp): its wall time
+  // from step() to the returned loss, the time in compute actions, and that by action kind
+  // (indexed by pipeline::ActionKind). Wall minus compute is this stage's bubble plus its
+  // messages, the replicas' average and the optimizer's step.
+  struct StepTiming {
+    double wall_seconds = 0;
+    double compute_seconds = 0;
+    std::array<double, pipeline::kActionKinds> seconds_by_kind{};
+  };
+  const StepTiming& last_step_timing() const { return timing_; }
+
   // The last step's gradient 2-norm over every stage's parameters, before clipping (what
   // clip_grad_norm_ returns); computed only with max_grad_norm set, else 0.
   double last_grad_norm() const { return last_grad_norm_; }
@@ -137,6 +149,7 @@ class TorchPipeline {
   std::int64_t micro_rows_ = 0;              // this step's rows per micro-batch
   std::vector<at::Tensor> activation_like_;  // per chunk: this step's first received input
   std::vector<double> profiled_seconds_;
+  StepTiming timing_;
   std::int64_t steps_done_ = 0;
   double last_grad_norm_ = 0;
   bool failed_ = false;
