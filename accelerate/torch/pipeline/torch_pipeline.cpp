@@ -26,8 +26,8 @@ struct TorchPipeline::Piece {
 
 namespace {
 
-// The pieces' bounds over the layers: by split_points, else partition_method (`weight_of`
-// gives a layer's weight: its parameter count, or its measured time under profile).
+// The pieces' bounds over the layers: by split_points, else partition_method (`weights`
+// gives the layers' weights: parameter counts, or measured times under profile).
 pipeline::PieceBounds split_layers(const std::vector<std::string>& names,
                                    const std::function<std::vector<double>()>& weights,
                                    const pipeline::PipelineOptions& options, int pieces) {
