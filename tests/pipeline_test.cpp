@@ -25,12 +25,18 @@ namespace {
 // A failure injected into one stage: every rank stops (none waits for the job's limit; the
 // communicators' own timeout is far beyond it, so only noticing the failure passes) and each
 // survivor's error names the stage it lost and the job's first failure.
-launch::GroupResult run_failing(int world, const std::vector<std::string>& args) {
+// Stage 1 fails (`how`: raise, kill, rows) at step `step` of a pipeline of `stages` stages.
+launch::GroupResult run_failing(int stages, int microbatches, int step, const std::string& how) {
+  const std::vector<std::string> args = {"--stages",       std::to_string(stages),
+                                         "--microbatches", std::to_string(microbatches),
+                                         "--fail_stage",   "1",
+                                         "--fail_step",    std::to_string(step),
+                                         "--fail_how",     how};
   RanksOptions options;
   options.stop_on_failure = false;  // let the survivors report
   options.env = {{"ACCEL_COMM_TIMEOUT", "600"}};
   options.timeout = std::chrono::seconds(120);
-  return run_ranks(world, "pipeline_worker", args, options);
+  return run_ranks(stages, "pipeline_worker", args, options);
 }
 
 void check_pipeline(int world, const std::vector<std::string>& args) {
@@ -89,9 +95,7 @@ TEST_CASE("each step's batch may have other rows: the activation shape travels a
 TEST_CASE("a layer that raises on one stage stops every rank, each naming it") {
   for (int stages : {2, 4}) {
     CAPTURE(stages);
-    const auto result =
-        run_failing(stages, {"--stages", std::to_string(stages), "--microbatches", "4",
-                             "--fail_stage", "1", "--fail_step", "1", "--fail_how", "raise"});
+    const auto result = run_failing(stages, 4, 1, "raise");
     INFO(describe(result));
     REQUIRE_FALSE(result.timed_out);
     for (int r = 0; r < stages; ++r) {
@@ -110,9 +114,7 @@ TEST_CASE("a layer that raises on one stage stops every rank, each naming it") {
 TEST_CASE("a stage killed mid-schedule stops every other rank, each naming who it lost") {
   for (int stages : {2, 4}) {
     CAPTURE(stages);
-    const auto result =
-        run_failing(stages, {"--stages", std::to_string(stages), "--microbatches", "4",
-                             "--fail_stage", "1", "--fail_step", "1", "--fail_how", "kill"});
+    const auto result = run_failing(stages, 4, 1, "kill");
     INFO(describe(result));
     REQUIRE_FALSE(result.timed_out);
     CHECK(result.workers.at(1).signal == SIGKILL);
@@ -128,8 +130,7 @@ TEST_CASE("a stage killed mid-schedule stops every other rank, each naming who i
 }
 
 TEST_CASE("a last stage whose target has other rows than the first stage's input is refused") {
-  const auto result = run_failing(2, {"--stages", "2", "--microbatches", "2", "--fail_stage", "1",
-                                      "--fail_step", "0", "--fail_how", "rows"});
+  const auto result = run_failing(2, 2, 0, "rows");
   INFO(describe(result));
   REQUIRE_FALSE(result.timed_out);
   CHECK(result.workers.at(1).exit_code == 2);
