@@ -504,6 +504,26 @@ class Accelerator {
   void register_rng(std::string name, std::function<std::string()> save,
                     std::function<void(const std::string&)> load,
                     std::function<void(std::uint64_t)> reseed);
+  // State that lives outside prepare and writes blobs of its own (a pipeline's stages: each
+  // rank holds other layers). save() returns them, every rank in registration order (it may
+  // communicate); the writer rank's `shared` are written, every rank's `per_rank` as NAME.rankR.
+  // load(ck) checks the verified checkpoint on this rank without communicating and returns what
+  // applies it, called after the registered states. `shared_blobs` names the shared blobs it
+  // reads, which load_state then does not report as unknown.
+  struct CheckpointPartBlobs {
+    std::vector<BlobView> shared, per_rank;
+    std::shared_ptr<const void> keep;  // what the views point into, until the save ends
+  };
+  struct CheckpointPart {
+    std::vector<std::string> shared_blobs;
+    std::function<CheckpointPartBlobs()> save;
+    std::function<std::function<void()>(const LoadedCheckpoint&)> load;
+  };
+  void register_checkpoint_part(std::string name, CheckpointPart part);
+  void unregister_checkpoint_part(const std::string& name);
+  // A training call that steps its optimizer outside sync_gradients (TorchPipeline::step)
+  // counts the step here: step(), the trackers and checkpoints see it.
+  void count_optimizer_step() { ++optimizer_steps_; }
   // Every rank calls it, after an optimizer step (between accumulation steps the partly
   // accumulated gradients would be lost, so that throws). Saves every prepared model's
   // parameters and buffers (rank 0's copy: DDP replicas are equal) and optimizer state (model
@@ -630,6 +650,7 @@ class Accelerator {
     std::function<void(std::uint64_t)> reseed;  // register_rng's
   };
   std::vector<RegisteredState> states_;
+  std::vector<std::pair<std::string, CheckpointPart>> parts_;
   bool checkpoint_parameters_ = true;
 
   // load_state's steps (accelerator_state.cpp): check every registered state's blob, then

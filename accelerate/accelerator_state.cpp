@@ -251,6 +251,19 @@ void Accelerator::register_optimizer_state(std::size_t model, std::function<std:
   m.load_optimizer = std::move(load);
 }
 
+void Accelerator::register_checkpoint_part(std::string name, CheckpointPart part) {
+  ACCEL_CHECK_ARG(part.save && part.load,
+                  "register_checkpoint_part('" + name + "'): save and load must be set");
+  for (const auto& [other, _] : parts_)
+    ACCEL_CHECK_ARG(other != name,
+                    "register_checkpoint_part: '" + name + "' is already registered");
+  parts_.emplace_back(std::move(name), std::move(part));
+}
+
+void Accelerator::unregister_checkpoint_part(const std::string& name) {
+  std::erase_if(parts_, [&](const auto& p) { return p.first == name; });
+}
+
 void Accelerator::register_rng(std::string name, std::function<std::string()> save,
                                std::function<void(const std::string&)> load,
                                std::function<void(std::uint64_t)> reseed) {
@@ -342,6 +355,13 @@ void Accelerator::save_state(const std::string& dir) {
       contents.per_rank.push_back({model_blob(kParameters, model->index),
                                    blob_pieces(layout, own_blob, host.params, host.buffers)});
   }
+  std::deque<CheckpointPartBlobs> part_blobs;  // kept until the save ends
+  for (const auto& [name, part] : parts_) {
+    CheckpointPartBlobs& blobs = part_blobs.emplace_back(part.save());
+    if (writer)
+      contents.shared.insert(contents.shared.end(), blobs.shared.begin(), blobs.shared.end());
+    contents.per_rank.insert(contents.per_rank.end(), blobs.per_rank.begin(), blobs.per_rank.end());
+  }
   for (const RegisteredState& s : states_) {
     const bool mine = s.scope == StateScope::per_rank;
     if (!mine && !writer) continue;  // rank 0's copy is the one kept (each machine's first's)
@@ -373,7 +393,7 @@ void Accelerator::load_state(const std::string& dir) {
   // Everything checked (and parsed) before anything is applied; the ranks agree on it.
   std::string error;
   std::mt19937_64 restored_rng;
-  std::vector<std::function<void()>> apply_optimizer_states;
+  std::vector<std::function<void()>> apply_optimizer_states, apply_parts;
   std::vector<FullParameters> values;  // every model's parameters' and buffers' saved bytes
   try {
     for (const auto& model : models_) {
@@ -384,7 +404,13 @@ void Accelerator::load_state(const std::string& dir) {
                                                        model->strategy->segments()),
                                   ck.dir));
     }
-    if (checkpoint_parameters_ && models_.empty() && ck.shared.count(kParameters))
+    for (const auto& [name, part] : parts_) apply_parts.push_back(part.load(ck));
+    const bool part_reads_parameters = std::any_of(parts_.begin(), parts_.end(), [](const auto& p) {
+      const auto& names = p.second.shared_blobs;
+      return std::find(names.begin(), names.end(), kParameters) != names.end();
+    });
+    if (checkpoint_parameters_ && models_.empty() && !part_reads_parameters &&
+        ck.shared.count(kParameters))
       fail(ck, "has parameters but none were prepared: call prepare_parameters before load_state");
     check_registered_states(ck);
     // With the same global_batch_size, batch b holds the same samples at any world size.
@@ -417,6 +443,7 @@ void Accelerator::load_state(const std::string& dir) {
   // state): ZeRO's flat copy follows.
   for (const auto& model : models_) model->strategy->reload_parameters();
   for (const auto& apply : apply_optimizer_states) apply();
+  for (const auto& apply : apply_parts) apply();
   optimizer_steps_ = meta.step;
   micro_since_sync_ = 0;
   last_batch_ = false;
@@ -435,6 +462,8 @@ void Accelerator::check_registered_states(const LoadedCheckpoint& ck) const {
   for (std::size_t m = 0; m < std::max<std::size_t>(models_.size(), 1); ++m)
     for (const std::string name : {kParameters, kLayout, kOptimizer})
       known.insert(model_blob(name, m));
+  for (const auto& [name, part] : parts_)
+    known.insert(part.shared_blobs.begin(), part.shared_blobs.end());
   for (const RegisteredState& s : states_) {
     known.insert(state_blob(s.name));
     if (s.scope == StateScope::shared) {

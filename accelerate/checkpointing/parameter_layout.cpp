@@ -301,6 +301,23 @@ std::vector<std::span<const char>> blob_pieces(const ParameterLayout& layout,
   return out;
 }
 
+namespace {
+
+// The bytes `blob` must hold by the layout: its slices, then (in "parameters") the buffers.
+void check_blob_size(const ParameterLayout& layout, const std::string& blob,
+                     const std::string& bytes, const std::string& where) {
+  std::size_t expected = 0;
+  for (const SavedSlice& s : layout.slices)
+    if (s.blob == blob) expected += s.count * element_size(layout.flats[s.flat].dtype);
+  if (blob == kParametersBlob)
+    for (const SavedBuffer& b : layout.buffers) expected += b.count * element_size(b.dtype);
+  if (bytes.size() != expected)
+    throw CheckpointError(where + "/" + blob + ": " + std::to_string(bytes.size()) + " bytes, " +
+                          kParametersLayoutBlob + " describes " + std::to_string(expected));
+}
+
+}  // namespace
+
 FullParameters reassemble_parameters(const ParameterLayout& layout,
                                      const std::function<std::string(const std::string&)>& read,
                                      const std::string& where) {
@@ -310,14 +327,7 @@ FullParameters reassemble_parameters(const ParameterLayout& layout,
   FullParameters out;
   for (const std::string& blob : layout_blobs(layout)) {
     const std::string bytes = read(blob);
-    std::size_t expected = 0;
-    for (const SavedSlice& s : layout.slices)
-      if (s.blob == blob) expected += s.count * element_size(layout.flats[s.flat].dtype);
-    if (blob == kParametersBlob)
-      for (const SavedBuffer& b : layout.buffers) expected += b.count * element_size(b.dtype);
-    if (bytes.size() != expected)
-      throw CheckpointError(where + "/" + blob + ": " + std::to_string(bytes.size()) + " bytes, " +
-                            kParametersLayoutBlob + " describes " + std::to_string(expected));
+    check_blob_size(layout, blob, bytes, where);
     std::size_t at = 0;
     for (const SavedSlice& s : layout.slices) {
       if (s.blob != blob) continue;
@@ -341,6 +351,59 @@ FullParameters reassemble_parameters(const ParameterLayout& layout,
   for (const SavedParam& p : layout.params) {
     const std::size_t size = element_size(p.dtype);
     out.params.push_back(flats[p.flat].substr(p.offset * size, p.count * size));
+  }
+  return out;
+}
+
+FullParameters read_parameters_of(const ParameterLayout& layout,
+                                  const std::function<std::string(const std::string&)>& read,
+                                  const std::vector<std::size_t>& wanted,
+                                  const std::string& where) {
+  FullParameters out;
+  std::map<std::string, std::string> blobs;  // those read so far
+  const auto bytes_of_blob = [&](const std::string& blob) -> const std::string& {
+    auto it = blobs.find(blob);
+    if (it != blobs.end()) return it->second;
+    std::string bytes = read(blob);
+    check_blob_size(layout, blob, bytes, where);
+    return blobs.emplace(blob, std::move(bytes)).first->second;
+  };
+  // Where each slice starts in its blob.
+  std::vector<std::size_t> starts;
+  std::map<std::string, std::size_t> ends;
+  for (const SavedSlice& s : layout.slices) {
+    std::size_t& end = ends[s.blob];
+    starts.push_back(end);
+    end += s.count * element_size(layout.flats[s.flat].dtype);
+  }
+  for (const std::size_t i : wanted) {
+    ACCEL_CHECK_ARG(i < layout.params.size(),
+                    "read_parameters_of: no parameter " + std::to_string(i) + " in the layout");
+    const SavedParam& p = layout.params[i];
+    const std::size_t size = element_size(p.dtype);
+    std::string values(p.count * size, '\0');
+    std::size_t covered = 0;
+    for (std::size_t k = 0; k < layout.slices.size(); ++k) {
+      const SavedSlice& s = layout.slices[k];
+      const std::size_t lo = std::max(s.offset, p.offset);
+      const std::size_t hi = std::min(s.offset + s.count, p.offset + p.count);
+      if (s.flat != p.flat || hi <= lo) continue;
+      const std::string& bytes = bytes_of_blob(s.blob);
+      std::memcpy(values.data() + (lo - p.offset) * size,
+                  bytes.data() + starts[k] + (lo - s.offset) * size, (hi - lo) * size);
+      covered += hi - lo;
+    }
+    if (covered != p.count)
+      throw CheckpointError(where + "/" + kParametersLayoutBlob + ": the slices cover " +
+                            std::to_string(covered) + " of the " + std::to_string(p.count) +
+                            " elements of parameter '" + p.name + "'");
+    out.params.push_back(std::move(values));
+  }
+  const std::string& whole = bytes_of_blob(kParametersBlob);
+  std::size_t at = ends.count(kParametersBlob) ? ends[kParametersBlob] : 0;
+  for (const SavedBuffer& b : layout.buffers) {
+    out.buffers.push_back(whole.substr(at, b.count * element_size(b.dtype)));
+    at += b.count * element_size(b.dtype);
   }
   return out;
 }

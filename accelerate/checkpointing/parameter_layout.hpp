@@ -137,4 +137,13 @@ FullParameters reassemble_parameters(const ParameterLayout& layout,
                                      const std::function<std::string(const std::string&)>& read,
                                      const std::string& where);
 
+// The values of the parameters `wanted` (indices into layout.params; out.params[k] is
+// wanted[k]'s) and every buffer, reading only the blobs whose slices hold them (and
+// "parameters"): a pipeline stage loads its layers without the others'. Each blob read is
+// checked against the layout's size; CheckpointError naming `where` and the parameter the
+// slices do not cover.
+FullParameters read_parameters_of(const ParameterLayout& layout,
+                                  const std::function<std::string(const std::string&)>& read,
+                                  const std::vector<std::size_t>& wanted, const std::string& where);
+
 }  // namespace accel

@@ -1,5 +1,9 @@
 #include "backends/comm/host_collectives.hpp"
 
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <span>
 #include <string>
 
 #include "foundation/device_memory.hpp"
@@ -67,6 +71,26 @@ void all_gather_values(Communicator& comm, Buffer input, Buffer output) {
   DeviceCopy in(comm, input, true);
   DeviceCopy out(comm, output, false);
   out.copy_back(*comm.all_gather(in.view(), out.view()), "all_gather of host values");
+}
+
+std::vector<std::string> all_gather_strings(Communicator& comm, const std::string& mine) {
+  const auto world = std::size_t(comm.world_size());
+  const std::int64_t length = std::int64_t(mine.size());
+  std::vector<std::int64_t> lengths(world);
+  all_gather_values(comm, buffer_of(std::span(&length, 1)), buffer_of(std::span(lengths)));
+  std::int64_t longest = 0;
+  for (const std::int64_t n : lengths) longest = std::max(longest, n);
+  std::vector<std::string> strings(world);
+  if (longest == 0) return strings;
+  // The bytes travel as 8-byte words (there is no byte dtype), each rank's padded alike.
+  const auto words = std::size_t(longest + 7) / 8;
+  std::vector<std::int64_t> padded(words, 0), all(words * world);
+  std::memcpy(padded.data(), mine.data(), mine.size());
+  all_gather_values(comm, buffer_of(std::span(padded)), buffer_of(std::span(all)));
+  for (std::size_t r = 0; r < world; ++r)
+    strings[r].assign(reinterpret_cast<const char*>(all.data() + r * words),
+                      std::size_t(lengths[r]));
+  return strings;
 }
 
 }  // namespace accel

@@ -7,6 +7,9 @@
 // collectives all go through here. Needs the CUDA runtime (ACCEL_WITH_NCCL brings it), not the
 // kernels.
 
+#include <string>
+#include <vector>
+
 #include "backends/comm/communicator.hpp"
 
 namespace accel {
@@ -14,5 +17,8 @@ namespace accel {
 void all_reduce_values(Communicator& comm, Buffer values, ReduceOp op);
 void broadcast_values(Communicator& comm, Buffer values, int root);
 void all_gather_values(Communicator& comm, Buffer input, Buffer output);
+// Every rank's string, indexed by rank (descriptions, small blobs): their lengths, then their
+// bytes padded to the longest.
+std::vector<std::string> all_gather_strings(Communicator& comm, const std::string& mine);
 
 }  // namespace accel

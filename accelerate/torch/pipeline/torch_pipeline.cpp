@@ -8,6 +8,7 @@
 #include "accelerate/torch/detail/tensor_buffer.hpp"
 #include "accelerate/torch/detail/tensor_collectives.hpp"
 #include "accelerate/torch/pipeline/detail/stage_channels.hpp"
+#include "accelerate/torch/pipeline/detail/stage_checkpoint.hpp"
 #include "accelerate/torch/torch_accelerator.hpp"
 #include "foundation/error.hpp"
 
@@ -210,6 +211,12 @@ void TorchPipeline::connect() {
       tensor_collectives::broadcast(*replica_group_, data, 0);
     }
   }
+  std::vector<pipeline::detail::StagePiece> pieces;
+  for (int c = 0; c < shape_.chunks; ++c)
+    pieces.push_back({virtual_stage(c), chunks_[std::size_t(c)]});
+  checkpoint_ = std::make_unique<pipeline::detail::StageCheckpoint>(
+      accelerator_.comm(), std::move(pieces), p, stage_, replica_, *optimizer_);
+  accelerator_.register_checkpoint_part("pipeline", checkpoint_->part());
 }
 
 TorchPipeline::TorchPipeline(TorchAccelerator& accelerator, torch::nn::Sequential model,
@@ -218,6 +225,7 @@ TorchPipeline::TorchPipeline(TorchAccelerator& accelerator, torch::nn::Sequentia
                     profile_sample) {}
 
 TorchPipeline::~TorchPipeline() {
+  if (checkpoint_) accelerator_.unregister_checkpoint_part("pipeline");
   if (!failed_) return;
   // Abandoned, not destroyed: a message still pending may wait for a peer that will never
   // answer, and destroying its communicator would wait for it (up to the timeout). The
@@ -243,14 +251,14 @@ double TorchPipeline::step(const at::Tensor& input, const at::Tensor& target,
                 "from a checkpoint)");
   try {
     const double loss = run_step(input, target, loss_fn);
-    ++steps_done_;
+    accelerator_.count_optimizer_step();
     return loss;
   } catch (const std::exception& e) {
     failed_ = true;
     const std::string self = "pipeline " + who(stage_);
     std::string what = e.what();
     if (what.rfind(self + ": ", 0) == 0) what.erase(0, self.size() + 2);
-    accelerator_.post_failure(self + ", step " + std::to_string(steps_done_) + ": " + what);
+    accelerator_.post_failure(self + ", step " + std::to_string(accelerator_.step()) + ": " + what);
     throw;
   }
 }

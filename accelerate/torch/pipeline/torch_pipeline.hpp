@@ -20,7 +20,13 @@
 //
 // Every rank of a replica passes the same batch; the first stage reads the input, the last the
 // target. step() runs the schedule, averages over the replicas, steps the optimizer (filtered
-// to this stage's parameters) and returns the mean loss on every rank.
+// to this stage's parameters) and returns the mean loss on every rank; acc.step() counts it.
+//
+// Checkpoints: acc.save_state(dir) / acc.load_state(dir) as without a pipeline. Each stage
+// writes its own layers and optimizer state into the layout every strategy writes
+// (detail/stage_checkpoint.hpp), so the checkpoint loads into a pipeline of other stages or
+// replicas, without a pipeline (state_dict_type SHARDED_STATE_DICT), and accel merge-weights
+// makes one LibTorch archive of it. One pipeline per accelerator.
 
 #include <array>
 #include <functional>
@@ -40,8 +46,9 @@ namespace accel {
 class TorchAccelerator;
 
 namespace pipeline::detail {
-class StageChannels;  // torch/pipeline/detail/stage_channels.hpp
-}
+class StageChannels;    // torch/pipeline/detail/stage_channels.hpp
+class StageCheckpoint;  // torch/pipeline/detail/stage_checkpoint.hpp
+}  // namespace pipeline::detail
 
 class TorchPipeline {
  public:
@@ -145,12 +152,12 @@ class TorchPipeline {
   std::vector<at::Tensor> parameters_;  // this stage's, in chunk order
   std::vector<pipeline::Action> actions_;
   std::unique_ptr<pipeline::detail::StageChannels> channels_;
+  std::unique_ptr<pipeline::detail::StageCheckpoint> checkpoint_;  // in the accelerator's saves
   CommunicatorPtr replica_group_;            // this stage's D replicas (D > 1)
   std::int64_t micro_rows_ = 0;              // this step's rows per micro-batch
   std::vector<at::Tensor> activation_like_;  // per chunk: this step's first received input
   std::vector<double> profiled_seconds_;
   StepTiming timing_;
-  std::int64_t steps_done_ = 0;
   double last_grad_norm_ = 0;
   bool failed_ = false;
 };
